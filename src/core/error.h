@@ -16,7 +16,7 @@ namespace mt {
 template <typename... Args>
 std::string str(const Args&... args) {
   std::ostringstream os;
-  (os << ... << args);
+  if constexpr (sizeof...(Args) > 0) (os << ... << args);
   return os.str();
 }
 

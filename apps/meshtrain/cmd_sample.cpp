@@ -1,0 +1,82 @@
+// meshtrain prepare (text -> byte-level token shard) and meshtrain sample (generate text from weights).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/meshtrain/commands.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/token_shard.h"
+#include "model/gpt.h"
+#include "model/sample.h"
+#include "tensor/blas.h"
+
+namespace mt::cli {
+
+void add_prepare_command(CLI::App& app) {
+  auto text = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("prepare", "turn a text file into a token shard (byte-level, vocabulary 256)");
+  sub->add_option("--text", *text, "input text file")->required();
+  sub->add_option("--out", *out, "output token shard (.bin)")->required();
+  sub->callback([text, out] {
+    std::string s = read_file(*text);
+    MT_CHECK_INPUT(s.size() >= 2, *text, " has ", s.size(), " bytes; a token shard needs at least 2 tokens");
+    std::vector<uint16_t> tokens(s.begin(), s.end());
+    for (size_t i = 0; i < s.size(); i++) tokens[i] = (uint8_t)s[i];
+    write_token_shard(*out, tokens);
+    std::fprintf(stderr, "wrote %s: %zu tokens (bytes of %s)\n", out->c_str(), tokens.size(), text->c_str());
+  });
+}
+
+void add_sample_command(CLI::App& app) {
+  struct Args {
+    std::string init, prompt = "\n";
+    model::GptConfig shape;
+    model::SampleOptions opt;
+    int threads = 1;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("sample", "generate text from GPT weights (byte-level tokens)");
+  sub->add_option("--init", a->init, "safetensors weights")->required();
+  sub->add_option("--prompt", a->prompt, "prompt text; each byte is one token")->capture_default_str();
+  sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", a->opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--n-layer", a->shape.n_layer, "override/verify the file's n_layer");
+  sub->add_option("--n-head", a->shape.n_head, "n_head, when the file's metadata lacks it");
+  sub->add_option("--n-embd", a->shape.n_embd, "override/verify the file's n_embd");
+  sub->add_option("--vocab-size", a->shape.vocab_size, "override/verify the file's vocab_size");
+  sub->add_option("--n-positions", a->shape.n_positions, "override/verify the file's n_positions");
+  sub->add_option("--threads", a->threads, "threads")->capture_default_str();
+  sub->callback([a] {
+    set_num_threads(a->threads);
+    SafetensorsReader file(a->init);
+    model::GptConfig cfg = checkpoint::gpt_config_from_file(file, a->shape);
+    nn::ParamRegistry params;
+    model::Gpt gpt(cfg, params);
+    params.finalize();
+    checkpoint::load_params(file, params);
+    std::vector<int32_t> prompt;
+    for (unsigned char ch : a->prompt) {
+      MT_CHECK_INPUT(ch < cfg.vocab_size, "prompt byte ", (int)ch, " is outside the model's vocabulary of ",
+                     cfg.vocab_size);
+      prompt.push_back(ch);
+    }
+    std::vector<int32_t> out = model::generate(gpt, prompt, a->opt);
+    std::string text = a->prompt;
+    for (int32_t t : out) {
+      if (t < 256)
+        text.push_back((char)t);
+      else
+        text += "<|" + std::to_string(t) + "|>";
+    }
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+  });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,79 @@
+// meshtrain train: flags -> TrainConfig -> run_training.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "apps/meshtrain/commands.h"
+#include "train/trainer.h"
+
+namespace mt::cli {
+
+void add_train_command(CLI::App& app) {
+  auto cfg = std::make_shared<train::TrainConfig>();
+  CLI::App* sub = app.add_subcommand("train", "train a GPT or an MLP");
+  auto& c = *cfg;
+  sub->add_option("--model", c.model, "gpt | mlp")->capture_default_str();
+  sub->add_option("--init", c.init, "safetensors weights to start from (Hugging Face GPT-2 names)");
+  sub->add_option("--data", c.data, "GPT: llm.c token shard (.bin); MLP: IDX images");
+  sub->add_option("--labels", c.labels, "MLP: IDX labels for --data");
+  sub->add_option("--val-data", c.val_data, "held-out data: token shard (GPT) or IDX images (MLP)");
+  sub->add_option("--val-labels", c.val_labels, "MLP: IDX labels for --val-data");
+  sub->add_option("--val-fraction", c.val_fraction, "MLP without --val-data: hold out this tail of --data")
+      ->capture_default_str();
+  sub->add_option("--n-layer", c.gpt.n_layer, "GPT layers (default: from --init, else 4)");
+  sub->add_option("--n-head", c.gpt.n_head, "GPT attention heads (default: from --init, else 4)");
+  sub->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)");
+  sub->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)");
+  sub->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)");
+  sub->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")->delimiter(',')->capture_default_str();
+  sub->add_option("--batch-size", c.batch_size, "global batch: sequences (GPT) or examples (MLP) per step")
+      ->capture_default_str();
+  sub->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
+  sub->add_option("--micro-batch-size", c.micro_batch_size,
+                  "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)");
+  sub->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
+  sub->add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")->capture_default_str();
+  sub->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
+  sub->add_option("--min-lr", c.min_lr, "final learning rate of the cosine decay (default lr/10)");
+  sub->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
+  sub->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  sub->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  sub->add_option("--eps", c.eps, "AdamW epsilon")->capture_default_str();
+  sub->add_option("--weight-decay", c.weight_decay, "decoupled weight decay on tensors with >= 2 dims")
+      ->capture_default_str();
+  sub->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  sub->add_option("--grad-clip", c.grad_clip, "clip the global gradient L2 norm to this (<= 0: off)")
+      ->capture_default_str();
+  sub->add_option("--seed", c.seed, "seed of the counter-based initializer")->capture_default_str();
+  sub->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")->capture_default_str();
+  sub->add_option("--metrics", c.metrics, "write one JSON object per step to this file");
+  sub->add_option("--save", c.save, "write the final weights to this safetensors file");
+  sub->add_option("--checkpoint-dir", c.checkpoint_dir, "directory for checkpoints");
+  sub->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)");
+  sub->add_option("--keep-checkpoints", c.keep_checkpoints, "keep the newest K checkpoints (0 = all)")
+      ->capture_default_str();
+  sub->add_option("--resume", c.resume, "continue from the newest checkpoint in this directory");
+  sub->add_option("--stop-at-step", c.stop_at_step,
+                  "stop this process after that many steps, writing a checkpoint (time-boxed jobs)");
+  sub->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps");
+  sub->add_option("--eval-batches", c.eval_batches, "GPT: batches per evaluation")->capture_default_str();
+  sub->add_option("--log-every", c.log_every, "progress line every K steps when stderr is not a terminal")
+      ->capture_default_str();
+  auto quiet = std::make_shared<bool>(false);
+  sub->add_flag("--quiet", *quiet, "no progress output");
+  sub->add_option("--nproc", c.nproc, "worker processes on this host (not supported yet beyond 1)");
+  sub->add_option("--dp", c.dp, "data-parallel degree (not supported yet)");
+  sub->add_option("--tp", c.tp, "tensor-parallel degree (not supported yet)");
+  sub->add_option("--pp", c.pp, "pipeline-parallel degree (not supported yet)");
+  sub->add_option("--zero", c.zero, "ZeRO stage 0-3 (not supported yet)");
+  sub->add_option("--schedule", c.schedule, "pipeline schedule (not supported yet)");
+  sub->callback([cfg, quiet] {
+    cfg->progress = !*quiet;
+    train::TrainSummary s = train::run_training(*cfg);
+    if (cfg->progress && s.steps_run > 0)
+      std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
+                   s.items_per_s, cfg->model == "gpt" ? "tokens" : "examples");
+  });
+}
+
+}  // namespace mt::cli

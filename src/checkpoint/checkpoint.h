@@ -1,0 +1,32 @@
+// Training checkpoints: a directory per save,
+//   DIR/step_00000100/model.safetensors      weights (Hugging Face names, model shape in __metadata__)
+//   DIR/step_00000100/optimizer.safetensors  optimizer state per tensor ("adamw.m/<param name>", ...)
+//   DIR/step_00000100/state.json             step to resume at, seed, data position, config
+//   DIR/latest                               the name of the newest complete checkpoint
+// A save writes into DIR/step_00000100.tmp.<pid>, fsyncs, renames the directory into place and only then
+// rewrites `latest` (atomically), so a crash at any point leaves the previous checkpoint intact and
+// `latest` pointing at a complete one. Older checkpoints beyond `keep` are removed after the switch.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/params.h"
+#include "optim/optimizer.h"
+
+namespace mt::checkpoint {
+
+// Returns the path of the checkpoint written.
+std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
+                            optim::Optimizer& opt, const std::map<std::string, std::string>& model_metadata,
+                            const nlohmann::json& state, int keep);
+
+// The checkpoint to resume from: DIR/latest's target, or DIR itself when it holds a state.json.
+std::string resolve_checkpoint(const std::string& dir);
+
+// Loads weights and optimizer state into params/opt (shapes must match) and returns state.json.
+nlohmann::json load_checkpoint(const std::string& path, nn::ParamRegistry& params, optim::Optimizer& opt);
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,150 @@
+#include "checkpoint/weights.h"
+
+#include <charconv>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace mt::checkpoint {
+
+namespace {
+
+std::string strip_prefix(const std::string& name) {
+  static const std::string kPrefix = "transformer.";
+  return name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+}
+
+bool is_ignored_buffer(const std::string& name) {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
+// file tensor (after prefix stripping) by meshtrain name.
+std::map<std::string, const TensorInfo*> index_by_name(const SafetensorsReader& file) {
+  std::map<std::string, const TensorInfo*> out;
+  for (const TensorInfo& t : file.tensors()) {
+    std::string n = strip_prefix(t.name);
+    MT_CHECK_INPUT(!out.count(n), file.path(), ": tensor ", n, " appears twice (with and without 'transformer.')");
+    out[n] = &t;
+  }
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); i++) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+int parse_meta_int(const SafetensorsReader& file, const std::string& key, const std::string& value) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  MT_CHECK_INPUT(ec == std::errc() && p == value.data() + value.size() && v > 0, file.path(), ": metadata ", key,
+                 "=\"", value, "\" is not a positive decimal integer");
+  return v;
+}
+
+}  // namespace
+
+model::GptConfig gpt_config_from_file(const SafetensorsReader& file, const model::GptConfig& flags) {
+  auto tensors = index_by_name(file);
+  auto shape_of = [&](const std::string& n) -> const std::vector<int64_t>* {
+    auto it = tensors.find(n);
+    return it == tensors.end() ? nullptr : &it->second->shape;
+  };
+  // From the tensors.
+  model::GptConfig derived;
+  if (auto* s = shape_of("wte.weight"); s && s->size() == 2) {
+    derived.vocab_size = (int)(*s)[0];
+    derived.n_embd = (int)(*s)[1];
+  }
+  if (auto* s = shape_of("wpe.weight"); s && s->size() == 2) derived.n_positions = (int)(*s)[0];
+  std::set<int> layer_ids;
+  for (auto& [n, t] : tensors) {
+    if (n.rfind("h.", 0) == 0) {
+      size_t dot = n.find('.', 2);
+      int id = -1;
+      auto [p, ec] = std::from_chars(n.data() + 2, n.data() + (dot == std::string::npos ? n.size() : dot), id);
+      MT_CHECK_INPUT(ec == std::errc() && id >= 0, file.path(), ": cannot parse the layer number of tensor ", n);
+      layer_ids.insert(id);
+    }
+  }
+  derived.n_layer = (int)layer_ids.size();
+
+  model::GptConfig cfg;
+  const auto& meta = file.metadata();
+  struct Field {
+    const char* key;
+    const char* flag;
+    int model::GptConfig::*member;
+  };
+  const Field fields[] = {{"n_layer", "--n-layer", &model::GptConfig::n_layer},
+                          {"n_head", "--n-head", &model::GptConfig::n_head},
+                          {"n_embd", "--n-embd", &model::GptConfig::n_embd},
+                          {"vocab_size", "--vocab-size", &model::GptConfig::vocab_size},
+                          {"n_positions", "--n-positions", &model::GptConfig::n_positions}};
+  for (const Field& f : fields) {
+    int from_flag = flags.*f.member;
+    auto it = meta.find(f.key);
+    int from_meta = it == meta.end() ? 0 : parse_meta_int(file, f.key, it->second);
+    if (from_flag && from_meta) {
+      MT_CHECK_INPUT(from_flag == from_meta, "flag ", f.flag, " ", from_flag, " disagrees with ", file.path(),
+                     " metadata ", f.key, "=", from_meta);
+    }
+    int v = from_flag ? from_flag : from_meta ? from_meta : derived.*f.member;
+    if (std::string(f.key) == "n_head") {
+      MT_CHECK_INPUT(v > 0, file.path(), ": n_head is not in the file's metadata and cannot be derived from the",
+                     " tensor shapes; pass --n-head");
+    }
+    MT_CHECK_INPUT(v > 0, file.path(), ": cannot determine ", f.key, " (no ", f.flag,
+                   " flag, no metadata, no tensor that shows it)");
+    if (derived.*f.member && v != derived.*f.member) {
+      throw InputError(str(file.path(), ": ", f.key, " is ", v, " (from ", from_flag ? "flag" : "metadata",
+                           ") but the tensors give ", derived.*f.member,
+                           f.member == &model::GptConfig::n_layer ? " (count of h.{i} layers)" : ""));
+    }
+    cfg.*f.member = v;
+  }
+  cfg.validate();
+  return cfg;
+}
+
+void load_params(const SafetensorsReader& file, nn::ParamRegistry& params) {
+  auto tensors = index_by_name(file);
+  for (auto& [n, t] : tensors) {
+    if (is_ignored_buffer(n)) continue;
+    MT_CHECK_INPUT(params.find(n), file.path(), ": unexpected tensor ", t->name,
+                   " (not a parameter of this model; wrong --model or shape?)");
+  }
+  std::vector<float> full;
+  for (nn::Param& p : params.params()) {
+    auto it = tensors.find(p.name);
+    MT_CHECK_INPUT(it != tensors.end(), file.path(), ": missing tensor ", p.name);
+    const TensorInfo& t = *it->second;
+    MT_CHECK_INPUT(t.shape == p.full_shape, file.path(), ": tensor ", t.name, " has shape ", shape_str(t.shape),
+                   ", expected ", shape_str(p.full_shape));
+    if (p.shard.axis < 0) {
+      file.read_f32(t.name, p.data, (int64_t)p.numel);
+    } else {
+      full.resize((size_t)t.numel());
+      file.read_f32(t.name, full.data(), t.numel());
+      for (size_t i = 0; i < p.numel; i++) p.data[i] = full[(size_t)p.full_index(i)];
+    }
+  }
+}
+
+void save_params(const std::string& path, const nn::ParamRegistry& params,
+                 const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter w;
+  for (auto& [k, v] : metadata) w.set_metadata(k, v);
+  for (const nn::Param& p : params.params()) {
+    MT_ASSERT(p.shard.axis < 0, "save_params on a sharded registry needs a gather first: ", p.name);
+    w.add_f32(p.name, p.full_shape, p.data);
+  }
+  w.write(path);
+}
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,68 @@
+// GPT-2: token + position embedding, L pre-LayerNorm transformer blocks (causal self-attention, GELU MLP),
+// final LayerNorm, logits tied to the token embedding. Parameter names and layouts are Hugging Face's
+// (Conv1D: y = x W + b), so checkpoints interchange with the published GPT-2 files.
+//
+// Legend: B sequences, T tokens each, N = B*T rows, C = n_embd, H = n_head, L = n_layer, V = vocab_size.
+// Activations live in an ActivationStore under (micro-batch, name); the model object holds only shapes and
+// a reference to the parameter registry.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "nn/activation_store.h"
+#include "nn/params.h"
+
+namespace mt::model {
+
+struct GptConfig {
+  int n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, n_positions = 0;
+
+  // Throws InputError naming the bad field (n_embd not divisible by n_head, non-positive sizes, ...).
+  void validate() const;
+  int64_t num_params() const;
+  // Training FLOPs per token: 6 x params (forward + backward of every weight) plus attention's
+  // 12 x L x T x C (scores and weighted sum, forward and backward, dense T x T as in the PaLM accounting).
+  double flops_per_token(int T) const;
+  std::map<std::string, std::string> to_metadata() const;
+  bool operator==(const GptConfig&) const = default;
+};
+
+class Gpt {
+ public:
+  // Registers every parameter in `params` (call params.finalize() afterwards).
+  Gpt(const GptConfig& cfg, nn::ParamRegistry& params);
+
+  const GptConfig& config() const { return cfg_; }
+
+  // GPT-2 initialization: weights normal(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) scaled by
+  // 1/sqrt(2L), biases 0, LayerNorm weights 1. Counter-based: independent of layout.
+  void init_gpt2(uint64_t seed);
+
+  // Forward over inputs[B,T] (token ids < V, T <= n_positions; checked by the caller at the data boundary).
+  // With targets: returns the summed cross-entropy over the N targets and leaves dlogits = dloss * dscale
+  // in the store for backward (dscale = 1 / tokens in the global batch makes the gradient that of the
+  // global mean). Without targets: stops after the final LayerNorm (for logits_last) and returns 0.
+  double forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
+                 float dscale);
+  // Accumulates parameter gradients for micro-batch mb (forward must have run with targets).
+  void backward(nn::ActivationStore& store, int mb, int B, int T);
+  // After forward without targets: out[B,V] = logits of the last position of each sequence.
+  void logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out);
+
+  // Bytes of activations backward needs for a micro-batch of B x T (what forward keeps in the store).
+  size_t activation_bytes(int B, int T) const;
+
+ private:
+  struct LayerParams {
+    nn::Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w,
+        *fcproj_b;
+  };
+  GptConfig cfg_;
+  nn::ParamRegistry& params_;
+  nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
+  std::vector<LayerParams> layers_;
+};
+
+}  // namespace mt::model

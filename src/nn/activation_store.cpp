@@ -1,0 +1,46 @@
+#include "nn/activation_store.h"
+
+namespace mt::nn {
+
+float* ActivationStore::get(int mb, const std::string& name, size_t count) {
+  auto key = std::make_pair(mb, name);
+  auto it = live_.find(key);
+  if (it != live_.end() && it->second.size() == count) return it->second.data();
+  AlignedBuffer buf;
+  auto f = free_.find(count);
+  if (f != free_.end()) {
+    buf = std::move(f->second);
+    free_.erase(f);
+  } else {
+    buf.resize(count);
+  }
+  float* p = buf.data();
+  live_[key] = std::move(buf);
+  return p;
+}
+
+void ActivationStore::release(int mb) {
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->first.first == mb) {
+      size_t n = it->second.size();
+      free_.emplace(n, std::move(it->second));
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t ActivationStore::live_bytes() const {
+  size_t b = 0;
+  for (auto& [k, v] : live_) b += v.bytes();
+  return b;
+}
+
+size_t ActivationStore::total_bytes() const {
+  size_t b = live_bytes();
+  for (auto& [k, v] : free_) b += v.bytes();
+  return b;
+}
+
+}  // namespace mt::nn

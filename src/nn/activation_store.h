@@ -1,0 +1,33 @@
+// The activation store: buffers that forward writes and backward reads, keyed by (micro-batch, name).
+// Layers own none of these, so a pipeline stage can hold several micro-batches in flight and free each one
+// after its backward. Buffers of a released micro-batch are kept in a free list and reused by the next
+// request of the same size, so steady-state training allocates nothing.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/buffer.h"
+
+namespace mt::nn {
+
+class ActivationStore {
+ public:
+  // A buffer of `count` floats for (mb, name); created zeroed on first request, same buffer afterwards
+  // (contents kept) as long as the count is unchanged.
+  float* get(int mb, const std::string& name, size_t count);
+  // Returns every buffer of micro-batch mb to the free list.
+  void release(int mb);
+  // Bytes currently held for live micro-batches.
+  size_t live_bytes() const;
+  // Bytes ever allocated (live + free list).
+  size_t total_bytes() const;
+
+ private:
+  std::map<std::pair<int, std::string>, AlignedBuffer> live_;
+  std::multimap<size_t, AlignedBuffer> free_;
+};
+
+}  // namespace mt::nn

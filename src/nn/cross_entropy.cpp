@@ -1,0 +1,52 @@
+// Softmax cross-entropy over a vocabulary, fused with its backward so the logits buffer [N,V] (the largest
+// activation of a GPT) is reused for its gradient instead of allocating a second one.
+#include <algorithm>
+#include <cmath>
+
+#include "nn/layers.h"
+#include "tensor/vmath.h"
+
+namespace mt::nn {
+
+namespace {
+// Returns log(sum exp(x - max)) + max, the log-partition of one row.
+float log_partition(const float* x, int V) {
+  float mx = x[0];
+  for (int j = 1; j < V; j++) mx = std::max(mx, x[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < V; j++) sum += fast_exp(x[j] - mx);
+  return mx + std::log(sum);
+}
+}  // namespace
+
+double softmax_cross_entropy(float* logits, const int32_t* targets, int N, int V, float dscale, float* losses) {
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int n = 0; n < N; n++) {
+    float* x = logits + (size_t)n * V;
+    float lz = log_partition(x, V);
+    float loss = lz - x[targets[n]];
+    if (losses) losses[n] = loss;
+    total += loss;
+#pragma omp simd
+    for (int j = 0; j < V; j++) x[j] = fast_exp(x[j] - lz) * dscale;
+    x[targets[n]] -= dscale;
+  }
+  return total;
+}
+
+double cross_entropy_loss(const float* logits, const int32_t* targets, int N, int V, int64_t* correct) {
+  double total = 0.0;
+  int64_t hits = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total, hits)
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + (size_t)n * V;
+    total += log_partition(x, V) - x[targets[n]];
+    if (std::max_element(x, x + V) - x == targets[n]) hits++;
+  }
+  if (correct) *correct = hits;
+  return total;
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,63 @@
+// Layer kernels with explicit forward and backward. They keep no state: forward writes what backward needs
+// into buffers the caller owns (the activation store), so several micro-batches can be in flight at once.
+//
+// Legend: N rows (B*T tokens or batch examples), C input channels, OC output channels, B batch, T time,
+// H heads, hs = C/H head size, V vocabulary. All buffers float32, contiguous, row-major.
+// Backward conventions: parameter gradients (dW, db, ...) are always accumulated (+=), so micro-batches
+// add up; input gradients are overwritten unless the function says "accumulated".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mt::nn {
+
+// Linear in Conv1D layout: out[N,OC] = inp[N,C] W[C,OC] + b[OC] (+ residual[N,OC]). b and residual may be
+// null; residual may alias out. Fusing the residual add saves one pass and one [N,OC] buffer.
+void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
+                    const float* residual = nullptr);
+// dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] += inp^T dout;
+// db[OC] += column sums of dout (db may be null).
+void linear_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp, const float* W, int N,
+                     int C, int OC, bool accumulate_dinp = false);
+
+// Embedding lookup: out[N,C] (+)= table[ids[n], :]. Each id must be < rows of table (checked by callers
+// at the data boundary, not here).
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C, bool accumulate);
+// dtable[ids[n], :] += dout[n, :]
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C);
+
+// LayerNorm over the last axis, eps 1e-5: out[N,C], mean[N], rstd[N] saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
+                       int C);
+// dinp[N,C] accumulated (+=: LayerNorm sits on the residual stream); dw, db accumulated.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int N, int C);
+
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out and inp may alias.
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// ReLU. out and inp may alias; backward uses the forward output (y > 0 iff x > 0).
+void relu_forward(float* out, const float* inp, size_t n);
+void relu_backward(float* dinp, const float* out, const float* dout, size_t n);
+
+// Residual add: out = a + b. Its backward hands dout to both branches unchanged (done by the caller).
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+
+// Causal multi-head self-attention on a fused qkv[B,T,3C] (q, k, v in that order along the last axis,
+// heads split as [H, hs] within each). out[B,T,C]; att[B,H,T,T] holds the softmax probabilities
+// (upper triangle zero) for backward.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H);
+// dqkv[B,T,3C] overwritten.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int H);
+
+// Softmax cross-entropy, fused with its backward: logits[N,V] is overwritten by
+// dlogits = (softmax(logits) - onehot(target)) * dscale. Returns the sum over rows of -log p[target].
+// losses[N] (optional) receives each row's loss.
+double softmax_cross_entropy(float* logits, const int32_t* targets, int N, int V, float dscale, float* losses);
+// Forward only (evaluation): sum of -log p[target]; logits unchanged. correct (optional) counts argmax hits.
+double cross_entropy_loss(const float* logits, const int32_t* targets, int N, int V, int64_t* correct);
+
+}  // namespace mt::nn

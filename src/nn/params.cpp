@@ -1,0 +1,84 @@
+#include "nn/params.h"
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace mt::nn {
+
+int64_t Param::full_index(size_t i) const {
+  if (shard.axis < 0) return (int64_t)i;
+  // Decompose i in the local shape, shift the sharded axis by begin, recompose in the full shape.
+  int64_t idx = 0, rem = (int64_t)i, stride_local = 1;
+  std::vector<int64_t> coord(local_shape.size());
+  for (int d = (int)local_shape.size() - 1; d >= 0; d--) {
+    coord[d] = rem % local_shape[d];
+    rem /= local_shape[d];
+  }
+  (void)stride_local;
+  coord[shard.axis] += shard.begin;
+  for (size_t d = 0; d < full_shape.size(); d++) idx = idx * full_shape[d] + coord[d];
+  return idx;
+}
+
+Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_shape, Shard shard) {
+  MT_ASSERT(!finalized_, "add after finalize: ", name);
+  MT_ASSERT(!index_.count(name), "duplicate parameter ", name);
+  Param p;
+  p.name = name;
+  p.full_shape = std::move(full_shape);
+  p.shard = shard;
+  p.local_shape = p.full_shape;
+  if (shard.axis >= 0) {
+    MT_ASSERT(shard.axis < (int)p.full_shape.size() && shard.begin <= shard.end &&
+                  shard.end <= p.full_shape[shard.axis],
+              "bad shard of ", name);
+    p.local_shape[shard.axis] = shard.end - shard.begin;
+  }
+  p.numel = 1;
+  for (int64_t d : p.local_shape) p.numel *= (size_t)d;
+  p.decay = p.full_shape.size() >= 2;
+  p.offset = total_;
+  total_ += p.numel;
+  index_[name] = params_.size();
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+void ParamRegistry::finalize() {
+  MT_ASSERT(!finalized_);
+  data_.resize(total_);
+  grad_.resize(total_);
+  for (Param& p : params_) {
+    p.data = data_.data() + p.offset;
+    p.grad = grad_.data() + p.offset;
+  }
+  finalized_ = true;
+}
+
+Param* ParamRegistry::find(const std::string& name) {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
+Param& ParamRegistry::get(const std::string& name) {
+  Param* p = find(name);
+  MT_ASSERT(p, "no parameter named ", name);
+  return *p;
+}
+
+const Param& ParamRegistry::get(const std::string& name) const {
+  return const_cast<ParamRegistry*>(this)->get(name);
+}
+
+void ParamRegistry::init_normal(const std::string& name, uint64_t seed, float stddev) {
+  Param& p = get(name);
+  CounterRng rng(seed, name);
+  for (size_t i = 0; i < p.numel; i++) p.data[i] = (float)(rng.normal((uint64_t)p.full_index(i)) * stddev);
+}
+
+void ParamRegistry::init_constant(const std::string& name, float value) {
+  Param& p = get(name);
+  for (size_t i = 0; i < p.numel; i++) p.data[i] = value;
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,70 @@
+// The parameter registry: every trainable tensor of a model, by name, with its full logical shape and the
+// part of it this rank holds (the shard), packed into one flat parameter buffer and one flat gradient
+// buffer. Optimizers, gradient reduction and ZeRO partitioning work on those flat buffers; checkpoints and
+// initialization work per tensor, in full-tensor coordinates.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/buffer.h"
+
+namespace mt::nn {
+
+// Which part of the full tensor this rank holds: rows [begin, end) along `axis`, or all of it (axis -1).
+struct Shard {
+  int axis = -1;
+  int64_t begin = 0, end = 0;
+};
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> full_shape;
+  Shard shard;
+  std::vector<int64_t> local_shape;
+  size_t offset = 0;  // into the flat buffers
+  size_t numel = 0;   // local element count
+  bool decay = false; // weight decay applies (tensors of 2 or more dimensions)
+  float* data = nullptr;
+  float* grad = nullptr;
+
+  // Index into the full tensor of local element i (row-major in both).
+  int64_t full_index(size_t i) const;
+};
+
+class ParamRegistry {
+ public:
+  // Declares a parameter; buffers exist only after finalize().
+  Param& add(const std::string& name, std::vector<int64_t> full_shape, Shard shard = {});
+  // Allocates the flat buffers (zeroed) and points every Param at its slice.
+  void finalize();
+
+  bool finalized() const { return finalized_; }
+  std::deque<Param>& params() { return params_; }
+  const std::deque<Param>& params() const { return params_; }
+  Param* find(const std::string& name);
+  Param& get(const std::string& name);
+  const Param& get(const std::string& name) const;
+
+  float* data() { return data_.data(); }
+  float* grad() { return grad_.data(); }
+  size_t size() const { return total_; }
+  void zero_grad() { grad_.zero(); }
+
+  // Initializers, drawn per element from the counter-based generator keyed by (seed, name, full index), so
+  // any shard draws exactly its part of the full tensor.
+  void init_normal(const std::string& name, uint64_t seed, float stddev);
+  void init_constant(const std::string& name, float value);
+
+ private:
+  std::deque<Param> params_;  // deque: Param addresses stay valid as more are added
+  std::map<std::string, size_t> index_;
+  AlignedBuffer data_, grad_;
+  size_t total_ = 0;
+  bool finalized_ = false;
+};
+
+}  // namespace mt::nn

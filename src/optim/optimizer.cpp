@@ -1,0 +1,80 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+namespace mt::optim {
+
+std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
+  std::vector<Segment> segs;
+  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset + p.numel, p.decay});
+  return segs;
+}
+
+AdamW::AdamW(size_t n, const AdamWConfig& cfg) : cfg_(cfg), m_(n), v_(n) {}
+
+void AdamW::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) {
+  const double t = (double)step + 1.0;
+  const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
+  const float bc1 = (float)(1.0 - std::pow((double)b1, t));
+  const float bc2 = (float)(1.0 - std::pow((double)b2, t));
+  float* m = m_.data();
+  float* v = v_.data();
+  for (const Segment& s : segments) {
+    const float wd = s.decay ? cfg_.weight_decay : 0.0f;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = s.begin; i < s.end; i++) {
+      float g = grads[i];
+      m[i] = b1 * m[i] + (1.0f - b1) * g;
+      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+      float mhat = m[i] / bc1;
+      float vhat = v[i] / bc2;
+      params[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * params[i]);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, AlignedBuffer*>> AdamW::state() { return {{"adamw.m", &m_}, {"adamw.v", &v_}}; }
+
+Sgd::Sgd(size_t n, const SgdConfig& cfg) : cfg_(cfg), buf_(n) {}
+
+void Sgd::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) {
+  float* buf = buf_.data();
+  const float mu = cfg_.momentum;
+  for (const Segment& s : segments) {
+    const float wd = s.decay ? cfg_.weight_decay : 0.0f;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = s.begin; i < s.end; i++) {
+      float g = grads[i] + wd * params[i];
+      buf[i] = step == 0 ? g : mu * buf[i] + g;
+      params[i] -= lr * buf[i];
+    }
+  }
+}
+
+std::vector<std::pair<std::string, AlignedBuffer*>> Sgd::state() { return {{"sgd.momentum", &buf_}}; }
+
+float LrSchedule::at(int64_t s) const {
+  if (s < warmup) return (float)(lr * (double)(s + 1) / (double)warmup);
+  if (s >= total) return (float)min_lr;
+  double progress = (double)(s - warmup) / (double)(total - warmup);
+  return (float)(min_lr + (lr - min_lr) * (1.0 + std::cos(M_PI * progress)) / 2.0);
+}
+
+double global_norm(const float* g, size_t n) {
+  double sum = 0.0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum)
+  for (size_t i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+  return std::sqrt(sum);
+}
+
+float clip_by_global_norm(float* g, size_t n, double norm, double clip) {
+  if (clip <= 0) return 1.0f;
+  double factor = clip / (norm + 1e-6);
+  if (factor >= 1.0) return 1.0f;
+  float f = (float)factor;
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) g[i] *= f;
+  return f;
+}
+
+}  // namespace mt::optim

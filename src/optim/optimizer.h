@@ -1,0 +1,85 @@
+// Optimizers over flat buffers. The parameter registry packs every tensor into one flat buffer; an
+// optimizer sees that buffer as a list of segments (a tensor, or the part of it a ZeRO shard owns), each
+// with its weight-decay flag. State buffers are flat too, indexed like the parameters, so sharding the
+// optimizer is slicing the same buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/params.h"
+#include "tensor/buffer.h"
+
+namespace mt::optim {
+
+struct Segment {
+  size_t begin = 0, end = 0;  // [begin, end) of the flat buffers
+  bool decay = false;
+};
+
+// One segment per registered tensor, in registry order.
+std::vector<Segment> segments_of(const nn::ParamRegistry& params);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Updates params[s.begin, s.end) from grads[...] for every segment s. step counts from 0.
+  virtual void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
+                    int64_t step) = 0;
+  // The state buffers by name (each as long as the flat parameter buffer), for checkpoints.
+  virtual std::vector<std::pair<std::string, AlignedBuffer*>> state() = 0;
+};
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+};
+
+// AdamW (Loshchilov & Hutter), decoupled decay on segments with decay = true, t = step + 1:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * p)
+class AdamW : public Optimizer {
+ public:
+  AdamW(size_t n, const AdamWConfig& cfg);
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
+            int64_t step) override;
+  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+
+ private:
+  AdamWConfig cfg_;
+  AlignedBuffer m_, v_;
+};
+
+struct SgdConfig {
+  float momentum = 0.9f, weight_decay = 0.0f;
+};
+
+// SGD with momentum (PyTorch's form): g' = g + wd p (decay segments only); buf = mu buf + g'; p -= lr buf.
+class Sgd : public Optimizer {
+ public:
+  Sgd(size_t n, const SgdConfig& cfg);
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
+            int64_t step) override;
+  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+
+ private:
+  SgdConfig cfg_;
+  AlignedBuffer buf_;
+};
+
+// Linear warmup then cosine decay to min_lr:
+//   s < W: lr (s+1)/W;   W <= s < S: min_lr + (lr - min_lr)(1 + cos(pi (s-W)/(S-W)))/2;   s >= S: min_lr.
+struct LrSchedule {
+  double lr = 0, min_lr = 0;
+  int64_t warmup = 0, total = 0;
+  float at(int64_t step) const;
+};
+
+// Global L2 norm of g[0, n) (sum of squares in double).
+double global_norm(const float* g, size_t n);
+// Scales g by min(1, clip / (norm + 1e-6)) when clip > 0; returns the factor applied.
+float clip_by_global_norm(float* g, size_t n, double norm, double clip);
+
+}  // namespace mt::optim

@@ -1,0 +1,53 @@
+// Per-step metrics as JSON lines, and the terminal progress line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace mt::trace {
+
+// Appends one JSON object per line, flushed after each so a crash loses at most the current line.
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  // append = false truncates the file. Throws mt::InputError naming the path if it cannot be opened.
+  MetricsWriter(const std::string& path, bool append);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  MetricsWriter(MetricsWriter&& o) noexcept : f_(o.f_), path_(std::move(o.path_)) { o.f_ = nullptr; }
+  MetricsWriter& operator=(MetricsWriter&& o) noexcept {
+    std::swap(f_, o.f_);
+    std::swap(path_, o.path_);
+    return *this;
+  }
+  void write(const nlohmann::json& row);
+  bool enabled() const { return f_ != nullptr; }
+
+ private:
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+// "step 12/100 | loss 3.2145 | lr 3.00e-04 | 1,234 tok/s | eta 1m20s" on stderr: redrawn in place on a
+// terminal, one line every `every` steps (and the last) otherwise.
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t total_steps, int every, bool enabled);
+  void step(int64_t step, double loss, float lr, double tokens_per_s, const std::string& extra = "");
+  void message(const std::string& line);  // a line of its own (eval results), not overwritten
+  void finish();
+
+ private:
+  int64_t first_, total_;
+  int every_;
+  bool enabled_, tty_, dirty_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace mt::trace

@@ -1,0 +1,150 @@
+// The MLP classification task on IDX image/label files (MNIST format). Pixels are scaled to [0, 1].
+// Step s uses examples (s*B + j) mod N_train, j = 0..B-1; evaluation uses the held-out split: --val-data,
+// or the last --val-fraction of --data.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "core/error.h"
+#include "data/idx.h"
+#include "model/mlp.h"
+#include "nn/activation_store.h"
+#include "train/task.h"
+
+namespace mt::train {
+
+namespace {
+
+struct Examples {
+  int64_t count = 0;
+  int D = 0;
+  std::vector<float> x;       // [count, D]
+  std::vector<int32_t> y;     // [count]
+};
+
+Examples load_examples(const std::string& images, const std::string& labels, int n_classes) {
+  MT_CHECK_INPUT(!labels.empty(), "--model mlp needs a labels file for ", images, " (--labels / --val-labels)");
+  IdxImages im = read_idx_images(images);
+  IdxLabels lb = read_idx_labels(labels);
+  MT_CHECK_INPUT((int64_t)lb.labels.size() == im.count, images, " has ", im.count, " images but ", labels, " has ",
+                 lb.labels.size(), " labels");
+  Examples e;
+  e.count = im.count;
+  e.D = (int)(im.rows * im.cols);
+  e.x.resize(im.pixels.size());
+  for (size_t i = 0; i < im.pixels.size(); i++) e.x[i] = (float)im.pixels[i] / 255.0f;
+  e.y.resize(lb.labels.size());
+  for (size_t i = 0; i < lb.labels.size(); i++) {
+    MT_CHECK_INPUT(lb.labels[i] < n_classes, labels, ": label ", (int)lb.labels[i], " at position ", i,
+                   " is not below the number of classes ", n_classes);
+    e.y[i] = lb.labels[i];
+  }
+  return e;
+}
+
+class MlpTask : public TrainTask {
+ public:
+  explicit MlpTask(const TrainConfig& cfg) : cfg_(cfg) {
+    const int K = 10;
+    Examples all = load_examples(cfg.data, cfg.labels, K);
+    if (!cfg.val_data.empty()) {
+      train_ = std::move(all);
+      val_ = load_examples(cfg.val_data, cfg.val_labels, K);
+      MT_CHECK_INPUT(val_.D == train_.D, cfg.val_data, " images have ", val_.D, " pixels, training images ", train_.D);
+    } else {
+      MT_CHECK_INPUT(cfg.val_fraction >= 0 && cfg.val_fraction < 1, "--val-fraction must be in [0, 1), got ",
+                     cfg.val_fraction);
+      int64_t nval = (int64_t)(all.count * cfg.val_fraction);
+      split(all, all.count - nval);
+    }
+    MT_CHECK_INPUT(train_.count >= 1, cfg.data, ": no training examples left after the validation split");
+    B_ = cfg.batch_size;
+    mbs_ = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : B_;
+    model::MlpConfig mc{train_.D, cfg.hidden, K};
+    model_ = std::make_unique<model::Mlp>(mc, params_);
+    params_.finalize();
+    if (!cfg.init.empty())
+      checkpoint::load_params(SafetensorsReader(cfg.init), params_);
+    else
+      model_->init(cfg.seed);
+    xb_.resize((size_t)mbs_ * train_.D);
+    yb_.resize(mbs_);
+  }
+
+  nn::ParamRegistry& params() override { return params_; }
+
+  double forward_backward(int64_t step) override {
+    params_.zero_grad();
+    const float dscale = 1.0f / (float)B_;
+    double loss = 0.0;
+    for (int j0 = 0; j0 < B_; j0 += mbs_) {
+      int nb = std::min(mbs_, B_ - j0);
+      for (int j = 0; j < nb; j++) {
+        int64_t e = (step * B_ + j0 + j) % train_.count;
+        std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
+        yb_[j] = train_.y[e];
+      }
+      loss += model_->forward(store_, 0, xb_.data(), yb_.data(), nb, dscale);
+      model_->backward(store_, 0, nb);
+    }
+    return loss / B_;
+  }
+
+  bool has_eval() const override { return val_.count > 0; }
+
+  // Whole held-out split (the `batches` argument does not limit it: MNIST-sized splits are cheap).
+  EvalResult evaluate(int) override {
+    EvalResult r;
+    if (!val_.count) return r;
+    int64_t correct = 0;
+    double loss = 0.0;
+    const int64_t chunk = 1024;
+    for (int64_t i = 0; i < val_.count; i += chunk) {
+      int n = (int)std::min(chunk, val_.count - i);
+      int64_t c = 0;
+      loss += model_->evaluate(store_, &val_.x[(size_t)i * val_.D], &val_.y[i], n, &c);
+      correct += c;
+    }
+    r.loss = loss / (double)val_.count;
+    r.accuracy = (double)correct / (double)val_.count;
+    return r;
+  }
+
+  int64_t items_per_step() const override { return B_; }
+  const char* item_name() const override { return "ex"; }
+  double flops_per_step() const override { return 6.0 * (double)model_->config().num_params() * B_; }
+  size_t activation_bytes() const override {
+    size_t w = train_.D;
+    for (int h : cfg_.hidden) w += h;
+    return (w + 10) * mbs_ * sizeof(float);
+  }
+  std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
+
+ private:
+  void split(Examples& all, int64_t ntrain) {
+    train_.D = val_.D = all.D;
+    train_.count = ntrain;
+    val_.count = all.count - ntrain;
+    train_.x.assign(all.x.begin(), all.x.begin() + ntrain * all.D);
+    train_.y.assign(all.y.begin(), all.y.begin() + ntrain);
+    val_.x.assign(all.x.begin() + ntrain * all.D, all.x.end());
+    val_.y.assign(all.y.begin() + ntrain, all.y.end());
+  }
+
+  TrainConfig cfg_;
+  Examples train_, val_;
+  int B_ = 0, mbs_ = 0;
+  nn::ParamRegistry params_;
+  std::unique_ptr<model::Mlp> model_;
+  nn::ActivationStore store_;
+  std::vector<float> xb_;
+  std::vector<int32_t> yb_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg) { return std::make_unique<MlpTask>(cfg); }
+
+}  // namespace mt::train

@@ -1,0 +1,57 @@
+// Everything `meshtrain train` can be told, with defaults. validate() rejects bad combinations once, with
+// the values in the message, before any work starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+
+namespace mt::train {
+
+struct TrainConfig {
+  std::string model = "gpt";  // gpt | mlp
+  // GPT shape: 0 = take from --init's metadata/tensors, else the defaults in resolve().
+  model::GptConfig gpt;
+  std::vector<int> hidden{256, 128};  // MLP hidden widths
+
+  std::string init;        // safetensors weights to start from
+  std::string data;        // GPT: token shard; MLP: IDX images
+  std::string labels;      // MLP: IDX labels for --data
+  std::string val_data;    // GPT: token shard; MLP: IDX images
+  std::string val_labels;  // MLP
+  double val_fraction = 0.2;  // MLP without --val-data: hold out this tail of --data
+
+  int batch_size = 8;
+  int seq_len = 64;
+  int micro_batch_size = 0;  // 0 = whole batch at once
+  int64_t steps = 100;
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 3e-4, min_lr = -1;    // min_lr < 0: lr / 10
+  int64_t warmup_steps = 0;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0, momentum = 0.9;
+  double grad_clip = 1.0;  // <= 0: no clipping
+  uint64_t seed = 1337;
+  int threads = 1;
+
+  std::string metrics;   // JSONL, one row per step
+  std::string save;      // final weights, safetensors
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int keep_checkpoints = 2;
+  std::string resume;
+  int64_t stop_at_step = 0;  // stop this process after this many steps (time-boxed jobs, resume tests)
+  int64_t eval_every = 0;
+  int eval_batches = 4;
+  int log_every = 10;
+  bool progress = true;
+
+  // Parallel layouts: accepted so scripts can be written now; anything but 1 process is "not supported yet".
+  int nproc = 1, dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string schedule;
+
+  void validate() const;
+};
+
+}  // namespace mt::train
