@@ -12,7 +12,12 @@ namespace mt {
 
 inline float fast_exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  // Round x / ln2 to the nearest integer n by adding 1.5 * 2^23: the sum's low mantissa bits then hold n.
+  // (floorf would block vectorization without -fno-trapping-math.)
+  const float kShift = 12582912.0f;
+  float t = x * 1.44269504088896341f + kShift;
+  float n = t - kShift;
+  int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
   float r = x - n * 0.693145751953125f;  // ln2 split in two: the high part has few bits so n*hi is exact
   r = r - n * 1.428606765330187045e-06f;
   float p = 1.0f / 720.0f;
@@ -22,8 +27,7 @@ inline float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
+  return p * std::bit_cast<float>((ni + 127) << 23);
 }
 
 // tanh(z) = 1 - 2 / (exp(2z) + 1); absolute error ~1e-7, which is what GELU's (1 + tanh) needs.

@@ -1,0 +1,220 @@
+// meshtrain bench train: GPT training throughput against PyTorch in the same run, model FLOPs utilization
+// against this machine's single-process SGEMM rate on the model's own GEMM shapes, and peak memory against
+// the bytes training needs (params + grads + Adam state + the activations backward reads).
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/meshtrain/commands.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/token_shard.h"
+#include "model/gpt.h"
+#include "tensor/blas.h"
+#include "tensor/buffer.h"
+#include "train/trainer.h"
+
+namespace mt::cli {
+
+namespace {
+
+struct BenchArgs {
+  int threads = 1, steps = 5, warmup = 2, batch = 8, seq = 256;
+  model::GptConfig shape{6, 6, 384, 8192, 256};  // "gpt-bench", about 13.9M parameters
+  std::string torch_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/torch_gpt_bench.py";
+  bool no_torch = false;
+};
+
+size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+struct GemmShape {
+  bool ta, tb;
+  int M, N, K;
+};
+
+// Every GEMM of one GPT training step outside attention (forward, input and weight gradients of each
+// linear layer and of the tied logits), with its multiplicity.
+std::vector<std::pair<GemmShape, int>> model_gemms(const model::GptConfig& c, int N) {
+  const int C = c.n_embd, V = c.vocab_size, L = c.n_layer;
+  std::vector<std::pair<GemmShape, int>> g;
+  for (auto [in, out] : std::array<std::pair<int, int>, 4>{{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}}) {
+    g.push_back({{false, false, N, out, in}, L});  // forward
+    g.push_back({{false, true, N, in, out}, L});   // dinp
+    g.push_back({{true, false, in, out, N}, L});   // dW
+  }
+  g.push_back({{false, true, N, V, C}, 1});   // logits
+  g.push_back({{false, false, N, C, V}, 1});  // dlnf
+  g.push_back({{true, false, V, C, N}, 1});   // dwte
+  return g;
+}
+
+// GFLOP/s of this process's SGEMM over the model's GEMM shapes, after checking one result element per
+// shape against a double-precision dot product.
+double measure_sgemm(const model::GptConfig& c, int N, int repeats) {
+  auto shapes = model_gemms(c, N);
+  size_t most = 0;
+  for (auto& [s, k] : shapes) most = std::max({most, (size_t)s.M * s.K, (size_t)s.K * s.N, (size_t)s.M * s.N});
+  AlignedBuffer A(most), B(most), Cm(most);
+  CounterRng rng(1, "sgemm");
+  for (size_t i = 0; i < most; i++) {
+    A[i] = (float)rng.uniform(i) - 0.5f;
+    B[i] = (float)rng.uniform(i + most) - 0.5f;
+  }
+  double flops = 0, secs = 0;
+  for (auto& [s, mult] : shapes) {
+    int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+    gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N);  // warm-up
+    double ref = 0;
+    for (int k = 0; k < s.K; k++) {
+      int i = s.M - 1, j = s.N / 2;
+      double a = s.ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+      double b = s.tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+      ref += a * b;
+    }
+    double got = Cm[(size_t)(s.M - 1) * s.N + s.N / 2];
+    MT_REQUIRE(Error, std::fabs(got - ref) <= 1e-3 * (1 + std::fabs(ref)), "SGEMM check failed for ", s.M, "x",
+               s.N, "x", s.K, ": ", got, " vs ", ref, " (is this OpenBLAS kernel right for this CPU?)");
+    auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats * mult; r++)
+      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N);
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    flops += 2.0 * s.M * s.N * (double)s.K * repeats * mult;
+  }
+  return flops / secs / 1e9;
+}
+
+nlohmann::json run_torch(const BenchArgs& a) {
+  std::string cmd = "/usr/bin/python3 '" + a.torch_script + "' --threads " + std::to_string(a.threads) +
+                    " --steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
+                    " --batch-size " + std::to_string(a.batch) + " --seq-len " + std::to_string(a.seq) +
+                    " --n-layer " + std::to_string(a.shape.n_layer) + " --n-head " + std::to_string(a.shape.n_head) +
+                    " --n-embd " + std::to_string(a.shape.n_embd) + " --vocab-size " +
+                    std::to_string(a.shape.vocab_size);
+  // PyTorch's OpenBLAS must use the same thread count as ours.
+  cmd = "OPENBLAS_NUM_THREADS=" + std::to_string(a.threads) + " OMP_NUM_THREADS=" + std::to_string(a.threads) + " " +
+        cmd;
+  std::FILE* p = popen(cmd.c_str(), "r");
+  MT_REQUIRE(Error, p, "cannot run ", cmd);
+  std::string out, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  MT_REQUIRE(Error, rc == 0, "the PyTorch benchmark failed (", cmd, "):\n", out);
+  size_t end = out.find_last_not_of("\n");
+  size_t start = out.rfind('\n', end);
+  last = out.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+  try {
+    return nlohmann::json::parse(last);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(str("the PyTorch benchmark's last line is not JSON: ", last));
+  }
+}
+
+void run(const BenchArgs& a) {
+  set_num_threads(a.threads);
+  const char* core = openblas_get_corename();
+  const char* ct = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("meshtrain bench train: GPT L=%d H=%d C=%d V=%d, B=%d T=%d, %d thread(s), OpenBLAS core %s%s%s\n",
+              a.shape.n_layer, a.shape.n_head, a.shape.n_embd, a.shape.vocab_size, a.batch, a.seq, a.threads, core,
+              ct ? " (OPENBLAS_CORETYPE=" : "", ct ? (std::string(ct) + ")").c_str() : "");
+  std::fflush(stdout);
+
+  // Data: random tokens, enough for every step.
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("meshtrain_bench_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const int total_steps = a.warmup + a.steps;
+  std::vector<uint16_t> tokens((size_t)a.batch * a.seq * total_steps + 1);
+  CounterRng rng(7, "bench-data");
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)(rng.bits(i) % a.shape.vocab_size);
+  write_token_shard((dir / "data.bin").string(), tokens);
+
+  train::TrainConfig cfg;
+  cfg.gpt = a.shape;
+  cfg.data = (dir / "data.bin").string();
+  cfg.batch_size = a.batch;
+  cfg.seq_len = a.seq;
+  cfg.steps = total_steps;
+  cfg.threads = a.threads;
+  cfg.weight_decay = 0.1;
+  cfg.metrics = (dir / "metrics.jsonl").string();
+  cfg.progress = false;
+  train::TrainSummary sum = train::run_training(cfg);
+  size_t rss = peak_rss_bytes();
+  std::vector<double> times;
+  std::ifstream mf(cfg.metrics);
+  std::string line;
+  while (std::getline(mf, line)) {
+    auto row = nlohmann::json::parse(line);
+    if (row["step"].get<int>() >= a.warmup) times.push_back(row["step_time_s"].get<double>());
+  }
+  std::filesystem::remove_all(dir);
+  std::sort(times.begin(), times.end());
+  double step_s = times[times.size() / 2];
+  double ours = (double)a.batch * a.seq / step_s;
+
+  double sgemm = measure_sgemm(a.shape, a.batch * a.seq, 2);
+  double flops_tok = a.shape.flops_per_token(a.seq);
+  double mfu = flops_tok * ours / (sgemm * 1e9);
+  size_t need = sum.param_bytes + sum.grad_bytes + sum.optimizer_bytes + sum.activation_bytes;
+
+  std::printf("\n%-34s %12s\n", "", "value");
+  std::printf("%-34s %12lld\n", "parameters", (long long)a.shape.num_params());
+  std::printf("%-34s %12.1f\n", "SGEMM GFLOP/s (model GEMM shapes)", sgemm);
+  std::printf("%-34s %12.1f\n", "model MFLOP per token", flops_tok / 1e6);
+  std::printf("%-34s %12.3f\n", "meshtrain step time (median, s)", step_s);
+  std::printf("%-34s %12.0f\n", "meshtrain tokens/s", ours);
+  std::printf("%-34s %11.1f%%   (goal >= 85%%)\n", "meshtrain MFU vs SGEMM", 100 * mfu);
+  std::printf("%-34s %12.1f\n", "params+grads+Adam (MiB)",
+              (sum.param_bytes + sum.grad_bytes + sum.optimizer_bytes) / 1048576.0);
+  std::printf("%-34s %12.1f\n", "activations for backward (MiB)", sum.activation_bytes / 1048576.0);
+  std::printf("%-34s %12.1f\n", "peak RSS (MiB)", rss / 1048576.0);
+  std::printf("%-34s %12.2fx  (goal <= 1.3x)\n", "peak RSS / needed", (double)rss / (double)need);
+  std::fflush(stdout);
+  if (a.no_torch) return;
+  nlohmann::json t = run_torch(a);
+  double theirs = t.at("tokens_per_s").get<double>();
+  std::printf("%-34s %12.0f\n", "PyTorch tokens/s", theirs);
+  std::printf("%-34s %11.1f%%\n", "PyTorch MFU vs SGEMM", 100 * flops_tok * theirs / (sgemm * 1e9));
+  std::printf("%-34s %12.2fx  (goal >= 1.4x)\n", "meshtrain / PyTorch", ours / theirs);
+}
+
+}  // namespace
+
+void add_bench_train_command(CLI::App& bench) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* sub = bench.add_subcommand("train", "GPT training speed vs PyTorch, MFU and peak memory (gpt-bench shape)");
+  sub->add_option("--threads", a->threads, "threads for both meshtrain and PyTorch")->capture_default_str();
+  sub->add_option("--steps", a->steps, "timed steps")->capture_default_str();
+  sub->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
+  sub->add_option("--batch-size", a->batch, "sequences per step")->capture_default_str();
+  sub->add_option("--seq-len", a->seq, "tokens per sequence")->capture_default_str();
+  sub->add_option("--n-layer", a->shape.n_layer)->capture_default_str();
+  sub->add_option("--n-head", a->shape.n_head)->capture_default_str();
+  sub->add_option("--n-embd", a->shape.n_embd)->capture_default_str();
+  sub->add_option("--vocab-size", a->shape.vocab_size)->capture_default_str();
+  sub->add_option("--torch-script", a->torch_script, "the PyTorch peer")->capture_default_str();
+  sub->add_flag("--no-torch", a->no_torch, "skip the PyTorch peer");
+  sub->callback([a] {
+    a->shape.n_positions = std::max(a->shape.n_positions, a->seq);
+    run(*a);
+  });
+}
+
+}  // namespace mt::cli
