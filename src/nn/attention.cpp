@@ -8,9 +8,8 @@
 // backward (dP, dS in a T x T scratch per thread):
 //   dP = dy v^T;  dS = P * (dP - rowsum(P * dP)) * scale
 //   dq[r0:r1] = dS k[0:r1];  dk[0:r1] += dS^T q[r0:r1];  dv[0:r1] += P^T dy[r0:r1]
-// With several threads the (b, h) pairs are split across threads and BLAS runs single-threaded inside,
-// since 64-row GEMMs do not scale across cores.
-#include <cblas.h>
+// With several threads the (b, h) pairs are split across threads (GEMMs inside run single-threaded: 64-row
+// GEMMs do not scale across cores).
 #include <omp.h>
 
 #include <algorithm>
@@ -37,10 +36,8 @@ void for_each_head(int BH, F&& body) {
     for (int bh = 0; bh < BH; bh++) body(bh);
     return;
   }
-  openblas_set_num_threads(1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int bh = 0; bh < BH; bh++) body(bh);
-  openblas_set_num_threads(nt);
 }
 
 float* thread_scratch(size_t count) {
