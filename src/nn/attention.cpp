@@ -64,6 +64,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       for (int t = r0; t < r1; t++) {
         float* row = P + (size_t)t * T;
         float mx = row[0];
+#pragma omp simd reduction(max : mx)
         for (int j = 1; j <= t; j++) mx = std::max(mx, row[j]);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

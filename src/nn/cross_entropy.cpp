@@ -12,6 +12,7 @@ namespace {
 // Returns log(sum exp(x - max)) + max, the log-partition of one row.
 float log_partition(const float* x, int V) {
   float mx = x[0];
+#pragma omp simd reduction(max : mx)
   for (int j = 1; j < V; j++) mx = std::max(mx, x[j]);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
