@@ -7,8 +7,9 @@ seeded token shard in both implementations (lr 1e-3 -> min-lr 1e-4, warmup 5, wd
             wrong attention scale shifts it ~1e-3 rel.
             every step: abs 2e-4. Trajectories separate only by float32 rounding amplified by Adam
             (observed float32 vs float64 reference: ~5e-7 over 25 steps).
-  lr        rel 1e-9: a closed form of the step in double; anything looser hides an off-by-one in the
-            schedule (warmup uses s+1, the cosine s-W).
+  lr        rel 1e-7: a closed form of the step in double, while meshtrain applies (and reports) the lr as
+            float32 (rounding <= 6e-8 rel); adjacent steps' lrs differ by >= 1e-3 rel away from the peak,
+            so an off-by-one in the schedule (warmup uses s+1, the cosine s-W) still fails.
   grad_norm rel 1e-3: float32 sums of squares in any order, before clipping.
   weights   max abs diff <= 2e-4 per tensor after 25 steps. Adam moves each weight by ~lr = 1e-3 per step
             whatever the gradient's size, so one wrong step shows as 1e-4..1e-3 while rounding gives
@@ -48,7 +49,7 @@ HP = ref.HParams(lr=1e-3, min_lr=1e-4, warmup_steps=5, beta1=0.9, beta2=0.95, ep
 INIT_STD = {"c_attn.weight": 0.1, "c_fc.weight": 0.2, "wte.weight": 0.1, "wpe.weight": 0.05}
 N_TOKENS = 2917  # < STEPS*B*T + 1 = 3201, and not a multiple of T: late windows wrap mid-window
 SEED_DATA, SEED_INIT = 2, 1
-TOL_LOSS0_REL, TOL_LOSS_ABS, TOL_LR_REL, TOL_GN_REL, TOL_W_ABS = 1e-5, 2e-4, 1e-9, 1e-3, 2e-4
+TOL_LOSS0_REL, TOL_LOSS_ABS, TOL_LR_REL, TOL_GN_REL, TOL_W_ABS = 1e-5, 2e-4, 1e-7, 1e-3, 2e-4
 
 
 def markov_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
