@@ -156,6 +156,13 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
       }
     }
     poll(fds.data(), fds.size(), 50);  // EINTR (a forwarded signal) just loops
+    // Checked before reaping: workers killed by the forwarded signal are its victims, not the cause.
+    if (g_signal && !have_failure) {
+      int s = g_signal;
+      const char* name = sigabbrev_np(s);
+      record_failure(-1, str("interrupted by SIG", name ? name : "?"));
+      res.exit_code = 128 + s;
+    }
     for (int r = 0; r < n; ++r) {
       if (!alive[r]) continue;
       int st = 0;
@@ -173,12 +180,6 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
         record_failure(r, why);
       }
     }
-    if (g_signal && !have_failure) {
-      int s = g_signal;
-      const char* name = sigabbrev_np(s);
-      record_failure(-1, str("interrupted by SIG", name ? name : "?"));
-      res.exit_code = 128 + s;
-    }
     if (!killed && remaining > 0 && Clock::now() >= kill_at) {
       for (int r = 0; r < n; ++r) {
         if (alive[r]) kill(pids[r], SIGKILL);
@@ -189,6 +190,7 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   g_nchildren = 0;
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  for (int r = 0; r < n; ++r) res.rank_errors.push_back(job.rank_error(r));
   shm::sweep_segments(getpid());
   return res;
 }

@@ -52,6 +52,7 @@ struct LaunchResult {
   int failed_rank = -1;          // world rank of the first failure
   std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
   std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
+  std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
 };
 
 // Runs body on every rank and returns what happened, printing nothing itself (tests use it).

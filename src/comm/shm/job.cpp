@@ -31,7 +31,7 @@ std::string segment_prefix(pid_t pid) { return str("meshtrain-", pid, "-"); }
 Job::Job(int nranks, size_t arena_bytes) {
   MT_REQUIRE(CommError, nranks >= 1 && nranks <= kMaxRanks, "shm backend: --nproc ", nranks,
              " is out of range 1..", kMaxRanks);
-  name_ = "/" + segment_prefix(getpid()) + std::to_string(g_job_counter.fetch_add(1));
+  name_ = str("/meshtrain-", getpid(), "-", g_job_counter.fetch_add(1));
   bytes_ = header_bytes() + arena_bytes;
   int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   MT_REQUIRE(CommError, fd >= 0, "shm_open(", name_, ") failed: ", std::strerror(errno),

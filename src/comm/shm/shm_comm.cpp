@@ -81,20 +81,20 @@ ShmCommunicator::~ShmCommunicator() { stop_progress_thread(); }
 // ---- waiting ----
 
 void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::string& reason) {
-  throw CommError(str(what, " on group '", name(), "' (rank ", rank(), " of ", size(), ") ", reason,
-                      " while waiting for rank ", peer, " (world rank ", world_ranks_[peer], ")"));
+  throw CommError(str(what, " on group '", name(), "' (rank ", rank(), " of ", size(), "): ", reason));
 }
 
 void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s) {
+  const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
   int failed = -1;
   std::string why;
   if (job_->failed(&failed, &why)) {
-    if (failed == world_ranks_[rank()]) fail_wait(what, peer, "was stopped by an earlier failure of this rank");
-    fail_wait(what, peer, str("was aborted: world rank ", failed, " failed: ", why));
+    if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
+    fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
   }
   if (Clock::now() > until) {
-    fail_wait(what, peer, str("timed out after ", timeout_s,
-                              " s (--comm-timeout); that rank is stalled, dead, or not calling this operation"));
+    fail_wait(what, peer, str("timed out after ", timeout_s, " s waiting for ", peer_s,
+                              "; that rank is stalled, dead, or not calling this operation (--comm-timeout)"));
   }
 }
 
