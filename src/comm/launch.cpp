@@ -1,0 +1,243 @@
+#include "comm/launch.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include "comm/shm/job.h"
+#include "comm/shm/shm_comm.h"
+#include "core/error.h"
+#ifdef MESHTRAIN_HAVE_MPI
+#include "comm/mpi/mpi_comm.h"
+#endif
+
+namespace mt::comm {
+
+namespace {
+
+constexpr size_t kArenaBytes = size_t{64} << 30;  // virtual; pages are taken only when touched
+
+// Signal forwarding: the handler may only touch these.
+volatile sig_atomic_t g_signal = 0;
+pid_t g_children[shm::kMaxRanks];
+volatile sig_atomic_t g_nchildren = 0;
+
+void forward_signal(int sig) {
+  g_signal = sig;
+  for (int i = 0; i < g_nchildren; ++i) {
+    if (g_children[i] > 0) kill(g_children[i], sig);
+  }
+}
+
+std::string describe_status(int st) {
+  if (WIFSIGNALED(st)) {
+    int s = WTERMSIG(st);
+    const char* name = sigabbrev_np(s);
+    return str("killed by signal ", s, " (SIG", name ? name : "?", ")");
+  }
+  if (WIFEXITED(st)) return str("exited with code ", WEXITSTATUS(st));
+  return "ended";
+}
+
+[[noreturn]] void run_worker(shm::Job& job, uint64_t region, int r, int n, pid_t parent, const LaunchOptions& o,
+                             const std::function<void(Communicator&)>& body) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // the supervisor died: so do we
+  if (getppid() != parent) _exit(1);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  job.block().pids[r] = getpid();
+  int code = 0;
+  std::unique_ptr<shm::ShmCommunicator> world;
+  try {
+    std::vector<int> ranks(n);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    world = std::make_unique<shm::ShmCommunicator>(&job, region, r, ranks, "world");
+    world->set_timeout(o.timeout_s);
+    world->set_algorithm(o.algo);
+    body(*world);
+    world.reset();
+  } catch (const std::exception& e) {
+    // Record first (so that peers and our own queued operations stop waiting), then tear down.
+    job.set_rank_error(r, e.what());
+    job.fail(r, e.what());
+    std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    code = 1;
+    try {
+      world.reset();
+    } catch (...) {
+    }
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(code);
+}
+
+LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicator&)>& body) {
+  const int n = o.nproc < 1 ? 1 : o.nproc;
+  shm::Job job(n, kArenaBytes);
+  uint64_t region = shm::ShmCommunicator::create_region(job, n);
+  LaunchResult res;
+  res.rank_status.assign(n, 0);
+
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signal = 0;
+  g_nchildren = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  std::fflush(nullptr);
+  const pid_t parent = getpid();
+  std::vector<pid_t> pids(n, -1);
+  std::vector<int> pidfds(n, -1);
+  std::vector<bool> alive(n, false);
+  std::string fork_error;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) run_worker(job, region, r, n, parent, o, body);
+    if (pid < 0) {
+      fork_error = str("fork of rank ", r, " failed: ", std::strerror(errno));
+      break;
+    }
+    pids[r] = pid;
+    g_children[r] = pid;
+    g_nchildren = r + 1;
+    alive[r] = true;
+    pidfds[r] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  }
+  if (!fork_error.empty()) {
+    job.fail(-1, fork_error);
+    res.failure = fork_error;
+    res.exit_code = 1;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  bool have_failure = !fork_error.empty();
+  Clock::time_point kill_at = have_failure ? Clock::now() : Clock::time_point::max();
+  auto record_failure = [&](int r, const std::string& why) {
+    if (have_failure) return;
+    have_failure = true;
+    int fr;
+    std::string fwhy;
+    if (job.failed(&fr, &fwhy) && fr >= 0) {  // a rank that threw recorded itself: that is the root cause
+      res.failed_rank = fr;
+      res.failure = fwhy;
+    } else {
+      job.fail(r, why);
+      res.failed_rank = r;
+      res.failure = why;
+    }
+    res.exit_code = 1;
+    kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+  };
+
+  int remaining = 0;
+  for (int r = 0; r < n; ++r) remaining += alive[r] ? 1 : 0;
+  bool killed = false;
+  while (remaining > 0) {
+    std::vector<pollfd> fds;
+    std::vector<int> who;
+    for (int r = 0; r < n; ++r) {
+      if (alive[r] && pidfds[r] >= 0) {
+        fds.push_back({pidfds[r], POLLIN, 0});
+        who.push_back(r);
+      }
+    }
+    poll(fds.data(), fds.size(), 50);  // EINTR (a forwarded signal) just loops
+    // Checked before reaping: workers killed by the forwarded signal are its victims, not the cause.
+    if (g_signal && !have_failure) {
+      int s = g_signal;
+      const char* name = sigabbrev_np(s);
+      record_failure(-1, str("interrupted by SIG", name ? name : "?"));
+      res.exit_code = 128 + s;
+    }
+    for (int r = 0; r < n; ++r) {
+      if (!alive[r]) continue;
+      int st = 0;
+      pid_t got = waitpid(pids[r], &st, WNOHANG);
+      if (got == 0) continue;
+      alive[r] = false;
+      g_children[r] = -1;
+      --remaining;
+      if (pidfds[r] >= 0) close(pidfds[r]);
+      res.rank_status[r] = st;
+      if (got < 0 || !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        std::string why = describe_status(st);
+        std::string err = job.rank_error(r);
+        if (!err.empty()) why = err;
+        record_failure(r, why);
+      }
+    }
+    if (!killed && remaining > 0 && Clock::now() >= kill_at) {
+      for (int r = 0; r < n; ++r) {
+        if (alive[r]) kill(pids[r], SIGKILL);
+      }
+      killed = true;
+    }
+  }
+  g_nchildren = 0;
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  for (int r = 0; r < n; ++r) res.rank_errors.push_back(job.rank_error(r));
+  shm::sweep_segments(getpid());
+  return res;
+}
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  MT_REQUIRE(InputError, o.backend == "auto" || o.backend == "shm" || o.backend == "mpi", "--backend '", o.backend,
+             "' is not one of auto, shm, mpi");
+  MT_REQUIRE(InputError, o.nproc >= 0 && o.nproc <= shm::kMaxRanks, "--nproc ", o.nproc, " is out of range 1..",
+             shm::kMaxRanks);
+  MT_REQUIRE(InputError, o.timeout_s > 0, "--comm-timeout must be > 0 seconds, got ", o.timeout_s);
+  MT_REQUIRE(InputError, o.grace_s >= 0, "grace period must be >= 0 seconds, got ", o.grace_s);
+}
+
+bool under_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+std::string resolve_backend(const LaunchOptions& o) {
+  if (o.backend != "auto") return o.backend;
+  return under_mpirun() ? "mpi" : "shm";
+}
+
+LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
+  validate(o);
+  if (resolve_backend(o) == "mpi") {
+#ifdef MESHTRAIN_HAVE_MPI
+    return mpi::run_body(o, body);
+#else
+    throw InputError("--backend mpi: this meshtrain was built without MPI (install OpenMPI and rebuild), or use "
+                     "--backend shm");
+#endif
+  }
+  return run_shm(o, body);
+}
+
+int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
+  LaunchResult r = run_ranks(o, body);
+  if (r.exit_code != 0) {
+    if (r.failed_rank >= 0) {
+      std::fprintf(stderr, "meshtrain: rank %d failed: %s\n", r.failed_rank, r.failure.c_str());
+    } else {
+      std::fprintf(stderr, "meshtrain: %s\n", r.failure.c_str());
+    }
+  }
+  return r.exit_code;
+}
+
+}  // namespace mt::comm

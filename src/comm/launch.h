@@ -1,0 +1,63 @@
+// Launching ranks: the one entry point a subcommand uses to run its work on N ranks, with either backend.
+//
+//   mt::comm::LaunchOptions o;  o.nproc = 4;  o.backend = "auto";  o.timeout_s = 300;
+//   int rc = mt::comm::launch(o, [&](mt::comm::Communicator& world) { ... });
+//   return rc;  // 0 when every rank's body returned normally
+//
+// shm (one host, the default outside mpirun): the calling process becomes the supervisor. It creates the
+// job's shared memory, forks nproc workers, and each worker runs body(world) and exits 0, or prints
+// "rank R: <error>" on stderr and exits 1 if the body throws. The supervisor forwards SIGINT/SIGTERM to the
+// workers, reaps every one (no zombies), and on the first failure records it in the job, which turns every
+// other rank's pending or next communication into a CommError naming the failed rank; after a grace period
+// it SIGKILLs what is left. It then removes any shared memory of the job (in fact none is ever visible in
+// /dev/shm, see shm/job.h) and returns non-zero, having printed which rank failed and why.
+//
+// mpi (under mpirun, detected from OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK, or backend "mpi"): body runs
+// in this process with the MPI world; rank and size come from MPI. MPI is initialised on first use (thread
+// level MULTIPLE) and finalised at exit. If the body throws, the error is printed as "rank R: <error>" and
+// the job is aborted with MPI_Abort so that no rank waits for it.
+//
+// What a body may assume under shm: it runs in a forked child of the caller. It sees a copy of the caller's
+// memory at the time of launch (read-only inputs can simply be captured) but no threads of the caller
+// survive the fork (do not rely on thread pools, loggers with threads or locks held by other threads), and
+// nothing it writes is visible to the caller except through files, stdout and stderr. It must not call
+// exit(); returning or throwing ends the rank. `world` and its splits live until the body returns.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace mt::comm {
+
+struct LaunchOptions {
+  int nproc = 0;                 // shm: number of workers (0 means 1); mpi: 0, or the MPI world size
+  std::string backend = "auto";  // "auto" | "shm" | "mpi"
+  double timeout_s = 300;        // deadline of every blocking communication call (--comm-timeout)
+  double grace_s = 2;            // after a failure, how long other ranks get to report before SIGKILL
+  Algo algo = Algo::automatic;   // all-reduce algorithm override (benchmarks)
+};
+
+// Rejects bad option values with an InputError that names them. launch() calls it first.
+void validate(const LaunchOptions& o);
+// True when this process was started by mpirun (or another PMI launcher).
+bool under_mpirun();
+// "shm" or "mpi": what backend "auto" means here.
+std::string resolve_backend(const LaunchOptions& o);
+
+struct LaunchResult {
+  int exit_code = 0;             // 0 success; 1 a rank failed; 128+signal when interrupted
+  int failed_rank = -1;          // world rank of the first failure
+  std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
+  std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
+  std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
+};
+
+// Runs body on every rank and returns what happened, printing nothing itself (tests use it).
+LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
+// run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr; returns exit_code.
+int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
+
+}  // namespace mt::comm

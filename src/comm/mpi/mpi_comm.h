@@ -1,0 +1,53 @@
+// MpiCommunicator: the MPI backend, for processes started by mpirun (across hosts). Every operation maps to
+// MPI's own non-blocking collective (MPI_Iallreduce, MPI_Ireduce_scatter, MPI_Iallgatherv, MPI_Ibcast,
+// MPI_Ireduce, MPI_Ialltoall(v), MPI_Isend/Irecv), so MPI's tuned algorithm selection applies, and is then
+// completed by polling MPI_Test against the deadline (MPI has no timed wait): a stalled peer becomes a
+// CommError instead of a hang.
+//
+// Before each collective the ranks all-gather a 32-byte descriptor (kind, count, dtype, op, root, #seq) so a
+// mismatched call is reported on every rank rather than corrupting data: one extra small collective, paid
+// for clarity. bf16 is reduced by widening to float32, reducing float32 in MPI and rounding once (float32
+// accumulation, twice the bytes on the wire); bf16 data that is only moved travels as 16-bit words.
+// Counts above INT_MAX elements are rejected (MPI's int counts).
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/launch.h"
+
+namespace mt::comm::mpi {
+
+class MpiCommunicator : public Communicator {
+ public:
+  // Duplicates `comm` (the communicator owns the duplicate and frees it).
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+  const char* backend() const override { return "mpi"; }
+  MPI_Comm handle() const { return comm_; }
+
+ protected:
+  void run_collective(const CollArgs& a) override;
+  std::unique_ptr<Communicator> run_split(int colour, int key, const std::string& name, uint64_t seq,
+                                          double timeout_s) override;
+  Request start_send(const void* buf, size_t bytes, int peer, int tag) override;
+  Request start_recv(void* buf, size_t bytes, int peer, int tag) override;
+
+ private:
+  void check_descriptor(const CollArgs& a);
+  void run_reducing(const CollArgs& a);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// Initialises MPI if needed (MPI_THREAD_MULTIPLE; finalised at exit) and runs body with the world.
+LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communicator&)>& body);
+// Waits for an MPI request until `until`, then throws CommError with `what` (shared by the benchmark).
+void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what,
+                  MPI_Status* status = nullptr);
+
+}  // namespace mt::comm::mpi

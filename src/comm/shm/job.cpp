@@ -1,0 +1,123 @@
+#include "comm/shm/job.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace mt::comm::shm {
+
+namespace {
+constexpr uint64_t kMagic = 0x6d6573687472616eull;  // "meshtran"
+std::atomic<int> g_job_counter{0};
+
+size_t header_bytes() { return (sizeof(JobBlock) + 4095) & ~size_t{4095}; }
+
+void copy_msg(char* dst, const std::string& s) {
+  size_t n = std::min(s.size(), kErrorChars - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = 0;
+}
+}  // namespace
+
+std::string segment_prefix(pid_t pid) { return str("meshtrain-", pid, "-"); }
+
+Job::Job(int nranks, size_t arena_bytes) {
+  MT_REQUIRE(CommError, nranks >= 1 && nranks <= kMaxRanks, "shm backend: --nproc ", nranks,
+             " is out of range 1..", kMaxRanks);
+  name_ = str("/meshtrain-", getpid(), "-", g_job_counter.fetch_add(1));
+  bytes_ = header_bytes() + arena_bytes;
+  int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  MT_REQUIRE(CommError, fd >= 0, "shm_open(", name_, ") failed: ", std::strerror(errno),
+             " (is /dev/shm mounted and writable?)");
+  if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name_.c_str());
+    throw CommError(str("ftruncate(", name_, ", ", bytes_, ") failed: ", std::strerror(e)));
+  }
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  int e = errno;
+  close(fd);
+  shm_unlink(name_.c_str());  // the mapping is all we need from here on; see the file comment
+  MT_REQUIRE(CommError, p != MAP_FAILED, "mmap of ", bytes_, " bytes of shared memory failed: ", std::strerror(e));
+  base_ = static_cast<char*>(p);
+  block_ = new (base_) JobBlock{};
+  block_->magic = kMagic;
+  block_->nranks = nranks;
+  block_->launcher_pid = getpid();
+  block_->arena_bytes = bytes_;
+  block_->next_free.store(header_bytes());
+  block_->next_group.store(1);
+  block_->failed_rank.store(-1);
+}
+
+Job::~Job() {
+  if (base_) munmap(base_, bytes_);
+}
+
+uint64_t Job::allocate(size_t bytes) {
+  bytes = (bytes + 4095) & ~size_t{4095};
+  uint64_t off = block_->next_free.fetch_add(bytes);
+  MT_REQUIRE(CommError, off + bytes <= bytes_, "shared-memory arena exhausted: need ", bytes, " bytes at offset ",
+             off, " of ", bytes_, " (too many splits or too large a group)");
+  return off;
+}
+
+void Job::fail(int world_rank, const std::string& why) {
+  // Only the first failure is recorded; its text is written before the rank is published.
+  if (block_->failure_claim.exchange(1) != 0) return;
+  copy_msg(block_->failure, why);
+  block_->failed_rank.store(world_rank, std::memory_order_release);
+}
+
+bool Job::failed(int* world_rank, std::string* why) {
+  int32_t r = block_->failed_rank.load(std::memory_order_acquire);
+  if (r < 0) return false;
+  if (world_rank) *world_rank = r;
+  if (why) *why = std::string(block_->failure, strnlen(block_->failure, kErrorChars));
+  return true;
+}
+
+void Job::set_rank_error(int world_rank, const std::string& msg) {
+  if (world_rank >= 0 && world_rank < block_->nranks) copy_msg(block_->rank_error[world_rank], msg);
+}
+
+std::string Job::rank_error(int world_rank) {
+  const char* s = block_->rank_error[world_rank];
+  return std::string(s, strnlen(s, kErrorChars));
+}
+
+namespace {
+template <typename F>
+int for_each_segment(pid_t pid, F&& f) {
+  std::string prefix = segment_prefix(pid);
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) {
+        f(e->d_name);
+        ++n;
+      }
+    }
+    closedir(d);
+  }
+  return n;
+}
+}  // namespace
+
+int sweep_segments(pid_t pid) {
+  return for_each_segment(pid, [](const char* name) { shm_unlink((std::string("/") + name).c_str()); });
+}
+
+int count_segments(pid_t pid) {
+  return for_each_segment(pid, [](const char*) {});
+}
+
+}  // namespace mt::comm::shm

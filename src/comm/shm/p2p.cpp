@@ -1,0 +1,229 @@
+#include "comm/shm/p2p.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mt::comm::shm {
+
+namespace {
+struct WireHeader {
+  uint64_t bytes;
+  int32_t tag;
+  uint32_t magic;
+};
+constexpr uint32_t kWireMagic = 0x7032706d;
+static_assert(sizeof(WireHeader) == 16);
+
+void ring_write(char* ring, size_t cap, uint64_t pos, const void* src, size_t len) {
+  size_t at = pos % cap, first = std::min(len, cap - at);
+  std::memcpy(ring + at, src, first);
+  if (len > first) std::memcpy(ring, static_cast<const char*>(src) + first, len - first);
+}
+void ring_read(const char* ring, size_t cap, uint64_t pos, void* dst, size_t len) {
+  size_t at = pos % cap, first = std::min(len, cap - at);
+  std::memcpy(dst, ring + at, first);
+  if (len > first) std::memcpy(static_cast<char*>(dst) + first, ring, len - first);
+}
+}  // namespace
+
+struct P2P::Op : detail::RequestState {
+  P2P* eng = nullptr;
+  bool is_send = false;
+  char* buf = nullptr;  // const for sends
+  size_t bytes = 0, done = 0;
+  bool header_sent = false;
+  int peer = 0, tag = 0;
+  double timeout_s = 300;
+  bool finished = false;  // guarded by eng->mu_
+  std::string error;
+
+  bool test() override { return eng->test(*this); }
+  void wait() override { eng->wait(*this); }
+  std::string what() const {
+    return str(is_send ? "send" : "recv", "(", is_send ? "to" : "from", " rank ", peer, ", tag ", tag, ", ", bytes,
+               " bytes)");
+  }
+};
+
+P2P::P2P(Layout layout, int rank, SpinPolicy spin, Poll poll)
+    : L_(layout), me_(rank), spin_(spin), poll_(std::move(poll)), sendq_(layout.n), posted_(layout.n),
+      unexpected_(layout.n), incoming_(layout.n) {}
+
+Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double timeout_s) {
+  auto op = std::make_shared<Op>();
+  op->eng = this;
+  op->is_send = true;
+  op->buf = const_cast<char*>(static_cast<const char*>(buf));
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->timeout_s = timeout_s;
+  std::lock_guard<std::mutex> l(mu_);
+  sendq_[peer].push_back(op);
+  progress();
+  return Request(op);
+}
+
+Request P2P::irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s) {
+  auto op = std::make_shared<Op>();
+  op->eng = this;
+  op->buf = static_cast<char*>(buf);
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->timeout_s = timeout_s;
+  std::lock_guard<std::mutex> l(mu_);
+  auto& uq = unexpected_[peer];
+  for (auto it = uq.begin(); it != uq.end(); ++it) {
+    if ((*it)->tag != tag) continue;
+    if ((*it)->data.size() != bytes) {
+      op->error = str("recv from rank ", peer, " with tag ", tag, " expects ", bytes, " bytes but the message has ",
+                      (*it)->data.size(), " (mismatched send/recv)");
+    } else if (bytes) {
+      std::memcpy(op->buf, (*it)->data.data(), bytes);
+    }
+    uq.erase(it);
+    op->finished = true;
+    return Request(op);
+  }
+  posted_[peer].push_back(op);
+  progress();
+  return Request(op);
+}
+
+void P2P::progress() {
+  for (int p = 0; p < L_.n; ++p) {
+    if (!sendq_[p].empty()) progress_send(p);
+    progress_recv(p);
+  }
+}
+
+void P2P::progress_send(int peer) {
+  ChannelCtrl& ch = L_.chan(me_, peer);
+  char* ring = L_.ring(me_, peer);
+  const size_t cap = L_.chan_bytes;
+  bool wrote = false;
+  while (!sendq_[peer].empty()) {
+    Op& op = *sendq_[peer].front();
+    uint64_t head = ch.head.load(std::memory_order_relaxed);
+    size_t space = cap - (head - ch.tail.load(std::memory_order_acquire));
+    if (!op.header_sent) {
+      if (space < sizeof(WireHeader)) break;
+      WireHeader h{op.bytes, op.tag, kWireMagic};
+      ring_write(ring, cap, head, &h, sizeof h);
+      head += sizeof h;
+      space -= sizeof h;
+      op.header_sent = true;
+    }
+    size_t k = std::min(space, op.bytes - op.done);
+    if (k) ring_write(ring, cap, head, op.buf + op.done, k);
+    head += k;
+    op.done += k;
+    ch.head.store(head, std::memory_order_release);
+    wrote = true;
+    if (op.done < op.bytes) break;
+    op.finished = true;
+    sendq_[peer].pop_front();
+  }
+  if (wrote) signal_bump(L_.ctrl(peer).doorbell);
+}
+
+void P2P::progress_recv(int src) {
+  ChannelCtrl& ch = L_.chan(src, me_);
+  const char* ring = L_.ring(src, me_);
+  const size_t cap = L_.chan_bytes;
+  Incoming& in = incoming_[src];
+  bool consumed = false;
+  for (;;) {
+    uint64_t tail = ch.tail.load(std::memory_order_relaxed);
+    size_t avail = ch.head.load(std::memory_order_acquire) - tail;
+    if (!in.active) {
+      if (avail < sizeof(WireHeader)) break;
+      WireHeader h;
+      ring_read(ring, cap, tail, &h, sizeof h);
+      MT_ASSERT(h.magic == kWireMagic, "corrupt p2p stream from rank ", src);
+      tail += sizeof h;
+      avail -= sizeof h;
+      in = Incoming{};
+      in.active = true;
+      in.tag = h.tag;
+      in.bytes = h.bytes;
+      auto& pq = posted_[src];
+      for (auto it = pq.begin(); it != pq.end(); ++it) {
+        if ((*it)->tag == h.tag) {
+          in.recv = *it;
+          pq.erase(it);
+          break;
+        }
+      }
+      if (in.recv && in.recv->bytes != h.bytes) {
+        in.recv->error = str("recv from rank ", src, " with tag ", h.tag, " expects ", in.recv->bytes,
+                             " bytes but the message has ", h.bytes, " (mismatched send/recv)");
+      }
+      if (!in.recv || !in.recv->error.empty()) {
+        in.unexp = std::make_shared<Unexpected>();
+        in.unexp->tag = h.tag;
+        in.unexp->data.resize(h.bytes);
+      }
+    }
+    size_t k = std::min(avail, in.bytes - in.done);
+    if (k) {
+      char* dst = in.unexp ? in.unexp->data.data() : in.recv->buf;
+      ring_read(ring, cap, tail, dst + in.done, k);
+      tail += k;
+      in.done += k;
+    }
+    ch.tail.store(tail, std::memory_order_release);
+    consumed = true;
+    if (in.done < in.bytes) break;
+    if (in.recv) in.recv->finished = true;
+    if (in.unexp && !(in.recv && !in.recv->error.empty())) finish_unexpected(src, in.unexp);
+    in = Incoming{};
+  }
+  if (consumed) signal_bump(L_.ctrl(src).doorbell);
+}
+
+void P2P::finish_unexpected(int src, std::shared_ptr<Unexpected> u) {
+  // A recv posted while this message was arriving unclaimed gets it now.
+  auto& pq = posted_[src];
+  for (auto it = pq.begin(); it != pq.end(); ++it) {
+    Op& op = **it;
+    if (op.tag != u->tag) continue;
+    if (op.bytes != u->data.size()) {
+      op.error = str("recv from rank ", src, " with tag ", u->tag, " expects ", op.bytes, " bytes but the message has ",
+                     u->data.size(), " (mismatched send/recv)");
+    } else if (op.bytes) {
+      std::memcpy(op.buf, u->data.data(), op.bytes);
+    }
+    op.finished = true;
+    pq.erase(it);
+    return;
+  }
+  unexpected_[src].push_back(std::move(u));
+}
+
+bool P2P::test(Op& op) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!op.finished) progress();
+  return op.finished;
+}
+
+void P2P::wait(Op& op) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(op.timeout_s));
+  Signal& bell = L_.ctrl(me_).doorbell;
+  for (;;) {
+    uint32_t seen = bell.value.load(std::memory_order_acquire);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!op.finished) progress();
+      if (op.finished) break;
+    }
+    signal_wait(bell, seen + 1, spin_, [&] { poll_(op.peer, op.what(), until); });
+  }
+  if (!op.error.empty()) throw CommError(op.error);
+}
+
+}  // namespace mt::comm::shm

@@ -1,0 +1,70 @@
+// Point-to-point messages over shared memory: tagged, any size, blocking or not.
+//
+// Each ordered pair (s, d) has a byte ring (Layout::ring) carrying a stream of messages, each a 16-byte
+// header {bytes, tag} followed by the payload. Large messages stream: the sender writes as much as fits,
+// the receiver drains into the posted buffer, each bumps the other's doorbell. Matching is by (source,
+// tag) in posting order; a message that arrives before its recv is posted is drained into a private
+// "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out.
+//
+// Progress happens inside isend/irecv (eagerly, as far as the ring allows) and inside test()/wait() of any
+// request. The engine is thread-safe (one mutex); requests must not outlive their communicator.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/shm/layout.h"
+
+namespace mt::comm::shm {
+
+class P2P {
+ public:
+  // `poll(peer, what)` throws when the job has failed or the deadline `until` has passed.
+  using Poll = std::function<void(int peer, const std::string& what, Clock::time_point until)>;
+  P2P(Layout layout, int rank, SpinPolicy spin, Poll poll);
+
+  Request isend(const void* buf, size_t bytes, int peer, int tag, double timeout_s);
+  Request irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s);
+
+  struct Op;  // one posted send or recv
+
+  bool test(Op& op);
+  void wait(Op& op);
+
+ private:
+  struct Unexpected {
+    int tag;
+    std::vector<char> data;
+    size_t done = 0;
+  };
+  struct Incoming {  // the message currently arriving from one source
+    bool active = false;
+    int tag = 0;
+    size_t bytes = 0, done = 0;
+    std::shared_ptr<Op> recv;       // the matched recv, or
+    std::shared_ptr<Unexpected> unexp;  // where it goes until one is posted
+  };
+  void progress();  // with mu_ held
+  void progress_send(int peer);
+  void progress_recv(int src);
+  void finish_unexpected(int src, std::shared_ptr<Unexpected> u);
+
+  Layout L_;
+  int me_;
+  SpinPolicy spin_;
+  Poll poll_;
+  std::mutex mu_;
+  std::vector<std::deque<std::shared_ptr<Op>>> sendq_;       // per destination, in posting order
+  std::vector<std::list<std::shared_ptr<Op>>> posted_;       // per source: recvs not yet matched
+  std::vector<std::deque<std::shared_ptr<Unexpected>>> unexpected_;  // per source: complete, unclaimed
+  std::vector<Incoming> incoming_;
+};
+
+}  // namespace mt::comm::shm

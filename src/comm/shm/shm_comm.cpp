@@ -1,0 +1,443 @@
+#include "comm/shm/shm_comm.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "comm/reduce.h"
+#include "core/error.h"
+
+namespace mt::comm::shm {
+
+namespace {
+constexpr uint64_t kRegionMagic = 0x6d74677270726567ull;
+
+size_t slot_bytes_from_env() {
+  if (const char* s = std::getenv("MESHTRAIN_SHM_SLOT_KB")) {
+    long kb = std::atol(s);
+    MT_REQUIRE(InputError, kb >= 4 && kb <= 65536, "MESHTRAIN_SHM_SLOT_KB=", s, " is out of range 4..65536");
+    return static_cast<size_t>(kb) * 1024;
+  }
+  return kDefaultSlotBytes;
+}
+
+uint64_t init_region(Job& job, int n, int group_id) {
+  size_t slot = slot_bytes_from_env();
+  uint64_t off = job.allocate(Layout::bytes_for(n, slot, kChannelBytes));
+  auto* h = static_cast<RegionHeader*>(job.at(off));
+  h->magic = kRegionMagic;
+  h->size = n;
+  h->group_id = group_id;
+  h->slot_bytes = slot;
+  h->chan_bytes = kChannelBytes;
+  return off;
+}
+
+// Elements per piece when a slot is cut into `parts` pieces, rounded down to whole cache lines.
+size_t piece_elems(size_t slot_bytes, int parts, size_t e) {
+  size_t per = slot_bytes / static_cast<size_t>(parts);
+  per = per / 64 * 64;
+  if (per < 64) per = 64;  // MT_ASSERT in the caller: slots always hold at least 64 bytes per rank
+  return per / e;
+}
+
+size_t clamp_len(size_t total, size_t start, size_t len) { return start >= total ? 0 : std::min(len, total - start); }
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+// One running collective: its arguments, deadline and whether its descriptor was checked yet.
+struct ShmCommunicator::Ctx {
+  const CollArgs& a;
+  Clock::time_point until;
+  bool checked = false;
+  size_t e;
+};
+
+uint64_t ShmCommunicator::create_region(Job& job, int n) { return init_region(job, n, 0); }
+
+ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vector<int> world_ranks, std::string name)
+    : Communicator(rank, static_cast<int>(world_ranks.size()), std::move(name)), job_(job),
+      world_ranks_(std::move(world_ranks)), spin_(spin_policy_for(job->nranks())) {
+  L_.base = static_cast<char*>(job->at(region));
+  const RegionHeader& h = L_.header();
+  MT_ASSERT(h.magic == kRegionMagic && h.size == size(), "bad group region: size ", h.size, " vs ", size());
+  L_.n = size();
+  L_.slot_bytes = h.slot_bytes;
+  L_.chan_bytes = h.chan_bytes;
+  MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
+  L_.ctrl(rank).world_rank = world_ranks_[rank];
+  L_.ctrl(rank).pid = getpid();
+  p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until) {
+    poll_failure(peer, what, until, timeout());
+  });
+}
+
+ShmCommunicator::~ShmCommunicator() { stop_progress_thread(); }
+
+// ---- waiting ----
+
+void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::string& reason) {
+  throw CommError(str(what, " on group '", name(), "' (rank ", rank(), " of ", size(), "): ", reason));
+}
+
+void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s) {
+  const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
+  int failed = -1;
+  std::string why;
+  if (job_->failed(&failed, &why)) {
+    if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
+    fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
+  }
+  if (Clock::now() > until) {
+    fail_wait(what, peer, str("timed out after ", timeout_s, " s waiting for ", peer_s,
+                              "; that rank is stalled, dead, or not calling this operation (--comm-timeout)"));
+  }
+}
+
+void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
+  Signal& s = L_.ctrl(peer).arrive;
+  if (reached(s.value.load(std::memory_order_acquire), step)) return;
+  signal_wait(s, step, spin_, [&] { poll_failure(peer, describe(c.a), c.until, c.a.timeout_s); });
+}
+
+void ShmCommunicator::sync(Ctx& c) {
+  ++step_;
+  signal_store(L_.ctrl(rank()).arrive, step_);
+  for (int p = 0; p < size(); ++p) {
+    if (p != rank()) wait_step(c, p, step_);
+  }
+  if (!c.checked) check_descriptors(c);
+}
+
+int ShmCommunicator::acquire_buf(Ctx& c) {
+  int b = next_buf_;
+  next_buf_ = (next_buf_ + 1) % kNumBuf;
+  for (int p = 0; p < size(); ++p) {
+    if (p != rank()) wait_step(c, p, release_[b]);
+  }
+  return b;
+}
+
+// Readers of buffer b's current contents are done once they arrive at the next step.
+void ShmCommunicator::release_buf(int b) { release_[b] = step_ + 1; }
+
+void ShmCommunicator::check_descriptors(Ctx& c) {
+  c.checked = true;
+  const CollArgs& a = c.a;
+  const OpDesc& mine = L_.ctrl(rank()).desc[a.seq & 1];
+  for (int p = 0; p < size(); ++p) {
+    const OpDesc& d = L_.ctrl(p).desc[a.seq & 1];
+    bool same = d.seq == mine.seq && d.kind == mine.kind && d.dtype == mine.dtype && d.count == mine.count &&
+                d.op == mine.op && d.root == mine.root;
+    if (same) continue;
+    CollArgs theirs;
+    theirs.kind = static_cast<OpKind>(d.kind);
+    theirs.count = d.count;
+    theirs.dtype = static_cast<DType>(d.dtype);
+    theirs.op = static_cast<ReduceOp>(d.op);
+    theirs.root = d.root;
+    theirs.seq = d.seq;
+    throw CommError(str("mismatched collectives on group '", name(), "': rank ", rank(), " called ", describe(a),
+                        " but rank ", p, " (world rank ", world_ranks_[p], ") called ", describe(theirs),
+                        "; every rank of a group must issue the same collectives in the same order"));
+  }
+}
+
+// ---- dispatch ----
+
+void ShmCommunicator::run_collective(const CollArgs& a) {
+  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.timeout_s));
+  Ctx c{a, until, false, dtype_size(a.dtype)};
+  OpDesc& d = L_.ctrl(rank()).desc[a.seq & 1];
+  d.seq = a.seq;
+  d.kind = static_cast<uint8_t>(a.kind);
+  d.dtype = static_cast<uint8_t>(a.dtype);
+  bool reducing = a.kind == OpKind::all_reduce || a.kind == OpKind::reduce || a.kind == OpKind::reduce_scatter;
+  d.op = reducing ? static_cast<uint8_t>(a.op) : 0;
+  d.count = a.kind == OpKind::all_to_all_v ? 0 : a.count;
+  d.root = (a.kind == OpKind::broadcast || a.kind == OpKind::reduce) ? a.root : 0;
+  switch (a.kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce: {
+      Algo algo = a.algo;
+      if (algo == Algo::automatic) algo = a.count * c.e <= kDirectMaxBytes || size() == 1 ? Algo::direct : Algo::rs_ag;
+      if (algo == Algo::direct) {
+        all_reduce_direct(c);
+      } else {
+        all_reduce_rs_ag(c);
+      }
+      break;
+    }
+    case OpKind::reduce_scatter: reduce_scatter(c); break;
+    case OpKind::all_gather: all_gather(c); break;
+    case OpKind::broadcast: broadcast(c); break;
+    case OpKind::all_to_all: all_to_all(c); break;
+    case OpKind::all_to_all_v: all_to_all_v(c); break;
+    case OpKind::barrier: barrier(c); break;
+    default: MT_ASSERT(false, "not a collective: ", op_kind_name(a.kind));
+  }
+}
+
+// ---- algorithms ----
+
+void ShmCommunicator::barrier(Ctx& c) { sync(c); }
+
+void ShmCommunicator::all_reduce_direct(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const bool writes = a.kind == OpKind::all_reduce || r == a.root;
+  const size_t C = L_.slot_bytes / c.e;
+  const size_t T = std::max<size_t>(1, ceil_div(a.count, C));
+  std::vector<const void*> srcs(n);
+  for (size_t t = 0; t < T; ++t) {
+    const size_t off = t * C, k = clamp_len(a.count, off, C);
+    int b = acquire_buf(c);
+    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + off * c.e, k * c.e);
+    sync(c);
+    if (writes && k) {
+      for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b);
+      reduce_into(static_cast<char*>(a.recv) + off * c.e, srcs.data(), n, k, a.dtype, a.op, n);
+    }
+    release_buf(b);
+  }
+}
+
+// Chunk t holds, for every rank q, elements [t*c, (t+1)*c) of q's shard; rank r reduces piece r.
+void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const bool all = a.kind == OpKind::all_reduce;
+  const size_t pc = piece_elems(L_.slot_bytes, n, c.e);
+  const size_t pb = pc * c.e;
+  const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, pc));
+  const char* send = static_cast<const char*>(a.send);
+  char* recv = static_cast<char*>(a.recv);
+  std::vector<const void*> srcs(n);
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    char* mine = L_.slot(r, b);
+    for (int q = 0; q < n; ++q) {
+      Shard s = shard_of(a.count, n, q);
+      size_t k = clamp_len(s.count, t * pc, pc);
+      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+    }
+    sync(c);
+    Shard s = shard_of(a.count, n, r);
+    size_t k = clamp_len(s.count, t * pc, pc);
+    if (k) {
+      for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n);
+    }
+    sync(c);
+    if (all || r == a.root) {
+      for (int q = 0; q < n; ++q) {
+        Shard sq = shard_of(a.count, n, q);
+        size_t kq = clamp_len(sq.count, t * pc, pc);
+        if (kq) std::memcpy(recv + (sq.offset + t * pc) * c.e, L_.slot(q, b) + q * pb, kq * c.e);
+      }
+    }
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::reduce_scatter(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const size_t pc = piece_elems(L_.slot_bytes, n, c.e);
+  const size_t pb = pc * c.e;
+  const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, pc));
+  const char* send = static_cast<const char*>(a.send);
+  std::vector<const void*> srcs(n);
+  const Shard mine_s = shard_of(a.count, n, r);
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    char* mine = L_.slot(r, b);
+    for (int q = 0; q < n; ++q) {
+      Shard s = shard_of(a.count, n, q);
+      size_t k = clamp_len(s.count, t * pc, pc);
+      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+    }
+    sync(c);
+    size_t k = clamp_len(mine_s.count, t * pc, pc);
+    if (k) {
+      for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      reduce_into(static_cast<char*>(a.recv) + t * pc * c.e, srcs.data(), n, k, a.dtype, a.op, n);
+    }
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::all_gather(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const size_t C = L_.slot_bytes / c.e;
+  const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, C));
+  const Shard own = shard_of(a.count, n, r);
+  char* recv = static_cast<char*>(a.recv);
+  const bool in_place = a.send == recv + own.offset * c.e;
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    size_t k = clamp_len(own.count, t * C, C);
+    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e);
+    sync(c);
+    for (int q = 0; q < n; ++q) {
+      if (q == r && in_place) continue;
+      Shard s = shard_of(a.count, n, q);
+      size_t kq = clamp_len(s.count, t * C, C);
+      if (kq) std::memcpy(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e);
+    }
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::broadcast(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int r = rank();
+  const size_t C = L_.slot_bytes / c.e;
+  const size_t T = std::max<size_t>(1, ceil_div(a.count, C));
+  char* buf = static_cast<char*>(a.recv);
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    size_t k = clamp_len(a.count, t * C, C);
+    if (r == a.root && k) std::memcpy(L_.slot(r, b), buf + t * C * c.e, k * c.e);
+    sync(c);
+    if (r != a.root && k) std::memcpy(buf + t * C * c.e, L_.slot(a.root, b), k * c.e);
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::all_to_all(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const size_t pc = piece_elems(L_.slot_bytes, n, c.e), pb = pc * c.e;
+  const size_t K = a.count;
+  const size_t T = std::max<size_t>(1, ceil_div(K, pc));
+  const char* send = static_cast<const char*>(a.send);
+  char* recv = static_cast<char*>(a.recv);
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    size_t k = clamp_len(K, t * pc, pc);
+    for (int q = 0; q < n && k; ++q) std::memcpy(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e);
+    sync(c);
+    for (int p = 0; p < n && k; ++p) std::memcpy(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::all_to_all_v(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  // Step 1: every rank publishes its send and recv counts; all ranks check the whole matrix.
+  std::vector<uint64_t> row(2 * n), M(2 * size_t(n) * n);
+  for (int j = 0; j < n; ++j) {
+    row[j] = a.send_counts[j];
+    row[n + j] = a.recv_counts[j];
+  }
+  exchange(c, row.data(), row.size() * 8, M.data());
+  auto sends = [&](int p, int q) { return M[size_t(p) * 2 * n + q]; };
+  auto expects = [&](int q, int p) { return M[size_t(q) * 2 * n + n + p]; };
+  uint64_t most = 0;
+  for (int p = 0; p < n; ++p) {
+    for (int q = 0; q < n; ++q) {
+      if (sends(p, q) != expects(q, p)) {
+        throw CommError(str("mismatched ", describe(a), " on group '", name(), "': rank ", p, " sends ", sends(p, q),
+                            " elements to rank ", q, " but rank ", q, " expects ", expects(q, p), " from rank ", p));
+      }
+      most = std::max(most, sends(p, q));
+    }
+  }
+  std::vector<size_t> soff(n), roff(n);
+  for (int j = 0, s = 0, q = 0; j < n; ++j) {
+    soff[j] = a.send_offsets ? a.send_offsets[j] : s;
+    roff[j] = a.recv_offsets ? a.recv_offsets[j] : q;
+    s += a.send_counts[j];
+    q += a.recv_counts[j];
+  }
+  // Then chunks as in all_to_all, each pair with its own length.
+  const size_t pc = piece_elems(L_.slot_bytes, n, c.e), pb = pc * c.e;
+  const size_t T = ceil_div(most, pc);
+  const char* send = static_cast<const char*>(a.send);
+  char* recv = static_cast<char*>(a.recv);
+  for (size_t t = 0; t < T; ++t) {
+    int b = acquire_buf(c);
+    for (int q = 0; q < n; ++q) {
+      size_t k = clamp_len(a.send_counts[q], t * pc, pc);
+      if (k) std::memcpy(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e);
+    }
+    sync(c);
+    for (int p = 0; p < n; ++p) {
+      size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
+      if (k) std::memcpy(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+    }
+    release_buf(b);
+  }
+}
+
+void ShmCommunicator::exchange(Ctx& c, const void* mine, size_t bytes, void* all) {
+  MT_ASSERT(bytes <= L_.slot_bytes, "exchange of ", bytes, " bytes exceeds a slot");
+  int b = acquire_buf(c);
+  std::memcpy(L_.slot(rank(), b), mine, bytes);
+  sync(c);
+  for (int p = 0; p < size(); ++p) std::memcpy(static_cast<char*>(all) + p * bytes, L_.slot(p, b), bytes);
+  release_buf(b);
+}
+
+// ---- split ----
+
+std::unique_ptr<Communicator> ShmCommunicator::run_split(int colour, int key, const std::string& name, uint64_t seq,
+                                                         double timeout_s) {
+  CollArgs a;
+  a.kind = OpKind::split;
+  a.seq = seq;
+  a.timeout_s = timeout_s;
+  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  Ctx c{a, until, false, 1};
+  OpDesc& d = L_.ctrl(rank()).desc[seq & 1];
+  d = OpDesc{};
+  d.seq = seq;
+  d.kind = static_cast<uint8_t>(OpKind::split);
+  const int n = size();
+  // Step 1: everyone learns every (colour, key).
+  int64_t mine[2] = {colour, key};
+  std::vector<int64_t> all(2 * n);
+  exchange(c, mine, sizeof mine, all.data());
+  std::vector<int> members;  // parent ranks in the new group, in new-rank order
+  if (colour >= 0) {
+    for (int p = 0; p < n; ++p) {
+      if (all[2 * p] == colour) members.push_back(p);
+    }
+    std::stable_sort(members.begin(), members.end(), [&](int x, int y) { return all[2 * x + 1] < all[2 * y + 1]; });
+  }
+  // Step 2: each group's leader (new rank 0) allocates its region; everyone learns the offsets.
+  uint64_t region = 0;
+  if (!members.empty() && members[0] == rank()) {
+    uint32_t gid = job_->block().next_group.fetch_add(1);
+    region = init_region(*job_, static_cast<int>(members.size()), static_cast<int>(gid));
+  }
+  std::vector<uint64_t> regions(n);
+  exchange(c, &region, sizeof region, regions.data());
+  if (members.empty()) return nullptr;
+  std::vector<int> world;
+  int new_rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    world.push_back(world_ranks_[members[i]]);
+    if (members[i] == rank()) new_rank = static_cast<int>(i);
+  }
+  std::string nm = name.empty() ? str(this->name(), ".", colour) : name;
+  return std::make_unique<ShmCommunicator>(job_, regions[members[0]], new_rank, std::move(world), nm);
+}
+
+// ---- point to point ----
+
+Request ShmCommunicator::start_send(const void* buf, size_t bytes, int peer, int tag) {
+  return p2p_->isend(buf, bytes, peer, tag, timeout());
+}
+Request ShmCommunicator::start_recv(void* buf, size_t bytes, int peer, int tag) {
+  return p2p_->irecv(buf, bytes, peer, tag, timeout());
+}
+
+}  // namespace mt::comm::shm

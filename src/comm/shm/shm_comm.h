@@ -1,0 +1,84 @@
+// ShmCommunicator: the shared-memory backend, for ranks that are processes forked by the launcher on one
+// host. Collectives move data through per-rank staging slots in a region of the job arena (see layout.h):
+// a rank copies (part of) its input into its own slot, arrives at a step, and peers read the slot directly
+// after they see the step; nothing is copied twice. Steps are a per-rank counter every rank of the group
+// advances in the same order, so "all ranks reached step s" is n loads of n counters.
+//
+// Algorithms and costs (n ranks, S bytes, B = slot bytes; "steps" are synchronisations):
+//   all_reduce / reduce, direct   per chunk of B: copy S in, reduce n inputs. steps ceil(S/B);
+//                                 per rank: writes S, reads n*S.                       (latency-optimal)
+//   all_reduce / reduce, rs_ag    per chunk of B: copy S in; reduce my 1/n piece from n slots; copy n-1
+//                                 pieces out. steps 2*ceil(S/B); per rank writes ~2S + S/n, reads ~3S.
+//                                 Chunks stay in cache, so DRAM sees ~ read S + write S, like a memcpy.
+//   reduce_scatter                1 step per chunk: copy S in, reduce my piece (reads S from slots).
+//   all_gather                    1 step per chunk: copy my shard in, copy n-1 shards out.
+//   broadcast                     1 step per chunk: root copies in, the others copy out.
+//   all_to_all(_v)                1 step per chunk (all_to_all_v: one extra step to exchange counts).
+// Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/shm/job.h"
+#include "comm/shm/layout.h"
+#include "comm/shm/p2p.h"
+
+namespace mt::comm::shm {
+
+constexpr size_t kDirectMaxBytes = 32 * 1024;
+constexpr size_t kDefaultSlotBytes = 256 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
+constexpr size_t kChannelBytes = 256 * 1024;
+
+class ShmCommunicator : public Communicator {
+ public:
+  // Attaches to the group region at `region` in the job arena (all members pass the same offset; the
+  // region is zeroed, fresh from the arena). world_ranks[i] is the world rank of group rank i.
+  ShmCommunicator(Job* job, uint64_t region, int rank, std::vector<int> world_ranks, std::string name);
+  ~ShmCommunicator() override;
+  // Allocates and initialises the world region of a job (called by the launcher before forking).
+  static uint64_t create_region(Job& job, int n);
+
+  const char* backend() const override { return "shm"; }
+
+ protected:
+  void run_collective(const CollArgs& a) override;
+  std::unique_ptr<Communicator> run_split(int colour, int key, const std::string& name, uint64_t seq,
+                                          double timeout_s) override;
+  Request start_send(const void* buf, size_t bytes, int peer, int tag) override;
+  Request start_recv(void* buf, size_t bytes, int peer, int tag) override;
+
+ private:
+  struct Ctx;
+  void sync(Ctx& c);
+  void wait_step(Ctx& c, int peer, uint32_t step);
+  int acquire_buf(Ctx& c);
+  void release_buf(int b);
+  void check_descriptors(Ctx& c);
+  [[noreturn]] void fail_wait(const std::string& what, int peer, const std::string& reason);
+  void poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s);
+
+  void all_reduce_direct(Ctx& c);
+  void all_reduce_rs_ag(Ctx& c);
+  void reduce_scatter(Ctx& c);
+  void all_gather(Ctx& c);
+  void broadcast(Ctx& c);
+  void all_to_all(Ctx& c);
+  void all_to_all_v(Ctx& c);
+  void barrier(Ctx& c);
+  // One-step exchange of `bytes` per rank through the slots (split uses it): all[p*bytes..] = rank p's.
+  void exchange(Ctx& c, const void* mine, size_t bytes, void* all);
+
+  Job* job_;
+  Layout L_;
+  std::vector<int> world_ranks_;
+  SpinPolicy spin_;
+  uint32_t step_ = 0;
+  int next_buf_ = 0;
+  uint32_t release_[kNumBuf] = {};
+  std::unique_ptr<P2P> p2p_;
+};
+
+}  // namespace mt::comm::shm

@@ -1,0 +1,11 @@
+# The MPI backend's tests: test_comm under mpirun with 1 to 8 ranks (oversubscribed on small machines).
+# OpenMPI refuses to run as root without the two OMPI_ALLOW_* variables (set here as well as in CI).
+if(MPI_CXX_FOUND AND MPIEXEC_EXECUTABLE)
+  foreach(np 1 2 3 4 5 6 7 8)
+    add_test(NAME comm_mpi_np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none -np ${np}
+              $<TARGET_FILE:test_comm> --gtest_filter=Mpi*)
+    set_tests_properties(comm_mpi_np${np} PROPERTIES TIMEOUT 300
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1")
+  endforeach()
+endif()
