@@ -172,7 +172,8 @@ void run(const BenchArgs& a) {
   double sgemm = measure_sgemm(a.shape, a.batch * a.seq, 2);
   double flops_tok = a.shape.flops_per_token(a.seq);
   double mfu = flops_tok * ours / (sgemm * 1e9);
-  size_t need = sum.param_bytes + sum.grad_bytes + sum.optimizer_bytes + sum.activation_bytes;
+  const train::RankMemory& mem = sum.ranks.at(0);
+  double need = mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.activation_bytes;
 
   std::printf("\n%-34s %12s\n", "", "value");
   std::printf("%-34s %12lld\n", "parameters", (long long)a.shape.num_params());
@@ -182,10 +183,10 @@ void run(const BenchArgs& a) {
   std::printf("%-34s %12.0f\n", "meshtrain tokens/s", ours);
   std::printf("%-34s %11.1f%%   (goal >= 85%%)\n", "meshtrain MFU vs SGEMM", 100 * mfu);
   std::printf("%-34s %12.1f\n", "params+grads+Adam (MiB)",
-              (sum.param_bytes + sum.grad_bytes + sum.optimizer_bytes) / 1048576.0);
-  std::printf("%-34s %12.1f\n", "activations for backward (MiB)", sum.activation_bytes / 1048576.0);
+              (mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes) / 1048576.0);
+  std::printf("%-34s %12.1f\n", "activations for backward (MiB)", mem.activation_bytes / 1048576.0);
   std::printf("%-34s %12.1f\n", "peak RSS (MiB)", rss / 1048576.0);
-  std::printf("%-34s %12.2fx  (goal <= 1.3x)\n", "peak RSS / needed", (double)rss / (double)need);
+  std::printf("%-34s %12.2fx  (goal <= 1.3x)\n", "peak RSS / needed", (double)rss / need);
   std::fflush(stdout);
   if (a.no_torch) return;
   nlohmann::json t = run_torch(a);

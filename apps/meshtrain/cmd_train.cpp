@@ -61,18 +61,27 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   auto quiet = std::make_shared<bool>(false);
   sub->add_flag("--quiet", *quiet, "no progress output");
-  sub->add_option("--nproc", c.nproc, "worker processes on this host (not supported yet beyond 1)");
-  sub->add_option("--dp", c.dp, "data-parallel degree (not supported yet)");
+  sub->add_option("--nproc", c.nproc, "worker processes on this host, over shared memory (under mpirun: ignored)")
+      ->capture_default_str();
+  sub->add_option("--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)")->capture_default_str();
+  sub->add_option("--comm-timeout", c.comm_timeout, "seconds any communication may wait before failing")
+      ->capture_default_str();
+  sub->add_option("--dp", c.dp, "data-parallel degree (default: all ranks)");
+  sub->add_option("--zero", c.zero,
+                  "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
+      ->capture_default_str();
+  sub->add_option("--bucket-mb", c.bucket_mb, "gradient bucket size for overlapped reduction")->capture_default_str();
+  sub->add_option("--grad-comm-dtype", c.grad_comm_dtype,
+                  "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)")
+      ->capture_default_str();
+  sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (not supported yet)");
   sub->add_option("--pp", c.pp, "pipeline-parallel degree (not supported yet)");
-  sub->add_option("--zero", c.zero, "ZeRO stage 0-3 (not supported yet)");
   sub->add_option("--schedule", c.schedule, "pipeline schedule (not supported yet)");
   sub->callback([cfg, quiet] {
     cfg->progress = !*quiet;
-    train::TrainSummary s = train::run_training(*cfg);
-    if (cfg->progress && s.steps_run > 0)
-      std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
-                   s.items_per_s, cfg->model == "gpt" ? "tokens" : "examples");
+    int rc = train::train_main(*cfg);
+    if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }
 

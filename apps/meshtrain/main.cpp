@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   mt::cli::add_bench_comm_command(*bench);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a subcommand that already reported its failure (e.g. a failed rank)
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const mt::Error& e) {

@@ -36,8 +36,9 @@ std::string step_name(int64_t step) {
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
-                            optim::Optimizer& opt, const std::map<std::string, std::string>& model_metadata,
-                            const nlohmann::json& state, int keep) {
+                            const float* flat_params, const NamedFlat& flat_states,
+                            const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
+                            int keep) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_REQUIRE(Error, !ec, "cannot create checkpoint directory ", dir, ": ", ec.message());
@@ -48,11 +49,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
   fs::create_directories(tmp, ec);
   MT_REQUIRE(Error, !ec, "cannot create ", tmp.string(), ": ", ec.message());
   try {
-    save_params((tmp / "model.safetensors").string(), params, model_metadata);
+    save_params((tmp / "model.safetensors").string(), params, model_metadata, flat_params);
     SafetensorsWriter w;
-    for (auto& [sname, buf] : opt.state()) {
-      for (const nn::Param& p : params.params())
-        w.add_f32(sname + "/" + p.name, p.local_shape, buf->data() + p.offset);
+    for (auto& [sname, buf] : flat_states) {
+      for (const nn::Param& p : params.params()) w.add_f32(sname + "/" + p.name, p.full_shape, buf + p.offset);
     }
     w.write((tmp / "optimizer.safetensors").string());
     write_file_atomic((tmp / "state.json").string(), state.dump(2) + "\n");
@@ -64,7 +64,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
     fs::remove_all(tmp, ec);
     throw;
   }
-  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  set_latest(dir, name);
 
   if (keep > 0) {
     std::vector<std::string> steps;
@@ -76,6 +76,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
     for (size_t i = 0; i + keep < steps.size(); i++) fs::remove_all(fs::path(dir) / steps[i], ec);
   }
   return final_path.string();
+}
+
+void set_latest(const std::string& dir, const std::string& name) {
+  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
 }
 
 std::string resolve_checkpoint(const std::string& dir) {
@@ -92,7 +96,8 @@ std::string resolve_checkpoint(const std::string& dir) {
   return target.string();
 }
 
-nlohmann::json load_checkpoint(const std::string& path, nn::ParamRegistry& params, optim::Optimizer& opt) {
+nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
+                               const NamedFlatOut& flat_states) {
   const fs::path p(path);
   nlohmann::json state;
   const std::string state_path = (p / "state.json").string();
@@ -103,15 +108,23 @@ nlohmann::json load_checkpoint(const std::string& path, nn::ParamRegistry& param
   }
   MT_CHECK_INPUT(state.is_object() && state.contains("step") && state["step"].is_number_integer(), state_path,
                  ": missing integer field \"step\"");
-  load_params(SafetensorsReader((p / "model.safetensors").string()), params);
+  SafetensorsReader model((p / "model.safetensors").string());
+  check_tensors(model, params);
+  for (const nn::Param& prm : params.params()) {
+    MT_ASSERT(prm.shard.axis < 0, "checkpoints hold whole tensors: ", prm.name);
+    model.read_f32(model.find(prm.name) ? prm.name : "transformer." + prm.name, flat_params + prm.offset,
+                   (int64_t)prm.numel);
+  }
   SafetensorsReader ost((p / "optimizer.safetensors").string());
-  for (auto& [sname, buf] : opt.state()) {
+  for (auto& [sname, buf] : flat_states) {
     for (const nn::Param& prm : params.params()) {
       std::string n = sname + "/" + prm.name;
-      const TensorInfo& t = ost.get(n);
-      MT_CHECK_INPUT(t.numel() == (int64_t)prm.numel, ost.path(), ": optimizer tensor ", n, " has ", t.numel(),
-                     " elements, expected ", prm.numel, " (different optimizer or model shape?)");
-      ost.read_f32(n, buf->data() + prm.offset, (int64_t)prm.numel);
+      const TensorInfo* t = ost.find(n);
+      MT_CHECK_INPUT(t, ost.path(), ": no optimizer tensor ", n, " (was the checkpoint written with another",
+                     " --optimizer or model?)");
+      MT_CHECK_INPUT(t->numel() == (int64_t)prm.numel, ost.path(), ": optimizer tensor ", n, " has ", t->numel(),
+                     " elements, expected ", prm.numel);
+      ost.read_f32(n, buf + prm.offset, (int64_t)prm.numel);
     }
   }
   return state;

@@ -18,15 +18,26 @@
 
 namespace mt::checkpoint {
 
+// Full flat buffers laid out as the registry says (ZeRO ranks gather theirs first): the parameters, and
+// each optimizer state buffer by name ("adamw.m", ...). Tensors are stored whole and named per parameter,
+// so a checkpoint resumes under any data-parallel degree or ZeRO stage.
+using NamedFlat = std::vector<std::pair<std::string, const float*>>;
+using NamedFlatOut = std::vector<std::pair<std::string, float*>>;
+
 // Returns the path of the checkpoint written.
 std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
-                            optim::Optimizer& opt, const std::map<std::string, std::string>& model_metadata,
-                            const nlohmann::json& state, int keep);
+                            const float* flat_params, const NamedFlat& flat_states,
+                            const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
+                            int keep);
 
 // The checkpoint to resume from: DIR/latest's target, or DIR itself when it holds a state.json.
 std::string resolve_checkpoint(const std::string& dir);
 
-// Loads weights and optimizer state into params/opt (shapes must match) and returns state.json.
-nlohmann::json load_checkpoint(const std::string& path, nn::ParamRegistry& params, optim::Optimizer& opt);
+// Points DIR/latest at the checkpoint directory `name` (atomically).
+void set_latest(const std::string& dir, const std::string& name);
+
+// Loads weights and optimizer state into full flat buffers (shapes must match) and returns state.json.
+nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
+                               const NamedFlatOut& flat_states);
 
 }  // namespace mt::checkpoint

@@ -112,37 +112,49 @@ model::GptConfig gpt_config_from_file(const SafetensorsReader& file, const model
   return cfg;
 }
 
-void load_params(const SafetensorsReader& file, nn::ParamRegistry& params) {
+void check_tensors(const SafetensorsReader& file, const nn::ParamRegistry& params) {
   auto tensors = index_by_name(file);
   for (auto& [n, t] : tensors) {
     if (is_ignored_buffer(n)) continue;
-    MT_CHECK_INPUT(params.find(n), file.path(), ": unexpected tensor ", t->name,
+    bool known = false;
+    for (const nn::Param& p : params.params()) known = known || p.name == n;
+    MT_CHECK_INPUT(known, file.path(), ": unexpected tensor ", t->name,
                    " (not a parameter of this model; wrong --model or shape?)");
   }
-  std::vector<float> full;
-  for (nn::Param& p : params.params()) {
+  for (const nn::Param& p : params.params()) {
     auto it = tensors.find(p.name);
     MT_CHECK_INPUT(it != tensors.end(), file.path(), ": missing tensor ", p.name);
     const TensorInfo& t = *it->second;
     MT_CHECK_INPUT(t.shape == p.full_shape, file.path(), ": tensor ", t.name, " has shape ", shape_str(t.shape),
                    ", expected ", shape_str(p.full_shape));
-    if (p.shard.axis < 0) {
-      file.read_f32(t.name, p.data, (int64_t)p.numel);
-    } else {
-      full.resize((size_t)t.numel());
-      file.read_f32(t.name, full.data(), t.numel());
-      for (size_t i = 0; i < p.numel; i++) p.data[i] = full[(size_t)p.full_index(i)];
-    }
   }
 }
 
+void load_param(const SafetensorsReader& file, nn::Param& p) {
+  const TensorInfo* t = file.find(p.name);
+  if (!t) t = file.find("transformer." + p.name);
+  MT_CHECK_INPUT(t, file.path(), ": missing tensor ", p.name);
+  if (p.shard.axis < 0) {
+    file.read_f32(t->name, p.data, (int64_t)p.numel);
+  } else {
+    std::vector<float> full((size_t)t->numel());
+    file.read_f32(t->name, full.data(), t->numel());
+    for (size_t i = 0; i < p.numel; i++) p.data[i] = full[(size_t)p.full_index(i)];
+  }
+}
+
+void load_params(const SafetensorsReader& file, nn::ParamRegistry& params) {
+  check_tensors(file, params);
+  for (nn::Param& p : params.params()) load_param(file, p);
+}
+
 void save_params(const std::string& path, const nn::ParamRegistry& params,
-                 const std::map<std::string, std::string>& metadata) {
+                 const std::map<std::string, std::string>& metadata, const float* flat) {
   SafetensorsWriter w;
   for (auto& [k, v] : metadata) w.set_metadata(k, v);
   for (const nn::Param& p : params.params()) {
     MT_ASSERT(p.shard.axis < 0, "save_params on a sharded registry needs a gather first: ", p.name);
-    w.add_f32(p.name, p.full_shape, p.data);
+    w.add_f32(p.name, p.full_shape, flat ? flat + p.offset : p.data);
   }
   w.write(path);
 }

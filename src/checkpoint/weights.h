@@ -18,11 +18,17 @@ namespace mt::checkpoint {
 // an InputError telling the user to pass --n-head.
 model::GptConfig gpt_config_from_file(const SafetensorsReader& file, const model::GptConfig& flags);
 
-// Copies every parameter of `params` from `file` (full tensors; shards read their slice).
+// Checks that `file` holds every parameter of `params` with its full shape and nothing unexpected (the
+// known mask buffers aside); throws InputError naming file and tensor.
+void check_tensors(const SafetensorsReader& file, const nn::ParamRegistry& params);
+// Copies one parameter from `file` into p.data (a shard reads its slice). check_tensors first.
+void load_param(const SafetensorsReader& file, nn::Param& p);
+// check_tensors, then load_param for each.
 void load_params(const SafetensorsReader& file, nn::ParamRegistry& params);
 
-// Writes every parameter (float32, full shapes) with `metadata`, atomically.
+// Writes every parameter (float32, full shapes) with `metadata`, atomically. `flat` is the full flat
+// parameter buffer laid out as the registry says (default: the registry's own).
 void save_params(const std::string& path, const nn::ParamRegistry& params,
-                 const std::map<std::string, std::string>& metadata);
+                 const std::map<std::string, std::string>& metadata, const float* flat = nullptr);
 
 }  // namespace mt::checkpoint

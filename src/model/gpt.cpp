@@ -40,48 +40,49 @@ std::map<std::string, std::string> GptConfig::to_metadata() const {
 Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params) : cfg_(cfg), params_(params) {
   cfg_.validate();
   const int64_t C = cfg.n_embd;
-  wte_ = &params.add("wte.weight", {cfg.vocab_size, C});
-  wpe_ = &params.add("wpe.weight", {cfg.n_positions, C});
+  wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, {}, 0);
+  wpe_ = &params.add("wpe.weight", {cfg.n_positions, C}, {}, 0);
   for (int l = 0; l < cfg.n_layer; l++) {
     std::string h = "h." + std::to_string(l) + ".";
+    const int g = 1 + l;
     LayerParams lp;
-    lp.ln1_w = &params.add(h + "ln_1.weight", {C});
-    lp.ln1_b = &params.add(h + "ln_1.bias", {C});
-    lp.qkv_w = &params.add(h + "attn.c_attn.weight", {C, 3 * C});
-    lp.qkv_b = &params.add(h + "attn.c_attn.bias", {3 * C});
-    lp.attproj_w = &params.add(h + "attn.c_proj.weight", {C, C});
-    lp.attproj_b = &params.add(h + "attn.c_proj.bias", {C});
-    lp.ln2_w = &params.add(h + "ln_2.weight", {C});
-    lp.ln2_b = &params.add(h + "ln_2.bias", {C});
-    lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C});
-    lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C});
-    lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C});
-    lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C});
+    lp.ln1_w = &params.add(h + "ln_1.weight", {C}, {}, g);
+    lp.ln1_b = &params.add(h + "ln_1.bias", {C}, {}, g);
+    lp.qkv_w = &params.add(h + "attn.c_attn.weight", {C, 3 * C}, {}, g);
+    lp.qkv_b = &params.add(h + "attn.c_attn.bias", {3 * C}, {}, g);
+    lp.attproj_w = &params.add(h + "attn.c_proj.weight", {C, C}, {}, g);
+    lp.attproj_b = &params.add(h + "attn.c_proj.bias", {C}, {}, g);
+    lp.ln2_w = &params.add(h + "ln_2.weight", {C}, {}, g);
+    lp.ln2_b = &params.add(h + "ln_2.bias", {C}, {}, g);
+    lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, {}, g);
+    lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, {}, g);
+    lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, {}, g);
+    lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
     layers_.push_back(lp);
   }
-  lnf_w_ = &params.add("ln_f.weight", {C});
-  lnf_b_ = &params.add("ln_f.bias", {C});
+  lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
+  lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
 }
 
 void Gpt::init_gpt2(uint64_t seed) {
   MT_ASSERT(params_.finalized());
-  const float std_w = 0.02f;
-  const float std_proj = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
-  for (nn::Param& p : params_.params()) {
-    const std::string& n = p.name;
-    auto ends_with = [&](const char* s) {
-      size_t k = std::strlen(s);
-      return n.size() >= k && n.compare(n.size() - k, k, s) == 0;
-    };
-    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || n == "ln_f.weight") {
-      params_.init_constant(n, 1.0f);
-    } else if (!p.decay) {
-      params_.init_constant(n, 0.0f);  // biases and LayerNorm biases
-    } else if (ends_with("c_proj.weight")) {
-      params_.init_normal(n, seed, std_proj);
-    } else {
-      params_.init_normal(n, seed, std_w);
-    }
+  for (nn::Param& p : params_.params()) init_param(p, seed);
+}
+
+void Gpt::init_param(nn::Param& p, uint64_t seed) const {
+  const std::string& n = p.name;
+  auto ends_with = [&](const char* s) {
+    size_t k = std::strlen(s);
+    return n.size() >= k && n.compare(n.size() - k, k, s) == 0;
+  };
+  if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || n == "ln_f.weight") {
+    params_.init_constant(n, 1.0f);
+  } else if (!p.decay) {
+    params_.init_constant(n, 0.0f);  // biases and LayerNorm biases
+  } else if (ends_with("c_proj.weight")) {
+    params_.init_normal(n, seed, 0.02f / std::sqrt(2.0f * cfg_.n_layer));
+  } else {
+    params_.init_normal(n, seed, 0.02f);
   }
 }
 
@@ -90,7 +91,9 @@ std::string key(int l, const char* what) { return "h" + std::to_string(l) + "." 
 }  // namespace
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                    float dscale) {
+                    float dscale, nn::ParamHooks* hooks) {
+  nn::ParamHooks none;
+  nn::ParamHooks& hk = hooks ? *hooks : none;
   const int C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size, L = cfg_.n_layer;
   const int N = B * T;
   MT_ASSERT(T <= cfg_.n_positions, "T ", T, " > n_positions ", cfg_.n_positions);
@@ -102,6 +105,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   for (int n = 0; n < N; n++) pos[n] = n % T;
 
   float* x = store.get(mb, "x0", (size_t)N * C);
+  hk.before_forward(0);  // the embeddings stay in use until the logits at the end
   nn::embedding_forward(x, ids, wte_->data, N, C, false);
   nn::embedding_forward(x, pos, wpe_->data, N, C, true);
 
@@ -121,6 +125,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * C);
     float* res3 = store.get(mb, key(l, "res3"), (size_t)N * C);
 
+    hk.before_forward(1 + l);
     nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, N, C);
     nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * C);
     nn::attention_forward(atty, att, qkv, B, T, C, H);
@@ -129,20 +134,28 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * C);
     nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
     nn::linear_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, N, 4 * C, C, res2);
+    hk.after_forward(1 + l);
     x = res3;
   }
   float* lnf = store.get(mb, "lnf", (size_t)N * C);
   float* lnf_mean = store.get(mb, "lnf_mean", N);
   float* lnf_rstd = store.get(mb, "lnf_rstd", N);
+  hk.before_forward(L + 1);
   nn::layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnf_w_->data, lnf_b_->data, N, C);
-  if (!targets) return 0.0;
-
-  float* logits = store.get(mb, "logits", (size_t)N * V);
-  gemm(false, true, N, V, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, V);
-  return nn::softmax_cross_entropy(logits, targets, N, V, dscale, nullptr);
+  hk.after_forward(L + 1);
+  double loss = 0.0;
+  if (targets) {
+    float* logits = store.get(mb, "logits", (size_t)N * V);
+    gemm(false, true, N, V, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, V);
+    loss = nn::softmax_cross_entropy(logits, targets, N, V, dscale, nullptr);
+  }
+  hk.after_forward(0);
+  return loss;
 }
 
-void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T) {
+void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks) {
+  nn::ParamHooks none;
+  nn::ParamHooks& hk = hooks ? *hooks : none;
   const int C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size, L = cfg_.n_layer;
   const int N = B * T;
   // Scratch shared by all micro-batches (one backward runs at a time): the running gradient of the
@@ -157,11 +170,14 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T) {
   const float* dlogits = store.get(mb, "logits", (size_t)N * V);
   const float* lnf = store.get(mb, "lnf", (size_t)N * C);
   const float* xL = store.get(mb, L > 0 ? key(L - 1, "res3") : std::string("x0"), (size_t)N * C);
+  hk.before_backward(0);  // wte's gradient gets the logits' part now and the lookup's part at the end
   gemm(false, false, N, C, V, 1.0f, dlogits, V, wte_->data, C, 0.0f, dln, C);
   gemm(true, false, V, C, N, 1.0f, dlogits, V, lnf, C, 1.0f, wte_->grad, C);
   std::memset(dres, 0, sizeof(float) * N * C);
+  hk.before_backward(L + 1);
   nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
                          store.get(mb, "lnf_rstd", N), N, C);
+  hk.after_backward(L + 1);
 
   for (int l = L - 1; l >= 0; l--) {
     const LayerParams& p = layers_[l];
@@ -175,6 +191,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T) {
     const float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * C);
     const float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * C);
 
+    hk.before_backward(1 + l);
     // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
     nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu, p.fcproj_w->data, N, 4 * C, C);
     nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * C);
@@ -187,11 +204,13 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T) {
     nn::linear_backward(dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1, p.qkv_w->data, N, C, 3 * C);
     nn::layernorm_backward(dres, p.ln1_w->grad, p.ln1_b->grad, dln, x, p.ln1_w->data,
                            store.get(mb, key(l, "ln1_mean"), N), store.get(mb, key(l, "ln1_rstd"), N), N, C);
+    hk.after_backward(1 + l);
   }
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
   const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", N));
   nn::embedding_backward(wte_->grad, dres, ids, N, C);
   nn::embedding_backward(wpe_->grad, dres, pos, N, C);
+  hk.after_backward(0);
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "nn/activation_store.h"
+#include "nn/param_hooks.h"
 #include "nn/params.h"
 
 namespace mt::model {
@@ -39,15 +40,19 @@ class Gpt {
   // GPT-2 initialization: weights normal(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) scaled by
   // 1/sqrt(2L), biases 0, LayerNorm weights 1. Counter-based: independent of layout.
   void init_gpt2(uint64_t seed);
+  // The same for one parameter, whose data pointer holds (its shard of) the full tensor.
+  void init_param(nn::Param& p, uint64_t seed) const;
+
+  // Parameter groups (nn/param_hooks.h): 0 = embeddings (wte, wpe), 1 + l = block l, n_layer + 1 = ln_f.
 
   // Forward over inputs[B,T] (token ids < V, T <= n_positions; checked by the caller at the data boundary).
   // With targets: returns the summed cross-entropy over the N targets and leaves dlogits = dloss * dscale
   // in the store for backward (dscale = 1 / tokens in the global batch makes the gradient that of the
   // global mean). Without targets: stops after the final LayerNorm (for logits_last) and returns 0.
   double forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                 float dscale);
+                 float dscale, nn::ParamHooks* hooks = nullptr);
   // Accumulates parameter gradients for micro-batch mb (forward must have run with targets).
-  void backward(nn::ActivationStore& store, int mb, int B, int T);
+  void backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr);
   // After forward without targets: out[B,V] = logits of the last position of each sequence.
   void logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out);
 

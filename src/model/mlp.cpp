@@ -42,31 +42,39 @@ Mlp::Mlp(const MlpConfig& cfg, nn::ParamRegistry& params) : cfg_(cfg), params_(p
   auto w = widths();
   for (size_t i = 0; i + 1 < w.size(); i++) {
     std::string n = "fc" + std::to_string(i);
-    w_.push_back(&params.add(n + ".weight", {w[i], w[i + 1]}));
-    b_.push_back(&params.add(n + ".bias", {w[i + 1]}));
+    w_.push_back(&params.add(n + ".weight", {w[i], w[i + 1]}, {}, (int)i));
+    b_.push_back(&params.add(n + ".bias", {w[i + 1]}, {}, (int)i));
   }
 }
 
 void Mlp::init(uint64_t seed) {
-  auto w = widths();
-  for (size_t i = 0; i < w_.size(); i++) {
-    params_.init_normal(w_[i]->name, seed, std::sqrt(2.0f / (float)w[i]));
-    params_.init_constant(b_[i]->name, 0.0f);
-  }
+  for (nn::Param& p : params_.params()) init_param(p, seed);
+}
+
+void Mlp::init_param(nn::Param& p, uint64_t seed) const {
+  if (p.decay)
+    params_.init_normal(p.name, seed, std::sqrt(2.0f / (float)p.full_shape[0]));
+  else
+    params_.init_constant(p.name, 0.0f);
 }
 
 namespace {
 std::string act(size_t i) { return "a" + std::to_string(i); }
 }  // namespace
 
-double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const int32_t* labels, int N, float dscale) {
+double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const int32_t* labels, int N, float dscale,
+                    nn::ParamHooks* hooks) {
+  nn::ParamHooks none;
+  nn::ParamHooks& hk = hooks ? *hooks : none;
   auto w = widths();
   // a0 = input (copied: backward needs it after the caller's batch buffer is reused), a{i+1} = layer i out.
   float* a = store.get(mb, act(0), (size_t)N * w[0]);
   std::memcpy(a, x, sizeof(float) * N * w[0]);
   for (size_t i = 0; i < w_.size(); i++) {
     float* out = store.get(mb, act(i + 1), (size_t)N * w[i + 1]);
+    hk.before_forward((int)i);
     nn::linear_forward(out, a, w_[i]->data, b_[i]->data, N, w[i], w[i + 1]);
+    hk.after_forward((int)i);
     if (i + 1 < w_.size()) nn::relu_forward(out, out, (size_t)N * w[i + 1]);
     a = out;
   }
@@ -76,7 +84,9 @@ double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const in
   return nn::softmax_cross_entropy(a, labels, N, cfg_.n_classes, dscale, nullptr);
 }
 
-void Mlp::backward(nn::ActivationStore& store, int mb, int N) {
+void Mlp::backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* hooks) {
+  nn::ParamHooks none;
+  nn::ParamHooks& hk = hooks ? *hooks : none;
   auto w = widths();
   const size_t L = w_.size();
   size_t widest = 0;
@@ -86,7 +96,9 @@ void Mlp::backward(nn::ActivationStore& store, int mb, int N) {
   std::memcpy(g, store.get(mb, act(L), (size_t)N * w[L]), sizeof(float) * N * w[L]);  // dlogits
   for (size_t i = L; i-- > 0;) {
     const float* in = store.get(mb, act(i), (size_t)N * w[i]);
+    hk.before_backward((int)i);
     nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad, b_[i]->grad, g, in, w_[i]->data, N, w[i], w[i + 1]);
+    hk.after_backward((int)i);
     if (i > 0) {
       nn::relu_backward(g2, in, g2, (size_t)N * w[i]);
       std::swap(g, g2);
@@ -94,9 +106,10 @@ void Mlp::backward(nn::ActivationStore& store, int mb, int N) {
   }
 }
 
-double Mlp::evaluate(nn::ActivationStore& store, const float* x, const int32_t* labels, int N, int64_t* correct) {
+double Mlp::evaluate(nn::ActivationStore& store, const float* x, const int32_t* labels, int N, int64_t* correct,
+                     nn::ParamHooks* hooks) {
   const int kEval = -2;
-  forward(store, kEval, x, nullptr, N, 0.0f);
+  forward(store, kEval, x, nullptr, N, 0.0f, hooks);
   const float* logits = store.get(kEval, act(w_.size()), (size_t)N * cfg_.n_classes);
   double loss = nn::cross_entropy_loss(logits, labels, N, cfg_.n_classes, correct);
   store.release(kEval);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/activation_store.h"
+#include "nn/param_hooks.h"
 #include "nn/params.h"
 
 namespace mt::model {
@@ -29,12 +30,16 @@ class Mlp {
 
   // Weights normal(0, sqrt(2 / fan_in)) (He, for ReLU), biases 0; counter-based.
   void init(uint64_t seed);
+  void init_param(nn::Param& p, uint64_t seed) const;
 
-  // x[N,D] -> with labels: summed loss, dlogits * dscale left for backward; without: logits in `logits_out`.
-  double forward(nn::ActivationStore& store, int mb, const float* x, const int32_t* labels, int N, float dscale);
-  void backward(nn::ActivationStore& store, int mb, int N);
+  // Parameter groups (nn/param_hooks.h): group i = layer fc{i}.
+  // x[N,D] -> with labels: summed loss, dlogits * dscale left for backward.
+  double forward(nn::ActivationStore& store, int mb, const float* x, const int32_t* labels, int N, float dscale,
+                 nn::ParamHooks* hooks = nullptr);
+  void backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* hooks = nullptr);
   // Evaluation: summed loss and number of correct argmax predictions.
-  double evaluate(nn::ActivationStore& store, const float* x, const int32_t* labels, int N, int64_t* correct);
+  double evaluate(nn::ActivationStore& store, const float* x, const int32_t* labels, int N, int64_t* correct,
+                  nn::ParamHooks* hooks = nullptr);
 
  private:
   std::vector<int> widths() const;  // D, hidden..., K

@@ -20,7 +20,7 @@ int64_t Param::full_index(size_t i) const {
   return idx;
 }
 
-Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_shape, Shard shard) {
+Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_shape, Shard shard, int group) {
   MT_ASSERT(!finalized_, "add after finalize: ", name);
   MT_ASSERT(!index_.count(name), "duplicate parameter ", name);
   Param p;
@@ -37,6 +37,8 @@ Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_sha
   p.numel = 1;
   for (int64_t d : p.local_shape) p.numel *= (size_t)d;
   p.decay = p.full_shape.size() >= 2;
+  MT_ASSERT(params_.empty() || group >= params_.back().group, "parameter groups must be contiguous: ", name);
+  p.group = group;
   p.offset = total_;
   total_ += p.numel;
   index_[name] = params_.size();
@@ -44,16 +46,18 @@ Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_sha
   return params_.back();
 }
 
-void ParamRegistry::finalize() {
+void ParamRegistry::finalize(bool allocate_data, bool allocate_grad) {
   MT_ASSERT(!finalized_);
-  data_.resize(total_);
-  grad_.resize(total_);
+  if (allocate_data) data_.resize(total_);
+  if (allocate_grad) grad_.resize(total_);
   for (Param& p : params_) {
-    p.data = data_.data() + p.offset;
-    p.grad = grad_.data() + p.offset;
+    p.data = allocate_data ? data_.data() + p.offset : nullptr;
+    p.grad = allocate_grad ? grad_.data() + p.offset : nullptr;
   }
   finalized_ = true;
 }
+
+int ParamRegistry::num_groups() const { return params_.empty() ? 0 : params_.back().group + 1; }
 
 Param* ParamRegistry::find(const std::string& name) {
   auto it = index_.find(name);

@@ -28,6 +28,7 @@ struct Param {
   size_t offset = 0;  // into the flat buffers
   size_t numel = 0;   // local element count
   bool decay = false; // weight decay applies (tensors of 2 or more dimensions)
+  int group = 0;       // the model's parameter group (a layer); groups are contiguous in the flat buffers
   float* data = nullptr;
   float* grad = nullptr;
 
@@ -38,9 +39,12 @@ struct Param {
 class ParamRegistry {
  public:
   // Declares a parameter; buffers exist only after finalize().
-  Param& add(const std::string& name, std::vector<int64_t> full_shape, Shard shard = {});
-  // Allocates the flat buffers (zeroed) and points every Param at its slice.
-  void finalize();
+  Param& add(const std::string& name, std::vector<int64_t> full_shape, Shard shard = {}, int group = 0);
+  // Allocates the flat buffers (zeroed) and points every Param at its slice. ZeRO leaves out the full
+  // parameter buffer (stage 3) or gradient buffer (stages 2, 3) and binds the pointers itself.
+  void finalize(bool allocate_data = true, bool allocate_grad = true);
+  // Number of groups (max group + 1).
+  int num_groups() const;
 
   bool finalized() const { return finalized_; }
   std::deque<Param>& params() { return params_; }

@@ -6,7 +6,7 @@ namespace mt::optim {
 
 std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
   std::vector<Segment> segs;
-  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset + p.numel, p.decay});
+  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay});
   return segs;
 }
 
@@ -21,14 +21,17 @@ void AdamW::step(float* params, const float* grads, const std::vector<Segment>& 
   float* v = v_.data();
   for (const Segment& s : segments) {
     const float wd = s.decay ? cfg_.weight_decay : 0.0f;
+    float* p = params + s.param;
+    const float* g = grads + s.grad;
+    float* ms = m + s.state;
+    float* vs = v + s.state;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = s.begin; i < s.end; i++) {
-      float g = grads[i];
-      m[i] = b1 * m[i] + (1.0f - b1) * g;
-      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-      float mhat = m[i] / bc1;
-      float vhat = v[i] / bc2;
-      params[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * params[i]);
+    for (size_t i = 0; i < s.count; i++) {
+      ms[i] = b1 * ms[i] + (1.0f - b1) * g[i];
+      vs[i] = b2 * vs[i] + (1.0f - b2) * g[i] * g[i];
+      float mhat = ms[i] / bc1;
+      float vhat = vs[i] / bc2;
+      p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
     }
   }
 }
@@ -42,11 +45,14 @@ void Sgd::step(float* params, const float* grads, const std::vector<Segment>& se
   const float mu = cfg_.momentum;
   for (const Segment& s : segments) {
     const float wd = s.decay ? cfg_.weight_decay : 0.0f;
+    float* p = params + s.param;
+    const float* gr = grads + s.grad;
+    float* b = buf + s.state;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = s.begin; i < s.end; i++) {
-      float g = grads[i] + wd * params[i];
-      buf[i] = step == 0 ? g : mu * buf[i] + g;
-      params[i] -= lr * buf[i];
+    for (size_t i = 0; i < s.count; i++) {
+      float g = gr[i] + wd * p[i];
+      b[i] = step == 0 ? g : mu * b[i] + g;
+      p[i] -= lr * b[i];
     }
   }
 }

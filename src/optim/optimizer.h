@@ -15,21 +15,29 @@
 
 namespace mt::optim {
 
+// A run of `count` elements: parameters at params[param ...], gradients at grads[grad ...], optimizer state
+// at [state ...]. Without ZeRO all three are the flat-buffer offset; under ZeRO the state is this rank's
+// compact shard, the gradients are the full buffer (stage 1) or the shard (2, 3), and the parameters the
+// full buffer (1, 2) or the shard (3).
 struct Segment {
-  size_t begin = 0, end = 0;  // [begin, end) of the flat buffers
+  size_t param = 0;
+  size_t grad = 0;
+  size_t state = 0;
+  size_t count = 0;
   bool decay = false;
 };
 
-// One segment per registered tensor, in registry order.
+// One segment per registered tensor, in registry order (all offsets the flat offset).
 std::vector<Segment> segments_of(const nn::ParamRegistry& params);
 
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // Updates params[s.begin, s.end) from grads[...] for every segment s. step counts from 0.
+  // Updates params[s.param + i] from grads[s.grad + i] (state at s.state + i) for every segment s, i < s.count.
+  // step counts from 0.
   virtual void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
                     int64_t step) = 0;
-  // The state buffers by name (each as long as the flat parameter buffer), for checkpoints.
+  // The state buffers by name, indexed like the gradients, for checkpoints.
   virtual std::vector<std::pair<std::string, AlignedBuffer*>> state() = 0;
 };
 

@@ -48,62 +48,78 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
-    mbs_ = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : B_;
     model_ = std::make_unique<model::Gpt>(shape, params_);
-    params_.finalize();
-    if (init)
-      checkpoint::load_params(*init, params_);
-    else
-      model_->init_gpt2(cfg.seed);
-    inputs_.resize((size_t)mbs_ * T_);
-    targets_.resize((size_t)mbs_ * T_);
+    if (init) checkpoint::check_tensors(*init, params_);
+    init_ = std::move(init);
   }
 
   nn::ParamRegistry& params() override { return params_; }
 
-  double forward_backward(int64_t step) override {
-    params_.zero_grad();
+  void init_param(nn::Param& p) override {
+    if (init_)
+      checkpoint::load_param(*init_, p);
+    else
+      model_->init_param(p, cfg_.seed);
+  }
+
+  void prepare() override {}
+
+  double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)((int64_t)B_ * T_);
+    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
+    const int n_micro = (count + mbs - 1) / mbs;
+    inputs_.resize((size_t)mbs * T_);
+    targets_.resize((size_t)mbs * T_);
     double loss = 0.0;
-    for (int j0 = 0; j0 < B_; j0 += mbs_) {
-      int nb = std::min(mbs_, B_ - j0);
+    for (int i = 0; i < n_micro; i++) {
+      int j0 = first + i * mbs, nb = std::min(mbs, first + count - j0);
+      if (hooks.micro_batch) hooks.micro_batch(i, n_micro);
       data::gpt_batch(shard_, step, B_, T_, j0, nb, inputs_.data(), targets_.data());
-      loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale);
-      model_->backward(store_, 0, nb, T_);
+      loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale, hooks.params);
+      model_->backward(store_, 0, nb, T_, hooks.params);
     }
-    return loss / ((double)B_ * T_);
+    return loss;
   }
 
   bool has_eval() const override { return val_.has_value(); }
 
-  EvalResult evaluate(int batches) override {
-    EvalResult r;
+  // Batch k of the held-out shard follows the training rule with step k; windows split across ranks.
+  EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) override {
+    EvalSums r;
     if (!val_) return r;
-    double total = 0.0;
-    int64_t count = 0;
+    const int per = (B_ + nranks - 1) / nranks;
+    const int first = std::min(B_, rank * per), count = std::min(B_, first + per) - first;
+    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : std::max(count, 1);
+    inputs_.resize((size_t)mbs * T_);
+    targets_.resize((size_t)mbs * T_);
     for (int k = 0; k < batches; k++) {
-      for (int j0 = 0; j0 < B_; j0 += mbs_) {
-        int nb = std::min(mbs_, B_ - j0);
+      for (int j0 = first; j0 < first + count; j0 += mbs) {
+        int nb = std::min(mbs, first + count - j0);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
-        total += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f);
-        count += (int64_t)nb * T_;
+        r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
+        r.count += (double)nb * T_;
       }
     }
-    r.loss = total / (double)count;
     return r;
   }
 
-  int64_t items_per_step() const override { return (int64_t)B_ * T_; }
+  bool is_classifier() const override { return false; }
+  int global_batch() const override { return B_; }
+  int micro_batch() const override { return cfg_.micro_batch_size; }
+  int64_t items_per_window() const override { return T_; }
   const char* item_name() const override { return "tok"; }
   double flops_per_step() const override { return model_->config().flops_per_token(T_) * (double)B_ * T_; }
-  size_t activation_bytes() const override { return model_->activation_bytes(mbs_, T_); }
+  size_t activation_bytes(int windows) const override {
+    return model_->activation_bytes(cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : windows, T_);
+  }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
 
  private:
   TrainConfig cfg_;
   TokenShard shard_;
   std::optional<TokenShard> val_;
-  int B_ = 0, T_ = 0, mbs_ = 0;
+  int B_ = 0, T_ = 0;
+  std::optional<SafetensorsReader> init_;
   nn::ParamRegistry params_;
   std::unique_ptr<model::Gpt> model_;
   nn::ActivationStore store_;

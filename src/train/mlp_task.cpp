@@ -3,6 +3,7 @@
 // or the last --val-fraction of --data.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -61,64 +62,81 @@ class MlpTask : public TrainTask {
     }
     MT_CHECK_INPUT(train_.count >= 1, cfg.data, ": no training examples left after the validation split");
     B_ = cfg.batch_size;
-    mbs_ = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : B_;
     model::MlpConfig mc{train_.D, cfg.hidden, K};
     model_ = std::make_unique<model::Mlp>(mc, params_);
-    params_.finalize();
-    if (!cfg.init.empty())
-      checkpoint::load_params(SafetensorsReader(cfg.init), params_);
-    else
-      model_->init(cfg.seed);
-    xb_.resize((size_t)mbs_ * train_.D);
-    yb_.resize(mbs_);
+    if (!cfg.init.empty()) {
+      init_.emplace(cfg.init);
+      checkpoint::check_tensors(*init_, params_);
+    }
   }
 
   nn::ParamRegistry& params() override { return params_; }
 
-  double forward_backward(int64_t step) override {
-    params_.zero_grad();
+  void init_param(nn::Param& p) override {
+    if (init_)
+      checkpoint::load_param(*init_, p);
+    else
+      model_->init_param(p, cfg_.seed);
+  }
+
+  void prepare() override {}
+
+  double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)B_;
+    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
+    const int n_micro = (count + mbs - 1) / mbs;
+    xb_.resize((size_t)mbs * train_.D);
+    yb_.resize(mbs);
     double loss = 0.0;
-    for (int j0 = 0; j0 < B_; j0 += mbs_) {
-      int nb = std::min(mbs_, B_ - j0);
+    for (int i = 0; i < n_micro; i++) {
+      int j0 = first + i * mbs, nb = std::min(mbs, first + count - j0);
+      if (hooks.micro_batch) hooks.micro_batch(i, n_micro);
       for (int j = 0; j < nb; j++) {
         int64_t e = (step * B_ + j0 + j) % train_.count;
         std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
         yb_[j] = train_.y[e];
       }
-      loss += model_->forward(store_, 0, xb_.data(), yb_.data(), nb, dscale);
-      model_->backward(store_, 0, nb);
+      loss += model_->forward(store_, 0, xb_.data(), yb_.data(), nb, dscale, hooks.params);
+      model_->backward(store_, 0, nb, hooks.params);
     }
-    return loss / B_;
+    return loss;
   }
 
   bool has_eval() const override { return val_.count > 0; }
 
-  // Whole held-out split (the `batches` argument does not limit it: MNIST-sized splits are cheap).
-  EvalResult evaluate(int) override {
-    EvalResult r;
-    if (!val_.count) return r;
-    int64_t correct = 0;
-    double loss = 0.0;
+  // The whole held-out split (`batches` does not limit it: MNIST-sized splits are cheap), in chunks of
+  // 1024 examples dealt round-robin to the ranks. Every rank runs the same number of forward passes (ZeRO-3
+  // gathers are collective), the surplus ones on an empty range.
+  EvalSums evaluate(int, int rank, int nranks, nn::ParamHooks* hooks) override {
+    EvalSums r;
     const int64_t chunk = 1024;
-    for (int64_t i = 0; i < val_.count; i += chunk) {
-      int n = (int)std::min(chunk, val_.count - i);
-      int64_t c = 0;
-      loss += model_->evaluate(store_, &val_.x[(size_t)i * val_.D], &val_.y[i], n, &c);
-      correct += c;
+    const int64_t chunks = (val_.count + chunk - 1) / chunk;
+    for (int64_t c = 0; c < (chunks + nranks - 1) / nranks * nranks; c += nranks) {
+      int64_t i = (c + rank) * chunk;
+      int n = i < val_.count ? (int)std::min(chunk, val_.count - i) : 0;
+      int64_t correct = 0;
+      if (n > 0) {
+        r.loss += model_->evaluate(store_, &val_.x[(size_t)i * val_.D], &val_.y[i], n, &correct, hooks);
+      } else {
+        model_->evaluate(store_, val_.x.data(), val_.y.data(), 1, &correct, hooks);  // keeps collectives in step
+        correct = 0;
+      }
+      r.correct += (double)correct;
+      r.count += n;
     }
-    r.loss = loss / (double)val_.count;
-    r.accuracy = (double)correct / (double)val_.count;
     return r;
   }
 
-  int64_t items_per_step() const override { return B_; }
+  bool is_classifier() const override { return true; }
+  int global_batch() const override { return B_; }
+  int micro_batch() const override { return cfg_.micro_batch_size; }
+  int64_t items_per_window() const override { return 1; }
   const char* item_name() const override { return "ex"; }
   double flops_per_step() const override { return 6.0 * (double)model_->config().num_params() * B_; }
-  size_t activation_bytes() const override {
+  size_t activation_bytes(int windows) const override {
     size_t w = train_.D;
     for (int h : cfg_.hidden) w += h;
-    return (w + 10) * mbs_ * sizeof(float);
+    return (w + 10) * (cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : windows) * sizeof(float);
   }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
 
@@ -135,7 +153,8 @@ class MlpTask : public TrainTask {
 
   TrainConfig cfg_;
   Examples train_, val_;
-  int B_ = 0, mbs_ = 0;
+  int B_ = 0;
+  std::optional<SafetensorsReader> init_;
   nn::ParamRegistry params_;
   std::unique_ptr<model::Mlp> model_;
   nn::ActivationStore store_;

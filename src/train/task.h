@@ -1,42 +1,58 @@
-// A training task: a model plus its data, seen by the trainer as "compute the gradient of the global
-// batch of step s". The trainer (optimizer, clipping, schedule, metrics, checkpoints) is the same for
-// every task.
+// A training task: a model plus its data, seen by the trainer as "the gradient of windows [first,
+// first+count) of the global batch of step s". Data parallelism hands each rank its windows; the trainer
+// (optimizer, clipping, schedule, metrics, checkpoints, reductions) is the same for every task.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "train/train_config.h"
 
 namespace mt::train {
 
-struct EvalResult {
-  double loss = NAN;
-  double accuracy = NAN;  // classification tasks only
+// Sums over the evaluated items (the trainer adds them across ranks, then divides).
+struct EvalSums {
+  double loss = 0;
+  double correct = 0;
+  double count = 0;
+};
+
+struct StepHooks {
+  nn::ParamHooks* params = nullptr;                         // around every parameter group's use
+  std::function<void(int index, int count)> micro_batch;    // before each micro-batch
 };
 
 class TrainTask {
  public:
   virtual ~TrainTask() = default;
+  // Declared parameters; the caller finalizes the registry (DataParallel does, per ZeRO stage).
   virtual nn::ParamRegistry& params() = 0;
-  // Zeroes gradients, then accumulates the gradient of the mean loss over the global batch of `step`
-  // into params().grad(); returns that mean loss.
-  virtual double forward_backward(int64_t step) = 0;
+  // Writes p's full initial tensor (from --init, else the seeded initializer) into p.data.
+  virtual void init_param(nn::Param& p) = 0;
+  // Allocates what the steps need; call after the registry is finalized.
+  virtual void prepare() = 0;
+  // Accumulates the gradient of the global-batch mean loss restricted to windows [first, first+count) of
+  // step's global batch, in micro-batches; returns the sum of their per-item losses.
+  virtual double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) = 0;
   virtual bool has_eval() const = 0;
-  virtual EvalResult evaluate(int batches) = 0;
-  virtual int64_t items_per_step() const = 0;  // tokens (GPT) or examples (MLP)
-  virtual const char* item_name() const = 0;   // "tok" / "ex"
+  // Evaluation sums over this rank's part (rank of nranks) of the held-out data.
+  virtual EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) = 0;
+  virtual bool is_classifier() const = 0;
+  virtual int global_batch() const = 0;         // windows (GPT) or examples (MLP) per step
+  virtual int micro_batch() const = 0;          // per micro-batch (0 = the rank's whole share)
+  virtual int64_t items_per_window() const = 0; // tokens per window (T) or 1
+  virtual const char* item_name() const = 0;    // "tok" / "ex"
   virtual double flops_per_step() const = 0;
-  virtual size_t activation_bytes() const = 0;
+  virtual size_t activation_bytes(int windows) const = 0;
   virtual std::map<std::string, std::string> metadata() const = 0;
 };
 
-// Builds the model (loading --init or initializing from --seed) and opens the data; throws InputError on
-// any bad input.
 std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);
 

@@ -47,11 +47,17 @@ struct TrainConfig {
   int log_every = 10;
   bool progress = true;
 
-  // Parallel layouts: accepted so scripts can be written now; anything but 1 process is "not supported yet".
-  int nproc = 1, dp = 1, tp = 1, pp = 1, zero = 0;
+  // Parallel layout. dp = 0: all ranks are data-parallel. tp, pp, schedule: not supported yet.
+  int nproc = 1, dp = 0, tp = 1, pp = 1, zero = 0;
   std::string schedule;
+  std::string backend = "auto";  // auto | shm | mpi
+  double comm_timeout = 300;
+  double bucket_mb = 8;
+  std::string grad_comm_dtype = "f32";  // f32 | bf16 (changes the math)
+  std::string summary;                  // JSON run summary (rank 0)
 
-  void validate() const;
+  // Checks the flags alone; world_size is the number of ranks actually running.
+  void validate(int world_size) const;
 };
 
 }  // namespace mt::train

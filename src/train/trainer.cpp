@@ -4,28 +4,32 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
+#include "comm/launch.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "optim/optimizer.h"
+#include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
 #include "trace/metrics.h"
 #include "train/task.h"
 
 namespace mt::train {
 
-void TrainConfig::validate() const {
+void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(model == "gpt" || model == "mlp", "--model must be gpt or mlp, got '", model, "'");
   MT_CHECK_INPUT(!data.empty(), "--data is required");
   MT_CHECK_INPUT(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   MT_CHECK_INPUT(seq_len > 0, "--seq-len must be positive, got ", seq_len);
   MT_CHECK_INPUT(steps > 0, "--steps must be positive, got ", steps);
-  MT_CHECK_INPUT(micro_batch_size >= 0 && (micro_batch_size == 0 || batch_size % micro_batch_size == 0),
-                 "--batch-size ", batch_size, " is not divisible by --micro-batch-size ", micro_batch_size);
   MT_CHECK_INPUT(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '", optimizer,
                  "'");
   MT_CHECK_INPUT(lr >= 0, "--lr must be >= 0, got ", lr);
@@ -39,16 +43,22 @@ void TrainConfig::validate() const {
   MT_CHECK_INPUT(stop_at_step >= 0, "--stop-at-step must be >= 0, got ", stop_at_step);
   MT_CHECK_INPUT(eval_every >= 0 && eval_batches >= 1, "--eval-every must be >= 0 and --eval-batches >= 1");
   MT_CHECK_INPUT(eval_every == 0 || model == "mlp" || !val_data.empty(), "--eval-every needs --val-data");
-  // Layouts whose features arrive in later work.
+  MT_CHECK_INPUT(nproc >= 1, "--nproc must be >= 1, got ", nproc);
+  MT_CHECK_INPUT(grad_comm_dtype == "f32" || grad_comm_dtype == "bf16", "--grad-comm-dtype must be f32 or bf16, got '",
+                 grad_comm_dtype, "'");
   auto not_yet = [](bool ok, const char* what) {
-    MT_CHECK_INPUT(ok, what, " is not supported yet (this build trains in a single process)");
+    MT_CHECK_INPUT(ok, what, " is not supported yet (data parallelism and ZeRO are)");
   };
-  not_yet(nproc == 1, "--nproc > 1");
-  not_yet(dp == 1, "--dp > 1");
   not_yet(tp == 1, "--tp > 1");
   not_yet(pp == 1, "--pp > 1");
-  not_yet(zero == 0, "--zero > 0");
   not_yet(schedule.empty(), "--schedule");
+  const int d = dp == 0 ? world_size : dp;
+  MT_CHECK_INPUT(d == world_size, "--dp ", d, " must equal the number of ranks (", world_size,
+                 ": --nproc or mpirun -np) while tensor and pipeline parallelism are not supported");
+  const int mbs = micro_batch_size;
+  MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
+  MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
+                 " is not divisible by --dp ", d, " x --micro-batch-size ", mbs > 0 ? mbs : 1);
 }
 
 namespace {
@@ -60,66 +70,142 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t 
       n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
 }
 
+size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// Sums a few doubles across ranks (as float32, which is what comm reduces).
+void sum_across(comm::Communicator* world, double* v, int n) {
+  if (!world || world->size() == 1) return;
+  std::vector<float> in(v, v + n), out(n);
+  world->all_reduce(in.data(), out.data(), n, comm::DType::f32, comm::ReduceOp::sum);
+  for (int i = 0; i < n; i++) v[i] = out[i];
+}
+
 }  // namespace
 
-TrainSummary run_training(const TrainConfig& cfg) {
-  cfg.validate();
+TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
+  const int nranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
+  const bool lead = rank == 0;
+  cfg.validate(nranks);
   set_num_threads(cfg.threads);
   std::unique_ptr<TrainTask> task = cfg.model == "gpt" ? make_gpt_task(cfg) : make_mlp_task(cfg);
   nn::ParamRegistry& params = task->params();
-  auto opt = make_optimizer(cfg, params.size());
-  const auto segments = optim::segments_of(params);
+  parallel::DataParallelOptions dpo;
+  dpo.zero = cfg.zero;
+  dpo.bucket_mb = cfg.bucket_mb;
+  dpo.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
+  parallel::DataParallel engine(params, world, dpo);
+  engine.initialize([&](nn::Param& p) { task->init_param(p); });
+  task->prepare();
+  auto opt = make_optimizer(cfg, engine.state_size());
   optim::LrSchedule sched{cfg.lr, cfg.min_lr < 0 ? cfg.lr / 10 : cfg.min_lr, cfg.warmup_steps, cfg.steps};
   auto metadata = task->metadata();
+  const int B = task->global_batch(), per_rank = B / nranks, first = rank * per_rank;
+  const int64_t items_per_step = (int64_t)B * task->items_per_window();
 
+  // Checkpoints written or resumed by this run, oldest first: (step, path).
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
   int64_t start = 0;
-  std::string last_checkpoint;
   if (!cfg.resume.empty()) {
-    last_checkpoint = checkpoint::resolve_checkpoint(cfg.resume);
-    nlohmann::json st = checkpoint::load_checkpoint(last_checkpoint, params, *opt);
+    std::string path = checkpoint::resolve_checkpoint(cfg.resume);
+    std::vector<float> full(params.size());
+    std::vector<std::vector<float>> full_states;
+    checkpoint::NamedFlatOut outs;
+    for (auto& [n, b] : opt->state()) full_states.emplace_back(params.size());
+    size_t k = 0;
+    for (auto& [n, b] : opt->state()) outs.push_back({n, full_states[k++].data()});
+    nlohmann::json st = checkpoint::load_checkpoint(path, params, full.data(), outs);
+    engine.load_full_params(full.data());
+    k = 0;
+    for (auto& [n, b] : opt->state()) engine.load_full_state(full_states[k++].data(), b->data());
     start = st["step"].get<int64_t>();
-    MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, last_checkpoint, " holds a ", st.value("model", ""),
+    MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, path, " holds a ", st.value("model", ""),
                    " model but --model is ", cfg.model);
-    MT_CHECK_INPUT(st.value("optimizer", cfg.optimizer) == cfg.optimizer, last_checkpoint, " was trained with ",
+    MT_CHECK_INPUT(st.value("optimizer", cfg.optimizer) == cfg.optimizer, path, " was trained with ",
                    st.value("optimizer", ""), " but --optimizer is ", cfg.optimizer);
-    MT_CHECK_INPUT(start <= cfg.steps, last_checkpoint, " is at step ", start, ", beyond --steps ", cfg.steps);
+    MT_CHECK_INPUT(start <= cfg.steps, path, " is at step ", start, ", beyond --steps ", cfg.steps);
+    checkpoints.push_back({start, path});
   }
 
   trace::MetricsWriter metrics;
-  if (!cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
-  trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress);
-  if (!cfg.resume.empty()) progress.message("resumed from " + last_checkpoint + " at step " + std::to_string(start));
+  if (lead && !cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
+  trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
+  if (!checkpoints.empty())
+    progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
+  if (nranks > 1)
+    progress.message(str("training on ", nranks, " ranks (", world->backend(), "), data-parallel, ZeRO stage ",
+                         cfg.zero, ", ", per_rank, " of ", B, " windows per rank"));
 
-  auto save_ckpt = [&](int64_t next_step) {
-    nlohmann::json st = {{"step", next_step},        {"model", cfg.model},      {"optimizer", cfg.optimizer},
-                         {"seed", cfg.seed},         {"batch_size", cfg.batch_size},
-                         {"seq_len", cfg.seq_len},   {"data", cfg.data},
-                         {"data_position", next_step * task->items_per_step()},
-                         {"rng", {{"seed", cfg.seed}, {"counter", 0}}}};
-    last_checkpoint = checkpoint::save_checkpoint(cfg.checkpoint_dir, next_step, params, *opt, metadata, st,
-                                                  cfg.keep_checkpoints);
+  // Collective: every rank gathers what it shards; rank 0 writes.
+  std::vector<float> full_params;
+  auto gather_state = [&](std::vector<std::vector<float>>& states, checkpoint::NamedFlat& named) {
+    auto st = opt->state();
+    states.resize(st.size());
+    for (size_t k = 0; k < st.size(); k++) {
+      engine.full_state(st[k].second->data(), states[k]);
+      named.push_back({st[k].first, states[k].data()});
+    }
   };
+  auto save_ckpt = [&](int64_t next_step) {
+    engine.full_params(full_params);
+    std::vector<std::vector<float>> states;
+    checkpoint::NamedFlat named;
+    gather_state(states, named);
+    if (!lead) return;
+    nlohmann::json st = {{"step", next_step},         {"model", cfg.model},      {"optimizer", cfg.optimizer},
+                         {"seed", cfg.seed},          {"batch_size", cfg.batch_size},
+                         {"seq_len", cfg.seq_len},    {"data", cfg.data},
+                         {"data_position", next_step * items_per_step},
+                         {"dp", nranks},              {"zero", cfg.zero},
+                         {"rng", {{"seed", cfg.seed}, {"counter", 0}}}};
+    std::string path = checkpoint::save_checkpoint(cfg.checkpoint_dir, next_step, params, full_params.data(), named,
+                                                   metadata, st, cfg.keep_checkpoints);
+    checkpoints.push_back({next_step, path});
+  };
+
+  StepHooks hooks;
+  hooks.params = &engine;
+  hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
 
   TrainSummary sum;
   double timed_s = 0;
   int64_t timed_steps = 0;
   for (int64_t s = start; s < cfg.steps; s++) {
     auto t0 = std::chrono::steady_clock::now();
-    double loss = task->forward_backward(s);
-    double norm = optim::global_norm(params.grad(), params.size());
+    engine.begin_step();
+    double loss = task->forward_backward(s, first, per_rank, hooks);
+    engine.finish_backward();
+    sum_across(world, &loss, 1);
+    loss /= (double)items_per_step;
+    double norm = engine.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       progress.finish();
+      // A checkpoint taken right before this step holds the weights that diverge now: it is not good.
+      std::string good;
+      for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+        if (it->first < s && std::filesystem::exists(it->second + "/state.json")) {
+          good = it->second;
+          break;
+        }
+      }
+      if (lead && !cfg.checkpoint_dir.empty() && !good.empty() && good != checkpoints.back().second)
+        checkpoint::set_latest(cfg.checkpoint_dir, std::filesystem::path(good).filename().string());
       throw DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ",
                               !std::isfinite(loss) ? loss : norm, " at step ", s, "; training stopped. ",
-                              last_checkpoint.empty() ? std::string("No checkpoint was written")
-                                                      : "The last good checkpoint is " + last_checkpoint,
+                              good.empty() ? std::string("No good checkpoint was written")
+                                           : "The last good checkpoint is " + good,
                               " (try a lower --lr or --grad-clip)"));
     }
-    optim::clip_by_global_norm(params.grad(), params.size(), norm, cfg.grad_clip);
+    if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) engine.scale_grads((float)(cfg.grad_clip / (norm + 1e-6)));
     float lr = sched.at(s);
-    opt->step(params.data(), params.grad(), segments, lr, s);
+    engine.update(*opt, lr, s);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double ips = (double)task->items_per_step() / dt;
+    double ips = (double)items_per_step / dt;
     if (s > start) {
       timed_s += dt;
       timed_steps++;
@@ -128,23 +214,25 @@ TrainSummary run_training(const TrainConfig& cfg) {
     nlohmann::json row = {{"step", s}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {std::string(task->item_name()) == "tok" ? "tokens_per_s" : "examples_per_s", ips},
                           {"step_time_s", dt}};
-    std::string extra;
     bool last = s + 1 == cfg.steps;
-    if (task->has_eval() && ((cfg.eval_every > 0 && (s + 1) % cfg.eval_every == 0) || (last && cfg.eval_every > 0))) {
-      EvalResult ev = task->evaluate(cfg.eval_batches);
-      row["val_loss"] = ev.loss;
+    if (task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || last)) {
+      EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, &engine);
+      double v[3] = {ev.loss, ev.correct, ev.count};
+      sum_across(world, v, 3);
+      double vloss = v[0] / v[2];
+      row["val_loss"] = vloss;
       char buf[96];
-      if (!std::isnan(ev.accuracy)) {
-        row["val_accuracy"] = ev.accuracy;
-        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f, val accuracy %.2f%%", (long long)s + 1, ev.loss,
-                      100 * ev.accuracy);
+      if (task->is_classifier()) {
+        row["val_accuracy"] = v[1] / v[2];
+        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f, val accuracy %.2f%%", (long long)s + 1, vloss,
+                      100 * v[1] / v[2]);
       } else {
-        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f", (long long)s + 1, ev.loss);
+        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f", (long long)s + 1, vloss);
       }
       progress.message(buf);
     }
     metrics.write(row);
-    progress.step(s, loss, lr, ips, extra);
+    progress.step(s, loss, lr, ips);
     sum.steps_run++;
     sum.final_loss = loss;
 
@@ -160,18 +248,75 @@ TrainSummary run_training(const TrainConfig& cfg) {
   }
   progress.finish();
   if (!cfg.save.empty()) {
-    metadata["format"] = "pt";
-    checkpoint::save_params(cfg.save, params, metadata);
+    engine.full_params(full_params);
+    if (lead) {
+      metadata["format"] = "pt";
+      checkpoint::save_params(cfg.save, params, metadata, full_params.data());
+    }
   }
-  sum.items_per_s = timed_steps ? (double)task->items_per_step() * timed_steps / timed_s : 0;
+
+  sum.items_per_s = timed_steps ? (double)items_per_step * timed_steps / timed_s : 0;
   sum.flops_per_step = task->flops_per_step();
-  sum.param_bytes = params.size() * sizeof(float);
-  sum.grad_bytes = params.size() * sizeof(float);
-  size_t opt_bytes = 0;
-  for (auto& [n, b] : opt->state()) opt_bytes += b->bytes();
-  sum.optimizer_bytes = opt_bytes;
-  sum.activation_bytes = task->activation_bytes();
+  sum.params = (int64_t)params.size();
+  double mine[5] = {(double)engine.param_bytes(), (double)engine.grad_bytes(), 0.0,
+                    (double)task->activation_bytes(per_rank), (double)peak_rss_bytes()};
+  for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
+  std::vector<float> all(5 * nranks), in(5);
+  for (int i = 0; i < 5; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
+  if (world && nranks > 1)
+    world->all_gather(in.data(), all.data(), 5 * nranks, comm::DType::f32);
+  else
+    all = in;
+  for (int r = 0; r < nranks; r++) {
+    const float* v = &all[5 * r];
+    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0});
+  }
+  if (lead && !cfg.summary.empty()) {
+    nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks},
+                        {"params", sum.params},            {"steps", sum.steps_run}, {"final_loss", sum.final_loss}};
+    for (int r = 0; r < nranks; r++) {
+      const RankMemory& m = sum.ranks[r];
+      j["ranks"].push_back({{"rank", r},
+                            {"param_bytes", m.param_bytes},
+                            {"grad_bytes", m.grad_bytes},
+                            {"optimizer_bytes", m.optimizer_bytes},
+                            {"activation_bytes", m.activation_bytes},
+                            {"peak_rss_bytes", m.peak_rss_bytes}});
+    }
+    write_file_atomic(cfg.summary, j.dump(2) + "\n");
+  }
   return sum;
+}
+
+int train_main(const TrainConfig& cfg) {
+  auto report = [&](const TrainSummary& s) {
+    if (!cfg.progress || s.steps_run == 0) return;
+    std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
+                 s.items_per_s, cfg.model == "gpt" ? "tokens" : "examples");
+    if (s.ranks.size() > 1 || cfg.zero > 0) {
+      std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s  (MiB)\n", "rank", "params", "grads", "optimizer",
+                   "activations", "peak RSS");
+      for (size_t r = 0; r < s.ranks.size(); r++) {
+        const RankMemory& m = s.ranks[r];
+        std::fprintf(stderr, "%6zu %12.1f %12.1f %12.1f %12.1f %12.1f\n", r, m.param_bytes / 1048576.0,
+                     m.grad_bytes / 1048576.0, m.optimizer_bytes / 1048576.0, m.activation_bytes / 1048576.0,
+                     m.peak_rss_bytes / 1048576.0);
+      }
+    }
+  };
+  comm::LaunchOptions lo;
+  lo.nproc = cfg.nproc;
+  lo.backend = cfg.backend;
+  lo.timeout_s = cfg.comm_timeout;
+  if (cfg.nproc == 1 && !comm::under_mpirun() && cfg.backend != "mpi") {
+    report(run_training(cfg, nullptr));
+    return 0;
+  }
+  if (!comm::under_mpirun()) cfg.validate(cfg.nproc);  // one message from the parent, not one per rank
+  return comm::launch(lo, [&](comm::Communicator& world) {
+    TrainSummary s = run_training(cfg, &world);
+    if (world.rank() == 0) report(s);
+  });
 }
 
 }  // namespace mt::train

@@ -1,20 +1,36 @@
-// The training loop: gradient of the global batch, global-norm clipping, LR schedule, optimizer step,
-// metrics, evaluation, checkpoints, resume. Thin by design: the model and data live in a TrainTask.
+// The training loop: gradient of the global batch (this rank's windows of it), reductions and ZeRO through
+// parallel::DataParallel, global-norm clipping, LR schedule, optimizer step, metrics, evaluation,
+// checkpoints, resume. Thin by design: the model and data live in a TrainTask.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
 #include "train/train_config.h"
 
 namespace mt::train {
+
+struct RankMemory {
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, peak_rss_bytes = 0;
+};
 
 struct TrainSummary {
   int64_t steps_run = 0;
   double final_loss = 0;
   double items_per_s = 0;  // mean over the steps run, excluding the first (warm-up)
   double flops_per_step = 0;
-  size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  int64_t params = 0;
+  std::vector<RankMemory> ranks;  // per rank (filled on every rank)
 };
 
-// Runs training as configured. Throws mt::Error subclasses on bad input or divergence.
-TrainSummary run_training(const TrainConfig& cfg);
+// Runs training as configured, on `world` (null: a single process). Throws mt::Error subclasses on bad
+// input or divergence; every rank throws the same error for the same cause.
+TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world = nullptr);
+
+// `meshtrain train`: runs run_training on cfg.nproc local workers (shm) or under mpirun, or in this
+// process; returns the process exit code.
+int train_main(const TrainConfig& cfg);
 
 }  // namespace mt::train

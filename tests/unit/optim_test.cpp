@@ -14,7 +14,7 @@ TEST(AdamW, MatchesFormulaOverSeveralSteps) {
   mt::optim::AdamWConfig cfg{0.9f, 0.95f, 1e-8f, 0.1f};
   mt::optim::AdamW opt(n, cfg);
   // Elements 0-1 are one tensor with decay, 2-3 one without.
-  std::vector<Segment> segs = {{0, 2, true}, {2, 4, false}};
+  std::vector<Segment> segs = {{0, 0, 0, 2, true}, {2, 2, 2, 2, false}};
   for (int s = 0; s < 5; s++) {
     std::vector<float> g = {0.3f * (s + 1), -0.2f, 0.05f * s, 1.0f};
     float lr = 0.01f * (s + 1);
@@ -34,7 +34,7 @@ TEST(AdamW, MatchesFormulaOverSeveralSteps) {
 TEST(Sgd, MomentumAndDecay) {
   std::vector<float> p = {1.0f, 1.0f};
   mt::optim::Sgd opt(2, {0.9f, 0.5f});
-  std::vector<Segment> segs = {{0, 1, true}, {1, 2, false}};
+  std::vector<Segment> segs = {{0, 0, 0, 1, true}, {1, 1, 1, 1, false}};
   std::vector<float> g = {1.0f, 1.0f};
   opt.step(p.data(), g.data(), segs, 0.1f, 0);  // buf = g + wd p = 1.5 | 1
   EXPECT_FLOAT_EQ(p[0], 1.0f - 0.1f * 1.5f);
@@ -67,4 +67,23 @@ TEST(Clip, GlobalNorm) {
   std::vector<float> small = {0.1f};
   EXPECT_EQ(mt::optim::clip_by_global_norm(small.data(), 1, 0.1, 1.0), 1.0f);
   EXPECT_EQ(small[0], 0.1f);
+}
+
+// A ZeRO shard: the optimizer updates a slice of the parameters from a compact gradient and state buffer
+// exactly as the full optimizer updates that slice.
+TEST(AdamW, ShardedSegmentsMatchFullUpdate) {
+  std::vector<float> p_full = {1, 2, 3, 4, 5, 6}, g_full = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f, -0.6f};
+  std::vector<float> p_shard = p_full;
+  mt::optim::AdamWConfig cfg{0.9f, 0.95f, 1e-8f, 0.1f};
+  mt::optim::AdamW full(6, cfg), shard(3, cfg);
+  std::vector<Segment> all = {{0, 0, 0, 4, true}, {4, 4, 4, 2, false}};
+  // This rank owns elements [2, 5): grads arrive compact, state is compact.
+  std::vector<float> g_compact = {g_full[2], g_full[3], g_full[4]};
+  std::vector<Segment> mine = {{2, 0, 0, 2, true}, {4, 2, 2, 1, false}};
+  for (int s = 0; s < 3; s++) {
+    full.step(p_full.data(), g_full.data(), all, 0.01f, s);
+    shard.step(p_shard.data(), g_compact.data(), mine, 0.01f, s);
+  }
+  for (int i = 2; i < 5; i++) EXPECT_EQ(p_shard[i], p_full[i]) << i;
+  EXPECT_EQ(p_shard[0], 1.0f);  // not owned: untouched
 }
