@@ -197,8 +197,10 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
         checkpoint::set_latest(cfg.checkpoint_dir, std::filesystem::path(good).filename().string());
       throw DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ",
                               !std::isfinite(loss) ? loss : norm, " at step ", s, "; training stopped. ",
-                              good.empty() ? std::string("No good checkpoint was written")
-                                           : "The last good checkpoint is " + good,
+                              checkpoints.empty() ? std::string("No checkpoint was written")
+                              : good.empty()      ? "No good checkpoint exists (" + checkpoints.back().second +
+                                                   " holds the weights that diverge)"
+                                                  : "The last good checkpoint is " + good,
                               " (try a lower --lr or --grad-clip)"));
     }
     if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) engine.scale_grads((float)(cfg.grad_clip / (norm + 1e-6)));

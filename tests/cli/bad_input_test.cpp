@@ -223,7 +223,8 @@ TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
 }
 
 TEST_F(BadInput, ParallelFlagsNotSupportedYet) {
-  const std::vector<std::pair<std::string, std::string>> cases = {{"--nproc", "2"}, {"--tp", "2"}, {"--zero", "1"}};
+  // --nproc and --zero work since data parallelism landed; tensor and pipeline parallelism do not yet.
+  const std::vector<std::pair<std::string, std::string>> cases = {{"--tp", "2"}, {"--pp", "2"}, {"--schedule", "1f1b"}};
   for (auto& [flag, value] : cases) {
     SCOPED_TRACE(flag);
     RunResult r = run_meshtrain(gpt_args(good_shard_, {flag, value}));
