@@ -74,6 +74,7 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--grad-comm-dtype", c.grad_comm_dtype,
                   "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)")
       ->capture_default_str();
+  sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (not supported yet)");
   sub->add_option("--pp", c.pp, "pipeline-parallel degree (not supported yet)");

@@ -55,6 +55,7 @@ struct TrainConfig {
   double bucket_mb = 8;
   std::string grad_comm_dtype = "f32";  // f32 | bf16 (changes the math)
   std::string summary;                  // JSON run summary (rank 0)
+  std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
 
   // Checks the flags alone; world_size is the number of ranks actually running.
   void validate(int world_size) const;

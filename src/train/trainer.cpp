@@ -19,6 +19,7 @@
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
+#include "trace/chrome_trace.h"
 #include "trace/metrics.h"
 #include "train/task.h"
 
@@ -100,6 +101,11 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   dpo.bucket_mb = cfg.bucket_mb;
   dpo.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
   parallel::DataParallel engine(params, world, dpo);
+  trace::ChromeTrace tracer;
+  if (!cfg.trace.empty()) {
+    tracer.enable(rank);
+    engine.set_trace(&tracer);
+  }
   engine.initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   auto opt = make_optimizer(cfg, engine.state_size());
@@ -205,7 +211,10 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     }
     if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) engine.scale_grads((float)(cfg.grad_clip / (norm + 1e-6)));
     float lr = sched.at(s);
-    engine.update(*opt, lr, s);
+    {
+      trace::TraceScope ts(&tracer, "optimizer step", "compute");
+      engine.update(*opt, lr, s);
+    }
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double ips = (double)items_per_step / dt;
     if (s > start) {
@@ -254,6 +263,22 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     if (lead) {
       metadata["format"] = "pt";
       checkpoint::save_params(cfg.save, params, metadata, full_params.data());
+    }
+  }
+
+  if (!cfg.trace.empty()) {
+    // Every rank writes its events next to the target; rank 0 merges them after a barrier.
+    std::string part = cfg.trace + ".rank" + std::to_string(rank);
+    write_file_atomic(part, tracer.events_json());
+    if (world && nranks > 1) world->barrier();
+    if (lead) {
+      std::vector<std::string> bodies;
+      for (int r = 0; r < nranks; r++) {
+        std::string pr = cfg.trace + ".rank" + std::to_string(r);
+        bodies.push_back(read_file(pr));
+        std::filesystem::remove(pr);
+      }
+      trace::ChromeTrace::write_merged(cfg.trace, bodies);
     }
   }
 

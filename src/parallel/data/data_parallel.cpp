@@ -24,6 +24,8 @@ struct DataParallel::Bucket {
 struct DataParallel::Pending {
   comm::Request req;
   std::function<void()> on_done;
+  std::string what;       // for the trace
+  double t_issue = 0, t_done = 0;
   AlignedBuffer tmp;  // stages 2, 3: this micro-batch's reduced shard, before accumulation
 };
 
@@ -37,6 +39,7 @@ DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, co
   }
   params_.finalize(/*allocate_data=*/opt_.zero < 3, /*allocate_grad=*/opt_.zero < 2);
   build_buckets();
+  group_t0_.assign(params_.num_groups(), 0.0);
   if (opt_.zero >= 2) gshard_.resize(shard_total_);
   if (opt_.zero == 3) pshard_.resize(shard_total_);
 }
@@ -175,8 +178,30 @@ comm::Request DataParallel::start_reduce(const float* send, float* recv, size_t 
   return req;
 }
 
+std::string DataParallel::group_name(int g) const {
+  for (const nn::Param& p : params_.params()) {
+    if (p.group != g) continue;
+    size_t dot = p.name.find('.');
+    if (p.name.rfind("h.", 0) == 0) dot = p.name.find('.', 2);
+    return p.name.substr(0, dot);
+  }
+  return "group " + std::to_string(g);
+}
+
+void DataParallel::poll_inflight() {
+  if (!trace_ || !trace_->enabled()) return;
+  for (Pending* p : inflight_)
+    if (p->t_done == 0 && p->req.test()) p->t_done = trace::ChromeTrace::now_us();
+}
+
 void DataParallel::reduce_bucket(Bucket& b) {
   auto* p = new Pending;
+  if (trace_ && trace_->enabled()) {
+    p->t_issue = trace::ChromeTrace::now_us();
+    p->what = str(opt_.zero == 0 ? "all_reduce " : "reduce_scatter ", group_name(b.g_lo),
+                  b.g_hi > b.g_lo ? ".." + group_name(b.g_hi) : std::string(), " (",
+                  (double)b.count * (opt_.grad_dtype == comm::DType::f32 ? 4 : 2) / 1048576.0, " MB)");
+  }
   if (opt_.zero == 0) {
     float* g = params_.grad() + b.begin;
     p->req = start_reduce(g, g, b.count, false, &p->on_done);
@@ -213,6 +238,8 @@ void DataParallel::complete_oldest() {
   Pending* p = inflight_.front();
   inflight_.erase(inflight_.begin());
   p->req.wait();
+  if (trace_ && trace_->enabled())
+    trace_->add(trace::Track::comm, p->what, "comm", p->t_issue, p->t_done ? p->t_done : trace::ChromeTrace::now_us());
   if (p->on_done) p->on_done();
   delete p;
 }
@@ -267,11 +294,13 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
   // Every rank updated its slice of each bucket; gather the slices back into the full parameters.
   std::vector<comm::Request> reqs;
   if (dp_ && n_ > 1) {
+    double t0 = trace::ChromeTrace::now_us();
     for (Bucket* b : buckets_) {
       float* base = params_.data() + b->begin;
       reqs.push_back(dp_->iall_gather(base + b->so, base, b->count, comm::DType::f32));
     }
     comm::wait_all(reqs);
+    if (trace_) trace_->add(trace::Track::comm, "all_gather parameters", "comm", t0, trace::ChromeTrace::now_us());
   }
 }
 
@@ -306,6 +335,7 @@ void DataParallel::release_params(Bucket& b) {
 }
 
 void DataParallel::before_forward(int g) {
+  group_t0_[g] = trace::ChromeTrace::now_us();
   if (opt_.zero < 3) return;
   ensure_gathered(*buckets_[bucket_of_[g]]);
   // Prefetch the next group in forward order while this one computes.
@@ -313,11 +343,14 @@ void DataParallel::before_forward(int g) {
 }
 
 void DataParallel::after_forward(int g) {
+  if (trace_) trace_->add(trace::Track::compute, "forward " + group_name(g), "compute", group_t0_[g],
+                          trace::ChromeTrace::now_us());
   if (opt_.zero < 3) return;
   release_params(*buckets_[bucket_of_[g]]);
 }
 
 void DataParallel::before_backward(int g) {
+  group_t0_[g] = trace::ChromeTrace::now_us();
   Bucket& b = *buckets_[bucket_of_[g]];
   if (opt_.zero == 3) {
     ensure_gathered(b);
@@ -332,6 +365,11 @@ void DataParallel::before_backward(int g) {
 }
 
 void DataParallel::after_backward(int g) {
+  if (trace_) {
+    trace_->add(trace::Track::compute, "backward " + group_name(g), "compute", group_t0_[g],
+                trace::ChromeTrace::now_us());
+    poll_inflight();
+  }
   Bucket& b = *buckets_[bucket_of_[g]];
   if (opt_.zero == 3) release_params(b);
   if (--b.pending > 0) return;

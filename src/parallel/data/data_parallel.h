@@ -32,6 +32,7 @@
 #include "nn/params.h"
 #include "optim/optimizer.h"
 #include "tensor/buffer.h"
+#include "trace/chrome_trace.h"
 
 namespace mt::parallel {
 
@@ -47,6 +48,10 @@ class DataParallel : public nn::ParamHooks {
   // (one rank, no communication).
   DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt);
   ~DataParallel() override;
+
+  // Records compute (per group, forward and backward) and communication (per bucket, from issue to the
+  // first moment it is seen finished) events.
+  void set_trace(trace::ChromeTrace* t) { trace_ = t; }
 
   int zero() const { return opt_.zero; }
   int ranks() const { return n_; }
@@ -95,6 +100,8 @@ class DataParallel : public nn::ParamHooks {
   void release_params(Bucket& b);
   void reduce_bucket(Bucket& b);
   void complete_oldest();
+  void poll_inflight();
+  std::string group_name(int g) const;
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn);
   comm::Request start_reduce(const float* send, float* recv, size_t count, bool scatter,
                              std::function<void()>* on_done);
@@ -109,6 +116,8 @@ class DataParallel : public nn::ParamHooks {
   size_t shard_total_ = 0;
   AlignedBuffer gshard_, pshard_;  // stages 2-3: gradient shard; stage 3: parameter shard
   std::vector<Pending*> inflight_;
+  trace::ChromeTrace* trace_ = nullptr;
+  std::vector<double> group_t0_;
   bool last_micro_ = true;
   int micro_index_ = 0;
 };
