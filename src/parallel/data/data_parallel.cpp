@@ -178,6 +178,24 @@ comm::Request DataParallel::start_reduce(const float* send, float* recv, size_t 
   return req;
 }
 
+AlignedBuffer DataParallel::acquire(size_t count) {
+  for (size_t i = 0; i < pool_.size(); i++) {
+    if (pool_[i].size() == count) {
+      AlignedBuffer b = std::move(pool_[i]);
+      pool_.erase(pool_.begin() + i);
+      b.zero();
+      return b;
+    }
+  }
+  return AlignedBuffer(count);
+}
+
+void DataParallel::give_back(AlignedBuffer& buf) {
+  if (buf.size() == 0) return;
+  pool_.push_back(std::move(buf));
+  buf = AlignedBuffer();
+}
+
 std::string DataParallel::group_name(int g) const {
   for (const nn::Param& p : params_.params()) {
     if (p.group != g) continue;
@@ -218,7 +236,7 @@ void DataParallel::reduce_bucket(Bucket& b) {
     std::function<void()> finish = [this, bp, acc, tmp] {
       for (size_t i = 0; i < bp->sc; i++) acc[i] += tmp[i];
       bind_grad(*bp, nullptr);
-      bp->grad.resize(0);
+      give_back(bp->grad);
     };
     p->on_done = finish;
     std::function<void()> conv;
@@ -308,7 +326,7 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
 
 void DataParallel::start_gather(Bucket& b) {
   if (b.gathered || b.gather.valid()) return;
-  b.data.resize(b.count);
+  if (b.data.size() != b.count) b.data = acquire(b.count);
   if (dp_ && n_ > 1) {
     b.gather = dp_->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
   } else {
@@ -330,7 +348,7 @@ void DataParallel::ensure_gathered(Bucket& b) {
 void DataParallel::release_params(Bucket& b) {
   if (!b.gathered) return;
   bind_data(b, nullptr);
-  b.data.resize(0);
+  give_back(b.data);
   b.gathered = false;
 }
 
@@ -359,7 +377,7 @@ void DataParallel::before_backward(int g) {
     if (next >= 1 && bucket_of_[next] >= 0) start_gather(*buckets_[bucket_of_[next]]);
   }
   if (opt_.zero >= 2 && b.grad.size() == 0) {
-    b.grad.resize(b.count);  // zeroed
+    b.grad = acquire(b.count);
     bind_grad(b, b.grad.data());
   }
 }
@@ -379,7 +397,7 @@ void DataParallel::after_backward(int g) {
       float* acc = gshard_.data() + b.pos;
       for (size_t i = 0; i < b.count; i++) acc[i] += b.grad[i];
       bind_grad(b, nullptr);
-      b.grad.resize(0);
+      give_back(b.grad);
     }
     return;
   }

@@ -101,6 +101,8 @@ class DataParallel : public nn::ParamHooks {
   void reduce_bucket(Bucket& b);
   void complete_oldest();
   void poll_inflight();
+  AlignedBuffer acquire(size_t count);  // zeroed, from the pool when one of that size is free
+  void give_back(AlignedBuffer& buf);
   std::string group_name(int g) const;
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn);
   comm::Request start_reduce(const float* send, float* recv, size_t count, bool scatter,
@@ -116,6 +118,7 @@ class DataParallel : public nn::ParamHooks {
   size_t shard_total_ = 0;
   AlignedBuffer gshard_, pshard_;  // stages 2-3: gradient shard; stage 3: parameter shard
   std::vector<Pending*> inflight_;
+  std::vector<AlignedBuffer> pool_;  // freed bucket buffers: reused instead of fresh pages every step
   trace::ChromeTrace* trace_ = nullptr;
   std::vector<double> group_t0_;
   bool last_micro_ = true;

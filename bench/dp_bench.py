@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling, ZeRO overhead and memory of meshtrain, with PyTorch DDP as the peer, in one run.
+
+Runs the gpt-bench shape (V=8192, T=256, L=6, H=6, C=384) with the per-rank batch fixed at 4 sequences:
+  meshtrain dp=1; dp=2 with ZeRO 0, 1, 2, 3; PyTorch world_size 1 and DDP world_size 2 (gloo)
+and prints tokens/s, the dp=2/dp=1 scaling, each ZeRO stage's cost over stage 0, meshtrain/DDP, and the
+per-rank parameter/gradient/optimizer bytes and peak RSS of each stage at N = 1, 2, 4 (memory runs use a
+few steps only). Usage: /usr/bin/python3 bench/dp_bench.py [--meshtrain build/meshtrain] [--steps 6]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPE = dict(n_layer=6, n_head=6, n_embd=384, vocab_size=8192, n_positions=256)
+T, PER_RANK = 256, 4
+
+
+def write_shard(path, n):
+    toks = np.random.RandomState(0).randint(0, SHAPE["vocab_size"], size=n).astype(np.uint16)
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[:3] = [20240520, 1, n]
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes() + toks.tobytes())
+
+
+def meshtrain(args, work, nproc, zero, steps, tag):
+    summary = os.path.join(work, f"summary_{tag}.json")
+    metrics = os.path.join(work, f"metrics_{tag}.jsonl")
+    cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
+           "--batch-size", str(PER_RANK * nproc), "--steps", str(steps), "--nproc", str(nproc), "--zero", str(zero),
+           "--threads", "1", "--weight-decay", "0.1", "--quiet", "--summary", summary, "--metrics", metrics]
+    for k, v in SHAPE.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    subprocess.run(cmd, check=True)
+    rows = [json.loads(l) for l in open(metrics)]
+    times = sorted(r["step_time_s"] for r in rows[2:])  # first two steps are warm-up
+    s = json.load(open(summary))
+    s["tokens_per_s_median"] = PER_RANK * nproc * T / times[len(times) // 2]
+    return s
+
+
+def torch_peer(args, world):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp_bench.py"), "--world-size", str(world),
+                          "--steps", str(args.steps), "--warmup", "2"], check=True, capture_output=True, text=True,
+                         env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meshtrain", default=os.path.join(HERE, "..", "build", "meshtrain"))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="mt_dp_bench_")
+    write_shard(os.path.join(work, "data.bin"), PER_RANK * 4 * T * (args.steps + 1) + 1)
+
+    print(f"gpt-bench, {PER_RANK} sequences x {T} tokens per rank, 1 thread per rank, {args.steps} steps "
+          f"(median of steps after 2 warm-up)\n")
+    res = {"dp1": meshtrain(args, work, 1, 0, args.steps, "dp1")}
+    for z in range(4):
+        res[f"dp2_z{z}"] = meshtrain(args, work, 2, z, args.steps, f"dp2_z{z}")
+    print(f"{'run':<22}{'tokens/s':>12}")
+    for k, v in res.items():
+        print(f"{'meshtrain ' + k:<22}{v['tokens_per_s_median']:>12.0f}")
+    base = res["dp1"]["tokens_per_s_median"]
+    z0 = res["dp2_z0"]["tokens_per_s_median"]
+    print(f"\nscaling dp=2 / dp=1 (ZeRO 0): {z0 / base:.2f}x   (goal >= 1.85x)")
+    for z in (1, 2, 3):
+        cost = z0 / res[f"dp2_z{z}"]["tokens_per_s_median"] - 1
+        goal = "<= 5%" if z < 3 else "<= 15%"
+        print(f"ZeRO {z} cost over ZeRO 0 at dp=2: {100 * cost:+.1f}%   (goal {goal})")
+    if not args.no_torch:
+        t1, t2 = torch_peer(args, 1), torch_peer(args, 2)
+        print(f"\nPyTorch world 1: {t1['tokens_per_s']:.0f} tokens/s; DDP world 2: {t2['tokens_per_s']:.0f} tokens/s "
+              f"(scaling {t2['tokens_per_s'] / t1['tokens_per_s']:.2f}x)")
+        print(f"meshtrain dp=2 / PyTorch DDP: {z0 / t2['tokens_per_s']:.2f}x   (goal >= 1.4x)")
+    if not args.no_memory:
+        print(f"\nper-rank memory (MiB) after {3} steps; Psi = params")
+        print(f"{'N':>3}{'zero':>6}{'params':>10}{'grads':>10}{'optim':>10}{'peak RSS':>10}   ZeRO formula (p+g+o)")
+        for n in (1, 2, 4):
+            for z in range(4):
+                s = meshtrain(args, work, n, z, 3, f"mem_{n}_{z}")
+                psi = s["params"] * 4 / 2**20
+                formula = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[z]
+                r = max(s["ranks"], key=lambda r: r["peak_rss_bytes"])
+                p, g, o = (r[k] / 2**20 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+                print(f"{n:>3}{z:>6}{p:>10.1f}{g:>10.1f}{o:>10.1f}{r['peak_rss_bytes'] / 2**20:>10.1f}"
+                      f"   {formula:8.1f} vs {p + g + o:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
