@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The newcomer's main job: set up (apt, idempotent), build, make a byte-level corpus from Debian's
-# `fortunes` package, train a small GPT on it with progress on the terminal, then print a sample.
+# `fortunes` package, train a small GPT on it across local worker processes (data-parallel over shared
+# memory, one per core) with progress on the terminal, then print a sample.
 # Outputs land in out/demo/ (metrics.jsonl, model.safetensors, checkpoints/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +28,10 @@ tail -c "$val" "$OUT/corpus.txt" > "$OUT/val.txt"
 
 "$MT" train --model gpt --data "$OUT/train.bin" --val-data "$OUT/val.bin" \
   --n-layer 4 --n-head 4 --n-embd 192 --vocab-size 256 --n-positions 128 \
-  --batch-size 16 --seq-len 128 --steps "${DEMO_STEPS:-1000}" \
+  --batch-size 16 --seq-len 128 --steps "${DEMO_STEPS:-600}" \
   --lr 2e-3 --min-lr 2e-4 --warmup-steps 50 --weight-decay 0.1 --grad-clip 1.0 \
-  --eval-every 100 --eval-batches 8 --log-every 25 --threads "$(nproc)" \
+  --nproc "${DEMO_NPROC:-$(nproc)}" --threads 1 --zero 1 \
+  --eval-every 100 --eval-batches 8 --log-every 25 \
   --checkpoint-dir "$OUT/checkpoints" --save-every 250 \
   --metrics "$OUT/metrics.jsonl" --save "$OUT/model.safetensors"
 
