@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/copy.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -196,7 +197,7 @@ void ShmCommunicator::all_reduce_direct(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     const size_t off = t * C, k = clamp_len(a.count, off, C);
     int b = acquire_buf(c);
-    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + off * c.e, k * c.e);
+    if (k) copy_bytes(L_.slot(r, b), static_cast<const char*>(a.send) + off * c.e, k * c.e, false);
     sync(c);
     if (writes && k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b);
@@ -211,6 +212,7 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const bool all = a.kind == OpKind::all_reduce;
+  const bool stream = a.count * c.e >= kStreamMinBytes;
   const size_t pc = piece_elems(L_.slot_bytes, n, c.e);
   const size_t pb = pc * c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, pc));
@@ -223,7 +225,7 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+      if (k) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     Shard s = shard_of(a.count, n, r);
@@ -237,11 +239,12 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
       for (int q = 0; q < n; ++q) {
         Shard sq = shard_of(a.count, n, q);
         size_t kq = clamp_len(sq.count, t * pc, pc);
-        if (kq) std::memcpy(recv + (sq.offset + t * pc) * c.e, L_.slot(q, b) + q * pb, kq * c.e);
+        if (kq) copy_bytes(recv + (sq.offset + t * pc) * c.e, L_.slot(q, b) + q * pb, kq * c.e, stream);
       }
     }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::reduce_scatter(Ctx& c) {
@@ -259,7 +262,7 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+      if (k) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     size_t k = clamp_len(mine_s.count, t * pc, pc);
@@ -279,19 +282,21 @@ void ShmCommunicator::all_gather(Ctx& c) {
   const Shard own = shard_of(a.count, n, r);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == recv + own.offset * c.e;
+  const bool stream = a.count * c.e >= kStreamMinBytes;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
-    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e);
+    if (k) copy_bytes(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e, false);
     sync(c);
     for (int q = 0; q < n; ++q) {
       if (q == r && in_place) continue;
       Shard s = shard_of(a.count, n, q);
       size_t kq = clamp_len(s.count, t * C, C);
-      if (kq) std::memcpy(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e);
+      if (kq) copy_bytes(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e, stream);
     }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::broadcast(Ctx& c) {
@@ -303,9 +308,9 @@ void ShmCommunicator::broadcast(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(a.count, t * C, C);
-    if (r == a.root && k) std::memcpy(L_.slot(r, b), buf + t * C * c.e, k * c.e);
+    if (r == a.root && k) copy_bytes(L_.slot(r, b), buf + t * C * c.e, k * c.e, false);
     sync(c);
-    if (r != a.root && k) std::memcpy(buf + t * C * c.e, L_.slot(a.root, b), k * c.e);
+    if (r != a.root && k) copy_bytes(buf + t * C * c.e, L_.slot(a.root, b), k * c.e, false);
     release_buf(b);
   }
 }
@@ -321,9 +326,9 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(K, t * pc, pc);
-    for (int q = 0; q < n && k; ++q) std::memcpy(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e);
+    for (int q = 0; q < n && k; ++q) copy_bytes(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e, false);
     sync(c);
-    for (int p = 0; p < n && k; ++p) std::memcpy(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+    for (int p = 0; p < n && k; ++p) copy_bytes(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
     release_buf(b);
   }
 }
@@ -366,12 +371,12 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     int b = acquire_buf(c);
     for (int q = 0; q < n; ++q) {
       size_t k = clamp_len(a.send_counts[q], t * pc, pc);
-      if (k) std::memcpy(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e);
+      if (k) copy_bytes(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     for (int p = 0; p < n; ++p) {
       size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
-      if (k) std::memcpy(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+      if (k) copy_bytes(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
     }
     release_buf(b);
   }
