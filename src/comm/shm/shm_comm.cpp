@@ -1,6 +1,7 @@
 #include "comm/shm/shm_comm.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +94,12 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
     if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
     fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
   }
+  int st = 0;
+  if (job_->exited(world_ranks_[peer], &st)) {
+    fail_wait(what, peer, str(peer_s, " has already ended (",
+                              WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "its body returned" : "it failed",
+                              ") without taking part in this operation"));
+  }
   if (Clock::now() > until) {
     fail_wait(what, peer, str("timed out after ", timeout_s, " s waiting for ", peer_s,
                               "; that rank is stalled, dead, or not calling this operation (--comm-timeout)"));
@@ -102,7 +109,10 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
 void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   Signal& s = L_.ctrl(peer).arrive;
   if (reached(s.value.load(std::memory_order_acquire), step)) return;
-  signal_wait(s, step, spin_, [&] { poll_failure(peer, describe(c.a), c.until, c.a.timeout_s); });
+  signal_wait(s, step, spin_, [&] {
+    // A peer may arrive and then end between signal_wait's check and this poll: re-check before blaming it.
+    if (!reached(s.value.load(std::memory_order_acquire), step)) poll_failure(peer, describe(c.a), c.until, c.a.timeout_s);
+  });
 }
 
 void ShmCommunicator::sync(Ctx& c) {
