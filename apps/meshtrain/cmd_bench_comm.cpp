@@ -311,7 +311,7 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
                   const std::map<std::pair<int, size_t>, double>& mpi, const std::string& note) {
   std::printf("# meshtrain bench comm: %d ranks, backend %s, dtype %s, algo %s\n", n, backend.c_str(), cfg.dtype.c_str(),
               cfg.algo.c_str());
-  std::printf("# memcpy bandwidth (1 thread, 256 MB): %.2f GB/s\n", memcpy_bw);
+  if (memcpy_bw > 0) std::printf("# memcpy bandwidth (1 thread, 256 MB): %.2f GB/s\n", memcpy_bw);
   std::printf("# busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for reduce_scatter and all_gather\n");
   std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
   if (!note.empty()) std::printf("# note: %s\n", note.c_str());
@@ -338,7 +338,9 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
     }
     std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f\n", (unsigned long long)row.bytes,
                 (unsigned long long)(row.bytes / comm::dtype_size(comm::parse_dtype(cfg.dtype.c_str()))),
-                cfg.dtype.c_str(), k == OpKind::all_reduce ? comm::algo_name(comm::Algo(row.algo)) : "-", row.time_us,
+                cfg.dtype.c_str(),
+                backend == "mpi" ? "mpi" : k == OpKind::all_reduce ? comm::algo_name(comm::Algo(row.algo)) : "-",
+                row.time_us,
                 algbw, busbw, check, mpi_us.c_str(), mpi_bus.c_str(), ratio.c_str(),
                 memcpy_bw > 0 ? busbw / memcpy_bw : 0.0);
   }
