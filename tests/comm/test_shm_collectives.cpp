@@ -87,6 +87,10 @@ TEST(ShmSplit, MeshGroupsOverlapWithoutMixing) {
       MT_REQUIRE(Error, a[i] == want_dp && c[i] == want_tp, "rank ", r, " dp ", a[i], " (want ", want_dp, ") tp ",
                  c[i], " (want ", want_tp, ")");
     }
+    // Each group driven from its own thread at the same time.
+    std::thread other([&] { check_all_ops(*tp, {0, 13, 30'011}); });
+    check_all_ops(*dp, {0, 13, 30'011});
+    other.join();
     // Sub-groups of sub-groups.
     auto solo = tp->split(tp->rank(), 0, "solo");
     MT_REQUIRE(Error, solo->size() == 1 && solo->rank() == 0, "solo group");
