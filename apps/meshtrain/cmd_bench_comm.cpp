@@ -414,6 +414,8 @@ void add_bench_comm_command(CLI::App& bench) {
   sub->add_flag("!--no-mpi-peer", cfg->mpi_peer, "do not run OpenMPI's collectives for comparison");
   sub->add_flag("--mpi-native", cfg->mpi_native, "internal: time OpenMPI's own collectives (run under mpirun)")
       ->group("");
+  // The last occurrence of a flag wins, so scripts can pass defaults and users override them.
+  for (CLI::Option* opt : sub->get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->callback([cfg] {
     int rc = run_bench(*cfg);
     if (rc != 0) throw CommError(str("bench comm failed (exit code ", rc, "); see the rank errors above"));
