@@ -366,7 +366,8 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     }
   }
   std::vector<size_t> soff(n), roff(n);
-  for (int j = 0, s = 0, q = 0; j < n; ++j) {
+  size_t s = 0, q = 0;
+  for (int j = 0; j < n; ++j) {
     soff[j] = a.send_offsets ? a.send_offsets[j] : s;
     roff[j] = a.recv_offsets ? a.recv_offsets[j] : q;
     s += a.send_counts[j];
