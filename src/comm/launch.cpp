@@ -173,13 +173,13 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
       --remaining;
       if (pidfds[r] >= 0) close(pidfds[r]);
       res.rank_status[r] = st;
-      job.set_exited(r, st);
       if (got < 0 || !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         std::string why = describe_status(st);
         std::string err = job.rank_error(r);
         if (!err.empty()) why = err;
         record_failure(r, why);
       }
+      job.set_exited(r, st);  // after the failure record: see ShmCommunicator::poll_failure
     }
     if (!killed && remaining > 0 && Clock::now() >= kill_at) {
       for (int r = 0; r < n; ++r) {

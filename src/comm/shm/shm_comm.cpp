@@ -88,14 +88,17 @@ void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::st
 
 void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s) {
   const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
+  // The supervisor records a failure before it marks the failed worker as exited, so read the exit mark
+  // first: if the peer is marked, a failure it caused is visible to the check after it.
+  int st = 0;
+  const bool peer_ended = job_->exited(world_ranks_[peer], &st);
   int failed = -1;
   std::string why;
   if (job_->failed(&failed, &why)) {
     if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
     fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
   }
-  int st = 0;
-  if (job_->exited(world_ranks_[peer], &st)) {
+  if (peer_ended) {
     fail_wait(what, peer, str(peer_s, " has already ended (",
                               WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "its body returned" : "it failed",
                               ") without taking part in this operation"));
