@@ -235,16 +235,18 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     char* mine = L_.slot(r, b);
+    // Piece r of my slot is read by nobody but me: I reduce my own part straight from send.
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     Shard s = shard_of(a.count, n, r);
     size_t k = clamp_len(s.count, t * pc, pc);
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      srcs[r] = send + (s.offset + t * pc) * c.e;
       reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n);
     }
     sync(c);
@@ -275,12 +277,13 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     size_t k = clamp_len(mine_s.count, t * pc, pc);
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      srcs[r] = send + (mine_s.offset + t * pc) * c.e;
       reduce_into(static_cast<char*>(a.recv) + t * pc * c.e, srcs.data(), n, k, a.dtype, a.op, n);
     }
     release_buf(b);

@@ -30,7 +30,7 @@
 namespace mt::comm::shm {
 
 constexpr size_t kDirectMaxBytes = 32 * 1024;
-constexpr size_t kDefaultSlotBytes = 256 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
+constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 constexpr size_t kChannelBytes = 256 * 1024;
 
 class ShmCommunicator : public Communicator {
