@@ -1,13 +1,425 @@
-// meshtrain bench comm: placeholder until the communication layer lands.
+// meshtrain bench comm: collective bandwidth in the style of nccl-tests, against OpenMPI in the same run.
+//
+//   meshtrain bench comm --nproc 2                      shm backend, 4 KB .. 256 MB, all_reduce/RS/AG
+//   mpirun -np 2 meshtrain bench comm                   the MPI backend (our wrapper around MPI)
+//
+// For every size: warm up, then run for a time budget; time = the slowest rank's mean per call.
+//   algbw = S / time          (S = bytes of the full buffer)
+//   busbw = algbw * 2(n-1)/n  for all_reduce;  algbw * (n-1)/n  for reduce_scatter and all_gather
+// Results are checked (small integers, exact) after the timed loop unless --no-check.
+//
+// The peer: unless --no-mpi-peer, the command then starts `mpirun -np N <this binary> bench comm
+// --mpi-native ...`, which times OpenMPI's own MPI_Allreduce / MPI_Reduce_scatter / MPI_Allgatherv at the
+// same sizes, and prints the ratio of bus bandwidths (ours / OpenMPI's) and of latencies. It also prints
+// the single-thread memcpy bandwidth, the yardstick for a shared-memory collective.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <map>
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "apps/meshtrain/commands.h"
+#include "comm/launch.h"
 #include "core/error.h"
+#ifdef MESHTRAIN_HAVE_MPI
+#include <mpi.h>
+#endif
 
 namespace mt::cli {
 
+namespace {
+
+using comm::Communicator;
+using comm::DType;
+using comm::OpKind;
+using comm::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+struct BenchConfig {
+  comm::LaunchOptions launch;
+  std::string ops = "all_reduce,reduce_scatter,all_gather";
+  std::string dtype = "f32";
+  std::string algo = "auto";
+  std::string min_bytes = "4K", max_bytes = "256M";
+  double seconds_per_size = 0.25;
+  bool check = true;
+  bool mpi_peer = true;
+  bool mpi_native = false;  // internal: this process is the OpenMPI peer under mpirun
+};
+
+size_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? end : "";
+  double m = 1;
+  if (unit == "K" || unit == "KB" || unit == "k") m = 1024;
+  else if (unit == "M" || unit == "MB") m = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB") m = 1024.0 * 1024 * 1024;
+  else MT_CHECK_INPUT(unit.empty(), "size '", s, "': use a number with an optional K, M or G suffix");
+  MT_CHECK_INPUT(v > 0, "size '", s, "' must be positive");
+  return static_cast<size_t>(v * m);
+}
+
+std::vector<OpKind> parse_ops(const std::string& s) {
+  std::vector<OpKind> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item == "all_reduce") out.push_back(OpKind::all_reduce);
+    else if (item == "reduce_scatter") out.push_back(OpKind::reduce_scatter);
+    else if (item == "all_gather") out.push_back(OpKind::all_gather);
+    else throw InputError(str("--ops: unknown operation '", item, "' (choose from all_reduce, reduce_scatter, all_gather)"));
+  }
+  MT_CHECK_INPUT(!out.empty(), "--ops is empty");
+  return out;
+}
+
+double bus_factor(OpKind k, int n) {
+  if (n <= 1) return 1.0;
+  return k == OpKind::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
+}
+
+// One measured row; rank 0 fills these in shared memory for the supervisor to print.
+struct Row {
+  int op;
+  uint64_t bytes;
+  double time_us;
+  int ok;  // 1 correct, 0 wrong, -1 not checked
+  int algo;
+};
+constexpr int kMaxRows = 512;
+struct Results {
+  int nrows;
+  Row rows[kMaxRows];
+};
+
+std::vector<size_t> sizes_of(const BenchConfig& c) {
+  std::vector<size_t> out;
+  for (size_t s = parse_bytes(c.min_bytes); s <= parse_bytes(c.max_bytes); s *= 2) out.push_back(s);
+  return out;
+}
+
+float pattern(int r, size_t i) { return float(r + 1) + float(i % 7); }
+
+// Time one op at one size on `w`: returns the slowest rank's mean microseconds per call.
+template <typename Run, typename Sync>
+double time_op(int rank, double budget_s, Run&& run, Sync&& max_over_ranks) {
+  for (int i = 0; i < 2; ++i) run();  // warm-up (page faults, caches)
+  auto t0 = Clock::now();
+  run();
+  double one = std::chrono::duration<double>(Clock::now() - t0).count();
+  // Every rank must run the same number of iterations: rank 0's estimate wins.
+  double iters_d = std::clamp(budget_s / std::max(one, 1e-7), 3.0, 200000.0);
+  iters_d = max_over_ranks(rank == 0 ? iters_d : 0.0);
+  const long iters = static_cast<long>(iters_d);
+  t0 = Clock::now();
+  for (long i = 0; i < iters; ++i) run();
+  double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / double(iters);
+  return max_over_ranks(us);
+}
+
+double memcpy_gbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  if (b[bytes / 2] != 1) std::abort();
+  return double(bytes) / best / 1e9;
+}
+
+// Runs every op and size on `w`; rank 0 records rows.
+void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
+  const int n = w.size(), r = w.rank();
+  const DType t = comm::parse_dtype(cfg.dtype.c_str());
+  const size_t e = comm::dtype_size(t);
+  const std::vector<size_t> sizes = sizes_of(cfg);
+  const size_t max_count = sizes.empty() ? 0 : sizes.back() / e;
+  std::vector<char> send(max_count * e + 64), recv(max_count * e + 64);
+  auto fill = [&](size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      float v = pattern(r, i);
+      if (t == DType::f32) std::memcpy(&send[i * 4], &v, 4);
+      else {
+        comm::bf16_t h = comm::f32_to_bf16(v);
+        std::memcpy(&send[i * 2], &h, 2);
+      }
+    }
+  };
+  auto get = [&](size_t i) {
+    if (t == DType::f32) {
+      float v;
+      std::memcpy(&v, &recv[i * 4], 4);
+      return v;
+    }
+    comm::bf16_t h;
+    std::memcpy(&h, &recv[i * 2], 2);
+    return comm::bf16_to_f32(h);
+  };
+  auto max_over_ranks = [&](double v) {
+    float f = float(v);
+    w.all_reduce(&f, &f, 1, DType::f32, ReduceOp::max);
+    return double(f);
+  };
+  for (OpKind k : parse_ops(cfg.ops)) {
+    for (size_t bytes : sizes) {
+      const size_t count = bytes / e;
+      fill(count);
+      comm::Shard own = comm::shard_of(count, n, r);
+      auto run = [&] {
+        switch (k) {
+          case OpKind::all_reduce: w.all_reduce(send.data(), recv.data(), count, t, ReduceOp::sum); break;
+          case OpKind::reduce_scatter: w.reduce_scatter(send.data(), recv.data(), count, t, ReduceOp::sum); break;
+          default: w.all_gather(send.data() + own.offset * e, recv.data(), count, t); break;
+        }
+      };
+      double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
+      int ok = -1;
+      if (cfg.check) {
+        ok = 1;
+        const float tri = float(n * (n + 1) / 2);
+        size_t m = k == OpKind::reduce_scatter ? own.count : count;
+        for (size_t i = 0; i < m && ok; ++i) {
+          size_t gi = k == OpKind::reduce_scatter ? own.offset + i : i;
+          float want = tri + float(n) * float(gi % 7);
+          if (k == OpKind::all_gather) {
+            int owner = 0;
+            while (owner + 1 < n && comm::shard_of(count, n, owner + 1).offset <= gi) ++owner;
+            want = pattern(owner, gi);
+          }
+          if (get(i) != want) ok = 0;
+        }
+        float bad = ok ? 0.f : 1.f;
+        w.all_reduce(&bad, &bad, 1, DType::f32, ReduceOp::max);
+        ok = bad == 0.f ? 1 : 0;
+      }
+      if (r == 0 && out->nrows < kMaxRows) {
+        comm::Algo a = w.algorithm();
+        if (a == comm::Algo::automatic) a = bytes <= 32 * 1024 || n == 1 ? comm::Algo::direct : comm::Algo::rs_ag;
+        if (k != OpKind::all_reduce) a = comm::Algo::automatic;
+        out->rows[out->nrows++] = Row{int(k), bytes, us, ok, int(a)};
+      }
+    }
+  }
+}
+
+#ifdef MESHTRAIN_HAVE_MPI
+// The OpenMPI peer: the same loop with MPI's own calls. Prints "native <op> <bytes> <time_us>" on rank 0.
+int run_native_mpi(const BenchConfig& cfg) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) MPI_Init(nullptr, nullptr);
+  int r, n;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MT_CHECK_INPUT(cfg.dtype == "f32", "--mpi-native supports --dtype f32 only (OpenMPI has no bf16)");
+  const std::vector<size_t> sizes = sizes_of(cfg);
+  const size_t max_count = sizes.empty() ? 0 : sizes.back() / 4;
+  std::vector<float> send(max_count + 16), recv(max_count + 16);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = pattern(r, i);
+  auto max_over_ranks = [&](double v) {
+    double o;
+    MPI_Allreduce(&v, &o, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return o;
+  };
+  for (OpKind k : parse_ops(cfg.ops)) {
+    for (size_t bytes : sizes) {
+      const int count = static_cast<int>(bytes / 4);
+      std::vector<int> counts(n), displs(n);
+      for (int p = 0; p < n; ++p) {
+        counts[p] = int(comm::shard_of(count, n, p).count);
+        displs[p] = int(comm::shard_of(count, n, p).offset);
+      }
+      auto run = [&] {
+        switch (k) {
+          case OpKind::all_reduce:
+            MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+          case OpKind::reduce_scatter:
+            MPI_Reduce_scatter(send.data(), recv.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+          default:
+            MPI_Allgatherv(send.data(), counts[r], MPI_FLOAT, recv.data(), counts.data(), displs.data(), MPI_FLOAT,
+                           MPI_COMM_WORLD);
+            break;
+        }
+      };
+      double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
+      if (r == 0) std::printf("native %s %zu %.3f\n", comm::op_kind_name(k), bytes, us);
+    }
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return 0;
+}
+#endif
+
+// Starts the OpenMPI peer and returns (op, bytes) -> time_us; empty if it could not run.
+std::map<std::pair<int, size_t>, double> run_mpi_peer(const BenchConfig& cfg, int n, std::string* note) {
+  std::map<std::pair<int, size_t>, double> out;
+#ifndef MESHTRAIN_HAVE_MPI
+  *note = "built without MPI: no OpenMPI comparison";
+  return out;
+#else
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    *note = "cannot find this binary's path for mpirun";
+    return out;
+  }
+  self[len] = 0;
+  std::string cmd = str("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np ",
+                        n, " ", self, " bench comm --mpi-native --ops ", cfg.ops, " --min-bytes ", cfg.min_bytes,
+                        " --max-bytes ", cfg.max_bytes, " --seconds-per-size ", cfg.seconds_per_size, " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    *note = "could not start mpirun";
+    return out;
+  }
+  char line[1024];
+  std::string other;
+  while (std::fgets(line, sizeof line, p)) {
+    char op[64];
+    size_t bytes;
+    double us;
+    if (std::sscanf(line, "native %63s %zu %lf", op, &bytes, &us) == 3) {
+      for (int k = 0; k < comm::kNumOpKinds; ++k) {
+        if (std::string(comm::op_kind_name(OpKind(k))) == op) out[{k, bytes}] = us;
+      }
+    } else if (other.size() < 2000) {
+      other += line;
+    }
+  }
+  int rc = pclose(p);
+  if (rc != 0 || out.empty()) *note = str("the OpenMPI peer failed (", cmd, "): ", other);
+  return out;
+#endif
+}
+
+void print_report(const BenchConfig& cfg, int n, const std::string& backend, const Results& res, double memcpy_bw,
+                  const std::map<std::pair<int, size_t>, double>& mpi, const std::string& note) {
+  std::printf("# meshtrain bench comm: %d ranks, backend %s, dtype %s, algo %s\n", n, backend.c_str(), cfg.dtype.c_str(),
+              cfg.algo.c_str());
+  if (memcpy_bw > 0) std::printf("# memcpy bandwidth (1 thread, 256 MB): %.2f GB/s\n", memcpy_bw);
+  std::printf("# busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for reduce_scatter and all_gather\n");
+  std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
+  if (!note.empty()) std::printf("# note: %s\n", note.c_str());
+  int last_op = -1;
+  for (int i = 0; i < res.nrows; ++i) {
+    const Row& row = res.rows[i];
+    const OpKind k = OpKind(row.op);
+    if (row.op != last_op) {
+      last_op = row.op;
+      std::printf("#\n# %s\n", comm::op_kind_name(k));
+      std::printf("# %12s %11s %5s %7s %10s %8s %8s %6s %10s %8s %6s %8s\n", "size(B)", "count", "type", "algo",
+                  "time(us)", "algbw", "busbw", "check", "mpi(us)", "mpibus", "ratio", "bus/mcpy");
+    }
+    const double algbw = double(row.bytes) / (row.time_us * 1e-6) / 1e9;
+    const double busbw = algbw * bus_factor(k, n);
+    const char* check = row.ok == 1 ? "ok" : row.ok == 0 ? "WRONG" : "-";
+    auto it = mpi.find({row.op, size_t(row.bytes)});
+    std::string mpi_us = "-", mpi_bus = "-", ratio = "-";
+    if (it != mpi.end()) {
+      const double mbus = double(row.bytes) / (it->second * 1e-6) / 1e9 * bus_factor(k, n);
+      mpi_us = str(std::fixed, std::setprecision(1), it->second);
+      mpi_bus = str(std::fixed, std::setprecision(2), mbus);
+      ratio = str(std::fixed, std::setprecision(2), busbw / mbus);
+    }
+    std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f\n", (unsigned long long)row.bytes,
+                (unsigned long long)(row.bytes / comm::dtype_size(comm::parse_dtype(cfg.dtype.c_str()))),
+                cfg.dtype.c_str(),
+                backend == "mpi" ? "mpi" : k == OpKind::all_reduce ? comm::algo_name(comm::Algo(row.algo)) : "-",
+                row.time_us,
+                algbw, busbw, check, mpi_us.c_str(), mpi_bus.c_str(), ratio.c_str(),
+                memcpy_bw > 0 ? busbw / memcpy_bw : 0.0);
+  }
+  std::fflush(stdout);
+}
+
+int run_bench(BenchConfig cfg) {
+#ifdef MESHTRAIN_HAVE_MPI
+  if (cfg.mpi_native) return run_native_mpi(cfg);
+#else
+  MT_CHECK_INPUT(!cfg.mpi_native, "--mpi-native needs a build with MPI");
+#endif
+  comm::validate(cfg.launch);
+  cfg.launch.algo = comm::parse_algo(cfg.algo.c_str());
+  comm::parse_dtype(cfg.dtype.c_str());
+  parse_ops(cfg.ops);
+  MT_CHECK_INPUT(parse_bytes(cfg.min_bytes) <= parse_bytes(cfg.max_bytes), "--min-bytes ", cfg.min_bytes,
+                 " is larger than --max-bytes ", cfg.max_bytes);
+  const std::string backend = comm::resolve_backend(cfg.launch);
+  // Results travel from rank 0 to the supervisor through an anonymous shared mapping made before the fork.
+  void* mem = mmap(nullptr, sizeof(Results), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  MT_REQUIRE(Error, mem != MAP_FAILED, "mmap of the results page failed");
+  auto* res = new (mem) Results{};
+  const double mbw = backend == "shm" ? memcpy_gbps(size_t{256} << 20) : 0.0;
+  int world = 0;
+  int rc = comm::launch(cfg.launch, [&](Communicator& w) {
+    if (w.rank() == 0) world = w.size();
+    bench_body(w, cfg, res);
+    if (backend == "mpi" && w.rank() == 0) {
+      print_report(cfg, w.size(), backend, *res, 0.0, {}, "under mpirun: no OpenMPI peer run; memcpy not measured");
+    }
+  });
+  if (rc != 0 || backend == "mpi") {
+    munmap(mem, sizeof(Results));
+    return rc;
+  }
+  const int n = cfg.launch.nproc < 1 ? 1 : cfg.launch.nproc;
+  (void)world;
+  std::string note;
+  std::map<std::pair<int, size_t>, double> mpi;
+  if (cfg.mpi_peer && cfg.dtype == "f32") {
+    mpi = run_mpi_peer(cfg, n, &note);
+  } else if (cfg.mpi_peer) {
+    note = "no OpenMPI comparison for bf16 (OpenMPI has no bf16 type)";
+  }
+  print_report(cfg, n, backend, *res, mbw, mpi, note);
+  int wrong = 0;
+  for (int i = 0; i < res->nrows; ++i) wrong += res->rows[i].ok == 0;
+  munmap(mem, sizeof(Results));
+  MT_REQUIRE(Error, wrong == 0, wrong, " benchmark rows produced wrong results (see the check column)");
+  return 0;
+}
+
+}  // namespace
+
 void add_bench_comm_command(CLI::App& bench) {
-  CLI::App* sub = bench.add_subcommand("comm", "(not supported yet)");
-  sub->allow_extras();
-  sub->callback([] { throw mt::InputError("`bench comm` is not supported yet"); });
+  auto cfg = std::make_shared<BenchConfig>();
+  cfg->launch.nproc = 2;
+  CLI::App* sub = bench.add_subcommand("comm", "collective bandwidth (nccl-tests style) against OpenMPI in one run");
+  sub->add_option("--nproc", cfg->launch.nproc, "ranks to fork (shm); ignored under mpirun")->capture_default_str();
+  sub->add_option("--backend", cfg->launch.backend, "auto | shm | mpi")->capture_default_str();
+  sub->add_option("--comm-timeout", cfg->launch.timeout_s, "deadline of every blocking call, seconds")
+      ->capture_default_str();
+  sub->add_option("--ops", cfg->ops, "comma-separated: all_reduce, reduce_scatter, all_gather")->capture_default_str();
+  sub->add_option("--dtype", cfg->dtype, "f32 | bf16")->capture_default_str();
+  sub->add_option("--algo", cfg->algo, "all-reduce algorithm: auto | direct | rs_ag")->capture_default_str();
+  sub->add_option("--min-bytes", cfg->min_bytes, "smallest message (K, M, G suffixes)")->capture_default_str();
+  sub->add_option("--max-bytes", cfg->max_bytes, "largest message; sizes double from min to max")->capture_default_str();
+  sub->add_option("--seconds-per-size", cfg->seconds_per_size, "time budget per row")->capture_default_str();
+  sub->add_flag("!--no-check", cfg->check, "skip checking results");
+  sub->add_flag("!--no-mpi-peer", cfg->mpi_peer, "do not run OpenMPI's collectives for comparison");
+  sub->add_flag("--mpi-native", cfg->mpi_native, "internal: time OpenMPI's own collectives (run under mpirun)")
+      ->group("");
+  // The last occurrence of a flag wins, so scripts can pass defaults and users override them.
+  for (CLI::Option* opt : sub->get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  sub->callback([cfg] {
+    int rc = run_bench(*cfg);
+    if (rc != 0) throw CommError(str("bench comm failed (exit code ", rc, "); see the rank errors above"));
+  });
 }
 
 }  // namespace mt::cli

@@ -12,10 +12,11 @@
 // runs after them. Point-to-point messages are ordered per (sender, receiver, tag) and independent of
 // collectives.
 //
-// Deadlines. Every blocking call, and every wait(), ends within timeout() seconds (default 300) with a
+// Deadlines. Every operation ends within timeout() seconds (default 300) of starting to run, with a
 // CommError naming the group, operation, its #seq and the peer being waited for, or sooner when a peer's
-// death is known (the launcher's supervisor records it). After a failure the communicator is unusable:
-// every later call throws at once.
+// death or exit is known (the launcher's supervisor records it). A wait() on a queued non-blocking
+// operation therefore returns within the deadlines of the operations ahead of it plus its own. After a
+// failure the communicator is unusable: every later call throws at once.
 //
 // Threads. One thread at a time may issue calls on a communicator; different communicators (e.g. the data-
 // and tensor-parallel groups of a mesh) may be used from different threads and run at the same time.

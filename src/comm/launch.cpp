@@ -179,6 +179,7 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
         if (!err.empty()) why = err;
         record_failure(r, why);
       }
+      job.set_exited(r, st);  // after the failure record: see ShmCommunicator::poll_failure
     }
     if (!killed && remaining > 0 && Clock::now() >= kill_at) {
       for (int r = 0; r < n; ++r) {

@@ -22,6 +22,12 @@
 // survive the fork (do not rely on thread pools, loggers with threads or locks held by other threads), and
 // nothing it writes is visible to the caller except through files, stdout and stderr. It must not call
 // exit(); returning or throwing ends the rank. `world` and its splits live until the body returns.
+// Libraries with thread pools must survive fork: OpenBLAS does (it re-creates its pool through
+// pthread_atfork); with N ranks on N cores give each rank one BLAS thread (OPENBLAS_NUM_THREADS=1) or the
+// ranks will fight for cores. Waits spin for a short time before sleeping, less when nproc exceeds cores.
+//
+// launch() and run_ranks() are not reentrant: call them from one thread, one job at a time (a forked body
+// must not launch again). Under shm, wrap nothing around the body that depends on the caller's threads.
 #pragma once
 
 #include <functional>

@@ -9,3 +9,9 @@ if(MPI_CXX_FOUND AND MPIEXEC_EXECUTABLE)
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1")
   endforeach()
 endif()
+
+# The shm collectives again with 4 KB slots: hundreds of chunks per operation, so every chunk-boundary and
+# double-buffering case is hit at small sizes.
+add_test(NAME comm_shm_tiny_slots
+  COMMAND $<TARGET_FILE:test_comm> --gtest_filter=Sizes/ShmWorld.AllCollectivesMatchReference/*:ShmSplit.*)
+set_tests_properties(comm_shm_tiny_slots PROPERTIES TIMEOUT 300 ENVIRONMENT "MESHTRAIN_SHM_SLOT_KB=4")

@@ -22,7 +22,7 @@ LaunchOptions mpi_opts() {
 
 TEST(Mpi, AllCollectivesMatchReference) {
   MT_NEED_MPIRUN();
-  EXPECT_EQ(run_ranks(mpi_opts(), [](Communicator& w) { check_all_ops(w, {0, 1, 13, 1031, 300'000}); }).exit_code, 0);
+  EXPECT_EQ(run_ranks(mpi_opts(), [](Communicator& w) { check_all_ops(w, {0, 1, 13, 1031, 600'000}); }).exit_code, 0);
 }
 
 TEST(Mpi, PointToPoint) {

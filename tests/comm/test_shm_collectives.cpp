@@ -43,6 +43,17 @@ TEST_P(ShmWorld, PointToPoint) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorld, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
 
+// Above kStreamMinBytes the copy-out uses streaming stores: check that path too (8.8 MB, 2 ranks).
+TEST(ShmLarge, StreamingCopyOut) {
+  expect_ok(run_ranks(shm_opts(2), [](Communicator& w) {
+    const size_t n = 2'200'003;
+    check_all_reduce(w, n, DType::f32, ReduceOp::sum, false);
+    check_all_gather(w, n, DType::f32, false);
+    w.set_algorithm(Algo::rs_ag);
+    check_reduce(w, n, DType::f32, ReduceOp::sum, 1);
+  }));
+}
+
 // Two halves of the world (even and odd ranks) run the whole suite at the same time.
 TEST(ShmSplit, TwoSubgroupsConcurrently) {
   expect_ok(run_ranks(shm_opts(6), [](Communicator& w) {
@@ -76,6 +87,10 @@ TEST(ShmSplit, MeshGroupsOverlapWithoutMixing) {
       MT_REQUIRE(Error, a[i] == want_dp && c[i] == want_tp, "rank ", r, " dp ", a[i], " (want ", want_dp, ") tp ",
                  c[i], " (want ", want_tp, ")");
     }
+    // Each group driven from its own thread at the same time.
+    std::thread other([&] { check_all_ops(*tp, {0, 13, 30'011}); });
+    check_all_ops(*dp, {0, 13, 30'011});
+    other.join();
     // Sub-groups of sub-groups.
     auto solo = tp->split(tp->rank(), 0, "solo");
     MT_REQUIRE(Error, solo->size() == 1 && solo->rank() == 0, "solo group");

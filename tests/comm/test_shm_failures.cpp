@@ -91,6 +91,20 @@ TEST(ShmFailure, StalledPeerHitsDeadline) {
   EXPECT_TRUE(WIFSIGNALED(r.rank_status[1])) << "the stalled rank is stopped by the supervisor";
 }
 
+TEST(ShmFailure, PeerThatEndedEarlyIsAnErrorNotAHang) {
+  auto t0 = Clock::now();
+  LaunchResult r = run_ranks(shm_opts(2, 60), [](Communicator& w) {
+    if (w.rank() == 1) return;  // a bug: rank 1 skips the all-reduce
+    std::vector<float> a(1000, 1.f);
+    w.all_reduce(a.data(), a.data(), a.size(), DType::f32, ReduceOp::sum);
+  });
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.failed_rank, 0);
+  EXPECT_TRUE(contains(r.failure, "all_reduce #1") && contains(r.failure, "has already ended (its body returned)"))
+      << r.failure;
+  EXPECT_LT(seconds_since(t0), 5.0);
+}
+
 TEST(ShmFailure, MismatchedCollectiveReportedOnEveryRank) {
   LaunchResult r = run_ranks(shm_opts(2, 30), [](Communicator& w) {
     std::vector<float> a(1000, 1.f), b(1000);

@@ -94,6 +94,17 @@ std::string Job::rank_error(int world_rank) {
   return std::string(s, strnlen(s, kErrorChars));
 }
 
+void Job::set_exited(int world_rank, int wait_status) {
+  block_->exit_status[world_rank].store(1 + wait_status, std::memory_order_release);
+}
+
+bool Job::exited(int world_rank, int* wait_status) {
+  int32_t v = block_->exit_status[world_rank].load(std::memory_order_acquire);
+  if (v == 0) return false;
+  if (wait_status) *wait_status = v - 1;
+  return true;
+}
+
 namespace {
 template <typename F>
 int for_each_segment(pid_t pid, F&& f) {

@@ -34,6 +34,7 @@ struct JobBlock {
   std::atomic<int32_t> failed_rank;    // -1 while healthy; the world rank that failed first
   char failure[kErrorChars];          // why it failed (written before failed_rank is set)
   int32_t pids[kMaxRanks];
+  std::atomic<int32_t> exit_status[kMaxRanks];  // 0 while running; 1 + waitpid status once reaped
   char rank_error[kMaxRanks][kErrorChars];  // each worker's own last words, written before it exits
 };
 
@@ -57,6 +58,10 @@ class Job {
   bool failed(int* world_rank, std::string* why);
   void set_rank_error(int world_rank, const std::string& msg);
   std::string rank_error(int world_rank);
+  // The supervisor marks each worker it reaps, so that a rank waiting for one that already ended (its body
+  // returned early, or it died) fails at once instead of at its deadline. Returns false while running.
+  void set_exited(int world_rank, int wait_status);
+  bool exited(int world_rank, int* wait_status);
 
   const std::string& name() const { return name_; }
 

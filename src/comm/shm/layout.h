@@ -17,6 +17,9 @@
 namespace mt::comm::shm {
 
 constexpr int kNumBuf = 2;  // double buffering: chunk t+1 is written while peers still read chunk t
+// Slots are spaced slot_bytes + kSlotPad apart, so that the n*kNumBuf slots do not all start in the same
+// cache sets (slot sizes are powers of two).
+constexpr size_t kSlotPad = 64 * 5;
 
 struct OpDesc {
   uint64_t seq;
@@ -54,7 +57,7 @@ struct Layout {
   static size_t bytes_for(int n, size_t slot_bytes, size_t chan_bytes) {
     size_t nn = static_cast<size_t>(n);
     return sizeof(RegionHeader) + nn * sizeof(RankCtrl) + nn * nn * sizeof(ChannelCtrl) +
-           nn * kNumBuf * slot_bytes + nn * nn * chan_bytes;
+           nn * kNumBuf * (slot_bytes + kSlotPad) + nn * nn * chan_bytes;
   }
   RegionHeader& header() const { return *reinterpret_cast<RegionHeader*>(base); }
   RankCtrl& ctrl(int p) const {
@@ -65,11 +68,11 @@ struct Layout {
   }
   char* slot(int p, int b) const {
     size_t off = sizeof(RegionHeader) + n * sizeof(RankCtrl) + size_t(n) * n * sizeof(ChannelCtrl);
-    return base + off + (size_t(p) * kNumBuf + b) * slot_bytes;
+    return base + off + (size_t(p) * kNumBuf + b) * (slot_bytes + kSlotPad);
   }
   char* ring(int src, int dst) const {
     size_t off = sizeof(RegionHeader) + n * sizeof(RankCtrl) + size_t(n) * n * sizeof(ChannelCtrl) +
-                 size_t(n) * kNumBuf * slot_bytes;
+                 size_t(n) * kNumBuf * (slot_bytes + kSlotPad);
     return base + off + (size_t(src) * n + dst) * chan_bytes;
   }
 };

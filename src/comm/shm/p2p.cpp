@@ -63,6 +63,7 @@ Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double time
   std::lock_guard<std::mutex> l(mu_);
   sendq_[peer].push_back(op);
   progress();
+  start_thread_if_pending();
   return Request(op);
 }
 
@@ -90,7 +91,55 @@ Request P2P::irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s)
   }
   posted_[peer].push_back(op);
   progress();
+  start_thread_if_pending();
   return Request(op);
+}
+
+P2P::~P2P() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_.store(true);
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+bool P2P::has_pending() const {
+  for (int p = 0; p < L_.n; ++p) {
+    if (!sendq_[p].empty() || !posted_[p].empty() || incoming_[p].active) return true;
+  }
+  return false;
+}
+
+void P2P::start_thread_if_pending() {
+  if (!has_pending()) return;
+  if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+  cv_.notify_all();
+}
+
+namespace {
+struct StopProgress {};
+}  // namespace
+
+void P2P::progress_loop() {
+  Signal& bell = L_.ctrl(me_).doorbell;
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return stop_.load() || has_pending(); });
+    if (stop_.load()) return;
+    uint32_t seen = bell.value.load(std::memory_order_acquire);
+    progress();
+    if (!has_pending()) continue;
+    l.unlock();
+    try {
+      signal_wait(bell, seen + 1, SpinPolicy{0, 0}, [&] {
+        if (stop_.load()) throw StopProgress{};
+      });
+    } catch (const StopProgress&) {
+      return;
+    }
+    l.lock();
+  }
 }
 
 void P2P::progress() {

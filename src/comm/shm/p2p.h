@@ -6,8 +6,11 @@
 // tag) in posting order; a message that arrives before its recv is posted is drained into a private
 // "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out.
 //
-// Progress happens inside isend/irecv (eagerly, as far as the ring allows) and inside test()/wait() of any
-// request. The engine is thread-safe (one mutex); requests must not outlive their communicator.
+// Progress happens inside isend/irecv (eagerly, as far as the ring allows), inside test()/wait() of any
+// request, and on a progress thread while any operation is unfinished, so a large isend/irecv pair moves
+// while both sides compute. That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
+// leaves the cores to the computation. The engine is thread-safe (one mutex); requests must not outlive
+// their communicator.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +19,9 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <condition_variable>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -29,6 +35,7 @@ class P2P {
   // `poll(peer, what)` throws when the job has failed or the deadline `until` has passed.
   using Poll = std::function<void(int peer, const std::string& what, Clock::time_point until)>;
   P2P(Layout layout, int rank, SpinPolicy spin, Poll poll);
+  ~P2P();
 
   Request isend(const void* buf, size_t bytes, int peer, int tag, double timeout_s);
   Request irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s);
@@ -52,6 +59,9 @@ class P2P {
     std::shared_ptr<Unexpected> unexp;  // where it goes until one is posted
   };
   void progress();  // with mu_ held
+  bool has_pending() const;  // with mu_ held
+  void start_thread_if_pending();  // with mu_ held
+  void progress_loop();
   void progress_send(int peer);
   void progress_recv(int src);
   void finish_unexpected(int src, std::shared_ptr<Unexpected> u);
@@ -65,6 +75,9 @@ class P2P {
   std::vector<std::list<std::shared_ptr<Op>>> posted_;       // per source: recvs not yet matched
   std::vector<std::deque<std::shared_ptr<Unexpected>>> unexpected_;  // per source: complete, unclaimed
   std::vector<Incoming> incoming_;
+  std::thread thread_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace mt::comm::shm

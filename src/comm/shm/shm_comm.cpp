@@ -1,6 +1,7 @@
 #include "comm/shm/shm_comm.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/copy.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -86,11 +88,20 @@ void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::st
 
 void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s) {
   const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
+  // The supervisor records a failure before it marks the failed worker as exited, so read the exit mark
+  // first: if the peer is marked, a failure it caused is visible to the check after it.
+  int st = 0;
+  const bool peer_ended = job_->exited(world_ranks_[peer], &st);
   int failed = -1;
   std::string why;
   if (job_->failed(&failed, &why)) {
     if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
     fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
+  }
+  if (peer_ended) {
+    fail_wait(what, peer, str(peer_s, " has already ended (",
+                              WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "its body returned" : "it failed",
+                              ") without taking part in this operation"));
   }
   if (Clock::now() > until) {
     fail_wait(what, peer, str("timed out after ", timeout_s, " s waiting for ", peer_s,
@@ -101,7 +112,10 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
 void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   Signal& s = L_.ctrl(peer).arrive;
   if (reached(s.value.load(std::memory_order_acquire), step)) return;
-  signal_wait(s, step, spin_, [&] { poll_failure(peer, describe(c.a), c.until, c.a.timeout_s); });
+  signal_wait(s, step, spin_, [&] {
+    // A peer may arrive and then end between signal_wait's check and this poll: re-check before blaming it.
+    if (!reached(s.value.load(std::memory_order_acquire), step)) poll_failure(peer, describe(c.a), c.until, c.a.timeout_s);
+  });
 }
 
 void ShmCommunicator::sync(Ctx& c) {
@@ -196,7 +210,7 @@ void ShmCommunicator::all_reduce_direct(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     const size_t off = t * C, k = clamp_len(a.count, off, C);
     int b = acquire_buf(c);
-    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + off * c.e, k * c.e);
+    if (k) copy_bytes(L_.slot(r, b), static_cast<const char*>(a.send) + off * c.e, k * c.e, false);
     sync(c);
     if (writes && k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b);
@@ -211,6 +225,7 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const bool all = a.kind == OpKind::all_reduce;
+  const bool stream = a.count * c.e >= kStreamMinBytes;
   const size_t pc = piece_elems(L_.slot_bytes, n, c.e);
   const size_t pb = pc * c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, pc));
@@ -220,16 +235,18 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     char* mine = L_.slot(r, b);
+    // Piece r of my slot is read by nobody but me: I reduce my own part straight from send.
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     Shard s = shard_of(a.count, n, r);
     size_t k = clamp_len(s.count, t * pc, pc);
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      srcs[r] = send + (s.offset + t * pc) * c.e;
       reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n);
     }
     sync(c);
@@ -237,11 +254,12 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
       for (int q = 0; q < n; ++q) {
         Shard sq = shard_of(a.count, n, q);
         size_t kq = clamp_len(sq.count, t * pc, pc);
-        if (kq) std::memcpy(recv + (sq.offset + t * pc) * c.e, L_.slot(q, b) + q * pb, kq * c.e);
+        if (kq) copy_bytes(recv + (sq.offset + t * pc) * c.e, L_.slot(q, b) + q * pb, kq * c.e, stream);
       }
     }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::reduce_scatter(Ctx& c) {
@@ -259,12 +277,13 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k) std::memcpy(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
+      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     size_t k = clamp_len(mine_s.count, t * pc, pc);
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = L_.slot(p, b) + r * pb;
+      srcs[r] = send + (mine_s.offset + t * pc) * c.e;
       reduce_into(static_cast<char*>(a.recv) + t * pc * c.e, srcs.data(), n, k, a.dtype, a.op, n);
     }
     release_buf(b);
@@ -279,19 +298,21 @@ void ShmCommunicator::all_gather(Ctx& c) {
   const Shard own = shard_of(a.count, n, r);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == recv + own.offset * c.e;
+  const bool stream = a.count * c.e >= kStreamMinBytes;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
-    if (k) std::memcpy(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e);
+    if (k) copy_bytes(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e, false);
     sync(c);
     for (int q = 0; q < n; ++q) {
       if (q == r && in_place) continue;
       Shard s = shard_of(a.count, n, q);
       size_t kq = clamp_len(s.count, t * C, C);
-      if (kq) std::memcpy(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e);
+      if (kq) copy_bytes(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e, stream);
     }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::broadcast(Ctx& c) {
@@ -303,9 +324,9 @@ void ShmCommunicator::broadcast(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(a.count, t * C, C);
-    if (r == a.root && k) std::memcpy(L_.slot(r, b), buf + t * C * c.e, k * c.e);
+    if (r == a.root && k) copy_bytes(L_.slot(r, b), buf + t * C * c.e, k * c.e, false);
     sync(c);
-    if (r != a.root && k) std::memcpy(buf + t * C * c.e, L_.slot(a.root, b), k * c.e);
+    if (r != a.root && k) copy_bytes(buf + t * C * c.e, L_.slot(a.root, b), k * c.e, false);
     release_buf(b);
   }
 }
@@ -321,9 +342,9 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(K, t * pc, pc);
-    for (int q = 0; q < n && k; ++q) std::memcpy(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e);
+    for (int q = 0; q < n && k; ++q) copy_bytes(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e, false);
     sync(c);
-    for (int p = 0; p < n && k; ++p) std::memcpy(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+    for (int p = 0; p < n && k; ++p) copy_bytes(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
     release_buf(b);
   }
 }
@@ -351,7 +372,8 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     }
   }
   std::vector<size_t> soff(n), roff(n);
-  for (int j = 0, s = 0, q = 0; j < n; ++j) {
+  size_t s = 0, q = 0;
+  for (int j = 0; j < n; ++j) {
     soff[j] = a.send_offsets ? a.send_offsets[j] : s;
     roff[j] = a.recv_offsets ? a.recv_offsets[j] : q;
     s += a.send_counts[j];
@@ -366,12 +388,12 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     int b = acquire_buf(c);
     for (int q = 0; q < n; ++q) {
       size_t k = clamp_len(a.send_counts[q], t * pc, pc);
-      if (k) std::memcpy(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e);
+      if (k) copy_bytes(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e, false);
     }
     sync(c);
     for (int p = 0; p < n; ++p) {
       size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
-      if (k) std::memcpy(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e);
+      if (k) copy_bytes(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
     }
     release_buf(b);
   }

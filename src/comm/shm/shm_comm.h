@@ -6,10 +6,11 @@
 //
 // Algorithms and costs (n ranks, S bytes, B = slot bytes; "steps" are synchronisations):
 //   all_reduce / reduce, direct   per chunk of B: copy S in, reduce n inputs. steps ceil(S/B);
-//                                 per rank: writes S, reads n*S.                       (latency-optimal)
+//                                 per rank: writes 2S, reads (n+1)S.                   (latency-optimal)
 //   all_reduce / reduce, rs_ag    per chunk of B: copy S in; reduce my 1/n piece from n slots; copy n-1
 //                                 pieces out. steps 2*ceil(S/B); per rank writes ~2S + S/n, reads ~3S.
-//                                 Chunks stay in cache, so DRAM sees ~ read S + write S, like a memcpy.
+//                                 Chunks stay in cache, so DRAM sees ~ read S + write S, like a memcpy
+//                                 (outputs >= kStreamMinBytes are written with streaming stores).
 //   reduce_scatter                1 step per chunk: copy S in, reduce my piece (reads S from slots).
 //   all_gather                    1 step per chunk: copy my shard in, copy n-1 shards out.
 //   broadcast                     1 step per chunk: root copies in, the others copy out.
@@ -29,7 +30,7 @@
 namespace mt::comm::shm {
 
 constexpr size_t kDirectMaxBytes = 32 * 1024;
-constexpr size_t kDefaultSlotBytes = 256 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
+constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 constexpr size_t kChannelBytes = 256 * 1024;
 
 class ShmCommunicator : public Communicator {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,10 +32,15 @@ void futex_wake_all(std::atomic<uint32_t>* addr) {
 }  // namespace
 
 SpinPolicy spin_policy_for(int ranks_on_host) {
+  // MESHTRAIN_SHM_SPIN="spins,yields" overrides (tuning on a given machine).
+  if (const char* env = std::getenv("MESHTRAIN_SHM_SPIN")) {
+    SpinPolicy p;
+    if (std::sscanf(env, "%d,%d", &p.spin_us, &p.yield_us) == 2) return p;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1) cores = 1;
-  if (ranks_on_host > cores) return {64, 2};
-  return {4000, 0};
+  if (ranks_on_host > cores) return {2, 200};
+  return {300, 2000};
 }
 
 void signal_store(Signal& s, uint32_t v) {
@@ -47,11 +54,16 @@ void signal_bump(Signal& s) {
 }
 
 void signal_wait(Signal& s, uint32_t target, const SpinPolicy& spin, const std::function<void()>& poll) {
-  for (int i = 0; i < spin.spins; ++i) {
+  if (reached(s.value.load(std::memory_order_acquire), target)) return;
+  const auto t0 = Clock::now();
+  const auto spin_end = t0 + std::chrono::microseconds(spin.spin_us);
+  const auto yield_end = spin_end + std::chrono::microseconds(spin.yield_us);
+  for (int i = 1;; ++i) {
     if (reached(s.value.load(std::memory_order_acquire), target)) return;
     MT_CPU_RELAX();
+    if ((i & 63) == 0 && Clock::now() >= spin_end) break;
   }
-  for (int i = 0; i < spin.yields; ++i) {
+  while (Clock::now() < yield_end) {
     if (reached(s.value.load(std::memory_order_acquire), target)) return;
     sched_yield();
   }

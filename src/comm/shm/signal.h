@@ -20,11 +20,14 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 using Clock = std::chrono::steady_clock;
 
-// How long to spin before sleeping. Oversubscribed jobs (more ranks than cores) spin only briefly: the peer
-// cannot run until we give up the core.
+// How long to wait actively before sleeping. Spinning is by time, not by count: a pause instruction costs
+// very different amounts on different CPUs and hypervisors. After the spin, sched_yield() lets a peer that
+// shares our core run; then FUTEX_WAIT. On a busy VM a futex wake-up took ~100 us, so when ranks have cores
+// of their own the spin covers that. Oversubscribed jobs (more ranks than cores) spin only briefly: the
+// peer cannot run until we give up the core.
 struct SpinPolicy {
-  int spins = 4000;  // ~100 us of pause instructions
-  int yields = 0;    // sched_yield() rounds before sleeping
+  int spin_us = 300;
+  int yield_us = 2000;
 };
 SpinPolicy spin_policy_for(int ranks_on_host);
 
