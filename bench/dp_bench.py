@@ -29,11 +29,11 @@ def write_shard(path, n):
         f.write(hdr.tobytes() + toks.tobytes())
 
 
-def meshtrain(args, work, nproc, zero, steps, tag):
+def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK):
     summary = os.path.join(work, f"summary_{tag}.json")
     metrics = os.path.join(work, f"metrics_{tag}.jsonl")
     cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
-           "--batch-size", str(PER_RANK * nproc), "--steps", str(steps), "--nproc", str(nproc), "--zero", str(zero),
+           "--batch-size", str(per_rank * nproc), "--steps", str(steps), "--nproc", str(nproc), "--zero", str(zero),
            "--threads", "1", "--weight-decay", "0.1", "--quiet", "--summary", summary, "--metrics", metrics]
     for k, v in SHAPE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
@@ -41,7 +41,7 @@ def meshtrain(args, work, nproc, zero, steps, tag):
     rows = [json.loads(l) for l in open(metrics)]
     times = sorted(r["step_time_s"] for r in rows[2:])  # first two steps are warm-up
     s = json.load(open(summary))
-    s["tokens_per_s_median"] = PER_RANK * nproc * T / times[len(times) // 2]
+    s["tokens_per_s_median"] = per_rank * nproc * T / times[len(times) // 2] if times else 0
     return s
 
 
@@ -57,44 +57,59 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", default=os.path.join(HERE, "..", "build", "meshtrain"))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-speed", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mt_dp_bench_")
     write_shard(os.path.join(work, "data.bin"), PER_RANK * 4 * T * (args.steps + 1) + 1)
 
     print(f"gpt-bench, {PER_RANK} sequences x {T} tokens per rank, 1 thread per rank, {args.steps} steps "
-          f"(median of steps after 2 warm-up)\n")
-    res = {"dp1": meshtrain(args, work, 1, 0, args.steps, "dp1")}
-    for z in range(4):
-        res[f"dp2_z{z}"] = meshtrain(args, work, 2, z, args.steps, f"dp2_z{z}")
-    print(f"{'run':<22}{'tokens/s':>12}")
-    for k, v in res.items():
-        print(f"{'meshtrain ' + k:<22}{v['tokens_per_s_median']:>12.0f}")
-    base = res["dp1"]["tokens_per_s_median"]
-    z0 = res["dp2_z0"]["tokens_per_s_median"]
-    print(f"\nscaling dp=2 / dp=1 (ZeRO 0): {z0 / base:.2f}x   (goal >= 1.85x)")
-    for z in (1, 2, 3):
-        cost = z0 / res[f"dp2_z{z}"]["tokens_per_s_median"] - 1
-        goal = "<= 5%" if z < 3 else "<= 15%"
-        print(f"ZeRO {z} cost over ZeRO 0 at dp=2: {100 * cost:+.1f}%   (goal {goal})")
-    if not args.no_torch:
-        t1, t2 = torch_peer(args, 1), torch_peer(args, 2)
-        print(f"\nPyTorch world 1: {t1['tokens_per_s']:.0f} tokens/s; DDP world 2: {t2['tokens_per_s']:.0f} tokens/s "
-              f"(scaling {t2['tokens_per_s'] / t1['tokens_per_s']:.2f}x)")
-        print(f"meshtrain dp=2 / PyTorch DDP: {z0 / t2['tokens_per_s']:.2f}x   (goal >= 1.4x)")
+          f"(median of steps after 2 warm-up, best of --repeats runs)\n")
+    if not args.no_speed:
+        # Interleaved repeats, best of each: this VM's throughput drifts by tens of percent over seconds, so
+        # runs compared in a ratio should be taken close together and given the same chances.
+        res = {}
+        for rep in range(args.repeats):
+            for tag, n, z in [("dp1", 1, 0)] + [(f"dp2_z{z}", 2, z) for z in range(4)]:
+                r = meshtrain(args, work, n, z, args.steps, tag)
+                if tag not in res or r["tokens_per_s_median"] > res[tag]["tokens_per_s_median"]:
+                    res[tag] = r
+        print(f"{'run':<22}{'tokens/s':>12}")
+        for k, v in res.items():
+            print(f"{'meshtrain ' + k:<22}{v['tokens_per_s_median']:>12.0f}")
+        base = res["dp1"]["tokens_per_s_median"]
+        z0 = res["dp2_z0"]["tokens_per_s_median"]
+        print(f"\nscaling dp=2 / dp=1 (ZeRO 0): {z0 / base:.2f}x   (goal >= 1.85x)")
+        for z in (1, 2, 3):
+            cost = z0 / res[f"dp2_z{z}"]["tokens_per_s_median"] - 1
+            goal = "<= 5%" if z < 3 else "<= 15%"
+            print(f"ZeRO {z} cost over ZeRO 0 at dp=2: {100 * cost:+.1f}%   (goal {goal})")
+        if not args.no_torch:
+            t1 = max((torch_peer(args, 1) for _ in range(args.repeats)), key=lambda r: r["tokens_per_s"])
+            t2 = max((torch_peer(args, 2) for _ in range(args.repeats)), key=lambda r: r["tokens_per_s"])
+            print(f"\nPyTorch world 1: {t1['tokens_per_s']:.0f} tokens/s; DDP world 2: {t2['tokens_per_s']:.0f} tokens/s "
+                  f"(scaling {t2['tokens_per_s'] / t1['tokens_per_s']:.2f}x)")
+            print(f"meshtrain dp=2 / PyTorch DDP: {z0 / t2['tokens_per_s']:.2f}x   (goal >= 1.4x)")
     if not args.no_memory:
-        print(f"\nper-rank memory (MiB) after {3} steps; Psi = params")
-        print(f"{'N':>3}{'zero':>6}{'params':>10}{'grads':>10}{'optim':>10}{'peak RSS':>10}   ZeRO formula (p+g+o)")
+        # One sequence per rank so that model state, not activations, dominates the footprint.
+        print(f"\nper-rank memory (MiB), 1 sequence per rank, 3 steps; formula for float32 + Adam")
+        print(f"{'N':>3}{'zero':>6}{'params':>10}{'grads':>10}{'optim':>10}{'p+g+o':>10}{'formula':>10}"
+              f"{'peak RSS':>10}{'RSS - base':>12}{'formula - base':>16}")
+        base_rss = base_formula = None
         for n in (1, 2, 4):
             for z in range(4):
-                s = meshtrain(args, work, n, z, 3, f"mem_{n}_{z}")
-                psi = s["params"] * 4 / 2**20
+                s = meshtrain(args, work, n, z, 3, f"mem_{n}_{z}", per_rank=1)
+                psi = s["params"] / 2**20  # millions (Mi) of parameters: 16 Psi bytes = 16 * psi MiB
                 formula = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[z]
                 r = max(s["ranks"], key=lambda r: r["peak_rss_bytes"])
                 p, g, o = (r[k] / 2**20 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
-                print(f"{n:>3}{z:>6}{p:>10.1f}{g:>10.1f}{o:>10.1f}{r['peak_rss_bytes'] / 2**20:>10.1f}"
-                      f"   {formula:8.1f} vs {p + g + o:8.1f}")
+                rss = r["peak_rss_bytes"] / 2**20
+                if base_rss is None:
+                    base_rss, base_formula = rss, formula
+                print(f"{n:>3}{z:>6}{p:>10.1f}{g:>10.1f}{o:>10.1f}{p + g + o:>10.1f}{formula:>10.1f}{rss:>10.1f}"
+                      f"{rss - base_rss:>12.1f}{formula - base_formula:>16.1f}")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ void DataParallel::build_buckets() {
     cur->g_lo = g;
     bucket_of_[g] = (int)buckets_.size();
     size_t size = ge[cur->g_hi] - gb[g];
-    if (opt_.zero == 3 || size >= limit || g == 0) {
+    if (opt_.zero >= 2 || size >= limit || g == 0) {
       cur->begin = gb[g];
       cur->count = size;
       buckets_.push_back(cur);
@@ -247,9 +247,10 @@ void DataParallel::reduce_bucket(Bucket& b) {
     };
   }
   inflight_.push_back(p);
-  // Stages 2, 3 bound the memory of gradients in flight to two buckets beyond the one being written.
+  // Stages 2, 3 keep at most one bucket's reduction in flight besides the one being written (and the tied
+  // embedding's, whose gradient is written at both ends of the backward pass).
   if (opt_.zero >= 2)
-    while (inflight_.size() > 2) complete_oldest();
+    while (inflight_.size() > 1) complete_oldest();
 }
 
 void DataParallel::complete_oldest() {

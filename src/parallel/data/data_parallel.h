@@ -2,7 +2,7 @@
 //
 // Legend: Psi parameters (flat buffer), N = dp ranks, r = this rank, G parameter groups (layers).
 // Buckets are runs of consecutive groups in backward (readiness) order, each a contiguous range of the flat
-// buffer of about --bucket-mb; ZeRO partitions every bucket evenly (comm::shard_of), so rank r owns the
+// buffer of about --bucket-mb (stages 2 and 3: one group each, to bound the transient memory); ZeRO partitions every bucket evenly (comm::shard_of), so rank r owns the
 // same slice of each bucket and its optimizer state is the concatenation of those slices.
 //
 //   stage  params        grads                     optimizer   per step
@@ -10,8 +10,8 @@
 //                                                              gradients are final (overlaps backward)
 //   1      full  4Psi    full  4Psi (+ shard)      8Psi/N      reduce-scatter buckets, update own shard,
 //                                                              all-gather parameters
-//   2      full  4Psi    shard 4Psi/N              8Psi/N      as 1, but a bucket's full gradients exist only
-//                        (+ <= 2 buckets in flight)            from its first write to its reduce-scatter
+//   2      full  4Psi    shard 4Psi/N              8Psi/N      as 1, but a group's full gradients exist only
+//                        (+ <= 2 groups in flight)             from its first write to its reduce-scatter
 //   3      shard 4Psi/N  shard 4Psi/N              8Psi/N      as 2, and a group's full parameters are
 //                        (+ 1-2 gathered groups)               gathered before each use, the next group is
 //                                                              prefetched, and they are freed after use
