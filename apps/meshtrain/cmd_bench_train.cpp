@@ -18,6 +18,7 @@
 
 #include "apps/meshtrain/commands.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "data/token_shard.h"
 #include "model/gpt.h"
@@ -35,14 +36,6 @@ struct BenchArgs {
   std::string torch_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/torch_gpt_bench.py";
   bool no_torch = false;
 };
-
-size_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
-}
 
 struct GemmShape {
   bool ta, tb;

@@ -15,6 +15,7 @@
 #include "checkpoint/weights.h"
 #include "comm/launch.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/fs.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
@@ -71,14 +72,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t 
       n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
 }
 
-size_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
-}
-
 // Sums a few doubles across ranks (as float32, which is what comm reduces).
 void sum_across(comm::Communicator* world, double* v, int n) {
   if (!world || world->size() == 1) return;
@@ -122,13 +115,12 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     std::vector<float> full(params.size());
     std::vector<std::vector<float>> full_states;
     checkpoint::NamedFlatOut outs;
-    for (auto& [n, b] : opt->state()) full_states.emplace_back(params.size());
-    size_t k = 0;
-    for (auto& [n, b] : opt->state()) outs.push_back({n, full_states[k++].data()});
+    auto state = opt->state();
+    full_states.resize(state.size(), std::vector<float>(params.size()));
+    for (size_t k = 0; k < state.size(); k++) outs.push_back({state[k].first, full_states[k].data()});
     nlohmann::json st = checkpoint::load_checkpoint(path, params, full.data(), outs);
     engine.load_full_params(full.data());
-    k = 0;
-    for (auto& [n, b] : opt->state()) engine.load_full_state(full_states[k++].data(), b->data());
+    for (size_t k = 0; k < state.size(); k++) engine.load_full_state(full_states[k].data(), state[k].second->data());
     start = st["step"].get<int64_t>();
     MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, path, " holds a ", st.value("model", ""),
                    " model but --model is ", cfg.model);
