@@ -96,7 +96,7 @@ def main():
         # One sequence per rank so that model state, not activations, dominates the footprint.
         print(f"\nper-rank memory (MiB), 1 sequence per rank, 3 steps; formula for float32 + Adam")
         print(f"{'N':>3}{'zero':>6}{'params':>10}{'grads':>10}{'optim':>10}{'p+g+o':>10}{'formula':>10}"
-              f"{'peak RSS':>10}{'RSS - base':>12}{'formula - base':>16}")
+              f"{'transient':>10}{'peak RSS':>10}{'RSS - base':>12}{'formula - base':>16}{'+ transient':>13}")
         base_rss = base_formula = None
         for n in (1, 2, 4):
             for z in range(4):
@@ -108,8 +108,10 @@ def main():
                 rss = r["peak_rss_bytes"] / 2**20
                 if base_rss is None:
                     base_rss, base_formula = rss, formula
-                print(f"{n:>3}{z:>6}{p:>10.1f}{g:>10.1f}{o:>10.1f}{p + g + o:>10.1f}{formula:>10.1f}{rss:>10.1f}"
-                      f"{rss - base_rss:>12.1f}{formula - base_formula:>16.1f}")
+                tr = r.get("transient_bytes", 0) / 2**20
+                print(f"{n:>3}{z:>6}{p:>10.1f}{g:>10.1f}{o:>10.1f}{p + g + o:>10.1f}{formula:>10.1f}{tr:>10.1f}"
+                      f"{rss:>10.1f}{rss - base_rss:>12.1f}{formula - base_formula:>16.1f}"
+                      f"{formula - base_formula + tr:>13.1f}")
 
 
 if __name__ == "__main__":

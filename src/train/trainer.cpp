@@ -277,18 +277,20 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   sum.items_per_s = timed_steps ? (double)items_per_step * timed_steps / timed_s : 0;
   sum.flops_per_step = task->flops_per_step();
   sum.params = (int64_t)params.size();
-  double mine[5] = {(double)engine.param_bytes(), (double)engine.grad_bytes(), 0.0,
-                    (double)task->activation_bytes(per_rank), (double)peak_rss_bytes()};
+  constexpr int kF = 6;
+  double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(), 0.0,
+                     (double)task->activation_bytes(per_rank), (double)peak_rss_bytes(),
+                     (double)engine.transient_bytes()};
   for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
-  std::vector<float> all(5 * nranks), in(5);
-  for (int i = 0; i < 5; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
+  std::vector<float> all(kF * nranks), in(kF);
+  for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
   if (world && nranks > 1)
-    world->all_gather(in.data(), all.data(), 5 * nranks, comm::DType::f32);
+    world->all_gather(in.data(), all.data(), kF * nranks, comm::DType::f32);
   else
     all = in;
   for (int r = 0; r < nranks; r++) {
-    const float* v = &all[5 * r];
-    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0});
+    const float* v = &all[kF * r];
+    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0});
   }
   if (lead && !cfg.summary.empty()) {
     nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks},
@@ -300,6 +302,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                             {"grad_bytes", m.grad_bytes},
                             {"optimizer_bytes", m.optimizer_bytes},
                             {"activation_bytes", m.activation_bytes},
+                            {"transient_bytes", m.transient_bytes},
                             {"peak_rss_bytes", m.peak_rss_bytes}});
     }
     write_file_atomic(cfg.summary, j.dump(2) + "\n");
@@ -313,13 +316,13 @@ int train_main(const TrainConfig& cfg) {
     std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
                  s.items_per_s, cfg.model == "gpt" ? "tokens" : "examples");
     if (s.ranks.size() > 1 || cfg.zero > 0) {
-      std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s  (MiB)\n", "rank", "params", "grads", "optimizer",
-                   "activations", "peak RSS");
+      std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB)\n", "rank", "params", "grads", "optimizer",
+                   "transient", "activations", "peak RSS");
       for (size_t r = 0; r < s.ranks.size(); r++) {
         const RankMemory& m = s.ranks[r];
-        std::fprintf(stderr, "%6zu %12.1f %12.1f %12.1f %12.1f %12.1f\n", r, m.param_bytes / 1048576.0,
-                     m.grad_bytes / 1048576.0, m.optimizer_bytes / 1048576.0, m.activation_bytes / 1048576.0,
-                     m.peak_rss_bytes / 1048576.0);
+        std::fprintf(stderr, "%6zu %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", r, m.param_bytes / 1048576.0,
+                     m.grad_bytes / 1048576.0, m.optimizer_bytes / 1048576.0, m.transient_bytes / 1048576.0,
+                     m.activation_bytes / 1048576.0, m.peak_rss_bytes / 1048576.0);
       }
     }
   };

@@ -14,6 +14,7 @@ namespace mt::train {
 
 struct RankMemory {
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, peak_rss_bytes = 0;
+  double transient_bytes = 0;  // ZeRO 2/3 bucket and gathered-parameter buffers
 };
 
 struct TrainSummary {

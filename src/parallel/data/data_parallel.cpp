@@ -187,6 +187,7 @@ AlignedBuffer DataParallel::acquire(size_t count) {
       return b;
     }
   }
+  pooled_bytes_ += count * sizeof(float);
   return AlignedBuffer(count);
 }
 

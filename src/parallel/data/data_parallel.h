@@ -83,6 +83,9 @@ class DataParallel : public nn::ParamHooks {
   // Bytes this rank holds persistently for parameters and gradients (transient bucket buffers excluded).
   size_t param_bytes() const;
   size_t grad_bytes() const;
+  // Bytes of the transient buffers (stages 2, 3: gradient buckets in flight, gathered parameters), which
+  // are pooled: the most this rank ever held at once.
+  size_t transient_bytes() const { return pooled_bytes_; }
 
   void before_forward(int group) override;
   void after_forward(int group) override;
@@ -119,6 +122,7 @@ class DataParallel : public nn::ParamHooks {
   AlignedBuffer gshard_, pshard_;  // stages 2-3: gradient shard; stage 3: parameter shard
   std::vector<Pending*> inflight_;
   std::vector<AlignedBuffer> pool_;  // freed bucket buffers: reused instead of fresh pages every step
+  size_t pooled_bytes_ = 0;          // everything acquire() ever allocated (live or in the pool)
   trace::ChromeTrace* trace_ = nullptr;
   std::vector<double> group_t0_;
   bool last_micro_ = true;
