@@ -307,6 +307,15 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
     return;
   }
   if (opt_.zero == 3) {
+    // A gathered copy or a prefetch in flight would hold the parameters from before this update.
+    for (Bucket* b : buckets_) {
+      if (b->gather.valid()) {
+        b->gather.wait();
+        b->gather = comm::Request();
+        b->gathered = true;
+      }
+      release_params(*b);
+    }
     opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
     return;
   }
@@ -374,9 +383,9 @@ void DataParallel::before_backward(int g) {
   Bucket& b = *buckets_[bucket_of_[g]];
   if (opt_.zero == 3) {
     ensure_gathered(b);
-    // Backward order: group 0 (tied embedding) first, then G-1 down to 1.
-    int next = g == 0 ? (int)bucket_of_.size() - 1 : g - 1;
-    if (next >= 1 && bucket_of_[next] >= 0) start_gather(*buckets_[bucket_of_[next]]);
+    // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
+    // it is gathered by then and start_gather skips it).
+    if (g >= 1 && bucket_of_[g - 1] >= 0) start_gather(*buckets_[bucket_of_[g - 1]]);
   }
   if (opt_.zero >= 2 && b.grad.size() == 0) {
     b.grad = acquire(b.count);
