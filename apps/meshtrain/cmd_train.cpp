@@ -76,7 +76,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
-  sub->add_option("--tp", c.tp, "tensor-parallel degree (not supported yet)");
+  sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
+                  "embedding and loss); ranks = dp x tp")->capture_default_str();
   sub->add_option("--pp", c.pp, "pipeline-parallel degree (not supported yet)");
   sub->add_option("--schedule", c.schedule, "pipeline schedule (not supported yet)");
   sub->callback([cfg, quiet] {

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
+#include "comm/types.h"
 #include "nn/layers.h"
 #include "tensor/blas.h"
 
@@ -37,10 +39,25 @@ std::map<std::string, std::string> GptConfig::to_metadata() const {
           {"n_positions", std::to_string(n_positions)}};
 }
 
-Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params) : cfg_(cfg), params_(params) {
+Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp)
+    : cfg_(cfg), params_(params), tp_(tp) {
   cfg_.validate();
   const int64_t C = cfg.n_embd;
-  wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, {}, 0);
+  const int S = tp_size(), r = tp ? tp->rank() : 0;
+  MT_CHECK_INPUT(cfg.n_head % S == 0, "n_head (", cfg.n_head, ") is not divisible by --tp (", S,
+                 "): tensor parallelism splits attention by whole heads");
+  const int64_t Cs = C / S;  // this rank's channels of q, k, v and of the attention output
+  auto col = [&](int64_t width, int blocks) {
+    return S == 1 ? nn::Shard{} : nn::Shard{1, r * width, (r + 1) * width, blocks};
+  };
+  auto row = [&](int64_t height) { return S == 1 ? nn::Shard{} : nn::Shard{0, r * height, (r + 1) * height, 1}; };
+  auto vec = [&](int64_t width, int blocks) {
+    return S == 1 ? nn::Shard{} : nn::Shard{0, r * width, (r + 1) * width, blocks};
+  };
+  comm::Shard vs = comm::shard_of((size_t)cfg.vocab_size, S, r);
+  v0_ = (int64_t)vs.offset;
+  v1_ = v0_ + (int64_t)vs.count;
+  wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, S == 1 ? nn::Shard{} : nn::Shard{0, v0_, v1_, 1}, 0);
   wpe_ = &params.add("wpe.weight", {cfg.n_positions, C}, {}, 0);
   for (int l = 0; l < cfg.n_layer; l++) {
     std::string h = "h." + std::to_string(l) + ".";
@@ -48,15 +65,15 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params) : cfg_(cfg), params_(p
     LayerParams lp;
     lp.ln1_w = &params.add(h + "ln_1.weight", {C}, {}, g);
     lp.ln1_b = &params.add(h + "ln_1.bias", {C}, {}, g);
-    lp.qkv_w = &params.add(h + "attn.c_attn.weight", {C, 3 * C}, {}, g);
-    lp.qkv_b = &params.add(h + "attn.c_attn.bias", {3 * C}, {}, g);
-    lp.attproj_w = &params.add(h + "attn.c_proj.weight", {C, C}, {}, g);
+    lp.qkv_w = &params.add(h + "attn.c_attn.weight", {C, 3 * C}, col(Cs, 3), g);
+    lp.qkv_b = &params.add(h + "attn.c_attn.bias", {3 * C}, vec(Cs, 3), g);
+    lp.attproj_w = &params.add(h + "attn.c_proj.weight", {C, C}, row(Cs), g);
     lp.attproj_b = &params.add(h + "attn.c_proj.bias", {C}, {}, g);
     lp.ln2_w = &params.add(h + "ln_2.weight", {C}, {}, g);
     lp.ln2_b = &params.add(h + "ln_2.bias", {C}, {}, g);
-    lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, {}, g);
-    lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, {}, g);
-    lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, {}, g);
+    lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, col(4 * Cs, 1), g);
+    lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, vec(4 * Cs, 1), g);
+    lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, row(4 * Cs), g);
     lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
     layers_.push_back(lp);
   }
@@ -94,7 +111,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
                     float dscale, nn::ParamHooks* hooks) {
   nn::ParamHooks none;
   nn::ParamHooks& hk = hooks ? *hooks : none;
-  const int C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const int S = tp_size();
+  const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
   const int N = B * T;
   MT_ASSERT(T <= cfg_.n_positions, "T ", T, " > n_positions ", cfg_.n_positions);
 
@@ -106,7 +124,16 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
 
   float* x = store.get(mb, "x0", (size_t)N * C);
   hk.before_forward(0);  // the embeddings stay in use until the logits at the end
-  nn::embedding_forward(x, ids, wte_->data, N, C, false);
+  if (S == 1) {
+    nn::embedding_forward(x, ids, wte_->data, N, C, false);
+  } else {
+    // Vocabulary-parallel lookup: rows this rank owns, zeros elsewhere, summed over the group.
+    std::memset(x, 0, sizeof(float) * N * C);
+    for (int n = 0; n < N; n++)
+      if (ids[n] >= v0_ && ids[n] < v1_)
+        std::memcpy(x + (size_t)n * C, wte_->data + (size_t)(ids[n] - v0_) * C, sizeof(float) * C);
+    tp_sum(x, (size_t)N * C);
+  }
   nn::embedding_forward(x, pos, wpe_->data, N, C, true);
 
   for (int l = 0; l < L; l++) {
@@ -114,26 +141,26 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     float* ln1 = store.get(mb, key(l, "ln1"), (size_t)N * C);
     float* ln1_mean = store.get(mb, key(l, "ln1_mean"), N);
     float* ln1_rstd = store.get(mb, key(l, "ln1_rstd"), N);
-    float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * C);
-    float* att = store.get(mb, key(l, "att"), (size_t)B * H * T * T);
-    float* atty = store.get(mb, key(l, "atty"), (size_t)N * C);
+    float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * Cs);
+    float* att = store.get(mb, key(l, "att"), (size_t)B * Hs * T * T);
+    float* atty = store.get(mb, key(l, "atty"), (size_t)N * Cs);
     float* res2 = store.get(mb, key(l, "res2"), (size_t)N * C);
     float* ln2 = store.get(mb, key(l, "ln2"), (size_t)N * C);
     float* ln2_mean = store.get(mb, key(l, "ln2_mean"), N);
     float* ln2_rstd = store.get(mb, key(l, "ln2_rstd"), N);
-    float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * C);
-    float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * C);
+    float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * Cs);
+    float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * Cs);
     float* res3 = store.get(mb, key(l, "res3"), (size_t)N * C);
 
     hk.before_forward(1 + l);
     nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, N, C);
-    nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * C);
-    nn::attention_forward(atty, att, qkv, B, T, C, H);
-    nn::linear_forward(res2, atty, p.attproj_w->data, p.attproj_b->data, N, C, C, x);
+    nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+    nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
+    row_parallel_forward(res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
     nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, N, C);
-    nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * C);
-    nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
-    nn::linear_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, N, 4 * C, C, res2);
+    nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+    nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
+    row_parallel_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
     hk.after_forward(1 + l);
     x = res3;
   }
@@ -145,9 +172,10 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   hk.after_forward(L + 1);
   double loss = 0.0;
   if (targets) {
-    float* logits = store.get(mb, "logits", (size_t)N * V);
-    gemm(false, true, N, V, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, V);
-    loss = nn::softmax_cross_entropy(logits, targets, N, V, dscale, nullptr);
+    float* logits = store.get(mb, "logits", (size_t)N * Vl);
+    gemm(false, true, N, Vl, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, Vl);
+    loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
+                  : vocab_parallel_cross_entropy(logits, targets, N, dscale);
   }
   hk.after_forward(0);
   return loss;
@@ -156,23 +184,25 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
 void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks) {
   nn::ParamHooks none;
   nn::ParamHooks& hk = hooks ? *hooks : none;
-  const int C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const int S = tp_size();
+  const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
   const int N = B * T;
   // Scratch shared by all micro-batches (one backward runs at a time): the running gradient of the
   // residual stream and per-layer temporaries.
   const int kScratch = -1;
   float* dres = store.get(kScratch, "dres", (size_t)N * C);
   float* dln = store.get(kScratch, "dln", (size_t)N * C);
-  float* datty = store.get(kScratch, "datty", (size_t)N * C);
-  float* dqkv = store.get(kScratch, "dqkv", (size_t)N * 3 * C);
-  float* dfch = store.get(kScratch, "dfch", (size_t)N * 4 * C);
+  float* datty = store.get(kScratch, "datty", (size_t)N * Cs);
+  float* dqkv = store.get(kScratch, "dqkv", (size_t)N * 3 * Cs);
+  float* dfch = store.get(kScratch, "dfch", (size_t)N * 4 * Cs);
 
-  const float* dlogits = store.get(mb, "logits", (size_t)N * V);
+  const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
   const float* lnf = store.get(mb, "lnf", (size_t)N * C);
   const float* xL = store.get(mb, L > 0 ? key(L - 1, "res3") : std::string("x0"), (size_t)N * C);
   hk.before_backward(0);  // wte's gradient gets the logits' part now and the lookup's part at the end
-  gemm(false, false, N, C, V, 1.0f, dlogits, V, wte_->data, C, 0.0f, dln, C);
-  gemm(true, false, V, C, N, 1.0f, dlogits, V, lnf, C, 1.0f, wte_->grad, C);
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dln, C);
+  tp_sum(dln, (size_t)N * C);  // each rank holds its vocabulary rows' share of dlnf
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, lnf, C, 1.0f, wte_->grad, C);
   std::memset(dres, 0, sizeof(float) * N * C);
   hk.before_backward(L + 1);
   nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
@@ -183,34 +213,95 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     const LayerParams& p = layers_[l];
     const float* x = store.get(mb, l > 0 ? key(l - 1, "res3") : std::string("x0"), (size_t)N * C);
     const float* ln1 = store.get(mb, key(l, "ln1"), (size_t)N * C);
-    const float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * C);
-    const float* att = store.get(mb, key(l, "att"), (size_t)B * H * T * T);
-    const float* atty = store.get(mb, key(l, "atty"), (size_t)N * C);
+    const float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * Cs);
+    const float* att = store.get(mb, key(l, "att"), (size_t)B * Hs * T * T);
+    const float* atty = store.get(mb, key(l, "atty"), (size_t)N * Cs);
     const float* res2 = store.get(mb, key(l, "res2"), (size_t)N * C);
     const float* ln2 = store.get(mb, key(l, "ln2"), (size_t)N * C);
-    const float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * C);
-    const float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * C);
+    const float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * Cs);
+    const float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * Cs);
 
     hk.before_backward(1 + l);
     // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
-    nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu, p.fcproj_w->data, N, 4 * C, C);
-    nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * C);
-    nn::linear_backward(dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2, p.fc_w->data, N, C, 4 * C);
+    nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu, p.fcproj_w->data, N, 4 * Cs, C);
+    nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
+    nn::linear_backward(dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2, p.fc_w->data, N, C, 4 * Cs);
+    tp_sum(dln, (size_t)N * C);  // column-parallel: the input gradient is a sum over the group
     nn::layernorm_backward(dres, p.ln2_w->grad, p.ln2_b->grad, dln, res2, p.ln2_w->data,
                            store.get(mb, key(l, "ln2_mean"), N), store.get(mb, key(l, "ln2_rstd"), N), N, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty, p.attproj_w->data, N, C, C);
-    nn::attention_backward(dqkv, datty, qkv, att, B, T, C, H);
-    nn::linear_backward(dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1, p.qkv_w->data, N, C, 3 * C);
+    nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty, p.attproj_w->data, N, Cs, C);
+    nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
+    nn::linear_backward(dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1, p.qkv_w->data, N, C, 3 * Cs);
+    tp_sum(dln, (size_t)N * C);
     nn::layernorm_backward(dres, p.ln1_w->grad, p.ln1_b->grad, dln, x, p.ln1_w->data,
                            store.get(mb, key(l, "ln1_mean"), N), store.get(mb, key(l, "ln1_rstd"), N), N, C);
     hk.after_backward(1 + l);
   }
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
   const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", N));
-  nn::embedding_backward(wte_->grad, dres, ids, N, C);
+  if (S == 1) {
+    nn::embedding_backward(wte_->grad, dres, ids, N, C);
+  } else {
+    for (int n = 0; n < N; n++) {
+      if (ids[n] < v0_ || ids[n] >= v1_) continue;
+      float* d = wte_->grad + (size_t)(ids[n] - v0_) * C;
+      const float* g = dres + (size_t)n * C;
+      for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+  }
   nn::embedding_backward(wpe_->grad, dres, pos, N, C);
   hk.after_backward(0);
+}
+
+void Gpt::row_parallel_forward(float* out, const float* inp, const float* W, const float* b, const float* residual,
+                               int N, int Cin, int C) {
+  if (tp_size() == 1) {
+    nn::linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
+    return;
+  }
+  // out = residual + b + sum over the group of inp W (each rank holds Cin rows of the full weight).
+  nn::linear_forward(out, inp, W, nullptr, N, Cin, C);
+  tp_sum(out, (size_t)N * C);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    float* o = out + (size_t)n * C;
+    const float* r = residual + (size_t)n * C;
+    for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
+  }
+}
+
+// Softmax cross-entropy over a vocabulary split across the group, the logits never gathered: per row, the
+// group's max, then the sum of exponentials, then the target's logit (owned by one rank) are all-reduced.
+// logits[N, Vl] (this rank's columns v0..v1) becomes dlogits = (softmax - onehot) * dscale.
+double Gpt::vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale) {
+  const int Vl = (int)(v1_ - v0_);
+  std::vector<float> mx(N), se(N), xt(N, 0.0f);
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + (size_t)n * Vl;
+    float m = -INFINITY;
+    for (int j = 0; j < Vl; j++) m = std::max(m, x[j]);
+    mx[n] = m;
+  }
+  tp_->all_reduce_max(mx.data(), N);
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + (size_t)n * Vl;
+    float sum = 0.0f;
+    for (int j = 0; j < Vl; j++) sum += std::exp(x[j] - mx[n]);
+    se[n] = sum;
+    if (targets[n] >= v0_ && targets[n] < v1_) xt[n] = x[targets[n] - v0_];
+  }
+  tp_->all_reduce_sum(se.data(), N);
+  tp_->all_reduce_sum(xt.data(), N);
+  double total = 0.0;
+  for (int n = 0; n < N; n++) {
+    float lz = mx[n] + std::log(se[n]);
+    total += lz - xt[n];
+    float* x = logits + (size_t)n * Vl;
+    for (int j = 0; j < Vl; j++) x[j] = std::exp(x[j] - lz) * dscale;
+    if (targets[n] >= v0_ && targets[n] < v1_) x[targets[n] - v0_] -= dscale;
+  }
+  return total;
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {

@@ -14,6 +14,7 @@
 #include "nn/activation_store.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
+#include "nn/tensor_parallel.h"
 
 namespace mt::model {
 
@@ -32,8 +33,15 @@ struct GptConfig {
 
 class Gpt {
  public:
-  // Registers every parameter in `params` (call params.finalize() afterwards).
-  Gpt(const GptConfig& cfg, nn::ParamRegistry& params);
+  // Registers every parameter in `params` (call params.finalize() afterwards). With a tensor-parallel group
+  // of size S (tp may be null: S = 1) each rank registers its shard, Megatron-style:
+  //   c_attn (q|k|v by heads) and c_fc column-parallel: W[:, cols of my heads / my 4C/S], bias likewise;
+  //   attn.c_proj and mlp.c_proj row-parallel: W[my rows, :], bias replicated (added after the sum);
+  //   wte vocabulary-parallel: rows shard_of(V, S, r) (uneven when S does not divide V: nothing padded);
+  //   wpe and LayerNorms replicated.
+  // Per block half, forward: column GEMM, local math, row GEMM, all-reduce of the [N, C] partial sums;
+  // backward: the mirror image, all-reduce of the column GEMM's input gradient.
+  Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr);
 
   const GptConfig& config() const { return cfg_; }
 
@@ -64,8 +72,17 @@ class Gpt {
     nn::Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w,
         *fcproj_b;
   };
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  void row_parallel_forward(float* out, const float* inp, const float* W, const float* b, const float* residual,
+                            int N, int Cin, int C);
+  double vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale);
+  void tp_sum(float* buf, size_t n) {
+    if (tp_size() > 1) tp_->all_reduce_sum(buf, n);
+  }
   GptConfig cfg_;
   nn::ParamRegistry& params_;
+  nn::TensorParallelOps* tp_ = nullptr;
+  int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> layers_;
 };

@@ -7,15 +7,16 @@ namespace mt::nn {
 
 int64_t Param::full_index(size_t i) const {
   if (shard.axis < 0) return (int64_t)i;
-  // Decompose i in the local shape, shift the sharded axis by begin, recompose in the full shape.
-  int64_t idx = 0, rem = (int64_t)i, stride_local = 1;
+  // Decompose i in the local shape, map the sharded axis into the full one, recompose in the full shape.
+  int64_t idx = 0, rem = (int64_t)i;
   std::vector<int64_t> coord(local_shape.size());
   for (int d = (int)local_shape.size() - 1; d >= 0; d--) {
     coord[d] = rem % local_shape[d];
     rem /= local_shape[d];
   }
-  (void)stride_local;
-  coord[shard.axis] += shard.begin;
+  const int64_t width = shard.end - shard.begin, block = full_shape[shard.axis] / shard.blocks;
+  const int64_t c = coord[shard.axis];
+  coord[shard.axis] = (c / width) * block + shard.begin + c % width;
   for (size_t d = 0; d < full_shape.size(); d++) idx = idx * full_shape[d] + coord[d];
   return idx;
 }
@@ -29,10 +30,11 @@ Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_sha
   p.shard = shard;
   p.local_shape = p.full_shape;
   if (shard.axis >= 0) {
-    MT_ASSERT(shard.axis < (int)p.full_shape.size() && shard.begin <= shard.end &&
-                  shard.end <= p.full_shape[shard.axis],
+    MT_ASSERT(shard.axis < (int)p.full_shape.size() && shard.blocks >= 1 &&
+                  p.full_shape[shard.axis] % shard.blocks == 0 && shard.begin <= shard.end &&
+                  shard.end <= p.full_shape[shard.axis] / shard.blocks,
               "bad shard of ", name);
-    p.local_shape[shard.axis] = shard.end - shard.begin;
+    p.local_shape[shard.axis] = shard.blocks * (shard.end - shard.begin);
   }
   p.numel = 1;
   for (int64_t d : p.local_shape) p.numel *= (size_t)d;

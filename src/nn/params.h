@@ -14,10 +14,13 @@
 
 namespace mt::nn {
 
-// Which part of the full tensor this rank holds: rows [begin, end) along `axis`, or all of it (axis -1).
+// Which part of the full tensor this rank holds: indices [begin, end) along `axis`, or all of it (axis -1).
+// With blocks > 1 the axis is read as `blocks` equal blocks and the slice is taken in each of them (a fused
+// q|k|v weight split by heads: blocks = 3); the local axis is then blocks * (end - begin) long.
 struct Shard {
   int axis = -1;
   int64_t begin = 0, end = 0;
+  int blocks = 1;
 };
 
 struct Param {

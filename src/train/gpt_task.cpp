@@ -20,7 +20,7 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  explicit GptTask(const TrainConfig& cfg) : cfg_(cfg), shard_(cfg.data) {
+  GptTask(const TrainConfig& cfg, nn::TensorParallelOps* tp) : cfg_(cfg), shard_(cfg.data) {
     model::GptConfig shape = cfg.gpt;
     std::optional<SafetensorsReader> init;
     if (!cfg.init.empty()) {
@@ -48,12 +48,13 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
-    model_ = std::make_unique<model::Gpt>(shape, params_);
+    model_ = std::make_unique<model::Gpt>(shape, params_, tp);
     if (init) checkpoint::check_tensors(*init, params_);
     init_ = std::move(init);
   }
 
   nn::ParamRegistry& params() override { return params_; }
+  void declare_full(nn::ParamRegistry& full) const override { model::Gpt(model_->config(), full); }
 
   void init_param(nn::Param& p) override {
     if (init_)
@@ -128,6 +129,8 @@ class GptTask : public TrainTask {
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg) { return std::make_unique<GptTask>(cfg); }
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp) {
+  return std::make_unique<GptTask>(cfg, tp);
+}
 
 }  // namespace mt::train

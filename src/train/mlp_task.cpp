@@ -71,6 +71,7 @@ class MlpTask : public TrainTask {
   }
 
   nn::ParamRegistry& params() override { return params_; }
+  void declare_full(nn::ParamRegistry& full) const override { model::Mlp(model_->config(), full); }
 
   void init_param(nn::Param& p) override {
     if (init_)

@@ -12,6 +12,7 @@
 
 #include "nn/param_hooks.h"
 #include "nn/params.h"
+#include "nn/tensor_parallel.h"
 #include "train/train_config.h"
 
 namespace mt::train {
@@ -33,7 +34,9 @@ class TrainTask {
   virtual ~TrainTask() = default;
   // Declared parameters; the caller finalizes the registry (DataParallel does, per ZeRO stage).
   virtual nn::ParamRegistry& params() = 0;
-  // Writes p's full initial tensor (from --init, else the seeded initializer) into p.data.
+  // Declares the same model unsharded into `full` (for consolidating tensor-parallel shards into files).
+  virtual void declare_full(nn::ParamRegistry& full) const = 0;
+  // Writes p's initial tensor (from --init, else the seeded initializer; a shard its part) into p.data.
   virtual void init_param(nn::Param& p) = 0;
   // Allocates what the steps need; call after the registry is finalized.
   virtual void prepare() = 0;
@@ -53,7 +56,8 @@ class TrainTask {
   virtual std::map<std::string, std::string> metadata() const = 0;
 };
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg);
+// tp: the tensor-parallel group (null: none).
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);
 
 }  // namespace mt::train

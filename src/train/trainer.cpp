@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "core/fs.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/tensor/tp_ops.h"
 #include "tensor/blas.h"
 #include "trace/chrome_trace.h"
 #include "trace/metrics.h"
@@ -49,14 +51,20 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(grad_comm_dtype == "f32" || grad_comm_dtype == "bf16", "--grad-comm-dtype must be f32 or bf16, got '",
                  grad_comm_dtype, "'");
   auto not_yet = [](bool ok, const char* what) {
-    MT_CHECK_INPUT(ok, what, " is not supported yet (data parallelism and ZeRO are)");
+    MT_CHECK_INPUT(ok, what, " is not supported yet (data and tensor parallelism and ZeRO are)");
   };
-  not_yet(tp == 1, "--tp > 1");
   not_yet(pp == 1, "--pp > 1");
   not_yet(schedule.empty(), "--schedule");
-  const int d = dp == 0 ? world_size : dp;
-  MT_CHECK_INPUT(d == world_size, "--dp ", d, " must equal the number of ranks (", world_size,
-                 ": --nproc or mpirun -np) while tensor and pipeline parallelism are not supported");
+  MT_CHECK_INPUT(tp >= 1, "--tp must be >= 1, got ", tp);
+  if (tp > 1) {
+    MT_CHECK_INPUT(model == "gpt", "--tp ", tp, " needs --model gpt (the MLP has no tensor-parallel layers)");
+    not_yet(zero == 0, "--zero together with --tp");
+  }
+  MT_CHECK_INPUT(world_size % tp == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is not ",
+                 "divisible by --tp ", tp);
+  const int d = dp == 0 ? world_size / tp : dp;
+  MT_CHECK_INPUT(d * tp == world_size, "--dp ", d, " x --tp ", tp, " must equal the number of ranks (", world_size,
+                 ": --nproc or mpirun -np)");
   const int mbs = micro_batch_size;
   MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
   MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
@@ -83,20 +91,54 @@ void sum_across(comm::Communicator* world, double* v, int n) {
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
-  const int nranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
-  const bool lead = rank == 0;
-  cfg.validate(nranks);
+  const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
+  const bool lead = world_rank == 0;
+  cfg.validate(world_size);
   set_num_threads(cfg.threads);
-  std::unique_ptr<TrainTask> task = cfg.model == "gpt" ? make_gpt_task(cfg) : make_mlp_task(cfg);
+  // The mesh: tensor-parallel ranks adjacent (world rank = dp index * tp + tp index), then data-parallel.
+  const int tp = cfg.tp, nranks = world_size / tp, rank = world_rank / tp, tp_rank = world_rank % tp;
+  comm::Communicator* dp_group = world;
+  std::unique_ptr<comm::Communicator> tp_group, dp_split;
+  std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
+  if (tp > 1) {
+    tp_group = world->split(rank, tp_rank, "tp");
+    dp_split = world->split(tp_rank, rank, "dp");
+    dp_group = dp_split.get();
+    tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*tp_group);
+  }
+  std::unique_ptr<TrainTask> task = cfg.model == "gpt" ? make_gpt_task(cfg, tp_ops.get()) : make_mlp_task(cfg);
   nn::ParamRegistry& params = task->params();
+  // Files hold whole tensors: `full` lays them out unsharded; to_full/from_full convert this rank's flat
+  // buffers (collective over the tensor-parallel group).
+  nn::ParamRegistry full;
+  task->declare_full(full);
+  auto to_full = [&](const float* local, std::vector<float>& out) {
+    out.assign(full.size(), 0.0f);
+    for (const nn::Param& p : params.params()) {
+      const nn::Param& f = full.get(p.name);
+      if (p.shard.axis < 0) {
+        if (tp_rank == 0) std::memcpy(out.data() + f.offset, local + p.offset, sizeof(float) * p.numel);
+      } else {
+        for (size_t i = 0; i < p.numel; i++) out[f.offset + (size_t)p.full_index(i)] = local[p.offset + i];
+      }
+    }
+    if (tp > 1) tp_group->all_reduce(out.data(), out.data(), out.size(), comm::DType::f32, comm::ReduceOp::sum);
+  };
+  auto from_full = [&](const float* in, float* local) {
+    for (const nn::Param& p : params.params()) {
+      const nn::Param& f = full.get(p.name);
+      for (size_t i = 0; i < p.numel; i++)
+        local[p.offset + i] = in[f.offset + (p.shard.axis < 0 ? i : (size_t)p.full_index(i))];
+    }
+  };
   parallel::DataParallelOptions dpo;
   dpo.zero = cfg.zero;
   dpo.bucket_mb = cfg.bucket_mb;
   dpo.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
-  parallel::DataParallel engine(params, world, dpo);
+  parallel::DataParallel engine(params, dp_group, dpo);
   trace::ChromeTrace tracer;
   if (!cfg.trace.empty()) {
-    tracer.enable(rank);
+    tracer.enable(world_rank);
     engine.set_trace(&tracer);
   }
   engine.initialize([&](nn::Param& p) { task->init_param(p); });
@@ -112,15 +154,19 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   int64_t start = 0;
   if (!cfg.resume.empty()) {
     std::string path = checkpoint::resolve_checkpoint(cfg.resume);
-    std::vector<float> full(params.size());
-    std::vector<std::vector<float>> full_states;
+    std::vector<float> whole(full.size()), local(params.size());
+    std::vector<std::vector<float>> whole_states;
     checkpoint::NamedFlatOut outs;
     auto state = opt->state();
-    full_states.resize(state.size(), std::vector<float>(params.size()));
-    for (size_t k = 0; k < state.size(); k++) outs.push_back({state[k].first, full_states[k].data()});
-    nlohmann::json st = checkpoint::load_checkpoint(path, params, full.data(), outs);
-    engine.load_full_params(full.data());
-    for (size_t k = 0; k < state.size(); k++) engine.load_full_state(full_states[k].data(), state[k].second->data());
+    whole_states.resize(state.size(), std::vector<float>(full.size()));
+    for (size_t k = 0; k < state.size(); k++) outs.push_back({state[k].first, whole_states[k].data()});
+    nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs);
+    from_full(whole.data(), local.data());
+    engine.load_full_params(local.data());
+    for (size_t k = 0; k < state.size(); k++) {
+      from_full(whole_states[k].data(), local.data());
+      engine.load_full_state(local.data(), state[k].second->data());
+    }
     start = st["step"].get<int64_t>();
     MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, path, " holds a ", st.value("model", ""),
                    " model but --model is ", cfg.model);
@@ -135,22 +181,28 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
   if (!checkpoints.empty())
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
-  if (nranks > 1)
-    progress.message(str("training on ", nranks, " ranks (", world->backend(), "), data-parallel, ZeRO stage ",
-                         cfg.zero, ", ", per_rank, " of ", B, " windows per rank"));
+  if (world_size > 1)
+    progress.message(str("training on ", world_size, " ranks (", world->backend(), "): data-parallel ", nranks,
+                         " x tensor-parallel ", tp, ", ZeRO stage ", cfg.zero, ", ", per_rank, " of ", B,
+                         " windows per data-parallel rank"));
 
   // Collective: every rank gathers what it shards; rank 0 writes.
-  std::vector<float> full_params;
+  std::vector<float> full_params, scratch;
+  auto gather_params = [&]() {
+    engine.full_params(scratch);
+    to_full(scratch.data(), full_params);
+  };
   auto gather_state = [&](std::vector<std::vector<float>>& states, checkpoint::NamedFlat& named) {
     auto st = opt->state();
     states.resize(st.size());
     for (size_t k = 0; k < st.size(); k++) {
-      engine.full_state(st[k].second->data(), states[k]);
+      engine.full_state(st[k].second->data(), scratch);
+      to_full(scratch.data(), states[k]);
       named.push_back({st[k].first, states[k].data()});
     }
   };
   auto save_ckpt = [&](int64_t next_step) {
-    engine.full_params(full_params);
+    gather_params();
     std::vector<std::vector<float>> states;
     checkpoint::NamedFlat named;
     gather_state(states, named);
@@ -159,9 +211,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                          {"seed", cfg.seed},          {"batch_size", cfg.batch_size},
                          {"seq_len", cfg.seq_len},    {"data", cfg.data},
                          {"data_position", next_step * items_per_step},
-                         {"dp", nranks},              {"zero", cfg.zero},
+                         {"dp", nranks},              {"tp", tp},                {"zero", cfg.zero},
                          {"rng", {{"seed", cfg.seed}, {"counter", 0}}}};
-    std::string path = checkpoint::save_checkpoint(cfg.checkpoint_dir, next_step, params, full_params.data(), named,
+    std::string path = checkpoint::save_checkpoint(cfg.checkpoint_dir, next_step, full, full_params.data(), named,
                                                    metadata, st, cfg.keep_checkpoints);
     checkpoints.push_back({next_step, path});
   };
@@ -178,9 +230,21 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     engine.begin_step();
     double loss = task->forward_backward(s, first, per_rank, hooks);
     engine.finish_backward();
-    sum_across(world, &loss, 1);
+    sum_across(dp_group, &loss, 1);  // tensor-parallel peers hold the same loss
     loss /= (double)items_per_step;
     double norm = engine.grad_norm();
+    if (tp > 1) {
+      // Shards add up over the group; replicated tensors (identical on every peer) count once.
+      double repl = 0;
+      for (const nn::Param& p : params.params())
+        if (p.shard.axis < 0) {
+          double n2 = optim::global_norm(p.grad, p.numel);
+          repl += n2 * n2;
+        }
+      double sq[1] = {norm * norm};
+      sum_across(tp_group.get(), sq, 1);
+      norm = std::sqrt(std::max(0.0, sq[0] - (tp - 1) * repl));
+    }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       progress.finish();
       // A checkpoint taken right before this step holds the weights that diverge now: it is not good.
@@ -221,7 +285,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     if (task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || last)) {
       EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, &engine);
       double v[3] = {ev.loss, ev.correct, ev.count};
-      sum_across(world, v, 3);
+      sum_across(dp_group, v, 3);
       double vloss = v[0] / v[2];
       row["val_loss"] = vloss;
       char buf[96];
@@ -251,21 +315,21 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   }
   progress.finish();
   if (!cfg.save.empty()) {
-    engine.full_params(full_params);
+    gather_params();
     if (lead) {
       metadata["format"] = "pt";
-      checkpoint::save_params(cfg.save, params, metadata, full_params.data());
+      checkpoint::save_params(cfg.save, full, metadata, full_params.data());
     }
   }
 
   if (!cfg.trace.empty()) {
     // Every rank writes its events next to the target; rank 0 merges them after a barrier.
-    std::string part = cfg.trace + ".rank" + std::to_string(rank);
+    std::string part = cfg.trace + ".rank" + std::to_string(world_rank);
     write_file_atomic(part, tracer.events_json());
-    if (world && nranks > 1) world->barrier();
+    if (world && world_size > 1) world->barrier();
     if (lead) {
       std::vector<std::string> bodies;
-      for (int r = 0; r < nranks; r++) {
+      for (int r = 0; r < world_size; r++) {
         std::string pr = cfg.trace + ".rank" + std::to_string(r);
         bodies.push_back(read_file(pr));
         std::filesystem::remove(pr);
@@ -276,26 +340,26 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 
   sum.items_per_s = timed_steps ? (double)items_per_step * timed_steps / timed_s : 0;
   sum.flops_per_step = task->flops_per_step();
-  sum.params = (int64_t)params.size();
+  sum.params = (int64_t)full.size();
   constexpr int kF = 6;
   double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(), 0.0,
                      (double)task->activation_bytes(per_rank), (double)peak_rss_bytes(),
                      (double)engine.transient_bytes()};
   for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
-  std::vector<float> all(kF * nranks), in(kF);
+  std::vector<float> all(kF * world_size), in(kF);
   for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
-  if (world && nranks > 1)
-    world->all_gather(in.data(), all.data(), kF * nranks, comm::DType::f32);
+  if (world && world_size > 1)
+    world->all_gather(in.data(), all.data(), kF * world_size, comm::DType::f32);
   else
     all = in;
-  for (int r = 0; r < nranks; r++) {
+  for (int r = 0; r < world_size; r++) {
     const float* v = &all[kF * r];
     sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0});
   }
   if (lead && !cfg.summary.empty()) {
-    nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks},
+    nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks}, {"tp", tp},
                         {"params", sum.params},            {"steps", sum.steps_run}, {"final_loss", sum.final_loss}};
-    for (int r = 0; r < nranks; r++) {
+    for (int r = 0; r < world_size; r++) {
       const RankMemory& m = sum.ranks[r];
       j["ranks"].push_back({{"rank", r},
                             {"param_bytes", m.param_bytes},

@@ -103,3 +103,22 @@ TEST(GptBatch, WindowsFollowTheGlobalRuleAndWrap) {
   for (int t = 0; t < T; t++) EXPECT_EQ(in2[t], in[2 * T + t]);
   std::filesystem::remove(path);
 }
+
+// A fused q|k|v weight [2, 3*4] split by heads across 2 ranks: rank 1 owns columns 2-3 of each block.
+TEST(ParamRegistry, BlockedShardTakesTheSameSliceOfEachBlock) {
+  mt::nn::ParamRegistry full, shard;
+  full.add("w", {2, 12});
+  shard.add("w", {2, 12}, {1, 2, 4, 3});
+  full.finalize();
+  shard.finalize();
+  full.init_normal("w", 7, 1.0f);
+  shard.init_normal("w", 7, 1.0f);
+  const mt::nn::Param& p = shard.get("w");
+  ASSERT_EQ(p.local_shape, (std::vector<int64_t>{2, 6}));
+  const int cols[6] = {2, 3, 6, 7, 10, 11};
+  for (int r = 0; r < 2; r++)
+    for (int j = 0; j < 6; j++) {
+      EXPECT_EQ(p.full_index(r * 6 + j), r * 12 + cols[j]);
+      EXPECT_EQ(p.data[r * 6 + j], full.get("w").data[r * 12 + cols[j]]);
+    }
+}

@@ -1,0 +1,25 @@
+// nn::TensorParallelOps over a communicator (the tensor-parallel group of the mesh).
+#pragma once
+
+#include "comm/communicator.h"
+#include "nn/tensor_parallel.h"
+
+namespace mt::parallel {
+
+class CommTensorParallelOps : public nn::TensorParallelOps {
+ public:
+  explicit CommTensorParallelOps(comm::Communicator& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  void all_reduce_sum(float* buf, size_t count) override {
+    group_.all_reduce(buf, buf, count, comm::DType::f32, comm::ReduceOp::sum);
+  }
+  void all_reduce_max(float* buf, size_t count) override {
+    group_.all_reduce(buf, buf, count, comm::DType::f32, comm::ReduceOp::max);
+  }
+
+ private:
+  comm::Communicator& group_;
+};
+
+}  // namespace mt::parallel
