@@ -18,22 +18,28 @@ namespace mt::train {
 
 namespace {
 
+}  // namespace
+
+model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init) {
+  if (init) return checkpoint::gpt_config_from_file(*init, cfg.gpt);
+  model::GptConfig shape = cfg.gpt;
+  if (!shape.n_layer) shape.n_layer = 4;
+  if (!shape.n_head) shape.n_head = 4;
+  if (!shape.n_embd) shape.n_embd = 128;
+  if (!shape.vocab_size) shape.vocab_size = 256;
+  if (!shape.n_positions) shape.n_positions = std::max(256, cfg.seq_len);
+  shape.validate();
+  return shape;
+}
+
+namespace {
+
 class GptTask : public TrainTask {
  public:
   GptTask(const TrainConfig& cfg, nn::TensorParallelOps* tp) : cfg_(cfg), shard_(cfg.data) {
-    model::GptConfig shape = cfg.gpt;
     std::optional<SafetensorsReader> init;
-    if (!cfg.init.empty()) {
-      init.emplace(cfg.init);
-      shape = checkpoint::gpt_config_from_file(*init, cfg.gpt);
-    } else {
-      if (!shape.n_layer) shape.n_layer = 4;
-      if (!shape.n_head) shape.n_head = 4;
-      if (!shape.n_embd) shape.n_embd = 128;
-      if (!shape.vocab_size) shape.vocab_size = 256;
-      if (!shape.n_positions) shape.n_positions = std::max(256, cfg.seq_len);
-      shape.validate();
-    }
+    if (!cfg.init.empty()) init.emplace(cfg.init);
+    model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
     B_ = cfg.batch_size;
     T_ = cfg.seq_len;
     MT_CHECK_INPUT(T_ <= shape.n_positions, "--seq-len ", T_, " exceeds the model's n_positions ",

@@ -15,6 +15,10 @@
 #include "nn/tensor_parallel.h"
 #include "train/train_config.h"
 
+namespace mt {
+class SafetensorsReader;
+}
+
 namespace mt::train {
 
 // Sums over the evaluated items (the trainer adds them across ranks, then divides).
@@ -56,6 +60,9 @@ class TrainTask {
   virtual std::map<std::string, std::string> metadata() const = 0;
 };
 
+// The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
+// defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
+model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init);
 // tp: the tensor-parallel group (null: none).
 std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);

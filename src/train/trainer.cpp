@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "comm/launch.h"
 #include "core/error.h"
@@ -398,7 +400,17 @@ int train_main(const TrainConfig& cfg) {
     report(run_training(cfg, nullptr));
     return 0;
   }
-  if (!comm::under_mpirun()) cfg.validate(cfg.nproc);  // one message from the parent, not one per rank
+  if (!comm::under_mpirun()) {
+    // One message from the parent, not one per rank.
+    cfg.validate(cfg.nproc);
+    if (cfg.model == "gpt" && cfg.tp > 1) {
+      std::optional<SafetensorsReader> init;
+      if (!cfg.init.empty()) init.emplace(cfg.init);
+      const int heads = gpt_shape(cfg, init ? &*init : nullptr).n_head;
+      MT_CHECK_INPUT(heads % cfg.tp == 0, "n_head (", heads, ") is not divisible by --tp (", cfg.tp,
+                     "): tensor parallelism splits attention by whole heads");
+    }
+  }
   return comm::launch(lo, [&](comm::Communicator& world) {
     TrainSummary s = run_training(cfg, &world);
     if (world.rank() == 0) report(s);

@@ -223,8 +223,8 @@ TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
 }
 
 TEST_F(BadInput, ParallelFlagsNotSupportedYet) {
-  // --nproc and --zero work since data parallelism landed; tensor and pipeline parallelism do not yet.
-  const std::vector<std::pair<std::string, std::string>> cases = {{"--tp", "2"}, {"--pp", "2"}, {"--schedule", "1f1b"}};
+  // --nproc, --zero and --tp work since data and tensor parallelism landed; pipeline parallelism does not yet.
+  const std::vector<std::pair<std::string, std::string>> cases = {{"--pp", "2"}, {"--schedule", "1f1b"}};
   for (auto& [flag, value] : cases) {
     SCOPED_TRACE(flag);
     RunResult r = run_meshtrain(gpt_args(good_shard_, {flag, value}));
@@ -232,6 +232,17 @@ TEST_F(BadInput, ParallelFlagsNotSupportedYet) {
     EXPECT_ERR_HAS(r, "not supported yet");
     EXPECT_ERR_HAS(r, flag);
   }
+}
+
+TEST_F(BadInput, TensorParallelDegreeMustDivideRanksAndHeads) {
+  RunResult r = run_meshtrain(gpt_args(good_shard_, {"--tp", "2"}));  // one rank
+  expect_error(r);
+  EXPECT_ERR_HAS(r, "--tp 2");
+  EXPECT_ERR_HAS(r, "not divisible");
+  // The tiny GPT has 2 heads: 3 tensor-parallel ranks cannot split them.
+  RunResult h = run_meshtrain(gpt_args(good_shard_, {"--nproc", "3", "--tp", "3"}));
+  expect_error(h);
+  EXPECT_ERR_HAS(h, "n_head (2) is not divisible by --tp (3)");
 }
 
 class BadMlpInput : public BadInput {
