@@ -256,7 +256,7 @@ def compare_steps(got: Sequence[dict], want: Sequence[dict], checks: Checks, lab
     return worst_loss, worst_gn
 
 
-def load_saved(path: str, checks: Checks, label: str) -> Optional[Dict[str, np.ndarray]]:
+def load_saved(path: str, checks: Checks, label: str, cfg=CFG) -> Optional[Dict[str, np.ndarray]]:
     """A --save file as {name: float32 array}: must be float32 safetensors with exactly the parameters of
     CFG (HF GPT-2 names, full shapes: one consolidated file whatever the layout), or None after a failure."""
     if not checks.check(os.path.isfile(path), f"{label}: --save file {path} was not written"):
@@ -268,7 +268,7 @@ def load_saved(path: str, checks: Checks, label: str) -> Optional[Dict[str, np.n
         checks.check(False, f"{label}: --save file {path} is not valid safetensors: {e}")
         return None
     tensors = ref.normalize_names(tensors)
-    want = dict(ref.param_shapes(CFG))
+    want = dict(ref.param_shapes(cfg))
     problems = [f"{n} missing" for n in want if n not in tensors]
     problems += [f"{n} unexpected" for n in tensors if n not in want]
     problems += [f"{n} is {entries.get(n, entries.get('transformer.' + n, {})).get('dtype')} "
@@ -280,14 +280,14 @@ def load_saved(path: str, checks: Checks, label: str) -> Optional[Dict[str, np.n
     return tensors
 
 
-def weight_diffs(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray]) -> Tuple[float, str, float]:
+def weight_diffs(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], cfg=CFG) -> Tuple[float, str, float]:
     """Returns (worst max-abs diff over all weights except the key slice of each attn.c_attn.bias, the
     tensor where it is, worst max-abs diff over those key slices). Non-finite values count as inf.
     Why the key-bias slice [C, 2C) is apart: its true gradient is exactly zero (softmax ignores a constant
     added to every score of a query), so its float32 gradient is rounding noise that depends on the
     summation order, and Adam turns noise into steps of up to ~lr. Two correct layouts can therefore
     drift apart there by up to sum(lr) (see test_gpt_parity.py); nothing else can observe that slice."""
-    C = CFG.n_embd
+    C = cfg.n_embd
     worst, where, worst_k = 0.0, "", 0.0
     for name, w in want.items():
         err = np.abs(got[name].astype(np.float64) - w.astype(np.float64))
