@@ -6,7 +6,8 @@ namespace mt::optim {
 
 std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
   std::vector<Segment> segs;
-  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay});
+  int i = 0;
+  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay, i++});
   return segs;
 }
 

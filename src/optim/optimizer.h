@@ -25,6 +25,7 @@ struct Segment {
   size_t state = 0;
   size_t count = 0;
   bool decay = false;
+  int tensor = -1;  // index of the parameter in the registry (for per-tensor statistics)
 };
 
 // One segment per registered tensor, in registry order (all offsets the flat offset).

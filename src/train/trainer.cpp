@@ -60,7 +60,6 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(tp >= 1, "--tp must be >= 1, got ", tp);
   if (tp > 1) {
     MT_CHECK_INPUT(model == "gpt", "--tp ", tp, " needs --model gpt (the MLP has no tensor-parallel layers)");
-    not_yet(zero == 0, "--zero together with --tp");
   }
   MT_CHECK_INPUT(world_size % tp == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is not ",
                  "divisible by --tp ", tp);
@@ -220,6 +219,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     checkpoints.push_back({next_step, path});
   };
 
+  std::vector<bool> replicated;  // per registry tensor: the same on every tensor-parallel peer
+  for (const nn::Param& p : params.params()) replicated.push_back(p.shard.axis < 0);
+
   StepHooks hooks;
   hooks.params = &engine;
   hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
@@ -234,16 +236,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     engine.finish_backward();
     sum_across(dp_group, &loss, 1);  // tensor-parallel peers hold the same loss
     loss /= (double)items_per_step;
-    double norm = engine.grad_norm();
-    if (tp > 1) {
-      // Shards add up over the group; replicated tensors (identical on every peer) count once.
-      double repl = 0;
-      for (const nn::Param& p : params.params())
-        if (p.shard.axis < 0) {
-          double n2 = optim::global_norm(p.grad, p.numel);
-          repl += n2 * n2;
-        }
-      double sq[1] = {norm * norm};
+    double norm;
+    if (tp == 1) {
+      norm = engine.grad_norm();
+    } else {
+      // Shards add up over the tensor-parallel group; replicated tensors (identical on every peer) count once.
+      auto [all, repl] = engine.grad_sq(replicated);
+      double sq[1] = {all};
       sum_across(tp_group.get(), sq, 1);
       norm = std::sqrt(std::max(0.0, sq[0] - (tp - 1) * repl));
     }

@@ -102,12 +102,14 @@ void DataParallel::build_buckets() {
     return;
   }
   // Segments in flat order of parameters; each parameter may span several buckets' shards.
+  int index = -1;
   for (const nn::Param& p : params_.params()) {
+    index++;
     for (Bucket* b : buckets_) {
       size_t lo = std::max(p.offset, b->begin + b->so), hi = std::min(p.offset + p.numel, b->begin + b->so + b->sc);
       if (lo >= hi) continue;
       size_t shard = b->pos + (lo - (b->begin + b->so));
-      segments_.push_back({opt_.zero == 3 ? shard : lo, opt_.zero == 1 ? lo : shard, shard, hi - lo, p.decay});
+      segments_.push_back({opt_.zero == 3 ? shard : lo, opt_.zero == 1 ? lo : shard, shard, hi - lo, p.decay, index});
     }
   }
 }
@@ -278,21 +280,25 @@ void DataParallel::for_each_owned_grad(const std::function<void(float*, size_t)>
   }
 }
 
-double DataParallel::grad_norm() {
-  double sq = 0;
-  for_each_owned_grad([&](float* g, size_t n) {
-    double part = optim::global_norm(g, n);
-    sq += part * part;
-  });
-  if (opt_.zero == 0) return std::sqrt(sq);  // every rank holds the whole reduced gradient
-  if (dp_ && n_ > 1) {
-    // The partial sums of squares cross ranks as float32 (comm reduces f32): ~1e-7 relative on the norm.
-    float part = (float)sq, total = 0;
-    dp_->all_reduce(&part, &total, 1, comm::DType::f32, comm::ReduceOp::sum);
-    sq = total;
+std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged) {
+  const float* g = opt_.zero <= 1 ? params_.grad() : gshard_.data();
+  double total = 0, part = 0;
+  for (const optim::Segment& sg : segments_) {
+    double n = optim::global_norm(g + sg.grad, sg.count);
+    total += n * n;
+    if (!flagged.empty() && flagged[sg.tensor]) part += n * n;
   }
-  return std::sqrt(sq);
+  if (opt_.zero > 0 && dp_ && n_ > 1) {
+    // Owned slices add up over the group (float32 partial sums: ~1e-7 relative on the norm).
+    float v[2] = {(float)total, (float)part};
+    dp_->all_reduce(v, v, 2, comm::DType::f32, comm::ReduceOp::sum);
+    total = v[0];
+    part = v[1];
+  }
+  return {total, part};
 }
+
+double DataParallel::grad_norm() { return std::sqrt(grad_sq({}).first); }
 
 void DataParallel::scale_grads(float factor) {
   for_each_owned_grad([&](float* g, size_t n) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -71,6 +72,9 @@ class DataParallel : public nn::ParamHooks {
   void finish_backward();
   // Global L2 norm of the reduced gradient, each parameter element counted once.
   double grad_norm();
+  // Sum of squares of the reduced gradient over the whole data-parallel group, and the part of it that
+  // falls on the parameters flagged (by registry index; e.g. those replicated across tensor-parallel peers).
+  std::pair<double, double> grad_sq(const std::vector<bool>& flagged);
   void scale_grads(float factor);
   void update(optim::Optimizer& opt, float lr, int64_t step);
 
