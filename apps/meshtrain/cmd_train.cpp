@@ -31,6 +31,9 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
   sub->add_option("--micro-batch-size", c.micro_batch_size,
                   "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)");
+  sub->add_flag("--recompute", c.recompute,
+                "GPT: keep only each block's input and recompute the block during backward (less activation memory, "
+                "about one more forward of compute; same results)");
   sub->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
   sub->add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")->capture_default_str();
   sub->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();

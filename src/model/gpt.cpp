@@ -107,6 +107,33 @@ namespace {
 std::string key(int l, const char* what) { return "h" + std::to_string(l) + "." + what; }
 }  // namespace
 
+void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B,
+                        int T) {
+  const int S = tp_size();
+  const int C = cfg_.n_embd, Cs = C / S, Hs = cfg_.n_head / S, N = B * T;
+  const LayerParams& p = layers_[l];
+  float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)N * C);
+  float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), N);
+  float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), N);
+  float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
+  float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
+  float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
+  float* res2 = store.get(smb, key(slot, "res2"), (size_t)N * C);
+  float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)N * C);
+  float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), N);
+  float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), N);
+  float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+  float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
+  nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, N, C);
+  nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+  nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
+  row_parallel_forward(res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
+  nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, N, C);
+  nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
+  row_parallel_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
+}
+
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
                     float dscale, nn::ParamHooks* hooks) {
   nn::ParamHooks none;
@@ -137,30 +164,11 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   nn::embedding_forward(x, pos, wpe_->data, N, C, true);
 
   for (int l = 0; l < L; l++) {
-    const LayerParams& p = layers_[l];
-    float* ln1 = store.get(mb, key(l, "ln1"), (size_t)N * C);
-    float* ln1_mean = store.get(mb, key(l, "ln1_mean"), N);
-    float* ln1_rstd = store.get(mb, key(l, "ln1_rstd"), N);
-    float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * Cs);
-    float* att = store.get(mb, key(l, "att"), (size_t)B * Hs * T * T);
-    float* atty = store.get(mb, key(l, "atty"), (size_t)N * Cs);
-    float* res2 = store.get(mb, key(l, "res2"), (size_t)N * C);
-    float* ln2 = store.get(mb, key(l, "ln2"), (size_t)N * C);
-    float* ln2_mean = store.get(mb, key(l, "ln2_mean"), N);
-    float* ln2_rstd = store.get(mb, key(l, "ln2_rstd"), N);
-    float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * Cs);
-    float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * Cs);
     float* res3 = store.get(mb, key(l, "res3"), (size_t)N * C);
-
     hk.before_forward(1 + l);
-    nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, N, C);
-    nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
-    nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
-    row_parallel_forward(res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
-    nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, N, C);
-    nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
-    nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
-    row_parallel_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
+    // With recomputation the block's intermediates go to one scratch set shared by all layers (rebuilt in
+    // backward); only the block's output (the next block's input) is kept per layer.
+    block_forward(store, recompute_ ? kScratchMb : mb, recompute_ ? -1 : l, l, x, res3, B, T);
     hk.after_forward(1 + l);
     x = res3;
   }
@@ -189,7 +197,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const int N = B * T;
   // Scratch shared by all micro-batches (one backward runs at a time): the running gradient of the
   // residual stream and per-layer temporaries.
-  const int kScratch = -1;
+  const int kScratch = kScratchMb;
   float* dres = store.get(kScratch, "dres", (size_t)N * C);
   float* dln = store.get(kScratch, "dln", (size_t)N * C);
   float* datty = store.get(kScratch, "datty", (size_t)N * Cs);
@@ -211,31 +219,33 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
 
   for (int l = L - 1; l >= 0; l--) {
     const LayerParams& p = layers_[l];
+    hk.before_backward(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
     const float* x = store.get(mb, l > 0 ? key(l - 1, "res3") : std::string("x0"), (size_t)N * C);
-    const float* ln1 = store.get(mb, key(l, "ln1"), (size_t)N * C);
-    const float* qkv = store.get(mb, key(l, "qkv"), (size_t)N * 3 * Cs);
-    const float* att = store.get(mb, key(l, "att"), (size_t)B * Hs * T * T);
-    const float* atty = store.get(mb, key(l, "atty"), (size_t)N * Cs);
-    const float* res2 = store.get(mb, key(l, "res2"), (size_t)N * C);
-    const float* ln2 = store.get(mb, key(l, "ln2"), (size_t)N * C);
-    const float* fch = store.get(mb, key(l, "fch"), (size_t)N * 4 * Cs);
-    const float* fch_gelu = store.get(mb, key(l, "fch_gelu"), (size_t)N * 4 * Cs);
+    const int smb = recompute_ ? kScratchMb : mb, slot = recompute_ ? -1 : l;
+    if (recompute_) block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)N * C), B, T);
+    const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)N * C);
+    const float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
+    const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
+    const float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
+    const float* res2 = store.get(smb, key(slot, "res2"), (size_t)N * C);
+    const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)N * C);
+    const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+    const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
 
-    hk.before_backward(1 + l);
     // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
     nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu, p.fcproj_w->data, N, 4 * Cs, C);
     nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
     nn::linear_backward(dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2, p.fc_w->data, N, C, 4 * Cs);
     tp_sum(dln, (size_t)N * C);  // column-parallel: the input gradient is a sum over the group
     nn::layernorm_backward(dres, p.ln2_w->grad, p.ln2_b->grad, dln, res2, p.ln2_w->data,
-                           store.get(mb, key(l, "ln2_mean"), N), store.get(mb, key(l, "ln2_rstd"), N), N, C);
+                           store.get(smb, key(slot, "ln2_mean"), N), store.get(smb, key(slot, "ln2_rstd"), N), N, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
     nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty, p.attproj_w->data, N, Cs, C);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
     nn::linear_backward(dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1, p.qkv_w->data, N, C, 3 * Cs);
     tp_sum(dln, (size_t)N * C);
     nn::layernorm_backward(dres, p.ln1_w->grad, p.ln1_b->grad, dln, x, p.ln1_w->data,
-                           store.get(mb, key(l, "ln1_mean"), N), store.get(mb, key(l, "ln1_rstd"), N), N, C);
+                           store.get(smb, key(slot, "ln1_mean"), N), store.get(smb, key(slot, "ln1_rstd"), N), N, C);
     hk.after_backward(1 + l);
   }
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
@@ -313,11 +323,13 @@ void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* o
 }
 
 size_t Gpt::activation_bytes(int B, int T) const {
-  const size_t C = cfg_.n_embd, N = (size_t)B * T;
-  size_t per_layer = N * C * 5 /*ln1 atty res2 ln2 res3*/ + N * 3 * C + N * 4 * C * 2 + (size_t)B * cfg_.n_head * T * T +
-                     4 * N /*means, rstds*/;
-  size_t total = N * C /*x0*/ + 2 * N /*ids, pos*/ + cfg_.n_layer * per_layer + N * C + 2 * N /*lnf*/ +
-                 N * cfg_.vocab_size /*logits*/;
+  // This rank's share under tensor parallelism: heads, MLP width and vocabulary rows are split.
+  const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T;
+  const size_t block = N * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
+                       (size_t)B * (cfg_.n_head / S) * T * T + 4 * N /*means, rstds*/;
+  const size_t kept_per_layer = N * C /*res3, the next block's input*/ + (recompute_ ? 0 : block);
+  size_t total = N * C /*x0*/ + 2 * N /*ids, pos*/ + cfg_.n_layer * kept_per_layer + (recompute_ ? block : 0) +
+                 N * C + 2 * N /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   return total * sizeof(float);
 }
 

@@ -64,6 +64,10 @@ class Gpt {
   // After forward without targets: out[B,V] = logits of the last position of each sequence.
   void logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out);
 
+  // Activation recomputation: forward keeps only each block's input per micro-batch; backward recomputes
+  // the block's intermediates (into one scratch set) just before its gradients. Same results bit for bit.
+  void set_recompute(bool on) { recompute_ = on; }
+
   // Bytes of activations backward needs for a micro-batch of B x T (what forward keeps in the store).
   size_t activation_bytes(int B, int T) const;
 
@@ -72,7 +76,10 @@ class Gpt {
     nn::Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w,
         *fcproj_b;
   };
+  static constexpr int kScratchMb = -1;  // store slot shared by all micro-batches (one backward at a time)
   int tp_size() const { return tp_ ? tp_->size() : 1; }
+  // One transformer block from input x to output res3, intermediates under (smb, "h{slot}.*").
+  void block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B, int T);
   void row_parallel_forward(float* out, const float* inp, const float* W, const float* b, const float* residual,
                             int N, int Cin, int C);
   double vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale);
@@ -82,6 +89,7 @@ class Gpt {
   GptConfig cfg_;
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;
+  bool recompute_ = false;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> layers_;

@@ -55,6 +55,7 @@ class GptTask : public TrainTask {
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
     model_ = std::make_unique<model::Gpt>(shape, params_, tp);
+    model_->set_recompute(cfg.recompute);
     if (init) checkpoint::check_tensors(*init, params_);
     init_ = std::move(init);
   }
