@@ -9,6 +9,7 @@ namespace mt::cli {
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_simulate_command(CLI::App& app);
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 
