@@ -69,7 +69,7 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)")->capture_default_str();
   sub->add_option("--comm-timeout", c.comm_timeout, "seconds any communication may wait before failing")
       ->capture_default_str();
-  sub->add_option("--dp", c.dp, "data-parallel degree (default: all ranks)");
+  sub->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)");
   sub->add_option("--zero", c.zero,
                   "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
