@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_reference as ref  # noqa: E402
-from parity_harness import Checks, Run, rel_diff, single_thread_env  # noqa: E402
+from parity_harness import Checks, Run, read_metrics, rel_diff, single_thread_env  # noqa: E402
 from test_gpt_parity import INIT_STD, markov_tokens  # noqa: E402
 
 CFG = ref.GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
@@ -188,42 +188,8 @@ def failure_text(r: Run, what: str) -> str:
 
 
 def read_metrics_range(path: str, first: int, end: int, checks: Checks, label: str) -> Optional[List[dict]]:
-    """The records of steps first..end-1 from a JSONL metrics file, or None after recording a failure when
-    the file is missing or malformed, or its steps are not exactly that range (fewer rows than steps is a
-    failure, so a run that stopped early cannot pass). loss, lr, grad_norm, tokens_per_s must be finite."""
-    if not checks.check(os.path.isfile(path), f"{label}: metrics file {path} was not written"):
-        return None
-    recs: Dict[int, dict] = {}
-    bad = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad.append(f"line {n} is not JSON ({e})")
-                continue
-            if not isinstance(obj, dict) or "step" not in obj:
-                continue  # a summary line or similar: not a step record
-            s = obj["step"]
-            if not isinstance(s, int) or isinstance(s, bool) or s in recs:
-                bad.append(f"line {n}: step {s!r} is not an integer or appears twice")
-            else:
-                recs[s] = obj
-    want = list(range(first, end))
-    if not checks.check(not bad and sorted(recs) == want,
-                        f"{label}: metrics file {path} has steps {sorted(recs)[:8]}"
-                        f"{'...' if len(recs) > 8 else ''} ({len(recs)} rows), expected exactly "
-                        f"{first}..{end - 1}" + (f"; {'; '.join(bad[:3])}" if bad else "")):
-        return None
-    bad = [f"step {s}: {key} = {recs[s].get(key)!r}" for s in want
-           for key in ("loss", "lr", "grad_norm", "tokens_per_s")
-           if not (isinstance(recs[s].get(key), (int, float)) and not isinstance(recs[s].get(key), bool)
-                   and math.isfinite(recs[s].get(key)))]
-    if not checks.check(not bad, f"{label}: metrics file {path}: not a finite number: {'; '.join(bad[:4])}"):
-        return None
-    return [recs[s] for s in want]
+    """The records of steps first..end-1 (parity_harness.read_metrics over a range, messages labelled)."""
+    return read_metrics(path, end, checks, first=first, label=label)
 
 
 def compare_steps(got: Sequence[dict], want: Sequence[dict], checks: Checks, label: str,

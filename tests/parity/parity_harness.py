@@ -106,12 +106,17 @@ class Checks:
         sys.exit(0)
 
 
-def read_metrics(path: str, steps: int, checks: Checks) -> Optional[List[dict]]:
-    """Parses the JSONL metrics file; returns the records of steps 0..steps-1 in order, or None (after
-    recording a failure) when the file is missing, malformed, or lacks or repeats a step. Lines without
-    a "step" key (a summary, say) are reported and skipped."""
+def read_metrics(path: str, steps: int, checks: Checks, first: int = 0, label: str = "") -> Optional[List[dict]]:
+    """Parses the JSONL metrics file; returns the records of steps first..steps-1 in order, or None (after
+    recording a failure) when the file is missing, malformed, or lacks or repeats a step (fewer rows than
+    steps is a failure, so a run that stopped early cannot pass). Lines without a "step" key (a summary,
+    say) are reported and skipped. loss, lr, grad_norm, tokens_per_s must be finite, tokens_per_s > 0."""
+    if label:
+        path_label = f"{label}: metrics file {path}"
+    else:
+        path_label = f"metrics file {path}"
     if not os.path.exists(path):
-        checks.check(False, f"metrics file {path} was not written")
+        checks.check(False, f"{path_label} was not written")
         return None
     records, bad = {}, []
     with open(path) as f:
@@ -136,20 +141,20 @@ def read_metrics(path: str, steps: int, checks: Checks) -> Optional[List[dict]]:
                 bad.append(f"line {n}: step {s} appears twice")
             else:
                 records[s] = obj
-    if not checks.check(not bad, f"metrics file {path}: " + "; ".join(bad[:5])):
+    if not checks.check(not bad, f"{path_label}: " + "; ".join(bad[:5])):
         return None
-    want = list(range(steps))
+    want = list(range(first, steps))
     if not checks.check(sorted(records) == want,
-                        f"metrics file {path} has steps {sorted(records)[:10]}{'...' if len(records) > 10 else ''}"
-                        f" ({len(records)} records), expected exactly 0..{steps - 1}"):
+                        f"{path_label} has steps {sorted(records)[:10]}{'...' if len(records) > 10 else ''}"
+                        f" ({len(records)} records), expected exactly {first}..{steps - 1}"):
         return None
     for s in want:
         for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
             v = records[s].get(key)
             if not checks.check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-                                f"metrics step {s}: {key} = {v!r} is not a finite number"):
+                                f"{path_label}: step {s}: {key} = {v!r} is not a finite number"):
                 return None
-        checks.check(records[s]["tokens_per_s"] > 0, f"metrics step {s}: tokens_per_s "
+        checks.check(records[s]["tokens_per_s"] > 0, f"{path_label}: step {s}: tokens_per_s "
                      f"{records[s]['tokens_per_s']} is not positive")
     return [records[s] for s in want]
 
