@@ -39,9 +39,13 @@ std::map<std::string, std::string> GptConfig::to_metadata() const {
           {"n_positions", std::to_string(n_positions)}};
 }
 
-Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp)
+Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp, StageRange stage)
     : cfg_(cfg), params_(params), tp_(tp) {
   cfg_.validate();
+  begin_ = stage.begin;
+  end_ = stage.end < 0 ? cfg.n_layer : stage.end;
+  MT_CHECK_INPUT(0 <= begin_ && begin_ <= end_ && end_ <= cfg.n_layer, "a pipeline stage of blocks [", begin_,
+                 ", ", end_, ") does not fit a model of ", cfg.n_layer, " layers");
   const int64_t C = cfg.n_embd;
   const int S = tp_size(), r = tp ? tp->rank() : 0;
   MT_CHECK_INPUT(cfg.n_head % S == 0, "n_head (", cfg.n_head, ") is not divisible by --tp (", S,
@@ -57,9 +61,13 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
   comm::Shard vs = comm::shard_of((size_t)cfg.vocab_size, S, r);
   v0_ = (int64_t)vs.offset;
   v1_ = v0_ + (int64_t)vs.count;
-  wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, S == 1 ? nn::Shard{} : nn::Shard{0, v0_, v1_, 1}, 0);
-  wpe_ = &params.add("wpe.weight", {cfg.n_positions, C}, {}, 0);
-  for (int l = 0; l < cfg.n_layer; l++) {
+  const nn::Shard wte_shard = S == 1 ? nn::Shard{} : nn::Shard{0, v0_, v1_, 1};
+  if (first_stage()) {
+    wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, 0);
+    wpe_ = &params.add("wpe.weight", {cfg.n_positions, C}, {}, 0);
+  }
+  layers_.resize(cfg.n_layer);
+  for (int l = begin_; l < end_; l++) {
     std::string h = "h." + std::to_string(l) + ".";
     const int g = 1 + l;
     LayerParams lp;
@@ -75,10 +83,13 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
     lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, vec(4 * Cs, 1), g);
     lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, row(4 * Cs), g);
     lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
-    layers_.push_back(lp);
+    layers_[l] = lp;
   }
-  lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
-  lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
+  if (last_stage()) {
+    lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
+    lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
+    if (!first_stage()) wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
+  }
 }
 
 void Gpt::init_gpt2(uint64_t seed) {
@@ -135,7 +146,7 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
 }
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                    float dscale, nn::ParamHooks* hooks) {
+                    float dscale, nn::ParamHooks* hooks, const float* stage_input) {
   nn::ParamHooks none;
   nn::ParamHooks& hk = hooks ? *hooks : none;
   const int S = tp_size();
@@ -143,13 +154,14 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   const int N = B * T;
   MT_ASSERT(T <= cfg_.n_positions, "T ", T, " > n_positions ", cfg_.n_positions);
 
+  float* x = store.get(mb, "x0", (size_t)N * C);
+  if (first_stage()) {
   // Token ids are kept (as raw int32 bits in a float buffer) for the embedding backward.
   auto* ids = reinterpret_cast<int32_t*>(store.get(mb, "ids", N));
   std::memcpy(ids, inputs, sizeof(int32_t) * N);
   auto* pos = reinterpret_cast<int32_t*>(store.get(mb, "pos", N));
   for (int n = 0; n < N; n++) pos[n] = n % T;
 
-  float* x = store.get(mb, "x0", (size_t)N * C);
   hk.before_forward(0);  // the embeddings stay in use until the logits at the end
   if (S == 1) {
     nn::embedding_forward(x, ids, wte_->data, N, C, false);
@@ -162,8 +174,12 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     tp_sum(x, (size_t)N * C);
   }
   nn::embedding_forward(x, pos, wpe_->data, N, C, true);
+  } else {
+    MT_ASSERT(stage_input, "a stage after the first needs its input activation");
+    std::memcpy(x, stage_input, sizeof(float) * N * C);
+  }
 
-  for (int l = 0; l < L; l++) {
+  for (int l = begin_; l < end_; l++) {
     float* res3 = store.get(mb, key(l, "res3"), (size_t)N * C);
     hk.before_forward(1 + l);
     // With recomputation the block's intermediates go to one scratch set shared by all layers (rebuilt in
@@ -172,24 +188,35 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     hk.after_forward(1 + l);
     x = res3;
   }
+  double loss = 0.0;
+  if (last_stage()) {
   float* lnf = store.get(mb, "lnf", (size_t)N * C);
   float* lnf_mean = store.get(mb, "lnf_mean", N);
   float* lnf_rstd = store.get(mb, "lnf_rstd", N);
   hk.before_forward(L + 1);
   nn::layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnf_w_->data, lnf_b_->data, N, C);
-  hk.after_forward(L + 1);
-  double loss = 0.0;
+  if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
     gemm(false, true, N, Vl, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : vocab_parallel_cross_entropy(logits, targets, N, dscale);
   }
-  hk.after_forward(0);
+  if (!first_stage()) hk.after_forward(L + 1);
+  }
+  if (first_stage()) hk.after_forward(0);
   return loss;
 }
 
-void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks) {
+const float* Gpt::stage_output(nn::ActivationStore& store, int mb, int B, int T) {
+  return store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)B * T * cfg_.n_embd);
+}
+
+const float* Gpt::stage_input_grad(nn::ActivationStore& store, int B, int T) {
+  return store.get(kScratchMb, "dres", (size_t)B * T * cfg_.n_embd);
+}
+
+void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout) {
   nn::ParamHooks none;
   nn::ParamHooks& hk = hooks ? *hooks : none;
   const int S = tp_size();
@@ -204,23 +231,29 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   float* dqkv = store.get(kScratch, "dqkv", (size_t)N * 3 * Cs);
   float* dfch = store.get(kScratch, "dfch", (size_t)N * 4 * Cs);
 
+  if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
+  if (last_stage()) {
   const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
   const float* lnf = store.get(mb, "lnf", (size_t)N * C);
-  const float* xL = store.get(mb, L > 0 ? key(L - 1, "res3") : std::string("x0"), (size_t)N * C);
-  hk.before_backward(0);  // wte's gradient gets the logits' part now and the lookup's part at the end
+  const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)N * C);
+  if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
   gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dln, C);
   tp_sum(dln, (size_t)N * C);  // each rank holds its vocabulary rows' share of dlnf
   gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, lnf, C, 1.0f, wte_->grad, C);
   std::memset(dres, 0, sizeof(float) * N * C);
-  hk.before_backward(L + 1);
+  if (first_stage()) hk.before_backward(L + 1);
   nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
                          store.get(mb, "lnf_rstd", N), N, C);
   hk.after_backward(L + 1);
+  } else {
+    MT_ASSERT(dout, "a stage before the last needs the gradient of its output");
+    std::memcpy(dres, dout, sizeof(float) * N * C);
+  }
 
-  for (int l = L - 1; l >= 0; l--) {
+  for (int l = end_ - 1; l >= begin_; l--) {
     const LayerParams& p = layers_[l];
     hk.before_backward(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
-    const float* x = store.get(mb, l > 0 ? key(l - 1, "res3") : std::string("x0"), (size_t)N * C);
+    const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)N * C);
     const int smb = recompute_ ? kScratchMb : mb, slot = recompute_ ? -1 : l;
     if (recompute_) block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)N * C), B, T);
     const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)N * C);
@@ -248,6 +281,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
                            store.get(smb, key(slot, "ln1_mean"), N), store.get(smb, key(slot, "ln1_rstd"), N), N, C);
     hk.after_backward(1 + l);
   }
+  if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
   const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", N));
   if (S == 1) {

@@ -31,6 +31,13 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
+// A pipeline stage of the model: blocks [begin, end), with the embeddings when begin == 0 and the final
+// LayerNorm and logits when end == n_layer (end -1: n_layer). The last stage of a split model holds its own
+// copy of the tied wte (its gradient is summed with the first stage's by the pipeline executor).
+struct StageRange {
+  int begin = 0, end = -1;
+};
+
 class Gpt {
  public:
   // Registers every parameter in `params` (call params.finalize() afterwards). With a tensor-parallel group
@@ -41,7 +48,10 @@ class Gpt {
   //   wpe and LayerNorms replicated.
   // Per block half, forward: column GEMM, local math, row GEMM, all-reduce of the [N, C] partial sums;
   // backward: the mirror image, all-reduce of the column GEMM's input gradient.
-  Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr);
+  Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {});
+
+  bool first_stage() const { return begin_ == 0; }
+  bool last_stage() const { return end_ == cfg_.n_layer; }
 
   const GptConfig& config() const { return cfg_; }
 
@@ -57,10 +67,17 @@ class Gpt {
   // With targets: returns the summed cross-entropy over the N targets and leaves dlogits = dloss * dscale
   // in the store for backward (dscale = 1 / tokens in the global batch makes the gradient that of the
   // global mean). Without targets: stops after the final LayerNorm (for logits_last) and returns 0.
+  // A stage that is not the first takes its input activation [B*T, C] in stage_input instead of token ids
+  // (inputs may then be null); a stage that is not the last returns 0 and leaves stage_output().
   double forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                 float dscale, nn::ParamHooks* hooks = nullptr);
-  // Accumulates parameter gradients for micro-batch mb (forward must have run with targets).
-  void backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr);
+                 float dscale, nn::ParamHooks* hooks = nullptr, const float* stage_input = nullptr);
+  // Accumulates parameter gradients for micro-batch mb (forward must have run with targets). A stage that
+  // is not the last takes the gradient of its output in dout; one that is not the first leaves the
+  // gradient of its input in stage_input_grad() (valid until the next backward).
+  void backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr,
+                const float* dout = nullptr);
+  const float* stage_output(nn::ActivationStore& store, int mb, int B, int T);
+  const float* stage_input_grad(nn::ActivationStore& store, int B, int T);
   // After forward without targets: out[B,V] = logits of the last position of each sequence.
   void logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out);
 
@@ -90,6 +107,7 @@ class Gpt {
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
+  int begin_ = 0, end_ = 0;  // this stage's blocks
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> layers_;

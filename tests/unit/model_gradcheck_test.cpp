@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include <memory>
+
 #include "model/gpt.h"
 #include "model/mlp.h"
 #include "nn/activation_store.h"
@@ -126,5 +128,69 @@ TEST(ModelShape, RejectsIndivisibleHeads) {
     FAIL() << "expected an InputError";
   } catch (const mt::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("n_embd (16) is not divisible by n_head (3)"), std::string::npos) << e.what();
+  }
+}
+
+// Pipeline stages chained by hand (forward: stage output -> next stage input; backward: input gradient ->
+// previous stage's dout) give the full model's loss and gradients; the tied wte's gradient is the sum of
+// the first stage's (lookup) and the last stage's (logits) parts.
+TEST(ModelStages, ChainedStagesEqualTheFullModel) {
+  mt::model::GptConfig cfg{4, 2, 16, 23, 12};
+  const int B = 2, T = 9;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; i++) {
+    in[i] = (i * 7 + 3) % cfg.vocab_size;
+    tg[i] = (i * 5 + 1) % cfg.vocab_size;
+  }
+  const float dscale = 1.0f / (B * T);
+  mt::nn::ParamRegistry full_params;
+  mt::model::Gpt full(cfg, full_params);
+  full_params.finalize();
+  full.init_gpt2(5);
+  mt::nn::ActivationStore fs;
+  double full_loss = full.forward(fs, 0, in.data(), tg.data(), B, T, dscale);
+  full.backward(fs, 0, B, T);
+
+  // Three stages: blocks [0,1) with the embeddings, [1,3), [3,4) with the head.
+  const std::vector<mt::model::StageRange> ranges = {{0, 1}, {1, 3}, {3, 4}};
+  std::vector<std::unique_ptr<mt::nn::ParamRegistry>> regs;
+  std::vector<std::unique_ptr<mt::model::Gpt>> stages;
+  std::vector<mt::nn::ActivationStore> stores(ranges.size());
+  for (auto r : ranges) {
+    regs.push_back(std::make_unique<mt::nn::ParamRegistry>());
+    stages.push_back(std::make_unique<mt::model::Gpt>(cfg, *regs.back(), nullptr, r));
+    regs.back()->finalize();
+    stages.back()->init_gpt2(5);  // counter-based: every stage draws the same values as the full model
+  }
+  EXPECT_TRUE(stages[0]->first_stage() && !stages[0]->last_stage());
+  EXPECT_TRUE(!stages[2]->first_stage() && stages[2]->last_stage());
+  const float* act = nullptr;
+  double loss = 0;
+  for (size_t k = 0; k < stages.size(); k++) {
+    loss = stages[k]->forward(stores[k], 0, k == 0 ? in.data() : nullptr, tg.data(), B, T, dscale, nullptr, act);
+    if (k + 1 < stages.size()) act = stages[k]->stage_output(stores[k], 0, B, T);
+  }
+  EXPECT_NEAR(loss, full_loss, 1e-9 * std::abs(full_loss));
+  std::vector<float> dout;
+  for (size_t k = stages.size(); k-- > 0;) {
+    stages[k]->backward(stores[k], 0, B, T, nullptr, dout.empty() ? nullptr : dout.data());
+    if (k > 0) {
+      const float* g = stages[k]->stage_input_grad(stores[k], B, T);
+      dout.assign(g, g + (size_t)B * T * cfg.n_embd);
+    }
+  }
+  for (const mt::nn::Param& p : full_params.params()) {
+    std::vector<double> got(p.numel, 0.0);
+    int holders = 0;
+    for (auto& reg : regs) {
+      mt::nn::Param* q = reg->find(p.name);
+      if (!q) continue;
+      holders++;
+      for (size_t i = 0; i < p.numel; i++) got[i] += q->grad[i];
+    }
+    EXPECT_EQ(holders, p.name == "wte.weight" ? 2 : 1) << p.name;
+    double worst = 0;
+    for (size_t i = 0; i < p.numel; i++) worst = std::max(worst, std::abs(got[i] - p.grad[i]));
+    EXPECT_LE(worst, 1e-6) << p.name;
   }
 }
