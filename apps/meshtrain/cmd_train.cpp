@@ -81,8 +81,10 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
                   "embedding and loss); ranks = dp x tp")->capture_default_str();
-  sub->add_option("--pp", c.pp, "pipeline-parallel degree (not supported yet)");
-  sub->add_option("--schedule", c.schedule, "pipeline schedule (not supported yet)");
+  sub->add_option("--pp", c.pp, "pipeline-parallel degree: the blocks split evenly into stages; "
+                  "ranks = dp x tp x pp (pp with dp, ZeRO 0, no eval for now)")->capture_default_str();
+  sub->add_option("--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved");
+  sub->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
   sub->callback([cfg, quiet] {
     cfg->progress = !*quiet;
     int rc = train::train_main(*cfg);

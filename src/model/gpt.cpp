@@ -42,10 +42,14 @@ std::map<std::string, std::string> GptConfig::to_metadata() const {
 Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp, StageRange stage)
     : cfg_(cfg), params_(params), tp_(tp) {
   cfg_.validate();
+  stage_ = stage;
   begin_ = stage.begin;
   end_ = stage.end < 0 ? cfg.n_layer : stage.end;
   MT_CHECK_INPUT(0 <= begin_ && begin_ <= end_ && end_ <= cfg.n_layer, "a pipeline stage of blocks [", begin_,
                  ", ", end_, ") does not fit a model of ", cfg.n_layer, " layers");
+  MT_ASSERT(stage.count >= 1 && stage.index >= 0 && stage.index < stage.count);
+  MT_ASSERT(stage.index > 0 || begin_ == 0, "the first stage starts at block 0");
+  MT_ASSERT(stage.index < stage.count - 1 || end_ == cfg.n_layer, "the last stage ends at the last block");
   const int64_t C = cfg.n_embd;
   const int S = tp_size(), r = tp ? tp->rank() : 0;
   MT_CHECK_INPUT(cfg.n_head % S == 0, "n_head (", cfg.n_head, ") is not divisible by --tp (", S,

@@ -31,11 +31,13 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
-// A pipeline stage of the model: blocks [begin, end), with the embeddings when begin == 0 and the final
-// LayerNorm and logits when end == n_layer (end -1: n_layer). The last stage of a split model holds its own
-// copy of the tied wte (its gradient is summed with the first stage's by the pipeline executor).
+// A pipeline stage of the model: blocks [begin, end) (end -1: n_layer), stage `index` of `count`; the first
+// stage holds the embeddings, the last the final LayerNorm and logits (a stage may hold no blocks). The last
+// stage of a split model holds its own copy of the tied wte (its gradient is summed with the first stage's
+// by the trainer).
 struct StageRange {
   int begin = 0, end = -1;
+  int index = 0, count = 1;
 };
 
 class Gpt {
@@ -50,8 +52,8 @@ class Gpt {
   // backward: the mirror image, all-reduce of the column GEMM's input gradient.
   Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {});
 
-  bool first_stage() const { return begin_ == 0; }
-  bool last_stage() const { return end_ == cfg_.n_layer; }
+  bool first_stage() const { return stage_.index == 0; }
+  bool last_stage() const { return stage_.index == stage_.count - 1; }
 
   const GptConfig& config() const { return cfg_; }
 
@@ -108,6 +110,7 @@ class Gpt {
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
   int begin_ = 0, end_ = 0;  // this stage's blocks
+  StageRange stage_;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> layers_;

@@ -12,6 +12,7 @@
 #include "data/token_shard.h"
 #include "model/gpt.h"
 #include "nn/activation_store.h"
+#include "parallel/pipeline/executor.h"
 #include "train/task.h"
 
 namespace mt::train {
@@ -36,7 +37,8 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  GptTask(const TrainConfig& cfg, nn::TensorParallelOps* tp) : cfg_(cfg), shard_(cfg.data) {
+  GptTask(const TrainConfig& cfg, nn::TensorParallelOps* tp, const PipelineContext* pp)
+      : cfg_(cfg), shard_(cfg.data) {
     std::optional<SafetensorsReader> init;
     if (!cfg.init.empty()) init.emplace(cfg.init);
     model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
@@ -54,9 +56,26 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
-    model_ = std::make_unique<model::Gpt>(shape, params_, tp);
-    model_->set_recompute(cfg.recompute);
-    if (init) checkpoint::check_tensors(*init, params_);
+    if (pp && pp->stages > 1) {
+      // Chunk c of pipeline rank j is global stage c*p + j; stage s holds blocks [s L / S, (s+1) L / S).
+      pp_ = *pp;
+      const int P = pp->stages, V = pp->virtual_stages, S = P * V, L = shape.n_layer, j = pp->group->rank();
+      for (int c = 0; c < V; c++) {
+        int s = c * P + j;
+        chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{s * L / S, (s + 1) * L / S, s, S}));
+        chunks_.back()->set_recompute(cfg.recompute);
+      }
+      model_ = chunks_.front().get();
+    } else {
+      chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp));
+      chunks_.back()->set_recompute(cfg.recompute);
+      model_ = chunks_.front().get();
+    }
+    if (init) {  // against the whole model: a pipeline stage or tensor shard holds only part of it
+      nn::ParamRegistry whole;
+      model::Gpt(shape, whole);
+      checkpoint::check_tensors(*init, whole);
+    }
     init_ = std::move(init);
   }
 
@@ -72,8 +91,41 @@ class GptTask : public TrainTask {
 
   void prepare() override {}
 
+  // One pipeline rank's chunks, as the executor sees them.
+  struct Runner : pipeline::StageRunner {
+    GptTask& t;
+    int64_t step;
+    int first, mbs;
+    float dscale;
+    double loss = 0;
+    Runner(GptTask& task, int64_t s, int f, int m, float d) : t(task), step(s), first(f), mbs(m), dscale(d) {}
+    size_t activation_count() const override { return (size_t)mbs * t.T_ * t.model_->config().n_embd; }
+    const float* forward(int c, int i, const float* input) override {
+      model::Gpt& g = *t.chunks_[c];
+      const int key = i * t.pp_.virtual_stages + c;
+      t.inputs_.resize((size_t)mbs * t.T_);
+      t.targets_.resize((size_t)mbs * t.T_);
+      data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
+      loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, nullptr, input);
+      return g.last_stage() ? nullptr : g.stage_output(t.store_, key, mbs, t.T_);
+    }
+    const float* backward(int c, int i, const float* dout) override {
+      model::Gpt& g = *t.chunks_[c];
+      g.backward(t.store_, i * t.pp_.virtual_stages + c, mbs, t.T_, nullptr, dout);
+      return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
+    }
+  };
+
   double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)((int64_t)B_ * T_);
+    if (pp_.group) {
+      const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
+      pipeline::ScheduleSpec spec{pp_.schedule, pp_.stages, count / mbs, pp_.virtual_stages};
+      if (lists_.empty()) lists_ = pipeline::make_schedule(spec);
+      Runner r(*this, step, first, mbs, dscale);
+      pipeline::run_actions(spec, lists_[pp_.group->rank()], *pp_.group, r);
+      return r.loss;
+    }
     const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
     const int n_micro = (count + mbs - 1) / mbs;
     inputs_.resize((size_t)mbs * T_);
@@ -129,15 +181,19 @@ class GptTask : public TrainTask {
   int B_ = 0, T_ = 0;
   std::optional<SafetensorsReader> init_;
   nn::ParamRegistry params_;
-  std::unique_ptr<model::Gpt> model_;
+  std::vector<std::unique_ptr<model::Gpt>> chunks_;  // one, or this pipeline rank's V chunks
+  model::Gpt* model_ = nullptr;
+  PipelineContext pp_;  // group null: no pipeline
+  std::vector<std::vector<pipeline::Action>> lists_;
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
 };
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp) {
-  return std::make_unique<GptTask>(cfg, tp);
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp,
+                                         const PipelineContext* pp) {
+  return std::make_unique<GptTask>(cfg, tp, pp);
 }
 
 }  // namespace mt::train

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/communicator.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
@@ -63,8 +64,17 @@ class TrainTask {
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
 model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init);
-// tp: the tensor-parallel group (null: none).
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr);
+// The pipeline this rank is part of: its group (rank = pipeline position), schedule and chunks per rank.
+struct PipelineContext {
+  comm::Communicator* group = nullptr;
+  int stages = 1, virtual_stages = 1;
+  std::string schedule = "1f1b";
+};
+
+// tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline,
+// forward_backward runs this rank's schedule and returns the loss sum only on the last stage.
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr,
+                                         const PipelineContext* pp = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);
 
 }  // namespace mt::train

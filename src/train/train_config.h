@@ -50,7 +50,8 @@ struct TrainConfig {
 
   // Parallel layout. dp = 0: all ranks are data-parallel. tp, pp, schedule: not supported yet.
   int nproc = 1, dp = 0, tp = 1, pp = 1, zero = 0;
-  std::string schedule;
+  std::string schedule;  // gpipe | 1f1b | interleaved (default 1f1b with --pp > 1)
+  int virtual_stages = 1;
   std::string backend = "auto";  // auto | shm | mpi
   double comm_timeout = 300;
   double bucket_mb = 8;

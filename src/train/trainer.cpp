@@ -22,6 +22,7 @@
 #include "core/fs.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/tensor/tp_ops.h"
 #include "tensor/blas.h"
 #include "trace/chrome_trace.h"
@@ -55,21 +56,31 @@ void TrainConfig::validate(int world_size) const {
   auto not_yet = [](bool ok, const char* what) {
     MT_CHECK_INPUT(ok, what, " is not supported yet (data and tensor parallelism and ZeRO are)");
   };
-  not_yet(pp == 1, "--pp > 1");
-  not_yet(schedule.empty(), "--schedule");
   MT_CHECK_INPUT(tp >= 1, "--tp must be >= 1, got ", tp);
+  MT_CHECK_INPUT(pp >= 1, "--pp must be >= 1, got ", pp);
+  MT_CHECK_INPUT(schedule.empty() || pp > 1, "--schedule ", schedule, " needs --pp > 1");
+  if (pp > 1) {
+    MT_CHECK_INPUT(model == "gpt", "--pp ", pp, " needs --model gpt");
+    not_yet(tp == 1, "--pp together with --tp");
+    not_yet(zero == 0, "--pp together with --zero");
+    not_yet(eval_every == 0, "--eval-every with --pp");
+  }
   if (tp > 1) {
     MT_CHECK_INPUT(model == "gpt", "--tp ", tp, " needs --model gpt (the MLP has no tensor-parallel layers)");
   }
-  MT_CHECK_INPUT(world_size % tp == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is not ",
-                 "divisible by --tp ", tp);
-  const int d = dp == 0 ? world_size / tp : dp;
-  MT_CHECK_INPUT(d * tp == world_size, "--dp ", d, " x --tp ", tp, " must equal the number of ranks (", world_size,
-                 ": --nproc or mpirun -np)");
+  MT_CHECK_INPUT(world_size % (tp * pp) == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is ",
+                 "not divisible by --tp ", tp, " x --pp ", pp);
+  const int d = dp == 0 ? world_size / (tp * pp) : dp;
+  MT_CHECK_INPUT(d * tp * pp == world_size, "--dp ", d, " x --tp ", tp, " x --pp ", pp,
+                 " must equal the number of ranks (", world_size, ": --nproc or mpirun -np)");
   const int mbs = micro_batch_size;
   MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
   MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
                  " is not divisible by --dp ", d, " x --micro-batch-size ", mbs > 0 ? mbs : 1);
+  if (pp > 1) {
+    const int micro = mbs > 0 ? batch_size / d / mbs : 1;  // micro-batches per data-parallel rank
+    pipeline::ScheduleSpec{schedule.empty() ? "1f1b" : schedule, pp, micro, virtual_stages}.validate();
+  }
 }
 
 namespace {
@@ -97,17 +108,31 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   cfg.validate(world_size);
   set_num_threads(cfg.threads);
   // The mesh: tensor-parallel ranks adjacent (world rank = dp index * tp + tp index), then data-parallel.
-  const int tp = cfg.tp, nranks = world_size / tp, rank = world_rank / tp, tp_rank = world_rank % tp;
+  // world rank = (pp_rank * dp + rank) * tp + tp_rank; `rank` is the data-parallel index.
+  const int tp = cfg.tp, pp = cfg.pp, nranks = world_size / (tp * pp);
+  const int tp_rank = world_rank % tp, rank = (world_rank / tp) % nranks, pp_rank = world_rank / (tp * nranks);
   comm::Communicator* dp_group = world;
-  std::unique_ptr<comm::Communicator> tp_group, dp_split;
+  std::unique_ptr<comm::Communicator> tp_group, dp_split, pp_group, tie_group, mp_group;
   std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
   if (tp > 1) {
-    tp_group = world->split(rank, tp_rank, "tp");
-    dp_split = world->split(tp_rank, rank, "dp");
-    dp_group = dp_split.get();
+    tp_group = world->split(world_rank / tp, tp_rank, "tp");
     tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*tp_group);
   }
-  std::unique_ptr<TrainTask> task = cfg.model == "gpt" ? make_gpt_task(cfg, tp_ops.get()) : make_mlp_task(cfg);
+  if (tp * pp > 1) {
+    dp_split = world->split(pp_rank * tp + tp_rank, rank, "dp");
+    dp_group = dp_split.get();
+    // Everything that holds one model replica: files are assembled over it.
+    mp_group = world->split(rank, pp_rank * tp + tp_rank, "mp");
+  }
+  PipelineContext pctx;
+  if (pp > 1) {
+    pp_group = world->split(rank * tp + tp_rank, pp_rank, "pp");
+    // First and last stage of a replica hold the tied wte: their gradients are summed.
+    tie_group = world->split(pp_rank == 0 || pp_rank == pp - 1 ? rank * tp + tp_rank : -1, pp_rank, "tie");
+    pctx = {pp_group.get(), pp, cfg.virtual_stages, cfg.schedule.empty() ? "1f1b" : cfg.schedule};
+  }
+  std::unique_ptr<TrainTask> task =
+      cfg.model == "gpt" ? make_gpt_task(cfg, tp_ops.get(), pp > 1 ? &pctx : nullptr) : make_mlp_task(cfg);
   nn::ParamRegistry& params = task->params();
   // Files hold whole tensors: `full` lays them out unsharded; to_full/from_full convert this rank's flat
   // buffers (collective over the tensor-parallel group).
@@ -117,13 +142,14 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     out.assign(full.size(), 0.0f);
     for (const nn::Param& p : params.params()) {
       const nn::Param& f = full.get(p.name);
+      if (p.name == "wte.weight" && pp_rank != 0) continue;  // the last stage's tied copy
       if (p.shard.axis < 0) {
         if (tp_rank == 0) std::memcpy(out.data() + f.offset, local + p.offset, sizeof(float) * p.numel);
       } else {
         for (size_t i = 0; i < p.numel; i++) out[f.offset + (size_t)p.full_index(i)] = local[p.offset + i];
       }
     }
-    if (tp > 1) tp_group->all_reduce(out.data(), out.data(), out.size(), comm::DType::f32, comm::ReduceOp::sum);
+    if (mp_group) mp_group->all_reduce(out.data(), out.data(), out.size(), comm::DType::f32, comm::ReduceOp::sum);
   };
   auto from_full = [&](const float* in, float* local) {
     for (const nn::Param& p : params.params()) {
@@ -184,8 +210,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
   if (world_size > 1)
     progress.message(str("training on ", world_size, " ranks (", world->backend(), "): data-parallel ", nranks,
-                         " x tensor-parallel ", tp, ", ZeRO stage ", cfg.zero, ", ", per_rank, " of ", B,
-                         " windows per data-parallel rank"));
+                         " x tensor-parallel ", tp, " x pipeline ", pp,
+                         pp > 1 ? " (" + pctx.schedule + ")" : std::string(), ", ZeRO stage ", cfg.zero, ", ",
+                         per_rank, " of ", B, " windows per data-parallel rank"));
 
   // Collective: every rank gathers what it shards; rank 0 writes.
   std::vector<float> full_params, scratch;
@@ -212,7 +239,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                          {"seed", cfg.seed},          {"batch_size", cfg.batch_size},
                          {"seq_len", cfg.seq_len},    {"data", cfg.data},
                          {"data_position", next_step * items_per_step},
-                         {"dp", nranks},              {"tp", tp},                {"zero", cfg.zero},
+                         {"dp", nranks},              {"tp", tp}, {"pp", pp},    {"zero", cfg.zero},
                          {"rng", {{"seed", cfg.seed}, {"counter", 0}}}};
     std::string path = checkpoint::save_checkpoint(cfg.checkpoint_dir, next_step, full, full_params.data(), named,
                                                    metadata, st, cfg.keep_checkpoints);
@@ -221,10 +248,15 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 
   std::vector<bool> replicated;  // per registry tensor: the same on every tensor-parallel peer
   for (const nn::Param& p : params.params()) replicated.push_back(p.shard.axis < 0);
+  std::vector<bool> tied_copy;  // the last pipeline stage's wte: counted by the first stage
+  nn::Param* tied = pp > 1 && (pp_rank == 0 || pp_rank == pp - 1) ? params.find("wte.weight") : nullptr;
+  for (const nn::Param& p : params.params()) tied_copy.push_back(pp > 1 && pp_rank == pp - 1 && p.name == "wte.weight");
 
   StepHooks hooks;
-  hooks.params = &engine;
-  hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
+  if (pp == 1) {  // the pipeline reduces gradients after its schedule instead of bucket by bucket
+    hooks.params = &engine;
+    hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
+  }
 
   TrainSummary sum;
   double timed_s = 0;
@@ -234,10 +266,20 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     engine.begin_step();
     double loss = task->forward_backward(s, first, per_rank, hooks);
     engine.finish_backward();
+    if (pp > 1) {
+      if (tied) tie_group->all_reduce(tied->grad, tied->grad, tied->numel, comm::DType::f32, comm::ReduceOp::sum);
+      engine.reduce_all();
+      sum_across(pp_group.get(), &loss, 1);  // only the last stage computed it
+    }
     sum_across(dp_group, &loss, 1);  // tensor-parallel peers hold the same loss
     loss /= (double)items_per_step;
     double norm;
-    if (tp == 1) {
+    if (pp > 1) {
+      auto [all, copy] = engine.grad_sq(tied_copy);
+      double sq[1] = {all - copy};
+      sum_across(pp_group.get(), sq, 1);
+      norm = std::sqrt(std::max(0.0, sq[0]));
+    } else if (tp == 1) {
       norm = engine.grad_norm();
     } else {
       // Shards add up over the tensor-parallel group; replicated tensors (identical on every peer) count once.

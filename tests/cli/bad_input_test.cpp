@@ -223,15 +223,28 @@ TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
 }
 
 TEST_F(BadInput, ParallelFlagsNotSupportedYet) {
-  // --nproc, --zero and --tp work since data and tensor parallelism landed; pipeline parallelism does not yet.
-  const std::vector<std::pair<std::string, std::string>> cases = {{"--pp", "2"}, {"--schedule", "1f1b"}};
-  for (auto& [flag, value] : cases) {
-    SCOPED_TRACE(flag);
-    RunResult r = run_meshtrain(gpt_args(good_shard_, {flag, value}));
+  // Data, tensor and pipeline parallelism work; these combinations do not yet, and say so with the flag.
+  struct Case {
+    std::vector<std::string> flags;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"--nproc", "2", "--pp", "2", "--zero", "1"}, "--zero"},
+      {{"--nproc", "4", "--pp", "2", "--tp", "2"}, "--tp"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags[2]);
+    RunResult r = run_meshtrain(gpt_args(good_shard_, c.flags));
     expect_error(r);
     EXPECT_ERR_HAS(r, "not supported yet");
-    EXPECT_ERR_HAS(r, flag);
+    EXPECT_ERR_HAS(r, c.expect);
   }
+  RunResult s = run_meshtrain(gpt_args(good_shard_, {"--schedule", "1f1b"}));
+  expect_error(s);
+  EXPECT_ERR_HAS(s, "--schedule 1f1b needs --pp > 1");
+  RunResult p = run_meshtrain(gpt_args(good_shard_, {"--pp", "2"}));  // one rank
+  expect_error(p);
+  EXPECT_ERR_HAS(p, "--pp 2");
 }
 
 TEST_F(BadInput, TensorParallelDegreeMustDivideRanksAndHeads) {

@@ -152,7 +152,7 @@ TEST(ModelStages, ChainedStagesEqualTheFullModel) {
   full.backward(fs, 0, B, T);
 
   // Three stages: blocks [0,1) with the embeddings, [1,3), [3,4) with the head.
-  const std::vector<mt::model::StageRange> ranges = {{0, 1}, {1, 3}, {3, 4}};
+  const std::vector<mt::model::StageRange> ranges = {{0, 1, 0, 3}, {1, 3, 1, 3}, {3, 4, 2, 3}};
   std::vector<std::unique_ptr<mt::nn::ParamRegistry>> regs;
   std::vector<std::unique_ptr<mt::model::Gpt>> stages;
   std::vector<mt::nn::ActivationStore> stores(ranges.size());

@@ -300,6 +300,12 @@ std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged
 
 double DataParallel::grad_norm() { return std::sqrt(grad_sq({}).first); }
 
+void DataParallel::reduce_all() {
+  MT_ASSERT(opt_.zero == 0, "reduce_all is for ZeRO 0");
+  if (dp_ && n_ > 1)
+    dp_->all_reduce(params_.grad(), params_.grad(), params_.size(), comm::DType::f32, comm::ReduceOp::sum);
+}
+
 void DataParallel::scale_grads(float factor) {
   for_each_owned_grad([&](float* g, size_t n) {
 #pragma omp parallel for simd schedule(static)

@@ -70,6 +70,8 @@ class DataParallel : public nn::ParamHooks {
   void begin_step();
   void begin_micro_batch(int index, int count);
   void finish_backward();
+  // ZeRO 0 without hooks (pipeline parallelism): all-reduce the whole gradient over the group now.
+  void reduce_all();
   // Global L2 norm of the reduced gradient, each parameter element counted once.
   double grad_norm();
   // Sum of squares of the reduced gradient over the whole data-parallel group, and the part of it that

@@ -1,0 +1,31 @@
+// Runs one rank's pipeline action list (schedule.h) for one optimizer step: receives activations and
+// gradients from the neighbouring stages (blocking, in list order), runs its chunks' forward and backward,
+// and sends (non-blocking) what the next and previous stages need. The communication rule of schedule.h
+// makes this deadlock-free; every wait has the communicator's deadline.
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mt::pipeline {
+
+// What the executor needs from the model: per (chunk, micro-batch), forward from an input activation
+// (null on global stage 0, which reads its tokens) to an output activation (returned; null on the last
+// global stage), and backward from the output's gradient (null on the last stage) to the input's gradient
+// (returned; null on stage 0). Returned pointers must stay valid until the action list finishes (forward)
+// or until the next call (backward: the executor copies it before sending).
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  virtual size_t activation_count() const = 0;  // floats in one micro-batch's activation
+  virtual const float* forward(int chunk, int micro_batch, const float* input) = 0;
+  virtual const float* backward(int chunk, int micro_batch, const float* output_grad) = 0;
+};
+
+// pp: the pipeline group (rank j = pipeline position). Messages are tagged by (kind, micro-batch, stage).
+void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
+                 StageRunner& runner);
+
+}  // namespace mt::pipeline
