@@ -1,66 +1,101 @@
-// meshtrain simulate: replays a pipeline schedule's action lists under the cost model, prints utilization
-// and bubble fraction (beside the closed form for gpipe and 1f1b), optionally the per-rank action lists,
-// and writes the swimlane diagram as SVG.
+// meshtrain simulate: replay a pipeline schedule's action lists under the simulator's cost model, print
+// utilization and bubble beside the textbook figure, optionally the lists themselves and a swimlane SVG.
+//
+//   meshtrain simulate --schedule gpipe --stages 4 --micro-batches 8                 utilization 72.7%
+//   meshtrain simulate --schedule interleaved --stages 4 --micro-batches 8 --virtual-stages 2 --svg s.svg
+//   meshtrain simulate --schedule 1f1b --stages 2 --micro-batches 3 --actions        the lists, per rank
+//
+// The lists are the ones the executor runs (pipeline::make_schedule), so what this prints is what a real
+// run should approach when forward and backward times match the cost model.
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "apps/meshtrain/commands.h"
+#include "core/error.h"
 #include "core/fs.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
 #include "trace/swimlane_svg.h"
 
 namespace mt::cli {
 
+namespace {
+
+struct SimulateArgs {
+  pipeline::ScheduleSpec spec;
+  plan::CostModel cost;
+  std::string svg;
+  bool actions = false;
+};
+
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
+std::string pct(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * x);
+  return buf;
+}
+
+void run_simulate(const SimulateArgs& a) {
+  const pipeline::ScheduleSpec& spec = a.spec;
+  const pipeline::Schedule schedule = pipeline::make_schedule(spec);  // validates
+  const plan::SimResult r = plan::simulate(spec, schedule, a.cost);
+  const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
+
+  std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p, m,
+              V, V > 1 ? "s" : "");
+  std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
+              V > 1 ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str() : "stage",
+              num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+  if (a.actions) {
+    for (int j = 0; j < p; j++) {
+      std::printf("rank %d: %s\n", j, pipeline::compute_summary(schedule[j], V).c_str());
+      for (size_t k = 0; k < schedule[j].size(); k++)
+        std::printf("  %4zu  %s\n", k, pipeline::to_string(schedule[j][k]).c_str());
+    }
+  }
+  std::printf("makespan %s\n", num(r.makespan).c_str());
+  std::printf("utilization %s (busy %s of %s)\n", pct(r.utilization).c_str(), num(r.busy).c_str(),
+              num(p * r.makespan).c_str());
+  std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
+              V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());
+  for (int j = 0; j < p; j++)
+    std::printf("rank %d: busy %s, idle %s, peak in-flight activations %d%s\n", j, num(r.busy_per_rank[j]).c_str(),
+                num(r.makespan - r.busy_per_rank[j]).c_str(), pipeline::peak_in_flight(schedule[j]),
+                V > 1 ? " (micro-batch, chunk) pairs" : "");
+  std::fflush(stdout);
+  if (!a.svg.empty()) {
+    write_file_atomic(a.svg, trace::swimlane_svg(plan::swimlane_of(spec, a.cost, r)));
+    std::fprintf(stderr, "wrote %s\n", a.svg.c_str());
+  }
+}
+
+}  // namespace
+
 void add_simulate_command(CLI::App& app) {
-  struct Args {
-    pipeline::ScheduleSpec spec{"1f1b", 4, 8, 1};
-    plan::CostModel cost;
-    std::string svg;
-    bool actions = false;
-  };
-  auto a = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand("simulate", "simulate a pipeline schedule: utilization, bubble, swimlane SVG");
-  sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved")->capture_default_str();
-  sub->add_option("--stages", a->spec.stages, "pipeline ranks p")->capture_default_str();
-  sub->add_option("--micro-batches", a->spec.micro_batches, "micro-batches m")->capture_default_str();
-  sub->add_option("--virtual-stages", a->spec.virtual_stages, "chunks per rank V (interleaved)")->capture_default_str();
-  sub->add_option("--backward-ratio", a->cost.backward_ratio, "backward time / forward time")->capture_default_str();
-  sub->add_option("--comm", a->cost.comm, "message latency, in units of one stage's forward")->capture_default_str();
-  sub->add_option("--svg", a->svg, "write the swimlane diagram here");
-  sub->add_flag("--actions", a->actions, "print each rank's action list");
-  sub->callback([a] {
-    auto lists = pipeline::make_schedule(a->spec);
-    pipeline::check_schedule(a->spec, lists);
-    plan::Simulation sim = plan::simulate(a->spec, lists, a->cost);
-    const auto& sp = a->spec;
-    std::printf("schedule %s, p=%d, m=%d, V=%d, backward/forward %.3g, comm %.3g\n", sp.name.c_str(), sp.stages,
-                sp.micro_batches, sp.virtual_stages, a->cost.backward_ratio, a->cost.comm);
-    std::printf("makespan %.4g, busy %.4g of %.4g rank-time\n", sim.makespan, sim.busy, sim.makespan * sp.stages);
-    std::printf("utilization %.1f%%, bubble fraction %.4f", 100 * sim.utilization, sim.bubble);
-    if (sp.name != "interleaved")
-      std::printf(" (closed form (p-1)/(m+p-1) = %.4f)", (double)(sp.stages - 1) / (sp.micro_batches + sp.stages - 1));
-    std::printf("\n");
-    if (a->actions) {
-      for (size_t j = 0; j < lists.size(); j++) {
-        std::printf("rank %zu:", j);
-        for (const auto& x : lists[j]) {
-          if (x.kind == pipeline::ActionKind::forward || x.kind == pipeline::ActionKind::backward)
-            std::printf(" %c%d", x.kind == pipeline::ActionKind::forward ? 'F' : 'B', x.micro_batch);
-          else
-            std::printf(" %s(%d>%d)", pipeline::action_name(x.kind), x.micro_batch, x.peer);
-          if (sp.virtual_stages > 1) std::printf(".%d", x.chunk);
-        }
-        std::printf("\n");
-      }
-    }
-    if (!a->svg.empty()) {
-      char title[160];
-      std::snprintf(title, sizeof title, "%s  p=%d m=%d V=%d  utilization %.1f%%  bubble %.3f", sp.name.c_str(),
-                    sp.stages, sp.micro_batches, sp.virtual_stages, 100 * sim.utilization, sim.bubble);
-      write_file_atomic(a->svg, trace::swimlane_svg(sim, title, sp.virtual_stages > 1));
-      std::printf("wrote %s\n", a->svg.c_str());
-    }
-  });
+  auto a = std::make_shared<SimulateArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "simulate", "replay a pipeline schedule under a cost model: utilization, bubble, swimlane SVG");
+  sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved")->required();
+  sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)")->required();
+  sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step")->required();
+  sub->add_option("--virtual-stages", a->spec.virtual_stages,
+                  "V: model chunks per rank (interleaved needs >= 2, m a multiple of p)")
+      ->capture_default_str();
+  sub->add_option("--backward-ratio", a->cost.backward_ratio, "R: backward time / forward time")
+      ->capture_default_str();
+  sub->add_option("--comm-cost", a->cost.comm,
+                  "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
+      ->capture_default_str();
+  sub->add_option("--svg", a->svg, "write the swimlane diagram here (SVG)");
+  sub->add_flag("--actions", a->actions, "print every rank's action list");
+  sub->callback([a] { run_simulate(*a); });
 }
 
 }  // namespace mt::cli

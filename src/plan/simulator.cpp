@@ -1,56 +1,86 @@
 #include "plan/simulator.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
+#include "parallel/pipeline/schedule_check.h"
 
 namespace mt::plan {
 
 using pipeline::Action;
 using pipeline::ActionKind;
 
-Simulation simulate(const pipeline::ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists,
-                    const CostModel& cost) {
-  const int p = spec.stages, V = spec.virtual_stages;
-  const double fwd = cost.forward / V, bwd = fwd * cost.backward_ratio;
-  Simulation sim;
-  sim.ranks = p;
-  std::vector<double> clock(p, 0.0);
-  std::vector<size_t> pc(p, 0);
-  // (is_grad, micro-batch, receiving global stage) -> arrival time
-  std::map<std::tuple<bool, int, int>, double> arrivals;
+SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule& schedule, const CostModel& cost) {
+  auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
+  MT_CHECK_INPUT(finite_nonneg(cost.forward) && cost.forward > 0, "simulator: forward time must be > 0, got ",
+                 cost.forward);
+  MT_CHECK_INPUT(finite_nonneg(cost.backward_ratio), "simulator: backward ratio must be >= 0, got ",
+                 cost.backward_ratio);
+  MT_CHECK_INPUT(finite_nonneg(cost.comm), "simulator: message cost must be >= 0, got ", cost.comm);
+  pipeline::check_schedule(spec, schedule);
+
+  const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
+  const double t_fwd = cost.forward / V, t_bwd = cost.backward_ratio * cost.forward / V;
+
+  // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.
+  // A message is named by its sender's end: (grad, i, from_stage).
+  const double unset = std::numeric_limits<double>::quiet_NaN();
+  const size_t n_msgs = (size_t)2 * m * p * V;
+  std::vector<double> sent_at(n_msgs, unset), posted_at(n_msgs, unset);
+  auto slot = [&](const pipeline::Message& msg) {
+    return ((size_t)msg.micro_batch * p * V + msg.from_stage) * 2 + (msg.grad ? 1 : 0);
+  };
+
+  SimResult r;
+  r.boxes.resize(p);
+  r.finish.assign(p, 0.0);
+  r.busy_per_rank.assign(p, 0.0);
+  std::vector<size_t> pc((size_t)p, 0);
+  // Each rank runs until it waits for a message not sent yet; sends never wait, so sweeping the ranks until
+  // none moves replays everything (check_schedule has shown that it ends).
   for (bool progress = true; progress;) {
     progress = false;
     for (int j = 0; j < p; j++) {
-      for (; pc[j] < lists[j].size(); pc[j]++) {
-        const Action& a = lists[j][pc[j]];
-        const int s = a.chunk * p + j;
-        if (a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad) {
-          bool grad = a.kind == ActionKind::send_grad;
-          arrivals[{grad, a.micro_batch, grad ? s - 1 : s + 1}] = clock[j] + cost.comm;
-        } else if (a.kind == ActionKind::recv_act || a.kind == ActionKind::recv_grad) {
-          auto it = arrivals.find({a.kind == ActionKind::recv_grad, a.micro_batch, s});
-          if (it == arrivals.end()) break;  // its sender has not got there yet
-          clock[j] = std::max(clock[j], it->second);
-          arrivals.erase(it);
-        } else {
-          double d = a.kind == ActionKind::forward ? fwd : bwd;
-          sim.boxes.push_back({j, a.kind, a.micro_batch, a.chunk, clock[j], clock[j] + d});
-          clock[j] += d;
-          sim.busy += d;
+      double& t = r.finish[j];
+      for (; pc[j] < schedule[j].size(); pc[j]++) {
+        const Action& a = schedule[j][pc[j]];
+        if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
+          const double d = a.kind == ActionKind::forward ? t_fwd : t_bwd;
+          r.boxes[j].push_back({t, t + d, a.kind, a.micro_batch, a.chunk});
+          r.busy_per_rank[j] += d;
+          t += d;
+        } else if (pipeline::is_send(a.kind)) {
+          sent_at[slot(pipeline::message_of(a, j, p))] = t;
+        } else if (pipeline::is_post(a.kind)) {
+          posted_at[slot(pipeline::message_of(a, j, p))] = t;
+        } else if (pipeline::is_wait(a.kind)) {
+          const size_t s = slot(pipeline::message_of(a, j, p));
+          if (std::isnan(sent_at[s])) break;
+          t = std::max(t, std::max(sent_at[s], posted_at[s]) + cost.comm);
         }
         progress = true;
       }
     }
   }
-  for (int j = 0; j < p; j++)
-    MT_REQUIRE(Error, pc[j] == lists[j].size(), "simulation deadlocked: rank ", j, " stopped at action ", pc[j]);
-  sim.makespan = *std::max_element(clock.begin(), clock.end());
-  sim.utilization = sim.makespan > 0 ? sim.busy / (p * sim.makespan) : 1.0;
-  sim.bubble = 1.0 - sim.utilization;
-  return sim;
+  for (int j = 0; j < p; j++) {
+    MT_ASSERT(pc[j] == schedule[j].size(), "rank ", j, " stuck at action ", pc[j], " after check_schedule passed");
+    r.makespan = std::max(r.makespan, r.finish[j]);
+    r.busy += r.busy_per_rank[j];
+  }
+  r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
+  r.bubble_fraction = 1.0 - r.utilization;
+  return r;
+}
+
+SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost) {
+  return simulate(spec, pipeline::make_schedule(spec), cost);
+}
+
+double theoretical_bubble(const pipeline::ScheduleSpec& spec) {
+  const double p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
+  return (p - 1) / (V * m + p - 1);
 }
 
 }  // namespace mt::plan

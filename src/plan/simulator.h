@@ -1,12 +1,21 @@
-// Replays pipeline schedules (parallel/pipeline/schedule.h) under a cost model: each rank runs its list in
-// order; a forward of one chunk takes `forward` time units, a backward `backward_ratio` times that, a
-// message arrives `comm` units after its send; a receive waits for its message. Pure computation: no
-// ranks, no communication, so it runs anywhere at once.
+// The pipeline simulator: replays the per-rank action lists of parallel/pipeline/schedule.h under a cost
+// model and reports when each computation runs, the makespan, utilization and bubble. The same lists the
+// executor runs, so the simulated bubble is the one a real run should approach. No threads, no clocks.
 //
-// Utilization = busy compute time / (p * makespan); bubble = 1 - utilization. For GPipe and 1F1B with
-// zero communication cost the bubble is (p-1)/(m+p-1) whatever the backward ratio; with p = 4 and
-// backward = 2 forward, GPipe's utilization is 3/12 = 25% at m = 1, 48/84 = 57.1% at m = 4, 96/132 = 72.7%
-// at m = 8. Interleaving V chunks (each 1/V of a stage's work) shrinks the bubble to about (p-1)/(Vm+p-1).
+// Legend: p ranks, m micro-batches, V chunks per rank, S = p V stages, F the forward time of one rank's
+// share of the model (all its chunks), R the backward / forward ratio, C the cost of one message.
+//
+// Cost model, in units of F (the defaults give the textbook cells: forward 1, backward 2 when V = 1):
+//   forward of one chunk   F / V           (a rank's layers are split evenly over its V chunks)
+//   backward of one chunk  R F / V
+//   send                   0 on the sender, which goes on at once (isend)
+//   message                arrives C after both its send is issued and its receive posted (a rendezvous:
+//                          what shm and MPI do for large tensors; with C = 0 the posting time does not matter)
+//   wait                   ends at the later of "now" and the arrival
+//   post, optimizer_step   0
+// Utilization = busy compute time over all ranks / (p * makespan); bubble fraction = 1 - utilization.
+// For gpipe and 1f1b with C = 0 this gives exactly (p - 1) / (m + p - 1) bubble; for interleaved the
+// textbook estimate is (p - 1) / (V m + p - 1) (theoretical_bubble).
 #pragma once
 
 #include <vector>
@@ -16,25 +25,37 @@
 namespace mt::plan {
 
 struct CostModel {
-  double forward = 1.0;         // one micro-batch through one whole stage (a chunk takes forward / V)
-  double backward_ratio = 2.0;  // backward time / forward time
-  double comm = 0.0;            // send-to-receive latency
+  double forward = 1.0;         // F: forward of one rank's share of the model; one chunk takes F / V
+  double backward_ratio = 2.0;  // R: backward = R * forward
+  double comm = 0.0;            // C: one activation or gradient message, posted and sent -> arrived
 };
 
+// One computation as it ran: [start, end) on its rank.
 struct Box {
-  int rank;
-  pipeline::ActionKind kind;  // forward or backward
-  int micro_batch, chunk;
-  double start, end;
+  double start = 0, end = 0;
+  pipeline::ActionKind kind = pipeline::ActionKind::forward;  // forward or backward
+  int micro_batch = -1;
+  int chunk = -1;
 };
 
-struct Simulation {
-  int ranks = 0;
-  std::vector<Box> boxes;
-  double makespan = 0, busy = 0, utilization = 0, bubble = 0;
+struct SimResult {
+  std::vector<std::vector<Box>> boxes;  // [rank][n]: compute boxes in list order
+  std::vector<double> finish;           // [rank]: when the rank's last action ends
+  std::vector<double> busy_per_rank;    // [rank]: summed box lengths
+  double makespan = 0;                  // max of finish
+  double busy = 0;                      // summed over ranks
+  double utilization = 0;               // busy / (p * makespan)
+  double bubble_fraction = 0;           // 1 - utilization
 };
 
-Simulation simulate(const pipeline::ScheduleSpec& spec, const std::vector<std::vector<pipeline::Action>>& lists,
-                    const CostModel& cost);
+// Replays `schedule` (checked first with check_schedule, so a broken list throws ScheduleError).
+// Throws mt::InputError for a cost model with negative or non-finite times or F = 0.
+SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule& schedule, const CostModel& cost);
+// make_schedule(spec), then the above.
+SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {});
+
+// (p - 1) / (V m + p - 1): the bubble of an ideal pipeline with m V equal units per rank, p - 1 of them idle at
+// each end; (p - 1) / (m + p - 1) for V = 1.
+double theoretical_bubble(const pipeline::ScheduleSpec& spec);
 
 }  // namespace mt::plan

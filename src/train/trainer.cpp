@@ -79,7 +79,7 @@ void TrainConfig::validate(int world_size) const {
                  " is not divisible by --dp ", d, " x --micro-batch-size ", mbs > 0 ? mbs : 1);
   if (pp > 1) {
     const int micro = mbs > 0 ? batch_size / d / mbs : 1;  // micro-batches per data-parallel rank
-    pipeline::ScheduleSpec{schedule.empty() ? "1f1b" : schedule, pp, micro, virtual_stages}.validate();
+    pipeline::validate({schedule.empty() ? "1f1b" : schedule, pp, micro, virtual_stages});
   }
 }
 

@@ -1,188 +1,229 @@
-// Pipeline schedules as pure functions: written-out action lists for small cases (derived by hand from each
-// schedule's definition), the simulator's utilization against the closed forms, the checker on every valid
-// (schedule, p, m, V) and on deliberately broken lists, and 1F1B's activation-memory bound.
+// Pipeline schedules (parallel/pipeline/schedule.h) against lists written out by hand from each schedule's
+// definition and the send/receive rule in the header, plus validation and activation memory.
+//
+// Legend: p stages (ranks), m micro-batches, V chunks per rank, i micro-batch, j rank, c chunk.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <memory>
+#include <algorithm>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/pipeline/schedule.h"
-#include "plan/simulator.h"
 
-using mt::pipeline::Action;
-using mt::pipeline::ActionKind;
-using mt::pipeline::ScheduleSpec;
+namespace mt::pipeline {
+// gtest prints Actions by this when a comparison fails.
+void PrintTo(const Action& a, std::ostream* os) { *os << to_string(a); }
+}  // namespace mt::pipeline
 
 namespace {
 
-// Compute actions only, as "F0 B0 ..." (chunk appended as ".c" when V > 1).
-std::string compute_string(const std::vector<Action>& list, bool chunks = false) {
-  std::string s;
-  for (const Action& a : list) {
-    if (a.kind != ActionKind::forward && a.kind != ActionKind::backward) continue;
-    if (!s.empty()) s += " ";
-    s += (a.kind == ActionKind::forward ? "F" : "B") + std::to_string(a.micro_batch);
-    if (chunks) s += "." + std::to_string(a.chunk);
-  }
-  return s;
+using namespace mt::pipeline;
+
+// The actions, short: F/B compute; SA/PA/WA send, post, wait an activation; SG/PG/WG the same for gradients.
+Action F(int i, int c = 0) { return {ActionKind::forward, i, c, -1}; }
+Action B(int i, int c = 0) { return {ActionKind::backward, i, c, -1}; }
+Action SA(int i, int c, int to) { return {ActionKind::send_act, i, c, to}; }
+Action PA(int i, int c, int from) { return {ActionKind::post_recv_act, i, c, from}; }
+Action WA(int i, int c, int from) { return {ActionKind::wait_recv_act, i, c, from}; }
+Action SG(int i, int c, int to) { return {ActionKind::send_grad, i, c, to}; }
+Action PG(int i, int c, int from) { return {ActionKind::post_recv_grad, i, c, from}; }
+Action WG(int i, int c, int from) { return {ActionKind::wait_recv_grad, i, c, from}; }
+Action STEP() { return {ActionKind::optimizer_step, -1, -1, -1}; }
+
+std::string summary(const ScheduleSpec& spec, int j) {
+  return compute_summary(make_schedule(spec)[j], spec.virtual_stages);
 }
 
-constexpr ActionKind F = ActionKind::forward, Bk = ActionKind::backward, RA = ActionKind::recv_act,
-                     SA = ActionKind::send_act, RG = ActionKind::recv_grad, SG = ActionKind::send_grad;
+// ---- Whole lists. Each block is one computation: [wait for its input] [post for the next one's input]
+// compute [send its output]. ----
 
-}  // namespace
-
-TEST(Schedule, GpipeTwoStagesTwoMicroBatchesWrittenOut) {
-  auto r = mt::pipeline::make_schedule({"gpipe", 2, 2, 1});
-  std::vector<Action> rank0 = {{F, 0, 0, -1}, {SA, 0, 0, 1}, {F, 1, 0, -1}, {SA, 1, 0, 1},
-                               {RG, 0, 0, 1}, {Bk, 0, 0, -1}, {RG, 1, 0, 1}, {Bk, 1, 0, -1}};
-  std::vector<Action> rank1 = {{RA, 0, 0, 0}, {F, 0, 0, -1}, {RA, 1, 0, 0}, {F, 1, 0, -1},
-                               {Bk, 0, 0, -1}, {SG, 0, 0, 0}, {Bk, 1, 0, -1}, {SG, 1, 0, 0}};
-  EXPECT_EQ(r[0], rank0);
-  EXPECT_EQ(r[1], rank1);
+TEST(Schedule, GpipeTwoStagesTwoMicroBatches) {
+  const Schedule s = make_schedule({"gpipe", 2, 2, 1});
+  ASSERT_EQ(s.size(), 2u);
+  // Rank 0 = stage 0: forwards need no input and send to rank 1; backwards wait for rank 1's gradient.
+  EXPECT_EQ(s[0], (std::vector<Action>{
+                      F(0), SA(0, 0, 1),                // next is F1: no input to post
+                      PG(0, 0, 1), F(1), SA(1, 0, 1),   // next is B0: post its gradient now
+                      WG(0, 0, 1), PG(1, 0, 1), B(0),   // stage 0 sends no gradient
+                      WG(1, 0, 1), B(1),                //
+                      STEP()}));
+  // Rank 1 = the last stage: forwards wait for rank 0's activations, backwards start from the local loss.
+  EXPECT_EQ(s[1], (std::vector<Action>{
+                      PA(0, 0, 0),                       // before the first computation
+                      WA(0, 0, 0), PA(1, 0, 0), F(0),    // the last stage sends no activation
+                      WA(1, 0, 0), F(1),                 // next is B0: nothing to post
+                      B(0), SG(0, 0, 0),                 //
+                      B(1), SG(1, 0, 0),                 //
+                      STEP()}));
 }
 
-TEST(Schedule, OneFOneBTwoStagesThreeMicroBatchesWrittenOut) {
-  auto r = mt::pipeline::make_schedule({"1f1b", 2, 3, 1});
-  // Rank 0 warms up with p - j - 1 = 1 forward; the last rank alternates from the start.
-  EXPECT_EQ(compute_string(r[0]), "F0 F1 B0 F2 B1 B2");
-  EXPECT_EQ(compute_string(r[1]), "F0 B0 F1 B1 F2 B2");
-  std::vector<Action> rank1 = {{RA, 0, 0, 0}, {F, 0, 0, -1}, {Bk, 0, 0, -1}, {SG, 0, 0, 0},
-                               {RA, 1, 0, 0}, {F, 1, 0, -1}, {Bk, 1, 0, -1}, {SG, 1, 0, 0},
-                               {RA, 2, 0, 0}, {F, 2, 0, -1}, {Bk, 2, 0, -1}, {SG, 2, 0, 0}};
-  EXPECT_EQ(r[1], rank1);
+TEST(Schedule, OneFOneBTwoStagesThreeMicroBatches) {
+  const Schedule s = make_schedule({"1f1b", 2, 3, 1});
+  ASSERT_EQ(s.size(), 2u);
+  // Rank 0: warm-up min(p - 0 - 1, m) = 1 forward, then F1 B0, F2 B1, then B2.
+  EXPECT_EQ(s[0], (std::vector<Action>{
+                      F(0), SA(0, 0, 1),               // next is F1: no input to post
+                      PG(0, 0, 1), F(1), SA(1, 0, 1),  // next is B0: post its gradient now
+                      WG(0, 0, 1), B(0),               // next is F2: nothing to post
+                      PG(1, 0, 1), F(2), SA(2, 0, 1),  //
+                      WG(1, 0, 1), PG(2, 0, 1), B(1),  //
+                      WG(2, 0, 1), B(2),               //
+                      STEP()}));
+  // Rank 1 (last stage): no warm-up, F0 B0 F1 B1 F2 B2; the loss is local, so backwards wait for nothing.
+  EXPECT_EQ(s[1], (std::vector<Action>{
+                      PA(0, 0, 0),                            // before the first computation
+                      WA(0, 0, 0), F(0),                      // next is B0: nothing to post
+                      PA(1, 0, 0), B(0), SG(0, 0, 0),         //
+                      WA(1, 0, 0), F(1),                      //
+                      PA(2, 0, 0), B(1), SG(1, 0, 0),         //
+                      WA(2, 0, 0), F(2),                      //
+                      B(2), SG(2, 0, 0),                      //
+                      STEP()}));
 }
 
-TEST(Schedule, InterleavedTwoStagesTwoChunksWrittenOut) {
-  // p = 2, m = 2, V = 2: forward units visit chunk 0 for micro-batches 0, 1, then chunk 1 for 0, 1;
-  // rank 0 warms up with (p-1)*2 + (V-1)*p = 4 units (all of its forwards), rank 1 with 2.
-  auto r = mt::pipeline::make_schedule({"interleaved", 2, 2, 2});
-  EXPECT_EQ(compute_string(r[0], true), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0");
-  EXPECT_EQ(compute_string(r[1], true), "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0");
-  mt::pipeline::check_schedule({"interleaved", 2, 2, 2}, r);
+TEST(Schedule, InterleavedTwoStagesTwoMicroBatchesTwoChunks) {
+  // Stages: rank 0 holds s0 (c0) and s2 (c1), rank 1 holds s1 (c0) and s3 (c1); s3 has the loss.
+  const Schedule s = make_schedule({"interleaved", 2, 2, 2});
+  ASSERT_EQ(s.size(), 2u);
+  // Rank 0: warm-up (p - 1) * 2 + (V - 1) * p = 4 = m V: all forwards (c0 of i 0, 1, then c1), then all
+  // backwards with chunks from last to first.
+  EXPECT_EQ(s[0], (std::vector<Action>{
+                      F(0, 0), SA(0, 0, 1),                            // s0 -> s1
+                      PA(0, 1, 1), F(1, 0), SA(1, 0, 1),               // next: F(0, c1) needs s1's output
+                      WA(0, 1, 1), PA(1, 1, 1), F(0, 1), SA(0, 1, 1),  // s2 -> s3
+                      WA(1, 1, 1), PG(0, 1, 1), F(1, 1), SA(1, 1, 1),  //
+                      WG(0, 1, 1), PG(1, 1, 1), B(0, 1), SG(0, 1, 1),  // s2's input gradient -> s1
+                      WG(1, 1, 1), PG(0, 0, 1), B(1, 1), SG(1, 1, 1),  //
+                      WG(0, 0, 1), PG(1, 0, 1), B(0, 0),               // s0: nothing to send
+                      WG(1, 0, 1), B(1, 0),                            //
+                      STEP()}));
+  // Rank 1: warm-up (V - 1) * p = 2 forwards, then F(0,c1) B(0,c1) F(1,c1) B(1,c1), then B(0,c0) B(1,c0).
+  EXPECT_EQ(s[1], (std::vector<Action>{
+                      PA(0, 0, 0),                                     //
+                      WA(0, 0, 0), PA(1, 0, 0), F(0, 0), SA(0, 0, 0),  // s1 -> s2 on rank 0
+                      WA(1, 0, 0), PA(0, 1, 0), F(1, 0), SA(1, 0, 0),  //
+                      WA(0, 1, 0), F(0, 1),                            // s3: the loss, next B(0, c1)
+                      PA(1, 1, 0), B(0, 1), SG(0, 1, 0),               //
+                      WA(1, 1, 0), F(1, 1),                            //
+                      PG(0, 0, 0), B(1, 1), SG(1, 1, 0),               //
+                      WG(0, 0, 0), PG(1, 0, 0), B(0, 0), SG(0, 0, 0),  //
+                      WG(1, 0, 0), B(1, 0), SG(1, 0, 0),               //
+                      STEP()}));
 }
 
-TEST(Simulator, GpipeUtilizationMatchesTheDesignNumbers) {
-  mt::plan::CostModel cost{1.0, 2.0, 0.0};
-  struct Case { int m; double util; double busy_cells, all_cells; };
-  for (Case c : {Case{1, 0.25, 12, 48}, Case{4, 48.0 / 84, 48, 84}, Case{8, 96.0 / 132, 96, 132}}) {
-    ScheduleSpec spec{"gpipe", 4, c.m, 1};
-    auto sim = mt::plan::simulate(spec, mt::pipeline::make_schedule(spec), cost);
-    EXPECT_NEAR(sim.utilization, c.util, 1e-12) << "m=" << c.m;
-    EXPECT_DOUBLE_EQ(sim.busy, c.busy_cells) << "m=" << c.m;
-    EXPECT_DOUBLE_EQ(sim.makespan * 4, c.all_cells) << "m=" << c.m;
-  }
+TEST(Schedule, SingleRankHasNoMessages) {
+  // p = 1: every stage is local, activations are handed over in memory.
+  EXPECT_EQ(make_schedule({"gpipe", 1, 2, 1})[0], (std::vector<Action>{F(0), F(1), B(0), B(1), STEP()}));
+  EXPECT_EQ(make_schedule({"1f1b", 1, 2, 1})[0], (std::vector<Action>{F(0), B(0), F(1), B(1), STEP()}));
+  // Interleaved with p = 1, V = 2: warm-up (V - 1) * p = 1, then F(0,c1) B(0,c1), ...
+  EXPECT_EQ(make_schedule({"interleaved", 1, 2, 2})[0],
+            (std::vector<Action>{F(0, 0), F(0, 1), B(0, 1), F(1, 0), B(0, 0), F(1, 1), B(1, 1), B(1, 0), STEP()}));
 }
 
-TEST(Simulator, BubbleIsClosedFormForGpipeAndOneFOneB) {
-  for (const char* name : {"gpipe", "1f1b"})
-    for (int p = 1; p <= 4; p++)
-      for (int m = 1; m <= 9; m++)
-        for (double ratio : {1.0, 2.0, 3.0}) {
-          ScheduleSpec spec{name, p, m, 1};
-          auto sim = mt::plan::simulate(spec, mt::pipeline::make_schedule(spec), {1.0, ratio, 0.0});
-          EXPECT_NEAR(sim.bubble, double(p - 1) / (m + p - 1), 1e-12) << name << " p=" << p << " m=" << m;
-        }
+// ---- Compute orders of bigger cases, in the short form. ----
+
+TEST(Schedule, ComputeOrdersFourStages) {
+  // GPipe: the same on every rank.
+  for (int j = 0; j < 4; j++) EXPECT_EQ(summary({"gpipe", 4, 4, 1}, j), "F0 F1 F2 F3 B0 B1 B2 B3");
+  // 1F1B, m = 4: warm-up 3, 2, 1, 0.
+  EXPECT_EQ(summary({"1f1b", 4, 4, 1}, 0), "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(summary({"1f1b", 4, 4, 1}, 1), "F0 F1 F2 B0 F3 B1 B2 B3");
+  EXPECT_EQ(summary({"1f1b", 4, 4, 1}, 2), "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_EQ(summary({"1f1b", 4, 4, 1}, 3), "F0 B0 F1 B1 F2 B2 F3 B3");
+  // 1F1B with fewer micro-batches than the warm-up wants: capped at m.
+  EXPECT_EQ(summary({"1f1b", 4, 2, 1}, 0), "F0 F1 B0 B1");
+  EXPECT_EQ(summary({"1f1b", 4, 2, 1}, 2), "F0 F1 B0 B1");  // warm-up 1, then F1 B0, then B1
+  EXPECT_EQ(summary({"1f1b", 4, 2, 1}, 3), "F0 B0 F1 B1");
+  // Interleaved p = 4, m = 4, V = 2: warm-up 10 -> 8 (capped), 8, 6, 4.
+  const std::string all_forward = "F0c0 F1c0 F2c0 F3c0 F0c1 F1c1 F2c1 F3c1 B0c1 B1c1 B2c1 B3c1 B0c0 B1c0 B2c0 B3c0";
+  EXPECT_EQ(summary({"interleaved", 4, 4, 2}, 0), all_forward);
+  EXPECT_EQ(summary({"interleaved", 4, 4, 2}, 1), all_forward);
+  EXPECT_EQ(summary({"interleaved", 4, 4, 2}, 2),
+            "F0c0 F1c0 F2c0 F3c0 F0c1 F1c1 F2c1 B0c1 F3c1 B1c1 B2c1 B3c1 B0c0 B1c0 B2c0 B3c0");
+  EXPECT_EQ(summary({"interleaved", 4, 4, 2}, 3),
+            "F0c0 F1c0 F2c0 F3c0 F0c1 B0c1 F1c1 B1c1 F2c1 B2c1 F3c1 B3c1 B0c0 B1c0 B2c0 B3c0");
 }
 
-TEST(Simulator, InterleavingShrinksTheBubble) {
-  for (int p = 2; p <= 4; p++)
-    for (int V = 2; V <= 3; V++)
-      for (int m = p; m <= 9; m += p) {
-        ScheduleSpec il{"interleaved", p, m, V}, plain{"1f1b", p, m, 1};
-        double b_il = mt::plan::simulate(il, mt::pipeline::make_schedule(il), {}).bubble;
-        double b_1 = mt::plan::simulate(plain, mt::pipeline::make_schedule(plain), {}).bubble;
-        EXPECT_LT(b_il, b_1) << "p=" << p << " m=" << m << " V=" << V;
-        EXPECT_NEAR(b_il, double(p - 1) / (V * m + p - 1), 0.02) << "p=" << p << " m=" << m << " V=" << V;
+TEST(Schedule, InterleavedWalksMicroBatchesInGroupsOfP) {
+  // p = 2, m = 4, V = 2: forwards c0 of {0,1}, c1 of {0,1}, c0 of {2,3}, c1 of {2,3}; backwards the same
+  // with c1 first. Warm-up 4 on rank 0, 2 on rank 1.
+  EXPECT_EQ(summary({"interleaved", 2, 4, 2}, 0),
+            "F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 B3c0");
+  EXPECT_EQ(summary({"interleaved", 2, 4, 2}, 1),
+            "F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 B3c0");
+}
+
+TEST(Schedule, BackwardsAscendInEveryChunk) {
+  // Why: every schedule then sums each parameter's gradient over micro-batches 0, 1, ..., m - 1 in that
+  // order, so all schedules give bit-identical gradients (see the header).
+  for (const ScheduleSpec& spec : std::vector<ScheduleSpec>{{"gpipe", 3, 5, 1}, {"1f1b", 3, 5, 1},
+                                                            {"interleaved", 3, 6, 2}, {"interleaved", 2, 4, 3}}) {
+    const Schedule s = make_schedule(spec);
+    for (int j = 0; j < spec.stages; j++) {
+      for (int c = 0; c < spec.virtual_stages; c++) {
+        std::vector<int> order;
+        for (const Action& a : s[j])
+          if (a.kind == ActionKind::backward && a.chunk == c) order.push_back(a.micro_batch);
+        ASSERT_EQ((int)order.size(), spec.micro_batches);
+        EXPECT_TRUE(std::is_sorted(order.begin(), order.end())) << spec.name << " rank " << j << " chunk " << c;
       }
-}
-
-TEST(Schedule, EveryValidScheduleChecksOut) {
-  int checked = 0;
-  for (const char* name : {"gpipe", "1f1b", "interleaved"})
-    for (int p = 1; p <= 4; p++)
-      for (int m = 1; m <= 9; m++)
-        for (int V = 1; V <= 3; V++) {
-          ScheduleSpec spec{name, p, m, V};
-          try {
-            spec.validate();
-          } catch (const mt::InputError&) {
-            continue;
-          }
-          EXPECT_NO_THROW(mt::pipeline::check_schedule(spec, mt::pipeline::make_schedule(spec)))
-              << name << " p=" << p << " m=" << m << " V=" << V;
-          checked++;
-        }
-  EXPECT_EQ(checked, 36 + 36 + 36);  // gpipe and 1f1b: 4 x 9; interleaved: m a multiple of p, V 2-3
-}
-
-TEST(Schedule, CheckerCatchesBrokenLists) {
-  ScheduleSpec spec{"1f1b", 2, 3, 1};
-  auto good = mt::pipeline::make_schedule(spec);
-  // Rank 1 waits for micro-batch 1's activation before micro-batch 0's: a cycle with rank 0, which needs
-  // micro-batch 0's gradient first.
-  auto swapped = good;
-  std::swap(swapped[1][0], swapped[1][4]);
-  EXPECT_THROW(mt::pipeline::check_schedule(spec, swapped), mt::Error);
-  // A missing backward.
-  auto missing = good;
-  missing[0].pop_back();
-  EXPECT_THROW(mt::pipeline::check_schedule(spec, missing), mt::Error);
-  // A send to the wrong peer.
-  auto wrong = good;
-  wrong[0][1].peer = 0;
-  EXPECT_THROW(mt::pipeline::check_schedule(spec, wrong), mt::Error);
-}
-
-// Activations held = forwards minus backwards so far; 1F1B bounds it by p - j on rank j, GPipe reaches m.
-TEST(Schedule, OneFOneBBoundsActivationsInFlight) {
-  const int p = 4, m = 8;
-  for (const char* name : {"1f1b", "gpipe"}) {
-    auto r = mt::pipeline::make_schedule({name, p, m, 1});
-    for (int j = 0; j < p; j++) {
-      int live = 0, peak = 0;
-      for (const Action& a : r[j]) {
-        live += a.kind == F ? 1 : a.kind == Bk ? -1 : 0;
-        peak = std::max(peak, live);
-      }
-      EXPECT_EQ(peak, std::string(name) == "1f1b" ? p - j : m) << name << " rank " << j;
     }
   }
 }
 
-TEST(Schedule, InvalidSpecsNameTheValues) {
-  try {
-    ScheduleSpec{"interleaved", 4, 6, 2}.validate();
-    FAIL();
-  } catch (const mt::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("(6) divisible by the pipeline ranks (4)"), std::string::npos) << e.what();
+// ---- Activation memory: forwards minus backwards along the list. ----
+
+TEST(Schedule, OneFOneBHoldsAtMostPMinusJActivations) {
+  for (int p = 1; p <= 4; p++) {
+    for (int m = 1; m <= 9; m++) {
+      const Schedule one = make_schedule({"1f1b", p, m, 1}), gp = make_schedule({"gpipe", p, m, 1});
+      for (int j = 0; j < p; j++) {
+        EXPECT_LE(peak_in_flight(one[j]), p - j) << "p=" << p << " m=" << m << " j=" << j;
+        EXPECT_EQ(peak_in_flight(one[j]), std::min(p - j, m)) << "p=" << p << " m=" << m << " j=" << j;
+        EXPECT_EQ(peak_in_flight(gp[j]), m) << "p=" << p << " m=" << m << " j=" << j;
+      }
+    }
   }
-  EXPECT_THROW((ScheduleSpec{"pipedream", 2, 2, 1}.validate()), mt::InputError);
-  EXPECT_THROW((ScheduleSpec{"1f1b", 2, 2, 2}.validate()), mt::InputError);
 }
 
-TEST(SimulateCli, PrintsUtilizationAndWritesSvg) {
-  std::string svg = ::testing::TempDir() + "/sim_test.svg";
-  std::string cmd = std::string(MESHTRAIN_BIN) + " simulate --schedule gpipe --stages 4 --micro-batches 4 --svg " +
-                    svg + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  ASSERT_TRUE(pipe);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, pipe.get())) out += buf;
-  EXPECT_NE(out.find("utilization 57.1%"), std::string::npos) << out;
-  FILE* f = fopen(svg.c_str(), "r");
-  ASSERT_TRUE(f) << "no SVG written";
-  std::string body;
-  while (fgets(buf, sizeof buf, f)) body += buf;
-  fclose(f);
-  EXPECT_EQ(body.rfind("<svg", 0), 0u);
-  EXPECT_NE(body.find("</svg>"), std::string::npos);
-  // 4 ranks x 4 micro-batches x (forward + backward) boxes, plus lane outlines.
-  size_t boxes = 0;
-  for (size_t pos = 0; (pos = body.find("fill=\"#4C78A8\"", pos)) != std::string::npos; pos++) boxes++;
-  EXPECT_EQ(boxes, 16u);
-  std::remove(svg.c_str());
+// ---- Validation ----
+
+std::string error_of(const ScheduleSpec& spec) {
+  try {
+    make_schedule(spec);
+  } catch (const mt::InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
+
+TEST(Schedule, RejectsBadSpecsNamingTheValues) {
+  EXPECT_NE(error_of({"zigzag", 2, 2, 1}).find("unknown pipeline schedule 'zigzag'; choose one of gpipe, 1f1b, "
+                                               "interleaved"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gpipe", 0, 2, 1}).find("p must be at least 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of({"1f1b", 2, 0, 1}).find("m must be at least 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of({"1f1b", 2, 2, 2}).find("1f1b runs one chunk per rank, got V = 2"), std::string::npos);
+  EXPECT_NE(error_of({"gpipe", 2, 2, 0}).find("must be at least 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of({"interleaved", 2, 2, 1}).find("needs V >= 2"), std::string::npos);
+  const std::string e = error_of({"interleaved", 4, 6, 2});
+  EXPECT_NE(e.find("m = 6"), std::string::npos) << e;
+  EXPECT_NE(e.find("p = 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("try m = 4 or 8"), std::string::npos) << e;
+  EXPECT_NE(error_of({"interleaved", 4, 3, 2}).find("try m = 4"), std::string::npos);
+  EXPECT_NE(error_of({"gpipe", 1000, 2000, 1}).find("more than the 1000000"), std::string::npos);
+  EXPECT_EQ(error_of({"interleaved", 4, 8, 3}), "(no error)");
+}
+
+TEST(Schedule, MessageNamesBothEnds) {
+  // Rank 1, chunk 1 of p = 2 is stage 3; its input activation comes from stage 2 on rank 0.
+  EXPECT_EQ(message_of(WA(5, 1, 0), 1, 2), (Message{false, 5, 2, 3, 0, 1}));
+  // Rank 0, chunk 1 is stage 2: its input gradient goes to stage 1 on rank 1.
+  EXPECT_EQ(message_of(SG(5, 1, 1), 0, 2), (Message{true, 5, 2, 1, 0, 1}));
+  // The sender's and receiver's views of one activation agree.
+  EXPECT_EQ(message_of(SA(3, 0, 0), 1, 2), message_of(PA(3, 1, 1), 0, 2));
+}
+
+}  // namespace

@@ -1,7 +1,8 @@
-// Runs one rank's pipeline action list (schedule.h) for one optimizer step: receives activations and
-// gradients from the neighbouring stages (blocking, in list order), runs its chunks' forward and backward,
-// and sends (non-blocking) what the next and previous stages need. The communication rule of schedule.h
-// makes this deadlock-free; every wait has the communicator's deadline.
+// Runs one rank's pipeline action list (schedule.h) for one optimizer step: posts receives of activations
+// and gradients where the list says (one computation ahead, so they arrive while the current one computes),
+// waits for them before the compute that reads them, runs its chunks' forward and backward, and sends
+// (non-blocking) what the next and previous stages need. The communication rule of schedule.h makes this
+// deadlock-free; every wait has the communicator's deadline.
 #pragma once
 
 #include <vector>

@@ -1,58 +1,150 @@
-// Pipeline schedules as data: for each pipeline rank, the ordered list of actions it performs in one
-// optimizer step. The executor runs these lists, the simulator (plan/simulator.h) replays them under a cost
-// model, and the swimlane drawing shows them; nothing else decides an order.
+// Pipeline schedules as data: for each pipeline rank, the ordered list of actions of one training step.
+// The executor runs the list as written, the simulator (plan/simulator.h) replays it under a cost model, the
+// swimlane diagram draws the replay. Nothing here touches tensors or communicators.
 //
-// Legend: p pipeline ranks (stages per chunk), m micro-batches, V chunks per rank (virtual stages),
-// j rank, i micro-batch, c chunk. Chunk c of rank j is global stage s = c*p + j (Megatron's interleaved
-// assignment), so with V = 1 rank j is stage j.
+// Legend: p pipeline ranks, m micro-batches, V chunks (virtual stages) per rank, S = p * V model stages;
+// i micro-batch, j rank, c chunk on a rank, s global stage, k position in a rank's list.
 //
-// Communication rule (what makes every schedule deadlock-free): sends never block (the executor posts them
-// and moves on; a message is identified by (kind, micro-batch, global stage)), and each rank waits for its
-// receives in list order, each placed right before the compute that needs it. Every receive's send is
-// issued by a compute action that depends only on earlier receives, so the lists form one causal order.
+// Placement (Megatron-LM's interleaved assignment; with V = 1 simply stage = rank): chunk c of rank j is
+// global stage s = c * p + j. Stage 0 holds the embedding, stage S - 1 the head and the loss. The forward
+// of (i, s) needs the activation of (i, s - 1); the backward of (i, s) needs the gradient from (i, s + 1)
+// and the forward of (i, s). Neighbouring stages are on neighbouring ranks (rank p - 1 hands over to rank 0
+// of the next chunk); only when p == 1 do two consecutive stages share a rank, and then the activation is
+// handed over in memory, with no message.
 //
-//   GPipe, p = 2, m = 2 (F = forward, B = backward, numbers are micro-batches):
-//     rank 0:  F0 F1 .  .  B0 B1
-//     rank 1:  .  F0 F1 B0 B1
-//   1F1B, p = 2, m = 3: rank 0 warms up with p-j-1 = 1 forward, then alternates:
-//     rank 0:  F0 F1 B0 F2 B1 B2
-//     rank 1:  F0 B0 F1 B1 F2 B2
+// A list is built in two steps that any new schedule reuses:
+//   1. the schedule proper decides the order of forward and backward computations on each rank
+//      (compute_order);
+//   2. one rule, the same for every schedule, adds the messages around them (with_communication):
+//
+//        post_recv for the input of the rank's first computation
+//        for each computation X_k on rank j, in order:
+//          wait_recv   for X_k's input, if it comes from another rank
+//          post_recv   for X_{k+1}'s input, if that comes from another rank
+//          X_k
+//          send        X_k's output, if another rank needs it
+//        optimizer_step
+//
+//      Sends never block: the executor issues them as non-blocking sends (comm isend) and waits for them
+//      only after the rank's last action, before the buffers are reused; the transport delivers a message
+//      even when its receive is not posted yet (shm drains it into an "unexpected" buffer; MPI buffers
+//      small messages and completes large ones once the receive is posted). A receive is posted one computation before the one that needs it,
+//      so the message moves while X_k computes, and at most one receive buffer per rank is waiting.
+//      Matching: per (sender, receiver, kind of message) the receiver posts its receives in exactly the
+//      order the sender sends, so a transport that matches by (source, tag) in posting order (ours and MPI
+//      do) can use one tag per kind; the (micro-batch, chunk) in each action is there to check what
+//      arrived, or to build unique tags if one prefers. With sends that never block, a rank can only wait
+//      in wait_recv, and check_schedule (schedule_check.h) proves by replay that every wait ends.
+//
+//  The three schedules, as the compute order on rank j (F = forward, B = backward, numbers = micro-batch;
+//  p = 4, m = 4; the time each one starts is what the simulator works out):
+//
+//    gpipe        F0 F1 F2 F3 B0 B1 B2 B3              all forwards, then all backwards, in ascending order
+//    1f1b  j=0    F0 F1 F2 F3 B0 B1 B2 B3              warm-up of min(p - j - 1, m) forwards, then one
+//          j=1    F0 F1 F2 B0 F3 B1 B2 B3              forward one backward, then the remaining backwards
+//          j=2    F0 F1 B0 F2 B1 F3 B2 B3
+//          j=3    F0 B0 F1 B1 F2 B2 F3 B3
+//    interleaved  Megatron-LM's order over the m * V (micro-batch, chunk) pairs: forwards go through
+//                 groups of p micro-batches chunk by chunk (chunk 0 of micro-batches 0..p-1, then chunk 1 of
+//                 the same, ..., then chunk 0 of micro-batches p..2p-1); backwards the same with chunks
+//                 from last to first; warm-up of (p - j - 1) * 2 + (V - 1) * p forwards (at most m * V),
+//                 then one forward one backward, then the remaining backwards.
+//
+//  Every schedule runs the backwards of each chunk in ascending micro-batch order (GPipe could as well run
+//  them in reverse, the makespan is the same). Ascending makes every schedule accumulate a parameter's
+//  gradient over micro-batches in the same order, 0, 1, ..., m - 1, the order of the single-process run
+//  with micro-batches, so no float32 difference between layouts comes from the choice of schedule.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mt::pipeline {
 
-enum class ActionKind { forward, backward, recv_act, send_act, recv_grad, send_grad };
-const char* action_name(ActionKind k);
+// What an executor does for each kind; "the tensor" is one micro-batch's activation (or its gradient) at
+// one stage boundary, the same shape for every micro-batch.
+enum class ActionKind : uint8_t {
+  forward,         // forward of (micro_batch, chunk); keeps what backward needs in the activation store
+  backward,        // backward of (micro_batch, chunk); accumulates parameter gradients, frees the activations
+  send_act,        // non-blocking send of chunk's output activation of micro_batch to peer
+  post_recv_act,   // post a non-blocking receive of chunk's input activation of micro_batch from peer
+  wait_recv_act,   // wait for that receive to complete; the forward that follows reads its buffer
+  send_grad,       // non-blocking send of the gradient of chunk's input of micro_batch to peer
+  post_recv_grad,  // post a non-blocking receive of the gradient of chunk's output of micro_batch from peer
+  wait_recv_grad,  // wait for that receive to complete; the backward that follows reads its buffer
+  optimizer_step,  // once, last: all of this rank's gradients are final (plus whatever the data-parallel
+                   // and tied-embedding reductions add, which are the executor's business)
+};
 
 struct Action {
-  ActionKind kind;
-  int micro_batch;
-  int chunk;  // this rank's chunk (virtual stage), 0..V-1
-  int peer;   // rank sent to / received from; -1 for compute
+  ActionKind kind = ActionKind::forward;
+  int micro_batch = -1;  // i in [0, m); -1 for optimizer_step
+  int chunk = -1;        // c in [0, V): the chunk on this rank that computes, sends or receives; -1 for the step
+  int peer = -1;         // the other rank of a send or receive; -1 otherwise
   bool operator==(const Action&) const = default;
 };
 
+// One list per rank, indexed [j][k].
+using Schedule = std::vector<std::vector<Action>>;
+
 struct ScheduleSpec {
-  std::string name;  // gpipe | 1f1b | interleaved
-  int stages = 1;    // p
-  int micro_batches = 1;  // m
-  int virtual_stages = 1;  // V (interleaved only)
-  // Throws InputError naming the bad value (unknown name, p or m < 1, V != 1 for gpipe/1f1b, V < 2 or
-  // m not divisible by p for interleaved).
-  void validate() const;
+  std::string name = "1f1b";  // gpipe | 1f1b | interleaved
+  int stages = 1;             // p: pipeline ranks
+  int micro_batches = 1;      // m
+  int virtual_stages = 1;     // V: chunks per rank; interleaved needs V >= 2, the others V == 1
 };
 
-// Per rank j (0..p-1), its actions in order.
-std::vector<std::vector<Action>> make_schedule(const ScheduleSpec& spec);
+// Schedules make_schedule knows, for help texts and error messages: "gpipe, 1f1b, interleaved".
+const std::vector<std::string>& schedule_names();
 
-// Checks the lists as the executor would run them: every send has exactly one matching receive (same
-// kind, micro-batch and stage, the right peers), every (micro-batch, chunk) is forwarded then backwarded
-// exactly once per rank, each compute is preceded by the receive it needs, and running the lists with
-// non-blocking sends and blocking receives terminates (no deadlock). Throws mt::Error describing the first
-// violation.
-void check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& ranks);
+// Throws mt::InputError naming the flag values when the spec is not one make_schedule can build:
+// p, m >= 1; gpipe and 1f1b need V == 1; interleaved needs V >= 2 and m % p == 0 (its order walks the
+// micro-batches in groups of p, as Megatron-LM's does).
+void validate(const ScheduleSpec& spec);
+
+// The whole list for every rank (validates first). The one function the executor needs.
+Schedule make_schedule(const ScheduleSpec& spec);
+
+// Step 1 alone: only the forward and backward actions, in order (validates first).
+Schedule compute_order(const ScheduleSpec& spec);
+
+// Step 2 alone: adds messages and the optimizer step to per-rank compute orders by the rule above. The
+// compute lists may be any order (a test builds broken ones); check_schedule judges the result.
+Schedule with_communication(const ScheduleSpec& spec, const Schedule& compute);
+
+// ---- Placement ----
+inline int num_stages(const ScheduleSpec& spec) { return spec.stages * spec.virtual_stages; }
+inline int stage_of(int rank, int chunk, int p) { return chunk * p + rank; }
+inline int rank_of_stage(int s, int p) { return s % p; }
+inline int chunk_of_stage(int s, int p) { return s / p; }
+
+// ---- Messages ----
+// The message a send or receive action refers to, named the same way on both ends: an activation goes from
+// (i, from_stage) to (i, from_stage + 1), a gradient from (i, from_stage) to (i, from_stage - 1).
+struct Message {
+  bool grad = false;  // false: activation, true: gradient
+  int micro_batch = -1;
+  int from_stage = -1, to_stage = -1;
+  int from_rank = -1, to_rank = -1;
+  bool operator==(const Message&) const = default;
+};
+bool is_compute(ActionKind kind);  // forward, backward
+bool is_send(ActionKind kind);     // send_act, send_grad
+bool is_post(ActionKind kind);     // post_recv_act, post_recv_grad
+bool is_wait(ActionKind kind);     // wait_recv_act, wait_recv_grad
+// For a send, post or wait action `a` in rank `rank`'s list. MT_ASSERTs that `a` is one.
+Message message_of(const Action& a, int rank, int p);
+
+// ---- Memory ----
+// The most (micro-batch, chunk) activations a rank holds at once: forwards minus backwards, maximised along
+// its list. 1F1B keeps it at min(p - j, m) on rank j, GPipe at m.
+int peak_in_flight(const std::vector<Action>& rank_actions);
+
+// ---- Printing ----
+const char* to_string(ActionKind kind);  // "forward", "send_act", ...
+std::string to_string(const Action& a);  // "forward(i=3, c=1)", "send_act(i=3, c=0, to=1)", "optimizer_step"
+// The compute order in short form: "F0 F1 B0 F2 B1 B2"; with V > 1 the chunk follows a c ("F0c1").
+std::string compute_summary(const std::vector<Action>& rank_actions, int virtual_stages);
 
 }  // namespace mt::pipeline

@@ -1,0 +1,104 @@
+// `meshtrain simulate` end to end: the figures of DESIGN.md on stdout, the action lists, the SVG written
+// atomically, and bad specs rejected with their values named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/cli/cli_test_util.h"
+
+namespace {
+
+using mt::clitest::contains;
+using mt::clitest::run_meshtrain;
+using mt::clitest::RunResult;
+using mt::clitest::TempDir;
+
+RunResult simulate(const std::vector<std::string>& args) {
+  std::vector<std::string> all{"simulate"};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_meshtrain(all);
+}
+
+TEST(SimulateCli, GpipeFiguresFromTheDesign) {
+  RunResult r1 = simulate({"--schedule", "gpipe", "--stages", "4", "--micro-batches", "1", "--backward-ratio", "2"});
+  ASSERT_EQ(r1.exit_code, 0) << r1.describe();
+  EXPECT_TRUE(contains(r1.out, "utilization 25.0% (busy 12 of 48)")) << r1.out;
+  EXPECT_TRUE(contains(r1.out, "bubble fraction 75.0% (ideal (p-1)/(m+p-1) = 3/4 = 75.0%)")) << r1.out;
+
+  RunResult r4 = simulate({"--schedule", "gpipe", "--stages", "4", "--micro-batches", "4"});
+  ASSERT_EQ(r4.exit_code, 0) << r4.describe();
+  EXPECT_TRUE(contains(r4.out, "schedule gpipe: p = 4 stages, m = 4 micro-batches, V = 1 chunk per rank")) << r4.out;
+  EXPECT_TRUE(contains(r4.out, "utilization 57.1% (busy 48 of 84)")) << r4.out;
+  EXPECT_TRUE(contains(r4.out, "bubble fraction 42.9% (ideal (p-1)/(m+p-1) = 3/7 = 42.9%)")) << r4.out;
+  EXPECT_TRUE(contains(r4.out, "rank 0: busy 12, idle 9, peak in-flight activations 4")) << r4.out;
+
+  RunResult r8 = simulate({"--schedule", "gpipe", "--stages", "4", "--micro-batches", "8"});
+  ASSERT_EQ(r8.exit_code, 0) << r8.describe();
+  EXPECT_TRUE(contains(r8.out, "utilization 72.7% (busy 96 of 132)")) << r8.out;
+}
+
+TEST(SimulateCli, OneFOneBActionsAndInterleaved) {
+  RunResult r = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "3", "--actions"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "rank 0: F0 F1 B0 F2 B1 B2\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: F0 B0 F1 B1 F2 B2\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "     1  send_act(i=0, c=0, to=1)\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "    15  optimizer_step\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "bubble fraction 25.0% (ideal (p-1)/(m+p-1) = 1/4 = 25.0%)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: busy 9, idle 3, peak in-flight activations 1")) << r.out;
+
+  RunResult ri = simulate({"--schedule", "interleaved", "--stages", "4", "--micro-batches", "8", "--virtual-stages",
+                           "2"});
+  ASSERT_EQ(ri.exit_code, 0) << ri.describe();
+  EXPECT_TRUE(contains(ri.out, "bubble fraction 15.8% (ideal (p-1)/(V*m+p-1) = 3/19 = 15.8%)")) << ri.out;
+  EXPECT_TRUE(contains(ri.out, "cost: forward 1 per rank (0.5 per chunk), backward 2 x forward, message 0"))
+      << ri.out;
+}
+
+TEST(SimulateCli, WritesTheSvgAtomically) {
+  TempDir dir;
+  const std::string svg = dir / "pipe.svg";
+  RunResult r = simulate({"--schedule", "1f1b", "--stages", "4", "--micro-batches", "8", "--comm-cost", "0.25",
+                          "--svg", svg});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "wrote " + svg)) << r.err;
+  const std::string doc = mt::clitest::slurp(svg);
+  EXPECT_EQ(doc.rfind("<?xml", 0), 0u);
+  EXPECT_TRUE(contains(doc, "1f1b schedule: p = 4 stages, m = 8 micro-batches"));
+  EXPECT_TRUE(contains(doc, "message cost 0.25"));
+  EXPECT_EQ(doc.substr(doc.size() - 7), "</svg>\n");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+}
+
+TEST(SimulateCli, BadSpecsAreRejectedWithTheirValues) {
+  RunResult r = simulate({"--schedule", "interleaved", "--stages", "4", "--micro-batches", "6", "--virtual-stages",
+                          "2"});
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_TRUE(contains(r.err, "meshtrain: error: pipeline schedule interleaved needs the number of micro-batches m = 6 "
+                              "to be a multiple of the number of stages p = 4"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "try m = 4 or 8")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+
+  RunResult u = simulate({"--schedule", "pipedream", "--stages", "2", "--micro-batches", "2"});
+  EXPECT_EQ(u.exit_code, 1) << u.describe();
+  EXPECT_TRUE(contains(u.err, "unknown pipeline schedule 'pipedream'; choose one of gpipe, 1f1b, interleaved"))
+      << u.err;
+
+  RunResult v = simulate({"--schedule", "interleaved", "--stages", "2", "--micro-batches", "2"});
+  EXPECT_EQ(v.exit_code, 1) << v.describe();
+  EXPECT_TRUE(contains(v.err, "needs V >= 2 virtual stages (chunks) per rank, got V = 1")) << v.err;
+
+  RunResult c = simulate({"--schedule", "gpipe", "--stages", "2", "--micro-batches", "2", "--comm-cost", "-1"});
+  EXPECT_EQ(c.exit_code, 1) << c.describe();
+  EXPECT_TRUE(contains(c.err, "message cost must be >= 0, got -1")) << c.err;
+
+  RunResult missing = simulate({"--schedule", "gpipe", "--stages", "2"});
+  EXPECT_NE(missing.exit_code, 0) << missing.describe();
+  EXPECT_TRUE(contains(missing.err, "--micro-batches")) << missing.err;
+}
+
+}  // namespace
