@@ -272,3 +272,33 @@ def names_flag_values(text: str, values: Dict[str, int]) -> List[str]:
     `--dp 4`, `--dp=4`, `--dp (4)`, `--dp: 4`); empty when all are named."""
     return [f"{flag} {v}" for flag, v in values.items()
             if not re.search(re.escape(flag) + r"(?![\w-])\W{0,4}" + str(v) + r"(?!\d)", text)]
+
+
+class LayoutRunner:
+    """A problem of another model shape (cfg) for the layout-equality tests: writes its init and shard into
+    workdir, then run(tag, extra) trains `steps` steps with the standard flags plus `extra` and returns
+    (records of steps first..end-1, saved weights or None), or (None, None) after recording a failure."""
+
+    def __init__(self, args, checks: Checks, cfg, seed_init: int, seed_data: int, steps: int):
+        from test_gpt_parity import INIT_STD, markov_tokens
+        self.args, self.checks, self.cfg, self.steps = args, checks, cfg, steps
+        self.init_path = os.path.join(args.workdir, "init.safetensors")
+        self.data_path = os.path.join(args.workdir, "data.bin")
+        ref.write_safetensors(self.init_path, ref.random_init(cfg, seed_init, std_by_suffix=INIT_STD), cfg.metadata())
+        ref.write_shard(self.data_path, markov_tokens(N_TOKENS, cfg.vocab_size, seed_data))
+
+    def out(self, tag: str, ext: str) -> str:
+        return os.path.join(self.args.workdir, f"{tag}.{ext}")
+
+    def run(self, tag: str, extra, first: int = 0, end: Optional[int] = None, save: bool = True):
+        end = self.steps if end is None else end
+        files = [self.out(tag, "jsonl")] + ([self.out(tag, "safetensors")] if save else [])
+        remove_stale(*files)
+        cmd = train_cmd(self.args.meshtrain, self.init_path, self.data_path, self.steps,
+                        list(extra) + ["--metrics", self.out(tag, "jsonl")]
+                        + (["--save", self.out(tag, "safetensors")] if save else []))
+        r = run_group(cmd, 300, self.out(tag, "log"))
+        if not self.checks.check(r.returncode == 0, failure_text(r, tag)):
+            return None, None
+        recs = read_metrics_range(self.out(tag, "jsonl"), first, end, self.checks, tag)
+        return recs, load_saved(self.out(tag, "safetensors"), self.checks, tag, self.cfg) if save else None

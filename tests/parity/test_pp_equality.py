@@ -17,7 +17,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dp_common as dpc  # noqa: E402
 import gpt_reference as ref  # noqa: E402
 from parity_harness import parse_args  # noqa: E402
-from test_gpt_parity import INIT_STD, markov_tokens  # noqa: E402
 
 CFG = ref.GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
 STEPS = 20
@@ -26,23 +25,8 @@ STEPS = 20
 def main() -> None:
     args = parse_args(__doc__)
     checks = dpc.Tally("test_pp_equality")
-    init_path, data_path = os.path.join(args.workdir, "init.safetensors"), os.path.join(args.workdir, "data.bin")
-    ref.write_safetensors(init_path, ref.random_init(CFG, 21, std_by_suffix=INIT_STD), CFG.metadata())
-    ref.write_shard(data_path, markov_tokens(dpc.N_TOKENS, CFG.vocab_size, 22))
-
-    def out(tag: str, ext: str) -> str:
-        return os.path.join(args.workdir, f"{tag}.{ext}")
-
-    def run(tag, extra, first=0, end=STEPS, save=True):
-        files = [out(tag, "jsonl")] + ([out(tag, "safetensors")] if save else [])
-        dpc.remove_stale(*files)
-        cmd = dpc.train_cmd(args.meshtrain, init_path, data_path, STEPS, list(extra) + ["--metrics", out(tag, "jsonl")]
-                            + (["--save", out(tag, "safetensors")] if save else []))
-        r = dpc.run_group(cmd, 300, out(tag, "log"))
-        if not checks.check(r.returncode == 0, dpc.failure_text(r, tag)):
-            return None, None
-        recs = dpc.read_metrics_range(out(tag, "jsonl"), first, end, checks, tag)
-        return recs, dpc.load_saved(out(tag, "safetensors"), checks, tag, CFG) if save else None
+    lr = dpc.LayoutRunner(args, checks, CFG, 21, 22, STEPS)
+    run, out, init_path, data_path = lr.run, lr.out, lr.init_path, lr.data_path
 
     want, want_w = run("single", [])
     if want is None:
