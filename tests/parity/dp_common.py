@@ -302,3 +302,13 @@ class LayoutRunner:
             return None, None
         recs = read_metrics_range(self.out(tag, "jsonl"), first, end, self.checks, tag)
         return recs, load_saved(self.out(tag, "safetensors"), self.checks, tag, self.cfg) if save else None
+
+    def compare(self, tag: str, got, got_w, want, want_w) -> Tuple[float, float, float]:
+        """Every step against `want` (same steps) and the final weights against want_w (TOL_W_ABS, the key
+        bias slice apart); returns (worst loss diff, worst grad_norm rel diff, worst weight diff or nan)."""
+        wl, wg = compare_steps(got, want, self.checks, tag)
+        dw = float("nan")
+        if got_w is not None and want_w is not None:
+            dw, where, _ = weight_diffs(got_w, want_w, self.cfg)
+            self.checks.check(dw <= TOL_W_ABS, f"{tag}: final weights differ by {dw:.2e} in {where}")
+        return wl, wg, dw

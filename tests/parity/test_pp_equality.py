@@ -50,11 +50,7 @@ def main() -> None:
         got, got_w = run(tag, extra)
         if got is None:
             continue
-        wl, wg = dpc.compare_steps(got, want, checks, tag)
-        dw = float("nan")
-        if got_w is not None and want_w is not None:
-            dw, where, _ = dpc.weight_diffs(got_w, want_w, CFG)
-            checks.check(dw <= dpc.TOL_W_ABS, f"{tag}: final weights differ by {dw:.2e} in {where}")
+        wl, wg, dw = lr.compare(tag, got, got_w, want, want_w)
         print(f"{tag:<30}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}{time.time() - t0:>6.1f}")
 
     ck = os.path.join(args.workdir, "ckpt_pp2")
@@ -64,10 +60,7 @@ def main() -> None:
     if saved is not None:
         got, got_w = run("resume_single", ["--resume", ck], first=8)
         if got is not None:
-            wl, _ = dpc.compare_steps(got, want[8:], checks, "resume_single")
-            if got_w is not None and want_w is not None:
-                dw, where, _ = dpc.weight_diffs(got_w, want_w, CFG)
-                checks.check(dw <= dpc.TOL_W_ABS, f"resume_single: final weights differ by {dw:.2e} in {where}")
+            wl, _, _ = lr.compare("resume_single", got, got_w, want[8:], want_w)
             print(f"{'pp2 -> single (resume)':<30}{wl:>12.2e}")
     checks.finish()
 

@@ -56,11 +56,7 @@ def main() -> None:
         got, got_w = run(tag, extra)
         if got is None:
             continue
-        wl, wg = dpc.compare_steps(got, want, checks, tag)
-        dw = float("nan")
-        if got_w is not None and want_w is not None:
-            dw, where, _ = dpc.weight_diffs(got_w, want_w, CFG)
-            checks.check(dw <= dpc.TOL_W_ABS, f"{tag}: final weights differ by {dw:.2e} in {where}")
+        wl, wg, dw = lr.compare(tag, got, got_w, want, want_w)
         print(f"{tag:<28}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}")
 
     # Checkpoints across tensor-parallel layouts.
@@ -73,11 +69,7 @@ def main() -> None:
             got, got_w = run(tag, extra + ["--resume", ck], first=8)
             if got is None:
                 continue
-            wl, _ = dpc.compare_steps(got, want[8:], checks, tag)
-            dw = float("nan")
-            if got_w is not None and want_w is not None:
-                dw, where, _ = dpc.weight_diffs(got_w, want_w, CFG)
-                checks.check(dw <= dpc.TOL_W_ABS, f"{tag}: final weights differ by {dw:.2e} in {where}")
+            wl, _, dw = lr.compare(tag, got, got_w, want[8:], want_w)
             print(f"{tag:<28}{wl:>12.2e}{'':>10}{dw:>10.2e}")
     checks.finish()
 
