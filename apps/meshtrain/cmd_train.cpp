@@ -80,9 +80,12 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
-                  "embedding and loss); ranks = dp x tp")->capture_default_str();
-  sub->add_option("--pp", c.pp, "pipeline-parallel degree: the blocks split evenly into stages; "
-                  "ranks = dp x tp x pp (pp with dp, ZeRO 0, no eval for now)")->capture_default_str();
+                  "embedding and loss); ranks = dp x tp x pp, tensor fastest, then data, then pipeline")
+      ->capture_default_str();
+  sub->add_option("--pp", c.pp, "pipeline-parallel degree: the blocks split into stages balanced by estimated "
+                  "cost (or --stage-layers); with --dp, --tp and --zero 0 or 1")->capture_default_str();
+  sub->add_option("--stage-layers", c.stage_layers, "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "
+                  "entries summing to n_layer; default: balanced by estimated cost)")->delimiter(',');
   sub->add_option("--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved");
   sub->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
   sub->callback([cfg, quiet] {

@@ -1,11 +1,14 @@
 #include "nn/activation_store.h"
 
+#include <algorithm>
+
 namespace mt::nn {
 
 float* ActivationStore::get(int mb, const std::string& name, size_t count) {
   auto key = std::make_pair(mb, name);
   auto it = live_.find(key);
   if (it != live_.end() && it->second.size() == count) return it->second.data();
+  if (it != live_.end()) live_count_ -= it->second.bytes();
   AlignedBuffer buf;
   auto f = free_.find(count);
   if (f != free_.end()) {
@@ -15,6 +18,8 @@ float* ActivationStore::get(int mb, const std::string& name, size_t count) {
     buf.resize(count);
   }
   float* p = buf.data();
+  live_count_ += buf.bytes();
+  peak_ = std::max(peak_, live_count_);
   live_[key] = std::move(buf);
   return p;
 }
@@ -23,6 +28,7 @@ void ActivationStore::release(int mb) {
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->first.first == mb) {
       size_t n = it->second.size();
+      live_count_ -= it->second.bytes();
       free_.emplace(n, std::move(it->second));
       it = live_.erase(it);
     } else {

@@ -24,10 +24,14 @@ class ActivationStore {
   size_t live_bytes() const;
   // Bytes ever allocated (live + free list).
   size_t total_bytes() const;
+  // The most bytes live at once: the measured activation memory (a pipeline stage's peak grows with the
+  // micro-batches it holds in flight).
+  size_t peak_live_bytes() const { return peak_; }
 
  private:
   std::map<std::pair<int, std::string>, AlignedBuffer> live_;
   std::multimap<size_t, AlignedBuffer> free_;
+  size_t live_count_ = 0, peak_ = 0;  // bytes
 };
 
 }  // namespace mt::nn

@@ -22,7 +22,19 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
   pipeline::check_schedule(spec, schedule);
 
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
-  const double t_fwd = cost.forward / V, t_bwd = cost.backward_ratio * cost.forward / V;
+  MT_CHECK_INPUT(cost.rank_forward.empty() || (int)cost.rank_forward.size() == p,
+                 "simulator: rank_forward has ", cost.rank_forward.size(), " entries for ", p, " ranks");
+  MT_CHECK_INPUT(cost.rank_backward.size() == cost.rank_forward.size(), "simulator: rank_backward has ",
+                 cost.rank_backward.size(), " entries, rank_forward ", cost.rank_forward.size());
+  for (size_t r = 0; r < cost.rank_forward.size(); r++)
+    MT_CHECK_INPUT(finite_nonneg(cost.rank_forward[r]) && finite_nonneg(cost.rank_backward[r]),
+                   "simulator: rank ", r, " has a negative or non-finite forward or backward time");
+  auto t_fwd_of = [&](int rank) {
+    return (cost.rank_forward.empty() ? cost.forward : cost.rank_forward[rank]) / V;
+  };
+  auto t_bwd_of = [&](int rank) {
+    return (cost.rank_forward.empty() ? cost.backward_ratio * cost.forward : cost.rank_backward[rank]) / V;
+  };
 
   // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.
   // A message is named by its sender's end: (grad, i, from_stage).
@@ -47,7 +59,7 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
       for (; pc[j] < schedule[j].size(); pc[j]++) {
         const Action& a = schedule[j][pc[j]];
         if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
-          const double d = a.kind == ActionKind::forward ? t_fwd : t_bwd;
+          const double d = a.kind == ActionKind::forward ? t_fwd_of(j) : t_bwd_of(j);
           r.boxes[j].push_back({t, t + d, a.kind, a.micro_batch, a.chunk});
           r.busy_per_rank[j] += d;
           t += d;

@@ -13,13 +13,10 @@
 #include "model/gpt.h"
 #include "nn/activation_store.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/partition.h"
 #include "train/task.h"
 
 namespace mt::train {
-
-namespace {
-
-}  // namespace
 
 model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init) {
   if (init) return checkpoint::gpt_config_from_file(*init, cfg.gpt);
@@ -31,6 +28,18 @@ model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init
   if (!shape.n_positions) shape.n_positions = std::max(256, cfg.seq_len);
   shape.validate();
   return shape;
+}
+
+std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages) {
+  if (!cfg.stage_layers.empty()) {
+    pipeline::check_stage_layers(cfg.stage_layers, stages, shape.n_layer);
+    return cfg.stage_layers;
+  }
+  // Forward FLOPs per token (the backward is about twice each, the same ratio everywhere): a block's four
+  // weight products and attention's two T x C products; the last stage adds the logits product.
+  const double C = shape.n_embd, T = cfg.seq_len;
+  const double block = 2 * 12 * C * C + 4 * T * C, head = 2 * C * shape.vocab_size;
+  return pipeline::balance_layers(std::vector<double>(shape.n_layer, block), stages, 0.0, head);
 }
 
 namespace {
@@ -57,12 +66,15 @@ class GptTask : public TrainTask {
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
     if (pp && pp->stages > 1) {
-      // Chunk c of pipeline rank j is global stage c*p + j; stage s holds blocks [s L / S, (s+1) L / S).
+      // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
       pp_ = *pp;
-      const int P = pp->stages, V = pp->virtual_stages, S = P * V, L = shape.n_layer, j = pp->group->rank();
+      const int P = pp->stages, V = pp->virtual_stages, S = P * V, j = pp->group->rank();
+      split_ = stage_split(cfg, shape, S);
+      std::vector<int> first(S + 1, 0);
+      for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
       for (int c = 0; c < V; c++) {
         int s = c * P + j;
-        chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{s * L / S, (s + 1) * L / S, s, S}));
+        chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}));
         chunks_.back()->set_recompute(cfg.recompute);
       }
       model_ = chunks_.front().get();
@@ -111,7 +123,9 @@ class GptTask : public TrainTask {
     }
     const float* backward(int c, int i, const float* dout) override {
       model::Gpt& g = *t.chunks_[c];
-      g.backward(t.store_, i * t.pp_.virtual_stages + c, mbs, t.T_, nullptr, dout);
+      const int key = i * t.pp_.virtual_stages + c;
+      g.backward(t.store_, key, mbs, t.T_, nullptr, dout);
+      t.store_.release(key);  // the executor has seen this micro-batch's output sent (it waits before backward)
       return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
     }
   };
@@ -123,7 +137,7 @@ class GptTask : public TrainTask {
       pipeline::ScheduleSpec spec{pp_.schedule, pp_.stages, count / mbs, pp_.virtual_stages};
       if (lists_.empty()) lists_ = pipeline::make_schedule(spec);
       Runner r(*this, step, first, mbs, dscale);
-      pipeline::run_actions(spec, lists_[pp_.group->rank()], *pp_.group, r);
+      pipeline::run_actions(spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
       return r.loss;
     }
     const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
@@ -143,7 +157,8 @@ class GptTask : public TrainTask {
 
   bool has_eval() const override { return val_.has_value(); }
 
-  // Batch k of the held-out shard follows the training rule with step k; windows split across ranks.
+  // Batch k of the held-out shard follows the training rule with step k; windows split across ranks. Under a
+  // pipeline each micro-batch flows through the stages forward only; the loss is on the last stage's rank.
   EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) override {
     EvalSums r;
     if (!val_) return r;
@@ -156,11 +171,42 @@ class GptTask : public TrainTask {
       for (int j0 = first; j0 < first + count; j0 += mbs) {
         int nb = std::min(mbs, first + count - j0);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
-        r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
-        r.count += (double)nb * T_;
+        if (pp_.group) {
+          r.loss += pipeline_forward(nb);
+          if (chunks_.back()->last_stage()) r.count += (double)nb * T_;
+        } else {
+          r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
+          r.count += (double)nb * T_;
+        }
       }
     }
     return r;
+  }
+
+  // One micro-batch (inputs_/targets_, nb windows) forward through every stage in order; returns the loss
+  // sum on the rank holding the last stage, 0 elsewhere. Each rank runs its chunks in stage order: receive
+  // the input from the previous stage's rank, forward, send the output on (non-blocking; waited before the
+  // next micro-batch reuses the buffers).
+  double pipeline_forward(int nb) {
+    comm::Communicator& g = *pp_.group;
+    const int P = pp_.stages, S = P * pp_.virtual_stages, j = g.rank();
+    const size_t n = (size_t)nb * T_ * model_->config().n_embd;
+    constexpr int kEvalTag = 1 << 24;  // above every training tag (kind, micro-batch, stage)
+    double loss = 0;
+    std::vector<comm::Request> sends;
+    eval_in_.resize(n);
+    for (int s = j; s < S; s += P) {
+      model::Gpt& m = *chunks_[s / P];
+      const int key = kEvalKey - s;
+      if (s > 0) g.recv(eval_in_.data(), n, comm::DType::f32, (s - 1) % P, kEvalTag + s);
+      loss += m.forward(store_, key, inputs_.data(), targets_.data(), nb, T_, 0.0f, nullptr,
+                        s > 0 ? eval_in_.data() : nullptr);
+      if (s < S - 1) sends.push_back(g.isend(m.stage_output(store_, key, nb, T_), n, comm::DType::f32, (s + 1) % P,
+                                             kEvalTag + s + 1));
+    }
+    comm::wait_all(sends);
+    for (int s = j; s < S; s += P) store_.release(kEvalKey - s);
+    return loss;
   }
 
   bool is_classifier() const override { return false; }
@@ -173,6 +219,10 @@ class GptTask : public TrainTask {
     return model_->activation_bytes(cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : windows, T_);
   }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
+  size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
+  pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
+  std::vector<int> stage_layers() const override { return split_; }
+  void set_trace(trace::ChromeTrace* t) override { trace_ = t; }
 
  private:
   TrainConfig cfg_;
@@ -187,6 +237,11 @@ class GptTask : public TrainTask {
   std::vector<std::vector<pipeline::Action>> lists_;
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
+  static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (per stage: kEvalKey - s)
+  std::vector<float> eval_in_;
+  std::vector<int> split_;  // blocks per global stage (pipeline only)
+  pipeline::PipelineStats stats_;
+  trace::ChromeTrace* trace_ = nullptr;
 };
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "parallel/pipeline/executor.h"
+#include "trace/chrome_trace.h"
 #include "train/train_config.h"
 
 namespace mt {
@@ -59,6 +61,13 @@ class TrainTask {
   virtual double flops_per_step() const = 0;
   virtual size_t activation_bytes(int windows) const = 0;
   virtual std::map<std::string, std::string> metadata() const = 0;
+  // Measured: the most activation bytes held at once (the activation store's peak).
+  virtual size_t activation_peak_bytes() const { return 0; }
+  // Pipeline runs: this rank's accumulated timings (null without a pipeline); blocks per global stage.
+  virtual pipeline::PipelineStats* pipeline_stats() { return nullptr; }
+  virtual std::vector<int> stage_layers() const { return {}; }
+  // Pipeline runs record their computations and messages here.
+  virtual void set_trace(trace::ChromeTrace*) {}
 };
 
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
@@ -73,6 +82,9 @@ struct PipelineContext {
 
 // tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline,
 // forward_backward runs this rank's schedule and returns the loss sum only on the last stage.
+// Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
+std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages);
+
 std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr,
                                          const PipelineContext* pp = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);

@@ -48,10 +48,11 @@ struct TrainConfig {
   int log_every = 10;
   bool progress = true;
 
-  // Parallel layout. dp = 0: all ranks are data-parallel. tp, pp, schedule: not supported yet.
+  // Parallel layout. dp = 0: all ranks are data-parallel (world / (tp * pp)).
   int nproc = 1, dp = 0, tp = 1, pp = 1, zero = 0;
   std::string schedule;  // gpipe | 1f1b | interleaved (default 1f1b with --pp > 1)
   int virtual_stages = 1;
+  std::vector<int> stage_layers;  // blocks per global stage (--stage-layers 2,3,3); empty: balanced by cost
   std::string backend = "auto";  // auto | shm | mpi
   double comm_timeout = 300;
   double bucket_mb = 8;

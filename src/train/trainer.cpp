@@ -22,7 +22,9 @@
 #include "core/fs.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/simulator.h"
 #include "parallel/tensor/tp_ops.h"
 #include "tensor/blas.h"
 #include "trace/chrome_trace.h"
@@ -53,17 +55,17 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(nproc >= 1, "--nproc must be >= 1, got ", nproc);
   MT_CHECK_INPUT(grad_comm_dtype == "f32" || grad_comm_dtype == "bf16", "--grad-comm-dtype must be f32 or bf16, got '",
                  grad_comm_dtype, "'");
-  auto not_yet = [](bool ok, const char* what) {
-    MT_CHECK_INPUT(ok, what, " is not supported yet (data and tensor parallelism and ZeRO are)");
-  };
   MT_CHECK_INPUT(tp >= 1, "--tp must be >= 1, got ", tp);
   MT_CHECK_INPUT(pp >= 1, "--pp must be >= 1, got ", pp);
   MT_CHECK_INPUT(schedule.empty() || pp > 1, "--schedule ", schedule, " needs --pp > 1");
+  MT_CHECK_INPUT(stage_layers.empty() || pp > 1, "--stage-layers needs --pp > 1");
+  MT_CHECK_INPUT(zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3, got ", zero);
   if (pp > 1) {
     MT_CHECK_INPUT(model == "gpt", "--pp ", pp, " needs --model gpt");
-    not_yet(tp == 1, "--pp together with --tp");
-    not_yet(zero == 0, "--pp together with --zero");
-    not_yet(eval_every == 0, "--eval-every with --pp");
+    // ZeRO 2 and 3 shard gradients and parameters layer by layer inside the backward pass; under a pipeline
+    // the schedule owns that pass, and stage 1 already shards the optimizer state, the largest part.
+    MT_CHECK_INPUT(zero <= 1, "--zero ", zero, " with --pp is not supported: use --zero 1 (optimizer state ",
+                   "sharded over the data-parallel group) or 0");
   }
   if (tp > 1) {
     MT_CHECK_INPUT(model == "gpt", "--tp ", tp, " needs --model gpt (the MLP has no tensor-parallel layers)");
@@ -246,11 +248,17 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     checkpoints.push_back({next_step, path});
   };
 
-  std::vector<bool> replicated;  // per registry tensor: the same on every tensor-parallel peer
-  for (const nn::Param& p : params.params()) replicated.push_back(p.shard.axis < 0);
-  std::vector<bool> tied_copy;  // the last pipeline stage's wte: counted by the first stage
+  // Each element of the model counted once in the gradient norm: tensors replicated over the tensor-parallel
+  // group count on its rank 0 only, and the last pipeline stage's copy of the tied wte not at all (the first
+  // stage's holds the same summed gradient).
+  std::vector<bool> not_counted;
+  for (const nn::Param& p : params.params())
+    not_counted.push_back((p.shard.axis < 0 && tp_rank != 0) || (pp > 1 && pp_rank == pp - 1 && p.name == "wte.weight"));
   nn::Param* tied = pp > 1 && (pp_rank == 0 || pp_rank == pp - 1) ? params.find("wte.weight") : nullptr;
-  for (const nn::Param& p : params.params()) tied_copy.push_back(pp > 1 && pp_rank == pp - 1 && p.name == "wte.weight");
+  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
+  if (pp > 1)
+    progress.message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
+                         cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
 
   StepHooks hooks;
   if (pp == 1) {  // the pipeline reduces gradients after its schedule instead of bucket by bucket
@@ -274,19 +282,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     sum_across(dp_group, &loss, 1);  // tensor-parallel peers hold the same loss
     loss /= (double)items_per_step;
     double norm;
-    if (pp > 1) {
-      auto [all, copy] = engine.grad_sq(tied_copy);
-      double sq[1] = {all - copy};
-      sum_across(pp_group.get(), sq, 1);
-      norm = std::sqrt(std::max(0.0, sq[0]));
-    } else if (tp == 1) {
+    if (tp * pp == 1) {
       norm = engine.grad_norm();
     } else {
-      // Shards add up over the tensor-parallel group; replicated tensors (identical on every peer) count once.
-      auto [all, repl] = engine.grad_sq(replicated);
-      double sq[1] = {all};
-      sum_across(tp_group.get(), sq, 1);
-      norm = std::sqrt(std::max(0.0, sq[0] - (tp - 1) * repl));
+      auto [all, skip] = engine.grad_sq(not_counted);
+      double sq[1] = {all - skip};
+      sum_across(mp_group.get(), sq, 1);  // the parts of one replica add up over its tensor x pipeline ranks
+      norm = std::sqrt(std::max(0.0, sq[0]));
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       progress.finish();
@@ -319,6 +321,8 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     if (s > start) {
       timed_s += dt;
       timed_steps++;
+    } else if (auto* ps = task->pipeline_stats()) {
+      *ps = {};  // the first step allocates: time the others
     }
 
     nlohmann::json row = {{"step", s}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
@@ -326,8 +330,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                           {"step_time_s", dt}};
     bool last = s + 1 == cfg.steps;
     if (task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || last)) {
-      EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, &engine);
+      EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, pp > 1 ? nullptr : &engine);
       double v[3] = {ev.loss, ev.correct, ev.count};
+      if (pp > 1) sum_across(pp_group.get(), v, 3);  // only the last stage has them
       sum_across(dp_group, v, 3);
       double vloss = v[0] / v[2];
       row["val_loss"] = vloss;
@@ -384,24 +389,70 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   sum.items_per_s = timed_steps ? (double)items_per_step * timed_steps / timed_s : 0;
   sum.flops_per_step = task->flops_per_step();
   sum.params = (int64_t)full.size();
-  constexpr int kF = 6;
-  double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(), 0.0,
-                     (double)task->activation_bytes(per_rank), (double)peak_rss_bytes(),
-                     (double)engine.transient_bytes()};
+  pipeline::PipelineStats pstats;
+  if (auto* ps = task->pipeline_stats()) pstats = *ps;
+  constexpr int kF = 10;
+  double mine[kF] = {(double)engine.param_bytes(),
+                     (double)engine.grad_bytes(),
+                     0.0,
+                     (double)task->activation_bytes(per_rank),
+                     (double)peak_rss_bytes(),
+                     (double)engine.transient_bytes(),
+                     (double)task->activation_peak_bytes(),
+                     pstats.span_us,
+                     pstats.forward_us,
+                     pstats.backward_us};
   for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
   std::vector<float> all(kF * world_size), in(kF);
-  for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
+  for (int i = 0; i < 7; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
+  for (int i = 7; i < kF; i++) in[i] = (float)(mine[i] / 1000.0);  // ms
   if (world && world_size > 1)
     world->all_gather(in.data(), all.data(), kF * world_size, comm::DType::f32);
   else
     all = in;
   for (int r = 0; r < world_size; r++) {
     const float* v = &all[kF * r];
-    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0});
+    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0,
+                         v[6] * 1024.0});
+  }
+  // Pipeline bubble of replica 0 (data-parallel index 0, tensor-parallel index 0): measured from the ranks'
+  // timings, and simulated for the same schedule with each rank's measured forward and backward times.
+  nlohmann::json pipe_json;
+  if (pp > 1 && timed_steps > 0) {
+    std::vector<double> fwd(pp), bwd(pp);
+    double busy = 0, span = 0;
+    for (int j = 0; j < pp; j++) {
+      const float* v = &all[kF * (j * nranks * tp)];
+      fwd[j] = v[8] / timed_steps;
+      bwd[j] = v[9] / timed_steps;
+      busy += v[8] + v[9];
+      span = std::max(span, (double)v[7]);
+    }
+    const int mbs = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+    pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, pctx.virtual_stages};
+    plan::CostModel cost;
+    cost.rank_forward = fwd;
+    cost.rank_backward = bwd;
+    const plan::SimResult sim = plan::simulate(spec, cost);
+    sum.bubble_measured = span > 0 ? 1.0 - busy / (pp * span) : 0;
+    sum.bubble_simulated = sim.bubble_fraction;
+    sum.bubble_ideal = plan::theoretical_bubble(spec);
+    pipe_json = {{"schedule", spec.name},
+                 {"stages", pp},
+                 {"micro_batches", spec.micro_batches},
+                 {"virtual_stages", spec.virtual_stages},
+                 {"stage_layers", task->stage_layers()},
+                 {"bubble_measured", sum.bubble_measured},
+                 {"bubble_simulated", sum.bubble_simulated},
+                 {"bubble_ideal", sum.bubble_ideal},
+                 {"forward_ms_per_step", fwd},
+                 {"backward_ms_per_step", bwd}};
   }
   if (lead && !cfg.summary.empty()) {
     nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks}, {"tp", tp},
-                        {"params", sum.params},            {"steps", sum.steps_run}, {"final_loss", sum.final_loss}};
+                        {"pp", pp},                        {"params", sum.params},   {"steps", sum.steps_run},
+                        {"final_loss", sum.final_loss}};
+    if (!pipe_json.is_null()) j["pipeline"] = pipe_json;
     for (int r = 0; r < world_size; r++) {
       const RankMemory& m = sum.ranks[r];
       j["ranks"].push_back({{"rank", r},
@@ -410,6 +461,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                             {"optimizer_bytes", m.optimizer_bytes},
                             {"activation_bytes", m.activation_bytes},
                             {"transient_bytes", m.transient_bytes},
+                            {"activation_peak_bytes", m.activation_peak_bytes},
                             {"peak_rss_bytes", m.peak_rss_bytes}});
     }
     write_file_atomic(cfg.summary, j.dump(2) + "\n");
@@ -423,15 +475,18 @@ int train_main(const TrainConfig& cfg) {
     std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
                  s.items_per_s, cfg.model == "gpt" ? "tokens" : "examples");
     if (s.ranks.size() > 1 || cfg.zero > 0) {
-      std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB)\n", "rank", "params", "grads", "optimizer",
-                   "transient", "activations", "peak RSS");
+      std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB; activations: measured peak)\n", "rank",
+                   "params", "grads", "optimizer", "transient", "activations", "peak RSS");
       for (size_t r = 0; r < s.ranks.size(); r++) {
         const RankMemory& m = s.ranks[r];
         std::fprintf(stderr, "%6zu %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", r, m.param_bytes / 1048576.0,
                      m.grad_bytes / 1048576.0, m.optimizer_bytes / 1048576.0, m.transient_bytes / 1048576.0,
-                     m.activation_bytes / 1048576.0, m.peak_rss_bytes / 1048576.0);
+                     m.activation_peak_bytes / 1048576.0, m.peak_rss_bytes / 1048576.0);
       }
     }
+    if (s.bubble_simulated >= 0)
+      std::fprintf(stderr, "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, measured stage "
+                   "times), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
   };
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;
@@ -444,12 +499,14 @@ int train_main(const TrainConfig& cfg) {
   if (!comm::under_mpirun()) {
     // One message from the parent, not one per rank.
     cfg.validate(cfg.nproc);
-    if (cfg.model == "gpt" && cfg.tp > 1) {
+    if (cfg.model == "gpt" && (cfg.tp > 1 || !cfg.stage_layers.empty())) {
       std::optional<SafetensorsReader> init;
       if (!cfg.init.empty()) init.emplace(cfg.init);
-      const int heads = gpt_shape(cfg, init ? &*init : nullptr).n_head;
-      MT_CHECK_INPUT(heads % cfg.tp == 0, "n_head (", heads, ") is not divisible by --tp (", cfg.tp,
+      const model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
+      MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
                      "): tensor parallelism splits attention by whole heads");
+      if (!cfg.stage_layers.empty())
+        pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
     }
   }
   return comm::launch(lo, [&](comm::Communicator& world) {

@@ -15,6 +15,7 @@ namespace mt::train {
 struct RankMemory {
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, peak_rss_bytes = 0;
   double transient_bytes = 0;  // ZeRO 2/3 bucket and gathered-parameter buffers
+  double activation_peak_bytes = 0;  // measured: the most the activation store held at once
 };
 
 struct TrainSummary {
@@ -24,6 +25,9 @@ struct TrainSummary {
   double flops_per_step = 0;
   int64_t params = 0;
   std::vector<RankMemory> ranks;  // per rank (filled on every rank)
+  // Pipeline runs (replica 0; -1 otherwise): bubble fraction measured, simulated with the measured stage
+  // times for the same schedule, and the ideal (p - 1) / (V m + p - 1).
+  double bubble_measured = -1, bubble_simulated = -1, bubble_ideal = -1;
 };
 
 // Runs training as configured, on `world` (null: a single process). Throws mt::Error subclasses on bad

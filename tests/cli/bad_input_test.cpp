@@ -222,22 +222,25 @@ TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
   EXPECT_ERR_MATCHES(r, R"(\b4\b)");
 }
 
-TEST_F(BadInput, ParallelFlagsNotSupportedYet) {
-  // Data, tensor and pipeline parallelism work; these combinations do not yet, and say so with the flag.
+TEST_F(BadInput, PipelineFlagCombinations) {
+  // Pipeline parallelism takes ZeRO 0 or 1 only, and --stage-layers must describe the stages.
   struct Case {
     std::vector<std::string> flags;
-    std::string expect;
+    std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {{"--nproc", "2", "--pp", "2", "--zero", "1"}, "--zero"},
-      {{"--nproc", "4", "--pp", "2", "--tp", "2"}, "--tp"},
+      {{"--nproc", "2", "--pp", "2", "--zero", "2"}, {"--zero 2 with --pp is not supported", "--zero 1"}},
+      {{"--nproc", "2", "--pp", "2", "--zero", "3"}, {"--zero 3 with --pp is not supported"}},
+      {{"--nproc", "2", "--pp", "2", "--stage-layers", "1,1,0"}, {"--stage-layers gives 3 stage(s)", "has 2"}},
+      {{"--nproc", "2", "--pp", "2", "--stage-layers", "1,2"}, {"--stage-layers adds up to 3", "n_layer 2"}},
+      {{"--nproc", "2", "--pp", "2", "--stage-layers", "3,-1"}, {"stage 1 has -1 layers"}},
+      {{"--stage-layers", "1,1"}, {"--stage-layers needs --pp > 1"}},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.flags[2]);
+    SCOPED_TRACE(c.flags.back());
     RunResult r = run_meshtrain(gpt_args(good_shard_, c.flags));
     expect_error(r);
-    EXPECT_ERR_HAS(r, "not supported yet");
-    EXPECT_ERR_HAS(r, c.expect);
+    for (const std::string& e : c.expect) EXPECT_ERR_HAS(r, e);
   }
   RunResult s = run_meshtrain(gpt_args(good_shard_, {"--schedule", "1f1b"}));
   expect_error(s);

@@ -10,7 +10,9 @@
 namespace mt::parallel {
 
 struct DataParallel::Bucket {
-  int g_lo = 0, g_hi = 0;         // groups [g_lo, g_hi]
+  int index = 0;                  // in buckets_
+  int g_lo = 0, g_hi = 0;         // first and last group in flat order (for names)
+  int groups = 0;                 // non-empty groups in the bucket
   size_t begin = 0, count = 0;    // flat range
   size_t so = 0, sc = 0;          // this rank's shard within the bucket: [begin + so, begin + so + sc)
   size_t pos = 0;                 // where that shard starts in the compact shard buffers
@@ -70,19 +72,29 @@ void DataParallel::build_buckets() {
   }
   const size_t limit = std::max<size_t>(1, (size_t)(opt_.bucket_mb * 1048576.0 / sizeof(float)));
   bucket_of_.assign(G, -1);
+  // Groups in descending flat order: the order backward finishes them (a model registers its layers in
+  // forward order), and consecutive groups tile the buffer, so every bucket is one flat range. (A pipeline
+  // stage's tied wte copy is registered last though its group id is 0: order by offset, not by id.)
+  std::vector<int> order;
+  for (int g = 0; g < G; g++)
+    if (gb[g] != SIZE_MAX) order.push_back(g);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return gb[a] > gb[b]; });
   Bucket* cur = nullptr;
-  for (int g = G - 1; g >= 0; g--) {
-    if (gb[g] == SIZE_MAX) continue;  // empty group
+  for (size_t k = 0; k < order.size(); k++) {
+    const int g = order[k];
     if (!cur) {
       cur = new Bucket;
       cur->g_hi = g;
+      cur->count = 0;
     }
     cur->g_lo = g;
+    cur->groups++;
     bucket_of_[g] = (int)buckets_.size();
     size_t size = ge[cur->g_hi] - gb[g];
-    if (opt_.zero >= 2 || size >= limit || g == 0) {
+    if (opt_.zero >= 2 || size >= limit || k + 1 == order.size()) {
       cur->begin = gb[g];
       cur->count = size;
+      cur->index = (int)buckets_.size();
       buckets_.push_back(cur);
       cur = nullptr;
     }
@@ -118,12 +130,12 @@ size_t DataParallel::state_size() const { return opt_.zero == 0 ? params_.size()
 
 void DataParallel::bind_data(Bucket& b, float* base) {
   for (nn::Param& p : params_.params())
-    if (p.group >= b.g_lo && p.group <= b.g_hi) p.data = base ? base + (p.offset - b.begin) : nullptr;
+    if (bucket_of_[p.group] == b.index) p.data = base ? base + (p.offset - b.begin) : nullptr;
 }
 
 void DataParallel::bind_grad(Bucket& b, float* base) {
   for (nn::Param& p : params_.params())
-    if (p.group >= b.g_lo && p.group <= b.g_hi) p.grad = base ? base + (p.offset - b.begin) : nullptr;
+    if (bucket_of_[p.group] == b.index) p.grad = base ? base + (p.offset - b.begin) : nullptr;
 }
 
 void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) {
@@ -136,7 +148,7 @@ void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) {
     AlignedBuffer tmp(b->count);
     bind_data(*b, tmp.data());
     for (nn::Param& p : params_.params())
-      if (p.group >= b->g_lo && p.group <= b->g_hi) fill(p);
+      if (bucket_of_[p.group] == b->index) fill(p);
     std::memcpy(pshard_.data() + b->pos, tmp.data() + b->so, sizeof(float) * b->sc);
     bind_data(*b, nullptr);
   }
@@ -154,7 +166,7 @@ void DataParallel::begin_micro_batch(int index, int count) {
   if (opt_.zero >= 2) finish_backward();
   micro_index_ = index;
   last_micro_ = index == count - 1;
-  for (Bucket* b : buckets_) b->pending = b->g_hi - b->g_lo + 1;
+  for (Bucket* b : buckets_) b->pending = b->groups;
 }
 
 comm::Request DataParallel::start_reduce(const float* send, float* recv, size_t count, bool scatter,
@@ -220,7 +232,7 @@ void DataParallel::reduce_bucket(Bucket& b) {
   if (trace_ && trace_->enabled()) {
     p->t_issue = trace::ChromeTrace::now_us();
     p->what = str(opt_.zero == 0 ? "all_reduce " : "reduce_scatter ", group_name(b.g_lo),
-                  b.g_hi > b.g_lo ? ".." + group_name(b.g_hi) : std::string(), " (",
+                  b.g_hi != b.g_lo ? ".." + group_name(b.g_hi) : std::string(), " (",
                   (double)b.count * (opt_.grad_dtype == comm::DType::f32 ? 4 : 2) / 1048576.0, " MB)");
   }
   if (opt_.zero == 0) {
@@ -301,9 +313,14 @@ std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged
 double DataParallel::grad_norm() { return std::sqrt(grad_sq({}).first); }
 
 void DataParallel::reduce_all() {
-  MT_ASSERT(opt_.zero == 0, "reduce_all is for ZeRO 0");
-  if (dp_ && n_ > 1)
+  MT_ASSERT(opt_.zero <= 1, "reduce_all is for ZeRO 0 and 1");
+  if (!dp_ || n_ == 1) return;
+  if (opt_.zero == 0) {
     dp_->all_reduce(params_.grad(), params_.grad(), params_.size(), comm::DType::f32, comm::ReduceOp::sum);
+    return;
+  }
+  for (Bucket* b : buckets_) reduce_bucket(*b);  // in-place reduce-scatter of each bucket
+  finish_backward();
 }
 
 void DataParallel::scale_grads(float factor) {

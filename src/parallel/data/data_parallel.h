@@ -70,7 +70,8 @@ class DataParallel : public nn::ParamHooks {
   void begin_step();
   void begin_micro_batch(int index, int count);
   void finish_backward();
-  // ZeRO 0 without hooks (pipeline parallelism): all-reduce the whole gradient over the group now.
+  // Without hooks (pipeline parallelism): reduce the whole gradient over the group now: ZeRO 0 all-reduces
+  // it, ZeRO 1 reduce-scatters each bucket (this rank keeps its reduced slices).
   void reduce_all();
   // Global L2 norm of the reduced gradient, each parameter element counted once.
   double grad_norm();

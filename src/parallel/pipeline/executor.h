@@ -9,14 +9,16 @@
 
 #include "comm/communicator.h"
 #include "parallel/pipeline/schedule.h"
+#include "trace/chrome_trace.h"
 
 namespace mt::pipeline {
 
 // What the executor needs from the model: per (chunk, micro-batch), forward from an input activation
 // (null on global stage 0, which reads its tokens) to an output activation (returned; null on the last
 // global stage), and backward from the output's gradient (null on the last stage) to the input's gradient
-// (returned; null on stage 0). Returned pointers must stay valid until the action list finishes (forward)
-// or until the next call (backward: the executor copies it before sending).
+// (returned; null on stage 0). A forward's returned pointer must stay valid until the backward of the same
+// (chunk, micro-batch) starts (the executor waits for its send before calling backward, so backward may free
+// it); backward's until the next call (the executor copies it before sending).
 class StageRunner {
  public:
   virtual ~StageRunner() = default;
@@ -25,8 +27,22 @@ class StageRunner {
   virtual const float* backward(int chunk, int micro_batch, const float* output_grad) = 0;
 };
 
+// What one rank measured while running its list (wall-clock microseconds), accumulated over calls.
+//   span     from the list's start to its end (all sends delivered)
+//   forward  summed forward computations; backward likewise; wait: time blocked in wait_recv
+// The measured bubble of a step is 1 - sum over ranks of (forward + backward) / (p * max span); the trainer
+// gathers these per rank and compares with plan::simulate under the measured backward/forward ratio.
+struct PipelineStats {
+  double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0;
+  int64_t forwards = 0, backwards = 0, lists = 0;
+  void add(const PipelineStats& o);
+};
+
 // pp: the pipeline group (rank j = pipeline position). Messages are tagged by (kind, micro-batch, stage).
+// stats (may be null) accumulates this call's timings; trace (may be null or disabled) records every
+// computation (compute track: "F3c1" = forward of micro-batch 3, chunk 1) and every receive (from post to
+// arrival seen) and send (from issue to completion seen) on the p2p track.
 void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
-                 StageRunner& runner);
+                 StageRunner& runner, PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr);
 
 }  // namespace mt::pipeline
