@@ -1,0 +1,141 @@
+// Stage splitting (parallel/pipeline/partition.h) against an exhaustive search, --stage-layers checks, the
+// simulator's per-rank costs, and the activation store's measured peak that the pipeline summary reports.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "nn/activation_store.h"
+#include "parallel/pipeline/partition.h"
+#include "plan/simulator.h"
+
+namespace {
+
+using mt::pipeline::balance_layers;
+
+// The smallest possible maximum stage cost over every contiguous split (enumerated).
+double brute_force_best(const std::vector<double>& c, int S, double first, double last) {
+  const int L = (int)c.size();
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> counts(S, 0);
+  std::function<void(int, int)> rec = [&](int s, int left) {
+    if (s == S - 1) {
+      counts[s] = left;
+      double worst = 0;
+      int l = 0;
+      for (int k = 0; k < S; k++) {
+        double v = (k == 0 ? first : 0) + (k == S - 1 ? last : 0);
+        for (int i = 0; i < counts[k]; i++) v += c[l++];
+        worst = std::max(worst, v);
+      }
+      best = std::min(best, worst);
+      return;
+    }
+    for (int n = 0; n <= left; n++) {
+      counts[s] = n;
+      rec(s + 1, left - n);
+    }
+  };
+  rec(0, L);
+  (void)L;
+  return best;
+}
+
+double max_stage(const std::vector<double>& c, const std::vector<int>& counts, double first, double last) {
+  double worst = 0;
+  int l = 0;
+  for (size_t s = 0; s < counts.size(); s++) {
+    double v = (s == 0 ? first : 0) + (s + 1 == counts.size() ? last : 0);
+    for (int i = 0; i < counts[s]; i++) v += c[l++];
+    worst = std::max(worst, v);
+  }
+  return worst;
+}
+
+TEST(Partition, OptimalAgainstExhaustiveSearch) {
+  unsigned seed = 7;
+  auto rnd = [&]() {
+    seed = seed * 1103515245u + 12345u;
+    return 0.5 + (seed >> 16) % 100 / 50.0;
+  };
+  for (int L = 0; L <= 8; L++) {
+    for (int S = 1; S <= 5; S++) {
+      std::vector<double> c(L);
+      for (double& x : c) x = rnd();
+      const double first = rnd() - 0.5, last = 2 * rnd();
+      std::vector<int> counts = balance_layers(c, S, first, last);
+      ASSERT_EQ((int)counts.size(), S);
+      EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0), L);
+      EXPECT_NEAR(max_stage(c, counts, first, last), brute_force_best(c, S, first, last), 1e-9)
+          << "L=" << L << " S=" << S;
+    }
+  }
+}
+
+TEST(Partition, EqualLayersSplitEvenlyAndTheHeadMovesLayersForward) {
+  EXPECT_EQ(balance_layers(std::vector<double>(8, 1.0), 4, 0, 0), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(balance_layers(std::vector<double>(6, 1.0), 4, 0, 0), (std::vector<int>{2, 2, 1, 1}));
+  EXPECT_EQ(balance_layers(std::vector<double>(2, 1.0), 3, 0, 0), (std::vector<int>{1, 1, 0}));
+  // A last stage carrying 1.5 layers' worth of logits takes fewer blocks: 6 layers on 2 stages -> 4 + 2.
+  EXPECT_EQ(balance_layers(std::vector<double>(6, 1.0), 2, 0, 1.5), (std::vector<int>{4, 2}));
+}
+
+TEST(Partition, StageLayersChecks) {
+  EXPECT_NO_THROW(mt::pipeline::check_stage_layers({2, 0, 2}, 3, 4));
+  EXPECT_THROW(mt::pipeline::check_stage_layers({2, 2}, 3, 4), mt::InputError);
+  EXPECT_THROW(mt::pipeline::check_stage_layers({2, 1, 2}, 3, 4), mt::InputError);
+  EXPECT_THROW(mt::pipeline::check_stage_layers({5, -1}, 2, 4), mt::InputError);
+  EXPECT_EQ(mt::pipeline::describe_split({2, 0, 1, 3}), "[0-1] [] [2] [3-5]");
+}
+
+TEST(SimulatorRankCosts, EqualPerRankCostsGiveTheUniformModel) {
+  for (const char* sched : {"gpipe", "1f1b"}) {
+    mt::plan::CostModel uniform{1.0, 2.0, 0.0}, per_rank;
+    per_rank.rank_forward = {1, 1, 1, 1};
+    per_rank.rank_backward = {2, 2, 2, 2};
+    auto a = mt::plan::simulate({sched, 4, 8, 1}, uniform), b = mt::plan::simulate({sched, 4, 8, 1}, per_rank);
+    EXPECT_DOUBLE_EQ(a.makespan, b.makespan) << sched;
+    EXPECT_DOUBLE_EQ(a.bubble_fraction, b.bubble_fraction) << sched;
+  }
+}
+
+TEST(SimulatorRankCosts, ASlowRankSetsThePace) {
+  // gpipe, p = 2, m = 4, rank 1 twice as slow (forward 2, backward 4), rank 0 forward 1, backward 2:
+  // rank 1's forwards run back to back from t = 1 to 9, its backwards from 9 to 25; rank 0's last backward
+  // waits for rank 1's last (ends at 25) and runs 25..27. Busy = 12 + 24 = 36 of 2 x 27.
+  mt::plan::CostModel c;
+  c.rank_forward = {1, 2};
+  c.rank_backward = {2, 4};
+  auto r = mt::plan::simulate({"gpipe", 2, 4, 1}, c);
+  EXPECT_DOUBLE_EQ(r.makespan, 27);
+  EXPECT_DOUBLE_EQ(r.busy, 36);
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 1 - 36.0 / 54.0);
+  mt::plan::CostModel bad;
+  bad.rank_forward = {1, 2, 3};
+  bad.rank_backward = {1, 2, 3};
+  EXPECT_THROW(mt::plan::simulate({"gpipe", 2, 4, 1}, bad), mt::InputError);
+}
+
+TEST(ActivationStorePeak, CountsMicroBatchesInFlight) {
+  mt::nn::ActivationStore st;
+  const size_t n = 1000, bytes = n * sizeof(float);
+  for (int mb = 0; mb < 3; mb++) st.get(mb, "a", n);  // three micro-batches live at once
+  EXPECT_EQ(st.peak_live_bytes(), 3 * bytes);
+  st.release(0);
+  st.release(1);
+  EXPECT_EQ(st.live_bytes(), bytes);
+  st.get(3, "a", n);  // reuses a freed buffer: live 2, peak stays 3
+  EXPECT_EQ(st.live_bytes(), 2 * bytes);
+  EXPECT_EQ(st.peak_live_bytes(), 3 * bytes);
+  st.get(3, "a", 2 * n);  // resized in place: the old size no longer counts
+  EXPECT_EQ(st.live_bytes(), 3 * bytes);
+  st.get(4, "b", n);
+  st.get(5, "b", n);
+  EXPECT_EQ(st.peak_live_bytes(), 5 * bytes);
+}
+
+}  // namespace
