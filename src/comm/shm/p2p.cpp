@@ -270,7 +270,11 @@ void P2P::wait(Op& op) {
       if (!op.finished) progress();
       if (op.finished) break;
     }
-    signal_wait(bell, seen + 1, spin_, [&] { poll_(op.peer, op.what(), until); });
+    // The sender rings the doorbell after writing and may end right after: a doorbell that rang since `seen`
+    // means there is something to read, and the loop reads it before anyone is blamed.
+    signal_wait(bell, seen + 1, spin_, [&] {
+      poll_(op.peer, op.what(), until, [&] { return bell.value.load(std::memory_order_seq_cst) != seen; });
+    });
   }
   if (!op.error.empty()) throw CommError(op.error);
 }

@@ -32,8 +32,10 @@ namespace mt::comm::shm {
 
 class P2P {
  public:
-  // `poll(peer, what)` throws when the job has failed or the deadline `until` has passed.
-  using Poll = std::function<void(int peer, const std::string& what, Clock::time_point until)>;
+  // Throws if waiting on `peer` must stop (a failure, the deadline, the peer ended). `arrived` is asked after
+  // the peer's exit mark has been read: a peer that sent and then ended is not to blame.
+  using Poll = std::function<void(int peer, const std::string& what, Clock::time_point until,
+                                  const std::function<bool()>& arrived)>;
   P2P(Layout layout, int rank, SpinPolicy spin, Poll poll);
   ~P2P();
 

@@ -73,8 +73,9 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
-  p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until) {
-    poll_failure(peer, what, until, timeout());
+  p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until,
+                                                      const std::function<bool()>& arrived) {
+    poll_failure(peer, what, until, timeout(), arrived);
   });
 }
 
@@ -86,7 +87,8 @@ void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::st
   throw CommError(str(what, " on group '", name(), "' (rank ", rank(), " of ", size(), "): ", reason));
 }
 
-void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s) {
+void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s,
+                                   const std::function<bool()>& arrived) {
   const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
   // The supervisor records a failure before it marks the failed worker as exited, so read the exit mark
   // first: if the peer is marked, a failure it caused is visible to the check after it.
@@ -98,6 +100,7 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
     if (failed == world_ranks_[rank()]) fail_wait(what, peer, "stopped by an earlier failure of this rank");
     fail_wait(what, peer, str("aborted while waiting for ", peer_s, ": world rank ", failed, " failed: ", why));
   }
+  if (peer_ended && arrived && arrived()) return;  // it did its part before ending; the caller sees it next
   if (peer_ended) {
     fail_wait(what, peer, str(peer_s, " has already ended (",
                               WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "its body returned" : "it failed",
@@ -113,8 +116,10 @@ void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   Signal& s = L_.ctrl(peer).arrive;
   if (reached(s.value.load(std::memory_order_acquire), step)) return;
   signal_wait(s, step, spin_, [&] {
-    // A peer may arrive and then end between signal_wait's check and this poll: re-check before blaming it.
-    if (!reached(s.value.load(std::memory_order_acquire), step)) poll_failure(peer, describe(c.a), c.until, c.a.timeout_s);
+    // A peer may arrive and then end between signal_wait's check and this poll: poll_failure reads its exit
+    // mark first, then asks whether it arrived, before blaming it.
+    poll_failure(peer, describe(c.a), c.until, c.a.timeout_s,
+                 [&] { return reached(s.value.load(std::memory_order_seq_cst), step); });
   });
 }
 

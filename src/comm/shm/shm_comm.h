@@ -59,7 +59,11 @@ class ShmCommunicator : public Communicator {
   void release_buf(int b);
   void check_descriptors(Ctx& c);
   [[noreturn]] void fail_wait(const std::string& what, int peer, const std::string& reason);
-  void poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s);
+  // Throws CommError when the wait on `peer` must end: a recorded failure, the deadline, or the peer has
+  // ended. The peer's exit mark is read first and `arrived` (may be empty) asked after it, so a peer that
+  // arrived (or sent) and then ended between the caller's check and this poll is not blamed.
+  void poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s,
+                    const std::function<bool()>& arrived = {});
 
   void all_reduce_direct(Ctx& c);
   void all_reduce_rs_ag(Ctx& c);

@@ -87,7 +87,11 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
         break;
       case ActionKind::forward: {
         const double t0 = Clock::now_us();
-        act_out[key] = runner.forward(a.chunk, a.micro_batch, s == 0 ? nullptr : act_in.at(key).data());
+        // With one rank, consecutive stages are its consecutive chunks: the input is handed over in memory.
+        const float* input = s == 0 ? nullptr
+                             : p == 1 ? act_out.at({a.micro_batch, a.chunk - 1})
+                                      : act_in.at(key).data();
+        act_out[key] = runner.forward(a.chunk, a.micro_batch, input);
         const double t1 = Clock::now_us();
         st.forward_us += t1 - t0;
         st.forwards++;
@@ -123,7 +127,10 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
           act_send.erase(it);
         }
         const double t0 = Clock::now_us();
-        const float* g = runner.backward(a.chunk, a.micro_batch, s == S - 1 ? nullptr : grad_in.at(key).data());
+        const float* dout = s == S - 1 ? nullptr
+                            : p == 1   ? grad_out.at({a.micro_batch, a.chunk + 1}).data()
+                                       : grad_in.at(key).data();
+        const float* g = runner.backward(a.chunk, a.micro_batch, dout);
         if (s > 0) grad_out[key].assign(g, g + n);  // the runner's buffer is reused by the next backward
         const double t1 = Clock::now_us();
         st.backward_us += t1 - t0;
