@@ -10,7 +10,8 @@ logits make it about 1.2 blocks heavier; the default split balances that by esti
      measured forward and backward times) and the ideal (p - 1) / (V m + p - 1). P = 4 runs 4 ranks on the
      2 cores of this machine, oversubscribed: the ranks share cores, so compute stretches while others run.
   2. memory: P = 2, M = 8: measured activation peak per rank, 1F1B vs GPipe (--summary activation_peak_bytes).
-  3. throughput: dp=1 (one process), tp=2, pp=2 (1f1b, M=8), dp=2, each on 2 ranks of 1 thread.
+  3. throughput: dp=1 (one process), tp=2 (with and without sequence parallelism), pp=2 (1f1b, M=8), dp=2,
+     each on 2 ranks of 1 thread, with the measured activation peak per rank.
 Usage: /usr/bin/python3 bench/pp_bench.py [--meshtrain build/meshtrain] [--steps 6] [--quick]
 """
 import argparse
@@ -86,13 +87,17 @@ def main():
     print("\n3. Throughput on 2 cores (tokens/s; report, no target)")
     base = run(args, work, "dp1", [])["tokens_per_s"]
     print(f"  dp=1 (1 process, 1 thread): {base:8.0f}")
-    for tag, extra in (("tp=2", ["--nproc", 2, "--tp", 2]), ("pp=2 1f1b M=8", ["--nproc", 2, "--pp", 2,
+    for tag, extra in (("tp=2", ["--nproc", 2, "--tp", 2]),
+                       ("tp=2 sequence-parallel", ["--nproc", 2, "--tp", 2, "--sequence-parallel"]),
+                       ("pp=2 1f1b M=8", ["--nproc", 2, "--pp", 2,
                                                                                "--micro-batch-size", B // 8]),
                        ("dp=2", ["--nproc", 2])):
         if args.quick and tag == "dp=2":
             continue
-        tps = run(args, work, tag.replace(" ", "_").replace("=", ""), extra)["tokens_per_s"]
-        print(f"  {tag:<26}: {tps:8.0f}  ({tps / base:.2f}x dp=1)")
+        s = run(args, work, tag.replace(" ", "_").replace("=", ""), extra)
+        tps = s["tokens_per_s"]
+        act = max(r["activation_peak_bytes"] for r in s["ranks"]) / 1048576
+        print(f"  {tag:<26}: {tps:8.0f}  ({tps / base:.2f}x dp=1)  activation peak per rank {act:.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,9 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
                   "embedding and loss); ranks = dp x tp x pp, tensor fastest, then data, then pipeline")
       ->capture_default_str();
+  sub->add_flag("--sequence-parallel", c.sequence_parallel, "with --tp: split the residual stream, LayerNorms and "
+                "embedding sums by token rows over the tensor-parallel group (all-gather / reduce-scatter instead of "
+                "all-reduce; less activation memory)");
   sub->add_option("--pp", c.pp, "pipeline-parallel degree: the blocks split into stages balanced by estimated "
                   "cost (or --stage-layers); with --dp, --tp and --zero 0 or 1")->capture_default_str();
   sub->add_option("--stage-layers", c.stage_layers, "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "

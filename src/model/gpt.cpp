@@ -1,7 +1,10 @@
 #include "model/gpt.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -125,28 +128,76 @@ std::string key(int l, const char* what) { return "h" + std::to_string(l) + "." 
 void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B,
                         int T) {
   const int S = tp_size();
-  const int C = cfg_.n_embd, Cs = C / S, Hs = cfg_.n_head / S, N = B * T;
+  const int C = cfg_.n_embd, Cs = C / S, Hs = cfg_.n_head / S, N = B * T, Nr = rows_here(N);
   const LayerParams& p = layers_[l];
-  float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)N * C);
-  float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), N);
-  float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), N);
+  // Residual-stream tensors (x, res2, res3 and the LayerNorm outputs) have Nr rows: all N, or this rank's
+  // N / S under sequence parallelism, where the LayerNorm output is all-gathered before the column-parallel
+  // product and the row-parallel product is reduce-scattered instead of all-reduced.
+  float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
+  float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), Nr);
+  float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), Nr);
   float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
   float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
   float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
-  float* res2 = store.get(smb, key(slot, "res2"), (size_t)N * C);
-  float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)N * C);
-  float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), N);
-  float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), N);
+  float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
+  float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+  float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), Nr);
+  float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), Nr);
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
   float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-  nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, N, C);
-  nn::linear_forward(qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+  nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
+  nn::linear_forward(qkv, gather_rows(store, ln1, N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
   nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
-  row_parallel_forward(res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
-  nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, N, C);
-  nn::linear_forward(fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  row_parallel_forward(store, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
+  nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
+  nn::linear_forward(fch, gather_rows(store, ln2, N, C), p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
-  row_parallel_forward(res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
+  row_parallel_forward(store, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
+}
+
+int Gpt::rows_here(int N) const {
+  if (!sp_) return N;
+  MT_CHECK_INPUT(N % tp_size() == 0, "--sequence-parallel splits the ", N, " token rows of a micro-batch ",
+                 "(micro-batch size x --seq-len) over --tp ", tp_size(), ": they must be divisible");
+  return N / tp_size();
+}
+
+const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, int N, int C) {
+  if (!sp_) return local;
+  float* full = store.get(kScratchMb, "sp_gather", (size_t)N * C);
+  tp_->all_gather(local, full, (size_t)N * C);
+  return full;
+}
+
+void Gpt::scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C) {
+  if (!sp_) {
+    tp_sum(full, (size_t)N * C);
+    if (local != full) std::memcpy(local, full, sizeof(float) * N * C);
+    return;
+  }
+  tp_->reduce_scatter(full, local, (size_t)N * C);
+}
+
+void Gpt::sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts, size_t count) {
+  // Under sequence parallelism each rank computed a replicated parameter's gradient from its rows only: add
+  // the parts over the group (only this micro-batch's contribution, which the caller computed into `parts`'
+  // temporaries, so earlier micro-batches are not counted twice); the first `count` elements of each.
+  size_t total = 0;
+  for (auto& [p, g] : parts) total += std::min(p->numel, count);
+  sp_tmp_.resize(total);
+  size_t off = 0;
+  for (auto& [p, g] : parts) {
+    const size_t n = std::min(p->numel, count);
+    std::memcpy(sp_tmp_.data() + off, g, sizeof(float) * n);
+    off += n;
+  }
+  tp_sum(sp_tmp_.data(), total);
+  off = 0;
+  for (auto& [p, g] : parts) {
+    const size_t n = std::min(p->numel, count);
+    for (size_t i = 0; i < n; i++) p->grad[i] += sp_tmp_[off + i];
+    off += n;
+  }
 }
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -154,37 +205,40 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   nn::ParamHooks none;
   nn::ParamHooks& hk = hooks ? *hooks : none;
   const int S = tp_size();
-  const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
-  const int N = B * T;
+  const int C = cfg_.n_embd, L = cfg_.n_layer, Vl = (int)(v1_ - v0_);
+  const int N = B * T, Nr = rows_here(N), n0 = sp_ ? tp_->rank() * Nr : 0;
   MT_ASSERT(T <= cfg_.n_positions, "T ", T, " > n_positions ", cfg_.n_positions);
 
-  float* x = store.get(mb, "x0", (size_t)N * C);
+  float* x = store.get(mb, "x0", (size_t)Nr * C);
   if (first_stage()) {
-  // Token ids are kept (as raw int32 bits in a float buffer) for the embedding backward.
+  // Token ids are kept (as raw int32 bits in a float buffer) for the embedding backward; positions of this
+  // rank's rows only.
   auto* ids = reinterpret_cast<int32_t*>(store.get(mb, "ids", N));
   std::memcpy(ids, inputs, sizeof(int32_t) * N);
-  auto* pos = reinterpret_cast<int32_t*>(store.get(mb, "pos", N));
-  for (int n = 0; n < N; n++) pos[n] = n % T;
+  auto* pos = reinterpret_cast<int32_t*>(store.get(mb, "pos", Nr));
+  for (int n = 0; n < Nr; n++) pos[n] = (n0 + n) % T;
 
   hk.before_forward(0);  // the embeddings stay in use until the logits at the end
   if (S == 1) {
     nn::embedding_forward(x, ids, wte_->data, N, C, false);
   } else {
-    // Vocabulary-parallel lookup: rows this rank owns, zeros elsewhere, summed over the group.
-    std::memset(x, 0, sizeof(float) * N * C);
+    // Vocabulary-parallel lookup: rows this rank owns, zeros elsewhere, summed over the group (reduce-
+    // scattered to each rank's rows under sequence parallelism).
+    float* e = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : x;
+    std::memset(e, 0, sizeof(float) * N * C);
     for (int n = 0; n < N; n++)
       if (ids[n] >= v0_ && ids[n] < v1_)
-        std::memcpy(x + (size_t)n * C, wte_->data + (size_t)(ids[n] - v0_) * C, sizeof(float) * C);
-    tp_sum(x, (size_t)N * C);
+        std::memcpy(e + (size_t)n * C, wte_->data + (size_t)(ids[n] - v0_) * C, sizeof(float) * C);
+    scatter_rows(store, e, x, N, C);
   }
-  nn::embedding_forward(x, pos, wpe_->data, N, C, true);
+  nn::embedding_forward(x, pos, wpe_->data, Nr, C, true);
   } else {
     MT_ASSERT(stage_input, "a stage after the first needs its input activation");
-    std::memcpy(x, stage_input, sizeof(float) * N * C);
+    std::memcpy(x, stage_input, sizeof(float) * Nr * C);
   }
 
   for (int l = begin_; l < end_; l++) {
-    float* res3 = store.get(mb, key(l, "res3"), (size_t)N * C);
+    float* res3 = store.get(mb, key(l, "res3"), (size_t)Nr * C);
     hk.before_forward(1 + l);
     // With recomputation the block's intermediates go to one scratch set shared by all layers (rebuilt in
     // backward); only the block's output (the next block's input) is kept per layer.
@@ -194,15 +248,15 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   }
   double loss = 0.0;
   if (last_stage()) {
-  float* lnf = store.get(mb, "lnf", (size_t)N * C);
-  float* lnf_mean = store.get(mb, "lnf_mean", N);
-  float* lnf_rstd = store.get(mb, "lnf_rstd", N);
+  float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
+  float* lnf_mean = store.get(mb, "lnf_mean", Nr);
+  float* lnf_rstd = store.get(mb, "lnf_rstd", Nr);
   hk.before_forward(L + 1);
-  nn::layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnf_w_->data, lnf_b_->data, N, C);
+  nn::layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnf_w_->data, lnf_b_->data, Nr, C);
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
-    gemm(false, true, N, Vl, C, 1.0f, lnf, C, wte_->data, C, 0.0f, logits, Vl);
+    gemm(false, true, N, Vl, C, 1.0f, gather_rows(store, lnf, N, C), C, wte_->data, C, 0.0f, logits, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : vocab_parallel_cross_entropy(logits, targets, N, dscale);
   }
@@ -213,11 +267,12 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
 }
 
 const float* Gpt::stage_output(nn::ActivationStore& store, int mb, int B, int T) {
-  return store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)B * T * cfg_.n_embd);
+  return store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"),
+                   (size_t)rows_here(B * T) * cfg_.n_embd);
 }
 
 const float* Gpt::stage_input_grad(nn::ActivationStore& store, int B, int T) {
-  return store.get(kScratchMb, "dres", (size_t)B * T * cfg_.n_embd);
+  return store.get(kScratchMb, "dres", (size_t)rows_here(B * T) * cfg_.n_embd);
 }
 
 void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout) {
@@ -225,94 +280,133 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   nn::ParamHooks& hk = hooks ? *hooks : none;
   const int S = tp_size();
   const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
-  const int N = B * T;
+  const int N = B * T, Nr = rows_here(N);
   // Scratch shared by all micro-batches (one backward runs at a time): the running gradient of the
-  // residual stream and per-layer temporaries.
+  // residual stream (this rank's Nr rows) and per-layer temporaries.
   const int kScratch = kScratchMb;
-  float* dres = store.get(kScratch, "dres", (size_t)N * C);
-  float* dln = store.get(kScratch, "dln", (size_t)N * C);
+  float* dres = store.get(kScratch, "dres", (size_t)Nr * C);
+  float* dln = store.get(kScratch, "dln", (size_t)Nr * C);
+  float* dfull = sp_ ? store.get(kScratch, "sp_dfull", (size_t)N * C) : dln;  // a gradient of all N rows
   float* datty = store.get(kScratch, "datty", (size_t)N * Cs);
   float* dqkv = store.get(kScratch, "dqkv", (size_t)N * 3 * Cs);
   float* dfch = store.get(kScratch, "dfch", (size_t)N * 4 * Cs);
+  // Sequence parallelism: this micro-batch's part of the replicated LayerNorm gradients, summed over the group.
+  float* dlnp = sp_ ? store.get(kScratch, "sp_dln_params", (size_t)4 * C) : nullptr;
+  // The gradient of the residual stream over all N rows (the row-parallel products' output gradient).
+  auto dres_all = [&]() -> const float* {
+    if (!sp_) return dres;
+    float* full = store.get(kScratch, "sp_dres_full", (size_t)N * C);
+    tp_->all_gather(dres, full, (size_t)N * C);
+    return full;
+  };
 
   if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
   if (last_stage()) {
   const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
-  const float* lnf = store.get(mb, "lnf", (size_t)N * C);
-  const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)N * C);
+  const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
+  const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dln, C);
-  tp_sum(dln, (size_t)N * C);  // each rank holds its vocabulary rows' share of dlnf
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, lnf, C, 1.0f, wte_->grad, C);
-  std::memset(dres, 0, sizeof(float) * N * C);
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dfull, C);
+  scatter_rows(store, dfull, dln, N, C);  // each rank holds its vocabulary rows' share of dlnf
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, gather_rows(store, lnf, N, C), C, 1.0f, wte_->grad, C);
+  std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
-  nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
-                         store.get(mb, "lnf_rstd", N), N, C);
+  if (sp_) {
+    std::memset(dlnp, 0, sizeof(float) * 2 * C);
+    nn::layernorm_backward(dres, dlnp, dlnp + C, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
+                           store.get(mb, "lnf_rstd", Nr), Nr, C);
+    sum_replicated_grads({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
+  } else {
+    nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
+                           store.get(mb, "lnf_rstd", N), N, C);
+  }
   hk.after_backward(L + 1);
   } else {
     MT_ASSERT(dout, "a stage before the last needs the gradient of its output");
-    std::memcpy(dres, dout, sizeof(float) * N * C);
+    std::memcpy(dres, dout, sizeof(float) * Nr * C);
   }
 
   for (int l = end_ - 1; l >= begin_; l--) {
     const LayerParams& p = layers_[l];
     hk.before_backward(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
-    const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)N * C);
+    const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)Nr * C);
     const int smb = recompute_ ? kScratchMb : mb, slot = recompute_ ? -1 : l;
-    if (recompute_) block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)N * C), B, T);
-    const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)N * C);
+    if (recompute_) block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T);
+    const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
     const float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
     const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
     const float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
-    const float* res2 = store.get(smb, key(slot, "res2"), (size_t)N * C);
-    const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)N * C);
+    const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
+    const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
     const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
     const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
+    if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
+    float* d_ln2_w = sp_ ? dlnp : p.ln2_w->grad;
+    float* d_ln2_b = sp_ ? dlnp + C : p.ln2_b->grad;
+    float* d_ln1_w = sp_ ? dlnp + 2 * C : p.ln1_w->grad;
+    float* d_ln1_b = sp_ ? dlnp + 3 * C : p.ln1_b->grad;
 
     // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
-    nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu, p.fcproj_w->data, N, 4 * Cs, C);
+    nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres_all(), fch_gelu, p.fcproj_w->data, N, 4 * Cs,
+                        C);
     nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-    nn::linear_backward(dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2, p.fc_w->data, N, C, 4 * Cs);
-    tp_sum(dln, (size_t)N * C);  // column-parallel: the input gradient is a sum over the group
-    nn::layernorm_backward(dres, p.ln2_w->grad, p.ln2_b->grad, dln, res2, p.ln2_w->data,
-                           store.get(smb, key(slot, "ln2_mean"), N), store.get(smb, key(slot, "ln2_rstd"), N), N, C);
+    nn::linear_backward(dfull, p.fc_w->grad, p.fc_b->grad, dfch, gather_rows(store, ln2, N, C), p.fc_w->data, N, C,
+                        4 * Cs);
+    scatter_rows(store, dfull, dln, N, C);  // column-parallel: the input gradient is a sum over the group
+    nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
+                           store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty, p.attproj_w->data, N, Cs, C);
+    nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres_all(), atty, p.attproj_w->data, N, Cs, C);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
-    nn::linear_backward(dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1, p.qkv_w->data, N, C, 3 * Cs);
-    tp_sum(dln, (size_t)N * C);
-    nn::layernorm_backward(dres, p.ln1_w->grad, p.ln1_b->grad, dln, x, p.ln1_w->data,
-                           store.get(smb, key(slot, "ln1_mean"), N), store.get(smb, key(slot, "ln1_rstd"), N), N, C);
+    nn::linear_backward(dfull, p.qkv_w->grad, p.qkv_b->grad, dqkv, gather_rows(store, ln1, N, C), p.qkv_w->data, N,
+                        C, 3 * Cs);
+    scatter_rows(store, dfull, dln, N, C);
+    nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
+                           store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
+    if (sp_)
+      sum_replicated_grads({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
     hk.after_backward(1 + l);
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
-  const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", N));
+  const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", Nr));
   if (S == 1) {
     nn::embedding_backward(wte_->grad, dres, ids, N, C);
   } else {
+    const float* dall = dres_all();  // the vocabulary rows this rank owns may be used by any token
     for (int n = 0; n < N; n++) {
       if (ids[n] < v0_ || ids[n] >= v1_) continue;
       float* d = wte_->grad + (size_t)(ids[n] - v0_) * C;
-      const float* g = dres + (size_t)n * C;
+      const float* g = dall + (size_t)n * C;
       for (int c = 0; c < C; c++) d[c] += g[c];
     }
   }
-  nn::embedding_backward(wpe_->grad, dres, pos, N, C);
+  if (sp_) {
+    // Positions: T rows of wpe at most are touched; sum this micro-batch's part over the group.
+    float* dwpe = store.get(kScratch, "sp_dwpe", (size_t)T * C);
+    std::memset(dwpe, 0, sizeof(float) * T * C);
+    nn::embedding_backward(dwpe, dres, pos, Nr, C);
+    sum_replicated_grads({{wpe_, dwpe}}, (size_t)T * C);
+  } else {
+    nn::embedding_backward(wpe_->grad, dres, pos, N, C);
+  }
   hk.after_backward(0);
 }
 
-void Gpt::row_parallel_forward(float* out, const float* inp, const float* W, const float* b, const float* residual,
-                               int N, int Cin, int C) {
+void Gpt::row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W,
+                               const float* b, const float* residual, int N, int Cin, int C) {
   if (tp_size() == 1) {
     nn::linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
     return;
   }
-  // out = residual + b + sum over the group of inp W (each rank holds Cin rows of the full weight).
-  nn::linear_forward(out, inp, W, nullptr, N, Cin, C);
-  tp_sum(out, (size_t)N * C);
+  // out = residual + b + sum over the group of inp W (each rank holds Cin rows of the full weight); under
+  // sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the residual.
+  const int Nr = rows_here(N);
+  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : out;
+  nn::linear_forward(partial, inp, W, nullptr, N, Cin, C);
+  scatter_rows(store, partial, out, N, C);
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; n++) {
+  for (int n = 0; n < Nr; n++) {
     float* o = out + (size_t)n * C;
     const float* r = residual + (size_t)n * C;
     for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
@@ -353,6 +447,7 @@ double Gpt::vocab_parallel_cross_entropy(float* logits, const int32_t* targets, 
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {
+  MT_ASSERT(!sp_ && tp_size() == 1, "logits_last is for the single-process model (sampling)");
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const float* lnf = store.get(mb, "lnf", (size_t)B * T * C);
   for (int b = 0; b < B; b++) {
@@ -361,13 +456,14 @@ void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* o
 }
 
 size_t Gpt::activation_bytes(int B, int T) const {
-  // This rank's share under tensor parallelism: heads, MLP width and vocabulary rows are split.
-  const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T;
-  const size_t block = N * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
-                       (size_t)B * (cfg_.n_head / S) * T * T + 4 * N /*means, rstds*/;
-  const size_t kept_per_layer = N * C /*res3, the next block's input*/ + (recompute_ ? 0 : block);
-  size_t total = N * C /*x0*/ + 2 * N /*ids, pos*/ + cfg_.n_layer * kept_per_layer + (recompute_ ? block : 0) +
-                 N * C + 2 * N /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
+  // This rank's share under tensor parallelism: heads, MLP width and vocabulary rows are split; with sequence
+  // parallelism the residual stream and LayerNorm outputs too (N / S rows).
+  const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
+  const size_t block = Nr * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
+                       (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
+  const size_t kept_per_layer = Nr * C /*res3, the next block's input*/ + (recompute_ ? 0 : block);
+  size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + cfg_.n_layer * kept_per_layer + (recompute_ ? block : 0) +
+                 Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   return total * sizeof(float);
 }
 

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nn/activation_store.h"
 #include "nn/param_hooks.h"
@@ -87,6 +90,17 @@ class Gpt {
   // the block's intermediates (into one scratch set) just before its gradients. Same results bit for bit.
   void set_recompute(bool on) { recompute_ = on; }
 
+  // Sequence parallelism (Megatron-LM's, with tensor parallelism): the residual stream, LayerNorms and
+  // embedding sums hold only this rank's N / S consecutive token rows; the LayerNorm output is all-gathered
+  // before each column-parallel product and each row-parallel product is reduce-scattered (instead of one
+  // all-reduce: the same bytes, and S times less activation memory in those regions). LayerNorm and position
+  // gradients are computed from this rank's rows and summed over the group per micro-batch. A pipeline stage
+  // then passes N / S rows. N (micro-batch x T) must be divisible by S. Same results to float32 rounding.
+  void set_sequence_parallel(bool on) { sp_ = on && tp_size() > 1; }
+  bool sequence_parallel() const { return sp_; }
+  // Rows of the residual stream this rank holds for a micro-batch of N token rows.
+  int rows_here(int N) const;
+
   // Bytes of activations backward needs for a micro-batch of B x T (what forward keeps in the store).
   size_t activation_bytes(int B, int T) const;
 
@@ -99,8 +113,14 @@ class Gpt {
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   // One transformer block from input x to output res3, intermediates under (smb, "h{slot}.*").
   void block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B, int T);
-  void row_parallel_forward(float* out, const float* inp, const float* W, const float* b, const float* residual,
-                            int N, int Cin, int C);
+  void row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W, const float* b,
+                            const float* residual, int N, int Cin, int C);
+  // Sequence parallelism helpers (identity / all-reduce without it): all N rows of a row-split tensor (a
+  // scratch buffer), and this rank's rows of the sum over the group of full (full is clobbered).
+  const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
+  void scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C);
+  void sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts,
+                            size_t count = SIZE_MAX);
   double vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale);
   void tp_sum(float* buf, size_t n) {
     if (tp_size() > 1) tp_->all_reduce_sum(buf, n);
@@ -109,6 +129,8 @@ class Gpt {
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
+  bool sp_ = false;
+  std::vector<float> sp_tmp_;
   int begin_ = 0, end_ = 0;  // this stage's blocks
   StageRange stage_;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte

@@ -76,11 +76,13 @@ class GptTask : public TrainTask {
         int s = c * P + j;
         chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}));
         chunks_.back()->set_recompute(cfg.recompute);
+        chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       }
       model_ = chunks_.front().get();
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp));
       chunks_.back()->set_recompute(cfg.recompute);
+      chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       model_ = chunks_.front().get();
     }
     if (init) {  // against the whole model: a pipeline stage or tensor shard holds only part of it
@@ -111,7 +113,9 @@ class GptTask : public TrainTask {
     float dscale;
     double loss = 0;
     Runner(GptTask& task, int64_t s, int f, int m, float d) : t(task), step(s), first(f), mbs(m), dscale(d) {}
-    size_t activation_count() const override { return (size_t)mbs * t.T_ * t.model_->config().n_embd; }
+    size_t activation_count() const override {
+      return (size_t)t.model_->rows_here(mbs * t.T_) * t.model_->config().n_embd;
+    }
     const float* forward(int c, int i, const float* input) override {
       model::Gpt& g = *t.chunks_[c];
       const int key = i * t.pp_.virtual_stages + c;
@@ -190,7 +194,7 @@ class GptTask : public TrainTask {
   double pipeline_forward(int nb) {
     comm::Communicator& g = *pp_.group;
     const int P = pp_.stages, S = P * pp_.virtual_stages, j = g.rank();
-    const size_t n = (size_t)nb * T_ * model_->config().n_embd;
+    const size_t n = (size_t)model_->rows_here(nb * T_) * model_->config().n_embd;
     constexpr int kEvalTag = 1 << 24;  // above every training tag (kind, micro-batch, stage)
     double loss = 0;
     std::vector<comm::Request> sends;

@@ -27,6 +27,7 @@ struct TrainConfig {
   int seq_len = 64;
   int micro_batch_size = 0;  // 0 = whole batch at once
   bool recompute = false;    // GPT: keep only each block's input; recompute the block in backward
+  bool sequence_parallel = false;  // GPT with --tp: split the residual stream's token rows over the group
   int64_t steps = 100;
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 3e-4, min_lr = -1;    // min_lr < 0: lr / 10

@@ -79,6 +79,13 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
   MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
                  " is not divisible by --dp ", d, " x --micro-batch-size ", mbs > 0 ? mbs : 1);
+  if (sequence_parallel) {
+    MT_CHECK_INPUT(tp > 1, "--sequence-parallel needs --tp > 1");
+    const int64_t rows = (int64_t)(mbs > 0 ? mbs : batch_size / d) * seq_len;  // token rows per micro-batch
+    MT_CHECK_INPUT(rows % tp == 0, "--sequence-parallel splits the ", rows, " token rows of a micro-batch (",
+                   mbs > 0 ? "--micro-batch-size" : "--batch-size / --dp", " x --seq-len ", seq_len,
+                   ") over --tp ", tp, ": they must be divisible");
+  }
   if (pp > 1) {
     const int micro = mbs > 0 ? batch_size / d / mbs : 1;  // micro-batches per data-parallel rank
     pipeline::validate({schedule.empty() ? "1f1b" : schedule, pp, micro, virtual_stages});
@@ -212,7 +219,8 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
   if (world_size > 1)
     progress.message(str("training on ", world_size, " ranks (", world->backend(), "): data-parallel ", nranks,
-                         " x tensor-parallel ", tp, " x pipeline ", pp,
+                         " x tensor-parallel ", tp, cfg.sequence_parallel ? " (sequence-parallel)" : "",
+                         " x pipeline ", pp,
                          pp > 1 ? " (" + pctx.schedule + ")" : std::string(), ", ZeRO stage ", cfg.zero, ", ",
                          per_rank, " of ", B, " windows per data-parallel rank"));
 

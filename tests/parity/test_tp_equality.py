@@ -4,7 +4,7 @@ Model: L=2, H=12 (so tp 2, 3 and 4 split whole heads), C=48, V=97 (divisible by 
 vocabulary-parallel embedding and loss run with uneven row shards), Tmax 32; B=12, T=16, 20 steps with
 warmup 3, cosine, weight decay 0.1 and clipping active on some steps. Layouts: tp 2, 3, 4; dp 2 x tp 2 with
 ZeRO 0, 1 and 3; tp 2 with micro-batching; --recompute (single process: bit-identical; with tp 2, and with
-dp 2 ZeRO 3). Tolerances and their reasons are dp_common's (same as the data-parallel matrix):
+dp 2 ZeRO 3); --sequence-parallel with tp 2, 3 (micro-batched), 4 (with --recompute) and dp 2 x tp 2 ZeRO 3. Tolerances and their reasons are dp_common's (same as the data-parallel matrix):
 step-0 loss 1e-5 rel, every loss 2e-3 abs, grad_norm 1e-3 rel, final weights 5e-3 (the key slice of each
 c_attn bias apart: its true gradient is zero). Also: a checkpoint written at tp 2 (--stop-at-step 8)
 resumes at tp 1 and at dp 2 x tp 2 (files hold whole tensors) and continues the single-process trajectory.
@@ -52,7 +52,13 @@ def main() -> None:
                        ("dp2_tp2_zero3", ["--nproc", 4, "--tp", 2, "--zero", 3]),
                        ("tp2_micro", ["--nproc", 2, "--tp", 2, "--micro-batch-size", 3]),
                        ("tp2_recompute", ["--nproc", 2, "--tp", 2, "--recompute"]),
-                       ("dp2_zero3_recompute", ["--nproc", 2, "--zero", 3, "--recompute"])]:
+                       ("dp2_zero3_recompute", ["--nproc", 2, "--zero", 3, "--recompute"]),
+                       # Sequence parallelism: 192, 96 and 48 token rows split over 2, 3 and 4 ranks.
+                       ("tp2_sp", ["--nproc", 2, "--tp", 2, "--sequence-parallel"]),
+                       ("tp3_sp_micro", ["--nproc", 3, "--tp", 3, "--sequence-parallel", "--micro-batch-size", 6]),
+                       ("tp4_sp_micro_recompute", ["--nproc", 4, "--tp", 4, "--sequence-parallel",
+                                                   "--micro-batch-size", 3, "--recompute"]),
+                       ("dp2_tp2_zero3_sp", ["--nproc", 4, "--tp", 2, "--zero", 3, "--sequence-parallel"])]:
         got, got_w = run(tag, extra)
         if got is None:
             continue

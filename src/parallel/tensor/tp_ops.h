@@ -17,6 +17,12 @@ class CommTensorParallelOps : public nn::TensorParallelOps {
   void all_reduce_max(float* buf, size_t count) override {
     group_.all_reduce(buf, buf, count, comm::DType::f32, comm::ReduceOp::max);
   }
+  void all_gather(const float* local, float* full, size_t count) override {
+    group_.all_gather(local, full, count, comm::DType::f32);
+  }
+  void reduce_scatter(const float* full, float* local, size_t count) override {
+    group_.reduce_scatter(full, local, count, comm::DType::f32, comm::ReduceOp::sum);
+  }
 
  private:
   comm::Communicator& group_;
