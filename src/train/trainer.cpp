@@ -283,8 +283,16 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     double loss = task->forward_backward(s, first, per_rank, hooks);
     engine.finish_backward();
     if (pp > 1) {
+      const double t0 = trace::ChromeTrace::now_us();
       if (tied) tie_group->all_reduce(tied->grad, tied->grad, tied->numel, comm::DType::f32, comm::ReduceOp::sum);
+      const double t1 = trace::ChromeTrace::now_us();
       engine.reduce_all();
+      if (tracer.enabled()) {
+        if (tied) tracer.add(trace::Track::comm, "all_reduce tied wte (first + last stage)", "comm", t0, t1);
+        if (nranks > 1)
+          tracer.add(trace::Track::comm, cfg.zero ? "reduce_scatter gradients (dp)" : "all_reduce gradients (dp)",
+                     "comm", t1, trace::ChromeTrace::now_us());
+      }
       sum_across(pp_group.get(), &loss, 1);  // only the last stage computed it
     }
     sum_across(dp_group, &loss, 1);  // tensor-parallel peers hold the same loss
