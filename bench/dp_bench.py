@@ -14,19 +14,11 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
+from bench_util import write_shard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPE = dict(n_layer=6, n_head=6, n_embd=384, vocab_size=8192, n_positions=256)
 T, PER_RANK = 256, 4
-
-
-def write_shard(path, n):
-    toks = np.random.RandomState(0).randint(0, SHAPE["vocab_size"], size=n).astype(np.uint16)
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = [20240520, 1, n]
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes() + toks.tobytes())
 
 
 def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK):
@@ -63,7 +55,7 @@ def main():
     ap.add_argument("--no-speed", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mt_dp_bench_")
-    write_shard(os.path.join(work, "data.bin"), PER_RANK * 4 * T * (args.steps + 1) + 1)
+    write_shard(os.path.join(work, "data.bin"), PER_RANK * 4 * T * (args.steps + 1) + 1, SHAPE["vocab_size"])
 
     print(f"gpt-bench, {PER_RANK} sequences x {T} tokens per rank, 1 thread per rank, {args.steps} steps "
           f"(median of steps after 2 warm-up, best of --repeats runs)\n")

@@ -20,18 +20,10 @@ import os
 import subprocess
 import tempfile
 
-import numpy as np
+from bench_util import write_shard
 
 SHAPE = dict(n_layer=8, n_head=8, n_embd=256, vocab_size=2048, n_positions=128)
 T, B = 128, 16
-
-
-def write_shard(path, n):
-    toks = np.random.RandomState(0).randint(0, SHAPE["vocab_size"], size=n).astype(np.uint16)
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = [20240520, 1, n]
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes() + toks.tobytes())
 
 
 def run(args, work, tag, extra):
@@ -54,7 +46,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="P = 2 only, fewer layouts")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="pp_bench_")
-    write_shard(os.path.join(work, "data.bin"), 200000)
+    write_shard(os.path.join(work, "data.bin"), 200000, SHAPE["vocab_size"])
 
     print("1. Pipeline bubble: measured vs simulated (same schedule, measured per-rank stage times)")
     print(f"{'P':>3} {'schedule':<12} {'M':>3} {'V':>2} {'measured':>9} {'simulated':>10} {'ideal':>7} {'diff pp':>8}")
