@@ -48,7 +48,7 @@ def main():
     work = tempfile.mkdtemp(prefix="pp_bench_")
     write_shard(os.path.join(work, "data.bin"), 200000, SHAPE["vocab_size"])
 
-    print("1. Pipeline bubble: measured vs simulated (same schedule, measured per-rank stage times)")
+    print("1. Pipeline bubble: measured vs simulated (same schedule, each stage's measured times)")
     print(f"{'P':>3} {'schedule':<12} {'M':>3} {'V':>2} {'measured':>9} {'simulated':>10} {'ideal':>7} {'diff pp':>8}")
     rows = []
     for P in ((2,) if args.quick else (2, 4)):

@@ -22,18 +22,20 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
   pipeline::check_schedule(spec, schedule);
 
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
-  MT_CHECK_INPUT(cost.rank_forward.empty() || (int)cost.rank_forward.size() == p,
-                 "simulator: rank_forward has ", cost.rank_forward.size(), " entries for ", p, " ranks");
-  MT_CHECK_INPUT(cost.rank_backward.size() == cost.rank_forward.size(), "simulator: rank_backward has ",
-                 cost.rank_backward.size(), " entries, rank_forward ", cost.rank_forward.size());
-  for (size_t r = 0; r < cost.rank_forward.size(); r++)
-    MT_CHECK_INPUT(finite_nonneg(cost.rank_forward[r]) && finite_nonneg(cost.rank_backward[r]),
-                   "simulator: rank ", r, " has a negative or non-finite forward or backward time");
-  auto t_fwd_of = [&](int rank) {
-    return (cost.rank_forward.empty() ? cost.forward : cost.rank_forward[rank]) / V;
+  const int S = p * V;
+  MT_CHECK_INPUT(cost.stage_forward.empty() || (int)cost.stage_forward.size() == S,
+                 "simulator: stage_forward has ", cost.stage_forward.size(), " entries for ", S, " stages");
+  MT_CHECK_INPUT(cost.stage_backward.size() == cost.stage_forward.size(), "simulator: stage_backward has ",
+                 cost.stage_backward.size(), " entries, stage_forward ", cost.stage_forward.size());
+  for (size_t s = 0; s < cost.stage_forward.size(); s++)
+    MT_CHECK_INPUT(finite_nonneg(cost.stage_forward[s]) && finite_nonneg(cost.stage_backward[s]),
+                   "simulator: stage ", s, " has a negative or non-finite forward or backward time");
+  auto t_fwd_of = [&](int rank, int chunk) {
+    return cost.stage_forward.empty() ? cost.forward / V : cost.stage_forward[pipeline::stage_of(rank, chunk, p)];
   };
-  auto t_bwd_of = [&](int rank) {
-    return (cost.rank_forward.empty() ? cost.backward_ratio * cost.forward : cost.rank_backward[rank]) / V;
+  auto t_bwd_of = [&](int rank, int chunk) {
+    return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward / V
+                                      : cost.stage_backward[pipeline::stage_of(rank, chunk, p)];
   };
 
   // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.
@@ -59,7 +61,7 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
       for (; pc[j] < schedule[j].size(); pc[j]++) {
         const Action& a = schedule[j][pc[j]];
         if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
-          const double d = a.kind == ActionKind::forward ? t_fwd_of(j) : t_bwd_of(j);
+          const double d = a.kind == ActionKind::forward ? t_fwd_of(j, a.chunk) : t_bwd_of(j, a.chunk);
           r.boxes[j].push_back({t, t + d, a.kind, a.micro_batch, a.chunk});
           r.busy_per_rank[j] += d;
           t += d;

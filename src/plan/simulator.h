@@ -28,9 +28,10 @@ struct CostModel {
   double forward = 1.0;         // F: forward of one rank's share of the model; one chunk takes F / V
   double backward_ratio = 2.0;  // R: backward = R * forward
   double comm = 0.0;            // C: one activation or gradient message, posted and sent -> arrived
-  // Optional, measured: per rank, the forward and backward time of its share (all chunks); when given they
-  // replace forward and backward_ratio (stages of unequal cost, e.g. the last one with the logits).
-  std::vector<double> rank_forward, rank_backward;
+  // Optional, measured: per global stage s (p V entries), the forward and backward time of one micro-batch
+  // through that stage; when given they replace forward and backward_ratio (stages of unequal cost, e.g. the
+  // last one with the logits, or ranks slowed by others).
+  std::vector<double> stage_forward, stage_backward;
 };
 
 // One computation as it ran: [start, end) on its rank.

@@ -432,37 +432,52 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                          v[6] * 1024.0});
   }
   // Pipeline bubble of replica 0 (data-parallel index 0, tensor-parallel index 0): measured from the ranks'
-  // timings, and simulated for the same schedule with each rank's measured forward and backward times.
+  // timings, and simulated for the same schedule with each stage's measured forward and backward times.
   nlohmann::json pipe_json;
-  if (pp > 1 && timed_steps > 0) {
-    std::vector<double> fwd(pp), bwd(pp);
+  if (pp > 1) {
+    const int V = pctx.virtual_stages, S = pp * V;
+    std::vector<float> mine_c(2 * V), all_c(2 * V * world_size);  // per chunk: forward ms, backward ms
+    for (int c = 0; c < V && c < (int)pstats.chunk_forward_us.size(); c++) {
+      mine_c[c] = (float)(pstats.chunk_forward_us[c] / 1000.0);
+      mine_c[V + c] = (float)(pstats.chunk_backward_us[c] / 1000.0);
+    }
+    world->all_gather(mine_c.data(), all_c.data(), all_c.size(), comm::DType::f32);
+    const int mbs = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
+    pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, pctx.virtual_stages};
     double busy = 0, span = 0;
     for (int j = 0; j < pp; j++) {
       const float* v = &all[kF * (j * nranks * tp)];
-      fwd[j] = v[8] / timed_steps;
-      bwd[j] = v[9] / timed_steps;
       busy += v[8] + v[9];
       span = std::max(span, (double)v[7]);
     }
-    const int mbs = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-    pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, pctx.virtual_stages};
-    plan::CostModel cost;
-    cost.rank_forward = fwd;
-    cost.rank_backward = bwd;
-    const plan::SimResult sim = plan::simulate(spec, cost);
-    sum.bubble_measured = span > 0 ? 1.0 - busy / (pp * span) : 0;
-    sum.bubble_simulated = sim.bubble_fraction;
-    sum.bubble_ideal = plan::theoretical_bubble(spec);
-    pipe_json = {{"schedule", spec.name},
-                 {"stages", pp},
-                 {"micro_batches", spec.micro_batches},
-                 {"virtual_stages", spec.virtual_stages},
-                 {"stage_layers", task->stage_layers()},
-                 {"bubble_measured", sum.bubble_measured},
-                 {"bubble_simulated", sum.bubble_simulated},
-                 {"bubble_ideal", sum.bubble_ideal},
-                 {"forward_ms_per_step", fwd},
-                 {"backward_ms_per_step", bwd}};
+    if (timed_steps > 0 && span > 0) {
+      // Per stage and micro-batch (ms): what the simulator replays.
+      plan::CostModel cost;
+      cost.stage_forward.assign(S, 0.0);
+      cost.stage_backward.assign(S, 0.0);
+      const double per = (double)timed_steps * spec.micro_batches;
+      for (int j = 0; j < pp; j++) {
+        const float* v = &all_c[2 * V * (j * nranks * tp)];
+        for (int c = 0; c < V; c++) {
+          cost.stage_forward[pipeline::stage_of(j, c, pp)] = v[c] / per;
+          cost.stage_backward[pipeline::stage_of(j, c, pp)] = v[V + c] / per;
+        }
+      }
+      const plan::SimResult sim = plan::simulate(spec, cost);
+      sum.bubble_measured = 1.0 - busy / (pp * span);
+      sum.bubble_simulated = sim.bubble_fraction;
+      sum.bubble_ideal = plan::theoretical_bubble(spec);
+      pipe_json = {{"schedule", spec.name},
+                   {"stages", pp},
+                   {"micro_batches", spec.micro_batches},
+                   {"virtual_stages", spec.virtual_stages},
+                   {"stage_layers", task->stage_layers()},
+                   {"bubble_measured", sum.bubble_measured},
+                   {"bubble_simulated", sum.bubble_simulated},
+                   {"bubble_ideal", sum.bubble_ideal},
+                   {"stage_forward_ms", cost.stage_forward},
+                   {"stage_backward_ms", cost.stage_backward}};
+    }
   }
   if (lead && !cfg.summary.empty()) {
     nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", cfg.zero},  {"dp", nranks}, {"tp", tp},
@@ -501,8 +516,8 @@ int train_main(const TrainConfig& cfg) {
       }
     }
     if (s.bubble_simulated >= 0)
-      std::fprintf(stderr, "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, measured stage "
-                   "times), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
+      std::fprintf(stderr, "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, each stage's "
+                   "measured times), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
   };
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;

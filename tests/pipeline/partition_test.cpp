@@ -1,5 +1,5 @@
 // Stage splitting (parallel/pipeline/partition.h) against an exhaustive search, --stage-layers checks, the
-// simulator's per-rank costs, and the activation store's measured peak that the pipeline summary reports.
+// simulator's per-stage costs, and the activation store's measured peak that the pipeline summary reports.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,8 +95,8 @@ TEST(Partition, StageLayersChecks) {
 TEST(SimulatorRankCosts, EqualPerRankCostsGiveTheUniformModel) {
   for (const char* sched : {"gpipe", "1f1b"}) {
     mt::plan::CostModel uniform{1.0, 2.0, 0.0}, per_rank;
-    per_rank.rank_forward = {1, 1, 1, 1};
-    per_rank.rank_backward = {2, 2, 2, 2};
+    per_rank.stage_forward = {1, 1, 1, 1};
+    per_rank.stage_backward = {2, 2, 2, 2};
     auto a = mt::plan::simulate({sched, 4, 8, 1}, uniform), b = mt::plan::simulate({sched, 4, 8, 1}, per_rank);
     EXPECT_DOUBLE_EQ(a.makespan, b.makespan) << sched;
     EXPECT_DOUBLE_EQ(a.bubble_fraction, b.bubble_fraction) << sched;
@@ -108,16 +108,35 @@ TEST(SimulatorRankCosts, ASlowRankSetsThePace) {
   // rank 1's forwards run back to back from t = 1 to 9, its backwards from 9 to 25; rank 0's last backward
   // waits for rank 1's last (ends at 25) and runs 25..27. Busy = 12 + 24 = 36 of 2 x 27.
   mt::plan::CostModel c;
-  c.rank_forward = {1, 2};
-  c.rank_backward = {2, 4};
+  c.stage_forward = {1, 2};
+  c.stage_backward = {2, 4};
   auto r = mt::plan::simulate({"gpipe", 2, 4, 1}, c);
   EXPECT_DOUBLE_EQ(r.makespan, 27);
   EXPECT_DOUBLE_EQ(r.busy, 36);
   EXPECT_DOUBLE_EQ(r.bubble_fraction, 1 - 36.0 / 54.0);
   mt::plan::CostModel bad;
-  bad.rank_forward = {1, 2, 3};
-  bad.rank_backward = {1, 2, 3};
+  bad.stage_forward = {1, 2, 3};
+  bad.stage_backward = {1, 2, 3};
   EXPECT_THROW(mt::plan::simulate({"gpipe", 2, 4, 1}, bad), mt::InputError);
+}
+
+TEST(SimulatorRankCosts, PerStageCostsOfInterleavedChunks) {
+  // Equal stage costs reproduce the uniform model (F = 1 per rank, so 1/V per chunk); a heavy last stage
+  // (chunk 1 of rank 1, say the logits) puts its extra time on rank 1 only.
+  mt::plan::CostModel even;
+  even.stage_forward = {0.5, 0.5, 0.5, 0.5};
+  even.stage_backward = {1, 1, 1, 1};
+  auto u = mt::plan::simulate({"interleaved", 2, 4, 2}, mt::plan::CostModel{1.0, 2.0, 0.0});
+  auto e = mt::plan::simulate({"interleaved", 2, 4, 2}, even);
+  EXPECT_DOUBLE_EQ(u.makespan, e.makespan);
+  mt::plan::CostModel heavy = even;
+  heavy.stage_forward[3] = 1.5;
+  heavy.stage_backward[3] = 3;
+  auto h = mt::plan::simulate({"interleaved", 2, 4, 2}, heavy);
+  // Stage 3 is chunk 1 of rank 1: all 4 x (1 + 2) extra time lands there, none on rank 0.
+  EXPECT_DOUBLE_EQ(h.busy_per_rank[1], e.busy_per_rank[1] + 4 * (1.0 + 2.0));
+  EXPECT_DOUBLE_EQ(h.busy_per_rank[0], e.busy_per_rank[0]);
+  EXPECT_GT(h.makespan, e.makespan);
 }
 
 TEST(ActivationStorePeak, CountsMicroBatchesInFlight) {

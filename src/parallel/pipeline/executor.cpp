@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -16,6 +17,10 @@ void PipelineStats::add(const PipelineStats& o) {
   forwards += o.forwards;
   backwards += o.backwards;
   lists += o.lists;
+  chunk_forward_us.resize(std::max(chunk_forward_us.size(), o.chunk_forward_us.size()), 0.0);
+  chunk_backward_us.resize(std::max(chunk_backward_us.size(), o.chunk_backward_us.size()), 0.0);
+  for (size_t c = 0; c < o.chunk_forward_us.size(); c++) chunk_forward_us[c] += o.chunk_forward_us[c];
+  for (size_t c = 0; c < o.chunk_backward_us.size(); c++) chunk_backward_us[c] += o.chunk_backward_us[c];
 }
 
 namespace {
@@ -37,6 +42,8 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
   const bool tracing = trace && trace->enabled();
   using Clock = trace::ChromeTrace;
   PipelineStats st;
+  st.chunk_forward_us.assign(spec.virtual_stages, 0.0);
+  st.chunk_backward_us.assign(spec.virtual_stages, 0.0);
   const double t_start = Clock::now_us();
   // Tag of a message arriving at global stage s: kind 0 activation, 1 gradient.
   auto tag = [&](int kind, int i, int s) { return (kind * m + i) * S + s; };
@@ -94,6 +101,7 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
         act_out[key] = runner.forward(a.chunk, a.micro_batch, input);
         const double t1 = Clock::now_us();
         st.forward_us += t1 - t0;
+        st.chunk_forward_us[a.chunk] += t1 - t0;
         st.forwards++;
         if (tracing) trace->add(trace::Track::compute, compute_name('F', a), "forward", t0, t1);
         poll_sends();
@@ -134,6 +142,7 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
         if (s > 0) grad_out[key].assign(g, g + n);  // the runner's buffer is reused by the next backward
         const double t1 = Clock::now_us();
         st.backward_us += t1 - t0;
+        st.chunk_backward_us[a.chunk] += t1 - t0;
         st.backwards++;
         if (tracing) trace->add(trace::Track::compute, compute_name('B', a), "backward", t0, t1);
         act_in.erase(key);

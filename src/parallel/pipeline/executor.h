@@ -35,6 +35,7 @@ class StageRunner {
 struct PipelineStats {
   double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0;
   int64_t forwards = 0, backwards = 0, lists = 0;
+  std::vector<double> chunk_forward_us, chunk_backward_us;  // per chunk of this rank (V entries)
   void add(const PipelineStats& o);
 };
 
