@@ -7,8 +7,10 @@ logits make it about 1.2 blocks heavier; the default split balances that by esti
   1. bubble: for P in (2, 4) and each schedule (gpipe, 1f1b at M = P and 2P... and interleaved V=2 where
      M % P == 0), `meshtrain train --pp P --summary` reports the measured bubble (1 - summed compute / (P x
      the longest rank's span)) beside the simulated one (plan::simulate of the same schedule with each rank's
-     measured forward and backward times) and the ideal (p - 1) / (V m + p - 1). P = 4 runs 4 ranks on the
-     2 cores of this machine, oversubscribed: the ranks share cores, so compute stretches while others run.
+     measured forward and backward times and the measured message latency: send to the waiting receiver
+     running again) and the ideal (p - 1) / (V m + p - 1); also the simulation with free messages. P = 4 runs
+     4 ranks on the 2 cores of this machine, oversubscribed: the ranks share cores, so compute stretches while
+     others run and a woken receiver may wait for a core (the message latency grows to milliseconds).
   2. memory: P = 2, M = 8: measured activation peak per rank, 1F1B vs GPipe (--summary activation_peak_bytes).
   3. throughput: dp=1 (one process), tp=2 (with and without sequence parallelism), pp=2 (1f1b, M=8), dp=2,
      each on 2 ranks of 1 thread, with the measured activation peak per rank.
@@ -49,7 +51,8 @@ def main():
     write_shard(os.path.join(work, "data.bin"), 200000, SHAPE["vocab_size"])
 
     print("1. Pipeline bubble: measured vs simulated (same schedule, each stage's measured times)")
-    print(f"{'P':>3} {'schedule':<12} {'M':>3} {'V':>2} {'measured':>9} {'simulated':>10} {'ideal':>7} {'diff pp':>8}")
+    print(f"{'P':>3} {'schedule':<12} {'M':>3} {'V':>2} {'measured':>9} {'simulated':>10} {'ideal':>7} {'diff pp':>8}"
+          f" {'msg ms':>7} {'sim, msgs free':>15}")
     rows = []
     for P in ((2,) if args.quick else (2, 4)):
         for sched, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
@@ -63,7 +66,9 @@ def main():
                 d = 100 * (p["bubble_measured"] - p["bubble_simulated"])
                 rows.append((P, sched, M, V, p["bubble_measured"], p["bubble_simulated"], p["bubble_ideal"], d))
                 print(f"{P:>3} {sched:<12} {M:>3} {V:>2} {100 * p['bubble_measured']:>8.1f}% "
-                      f"{100 * p['bubble_simulated']:>9.1f}% {100 * p['bubble_ideal']:>6.1f}% {d:>+8.1f}", flush=True)
+                      f"{100 * p['bubble_simulated']:>9.1f}% {100 * p['bubble_ideal']:>6.1f}% {d:>+8.1f}"
+                      f" {p['message_latency_ms']:>7.2f} {100 * p['bubble_simulated_without_message_latency']:>14.1f}%",
+                      flush=True)
     within = [r for r in rows if abs(r[7]) <= 5]
     print(f"within 5 percentage points: {len(within)} of {len(rows)}")
 

@@ -129,7 +129,7 @@ class GptTask : public TrainTask {
       model::Gpt& g = *t.chunks_[c];
       const int key = i * t.pp_.virtual_stages + c;
       g.backward(t.store_, key, mbs, t.T_, nullptr, dout);
-      t.store_.release(key);  // the executor has seen this micro-batch's output sent (it waits before backward)
+      t.store_.release(key);  // the executor copied this micro-batch's output when it sent it
       return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
     }
   };

@@ -407,7 +407,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   sum.params = (int64_t)full.size();
   pipeline::PipelineStats pstats;
   if (auto* ps = task->pipeline_stats()) pstats = *ps;
-  constexpr int kF = 10;
+  constexpr int kF = 12;
   double mine[kF] = {(double)engine.param_bytes(),
                      (double)engine.grad_bytes(),
                      0.0,
@@ -417,11 +417,14 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                      (double)task->activation_peak_bytes(),
                      pstats.span_us,
                      pstats.forward_us,
-                     pstats.backward_us};
+                     pstats.backward_us,
+                     pstats.latency_us,
+                     (double)pstats.latency_samples};
   for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
   std::vector<float> all(kF * world_size), in(kF);
   for (int i = 0; i < 7; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
-  for (int i = 7; i < kF; i++) in[i] = (float)(mine[i] / 1000.0);  // ms
+  for (int i = 7; i < 11; i++) in[i] = (float)(mine[i] / 1000.0);  // ms
+  in[11] = (float)mine[11];                                          // a count
   if (world && world_size > 1)
     world->all_gather(in.data(), all.data(), kF * world_size, comm::DType::f32);
   else
@@ -444,11 +447,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     world->all_gather(mine_c.data(), all_c.data(), all_c.size(), comm::DType::f32);
     const int mbs = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
     pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, pctx.virtual_stages};
-    double busy = 0, span = 0;
+    double busy = 0, span = 0, latency = 0, samples = 0;
     for (int j = 0; j < pp; j++) {
       const float* v = &all[kF * (j * nranks * tp)];
       busy += v[8] + v[9];
       span = std::max(span, (double)v[7]);
+      latency += v[10];
+      samples += v[11];
     }
     if (timed_steps > 0 && span > 0) {
       // Per stage and micro-batch (ms): what the simulator replays.
@@ -463,6 +468,11 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
           cost.stage_backward[pipeline::stage_of(j, c, pp)] = v[V + c] / per;
         }
       }
+      const plan::SimResult sim0 = plan::simulate(spec, cost);
+      // Messages as the ranks saw them: the mean time from a send to its waiting receiver running again
+      // (on one host the ranks share a clock; under mpirun across hosts this is not measured).
+      const bool same_clock = std::string(world->backend()) == "shm";
+      cost.comm = same_clock && samples > 0 ? latency / samples : 0.0;
       const plan::SimResult sim = plan::simulate(spec, cost);
       sum.bubble_measured = 1.0 - busy / (pp * span);
       sum.bubble_simulated = sim.bubble_fraction;
@@ -475,6 +485,8 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                    {"bubble_measured", sum.bubble_measured},
                    {"bubble_simulated", sum.bubble_simulated},
                    {"bubble_ideal", sum.bubble_ideal},
+                   {"bubble_simulated_without_message_latency", sim0.bubble_fraction},
+                   {"message_latency_ms", cost.comm},
                    {"stage_forward_ms", cost.stage_forward},
                    {"stage_backward_ms", cost.stage_backward}};
     }
@@ -517,7 +529,7 @@ int train_main(const TrainConfig& cfg) {
     }
     if (s.bubble_simulated >= 0)
       std::fprintf(stderr, "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, each stage's "
-                   "measured times), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
+                   "measured times and message latency), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
   };
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;

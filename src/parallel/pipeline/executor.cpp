@@ -14,6 +14,8 @@ void PipelineStats::add(const PipelineStats& o) {
   forward_us += o.forward_us;
   backward_us += o.backward_us;
   wait_us += o.wait_us;
+  latency_us += o.latency_us;
+  latency_samples += o.latency_samples;
   forwards += o.forwards;
   backwards += o.backwards;
   lists += o.lists;
@@ -25,11 +27,24 @@ void PipelineStats::add(const PipelineStats& o) {
 
 namespace {
 
-// A posted receive or an issued send, for the trace: when it started and what it carries.
+// Every message is the tensor (n floats) followed by the sender's clock when it sent it (a double in two
+// floats), so the receiver can tell how long a message it was waiting for took to arrive.
+constexpr size_t kStamp = sizeof(double) / sizeof(float);
+
+void put_stamp(std::vector<float>& msg, size_t n, double t) { std::memcpy(msg.data() + n, &t, sizeof t); }
+double get_stamp(const std::vector<float>& msg, size_t n) {
+  double t;
+  std::memcpy(&t, msg.data() + n, sizeof t);
+  return t;
+}
+
+// A posted receive or an issued send: its request, when it started (for the trace; 0 once traced), and a
+// send's own copy of the message.
 struct InFlight {
   comm::Request req;
   double t0 = 0;
   std::string what;
+  std::vector<float> msg;
 };
 
 }  // namespace
@@ -38,7 +53,7 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
                  StageRunner& runner, PipelineStats* stats, trace::ChromeTrace* trace) {
   const int p = spec.stages, m = spec.micro_batches, S = p * spec.virtual_stages, j = pp.rank();
   MT_ASSERT(pp.size() == p, "pipeline group of ", pp.size(), " ranks for a schedule of ", p);
-  const size_t n = runner.activation_count();
+  const size_t n = runner.activation_count(), nm = n + kStamp;
   const bool tracing = trace && trace->enabled();
   using Clock = trace::ChromeTrace;
   PipelineStats st;
@@ -55,7 +70,6 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
   std::map<std::pair<int, int>, InFlight> act_req, grad_req;                 // receives posted ahead
   std::map<std::pair<int, int>, const float*> act_out;
   std::vector<InFlight> sends;
-  std::map<std::pair<int, int>, size_t> act_send;  // (micro-batch, chunk) -> its activation's entry in sends
   // Trace only: notes sends that have completed since the last look.
   auto poll_sends = [&]() {
     if (!tracing) return;
@@ -66,14 +80,41 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
       }
     }
   };
-  auto wait_recv = [&](std::map<std::pair<int, int>, InFlight>& reqs, const std::pair<int, int>& key) {
+  auto post_recv = [&](std::map<std::pair<int, int>, std::vector<float>>& bufs,
+                       std::map<std::pair<int, int>, InFlight>& reqs, const Action& a, int kind, int s,
+                       const char* what) {
+    const auto key = std::make_pair(a.micro_batch, a.chunk);
+    auto& buf = bufs[key];
+    buf.resize(nm);
+    reqs[key] = {pp.irecv(buf.data(), nm, comm::DType::f32, a.peer, tag(kind, a.micro_batch, s)), Clock::now_us(),
+                 tracing ? label(what, a, 0) : std::string(), {}};
+  };
+  // Waits for a posted receive. A message sent while this rank was already waiting for it measures the
+  // transport's latency as the pipeline feels it (send to the waiter running again).
+  auto wait_recv = [&](std::map<std::pair<int, int>, std::vector<float>>& bufs,
+                       std::map<std::pair<int, int>, InFlight>& reqs, const std::pair<int, int>& key) {
     InFlight& f = reqs.at(key);
     const double t0 = Clock::now_us();
     f.req.wait();
     const double t1 = Clock::now_us();
     st.wait_us += t1 - t0;
+    const double sent = get_stamp(bufs.at(key), n);
+    if (sent >= t0 && t1 >= sent) {
+      st.latency_us += t1 - sent;
+      st.latency_samples++;
+    }
     if (tracing) trace->add(trace::Track::p2p, f.what, "p2p", f.t0, t1);
     reqs.erase(key);
+  };
+  auto send = [&](const float* data, const Action& a, int kind, int to_stage, const char* what) {
+    InFlight f;
+    f.msg.resize(nm);
+    std::memcpy(f.msg.data(), data, sizeof(float) * n);
+    f.t0 = Clock::now_us();
+    put_stamp(f.msg, n, f.t0);
+    f.req = pp.isend(f.msg.data(), nm, comm::DType::f32, a.peer, tag(kind, a.micro_batch, to_stage));
+    f.what = tracing ? label(what, a, 1) : std::string();
+    sends.push_back(std::move(f));  // the vector's heap buffer moves with it: the send's pointer stays valid
   };
   auto compute_name = [&](char kind, const Action& a) {
     return spec.virtual_stages > 1 ? str(kind, a.micro_batch, "c", a.chunk) : str(kind, a.micro_batch);
@@ -82,22 +123,18 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
     const int s = a.chunk * p + j;
     const auto key = std::make_pair(a.micro_batch, a.chunk);
     switch (a.kind) {
-      case ActionKind::post_recv_act: {
-        auto& buf = act_in[key];
-        buf.resize(n);
-        act_req[key] = {pp.irecv(buf.data(), n, comm::DType::f32, a.peer, tag(0, a.micro_batch, s)),
-                        Clock::now_us(), tracing ? label("recv activation", a, 0) : std::string()};
+      case ActionKind::post_recv_act:
+        post_recv(act_in, act_req, a, 0, s, "recv activation");
         break;
-      }
       case ActionKind::wait_recv_act:
-        wait_recv(act_req, key);
+        wait_recv(act_in, act_req, key);
         break;
       case ActionKind::forward: {
-        const double t0 = Clock::now_us();
         // With one rank, consecutive stages are its consecutive chunks: the input is handed over in memory.
         const float* input = s == 0 ? nullptr
                              : p == 1 ? act_out.at({a.micro_batch, a.chunk - 1})
                                       : act_in.at(key).data();
+        const double t0 = Clock::now_us();
         act_out[key] = runner.forward(a.chunk, a.micro_batch, input);
         const double t1 = Clock::now_us();
         st.forward_us += t1 - t0;
@@ -108,38 +145,21 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
         break;
       }
       case ActionKind::send_act:
-        act_send[key] = sends.size();
-        sends.push_back({pp.isend(act_out.at(key), n, comm::DType::f32, a.peer, tag(0, a.micro_batch, s + 1)),
-                         Clock::now_us(), tracing ? label("send activation", a, 1) : std::string()});
+        send(act_out.at(key), a, 0, s + 1, "send activation");
         break;
-      case ActionKind::post_recv_grad: {
-        auto& buf = grad_in[key];
-        buf.resize(n);
-        grad_req[key] = {pp.irecv(buf.data(), n, comm::DType::f32, a.peer, tag(1, a.micro_batch, s)),
-                         Clock::now_us(), tracing ? label("recv gradient", a, 0) : std::string()};
+      case ActionKind::post_recv_grad:
+        post_recv(grad_in, grad_req, a, 1, s, "recv gradient");
         break;
-      }
       case ActionKind::wait_recv_grad:
-        wait_recv(grad_req, key);
+        wait_recv(grad_in, grad_req, key);
         break;
       case ActionKind::backward: {
-        // The runner may free this micro-batch's activations, the output it sent among them: that send must
-        // be complete (it is in practice: the next stage's backward of it has already been received).
-        if (auto it = act_send.find(key); it != act_send.end()) {
-          InFlight& f = sends[it->second];
-          f.req.wait();
-          if (tracing && f.t0 > 0) {
-            trace->add(trace::Track::p2p, f.what, "p2p", f.t0, Clock::now_us());
-            f.t0 = 0;
-          }
-          act_send.erase(it);
-        }
-        const double t0 = Clock::now_us();
         const float* dout = s == S - 1 ? nullptr
                             : p == 1   ? grad_out.at({a.micro_batch, a.chunk + 1}).data()
                                        : grad_in.at(key).data();
+        const double t0 = Clock::now_us();
         const float* g = runner.backward(a.chunk, a.micro_batch, dout);
-        if (s > 0) grad_out[key].assign(g, g + n);  // the runner's buffer is reused by the next backward
+        if (s > 0) grad_out[key].assign(g, g + n);  // the runner reuses its buffer in the next backward
         const double t1 = Clock::now_us();
         st.backward_us += t1 - t0;
         st.chunk_backward_us[a.chunk] += t1 - t0;
@@ -151,9 +171,8 @@ void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, c
         break;
       }
       case ActionKind::send_grad:
-        sends.push_back({pp.isend(grad_out.at(key).data(), n, comm::DType::f32, a.peer,
-                                  tag(1, a.micro_batch, s - 1)),
-                         Clock::now_us(), tracing ? label("send gradient", a, 1) : std::string()});
+        send(grad_out.at(key).data(), a, 1, s - 1, "send gradient");
+        grad_out.erase(key);
         break;
       case ActionKind::optimizer_step:
         break;  // the trainer reduces gradients and steps after the list

@@ -17,8 +17,8 @@ namespace mt::pipeline {
 // (null on global stage 0, which reads its tokens) to an output activation (returned; null on the last
 // global stage), and backward from the output's gradient (null on the last stage) to the input's gradient
 // (returned; null on stage 0). A forward's returned pointer must stay valid until the backward of the same
-// (chunk, micro-batch) starts (the executor waits for its send before calling backward, so backward may free
-// it); backward's until the next call (the executor copies it before sending).
+// (chunk, micro-batch) (the executor copies it into the message it sends; with one rank it hands it to the
+// next chunk's forward); backward's until the next call. Messages carry the tensor plus the sender's clock.
 class StageRunner {
  public:
   virtual ~StageRunner() = default;
@@ -32,8 +32,11 @@ class StageRunner {
 //   forward  summed forward computations; backward likewise; wait: time blocked in wait_recv
 // The measured bubble of a step is 1 - sum over ranks of (forward + backward) / (p * max span); the trainer
 // gathers these per rank and compares with plan::simulate under the measured backward/forward ratio.
+//   latency  summed over messages sent while their receiver was already waiting for them: from the send to
+//            the receiver running again (transfer plus wake-up), and how many such messages
 struct PipelineStats {
-  double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0;
+  double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0, latency_us = 0;
+  int64_t latency_samples = 0;
   int64_t forwards = 0, backwards = 0, lists = 0;
   std::vector<double> chunk_forward_us, chunk_backward_us;  // per chunk of this rank (V entries)
   void add(const PipelineStats& o);
