@@ -4,12 +4,16 @@
 //   meshtrain simulate --schedule gpipe --stages 4 --micro-batches 8                 utilization 72.7%
 //   meshtrain simulate --schedule interleaved --stages 4 --micro-batches 8 --virtual-stages 2 --svg s.svg
 //   meshtrain simulate --schedule 1f1b --stages 2 --micro-batches 3 --actions        the lists, per rank
+//   meshtrain simulate --from-summary run.json --svg s.svg     replay a real run (`train --pp --summary`):
+//                                                               its schedule, measured stage times and latency
 //
 // The lists are the ones the executor runs (pipeline::make_schedule), so what this prints is what a real
 // run should approach when forward and backward times match the cost model.
 #include <cstdio>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "apps/meshtrain/commands.h"
 #include "core/error.h"
@@ -27,8 +31,33 @@ struct SimulateArgs {
   pipeline::ScheduleSpec spec;
   plan::CostModel cost;
   std::string svg;
+  std::string from_summary;
   bool actions = false;
+  double measured_bubble = -1;  // from the summary
 };
+
+// Takes the schedule and the measured costs (per stage, ms; message latency) of a `train --summary` file.
+void load_summary(SimulateArgs& a) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(a.from_summary));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(str(a.from_summary, " is not JSON: ", e.what()));
+  }
+  MT_CHECK_INPUT(j.contains("pipeline") && j["pipeline"].is_object(), a.from_summary,
+                 " has no \"pipeline\" section: write it with `meshtrain train --pp P --summary FILE` (P > 1)");
+  const nlohmann::json& p = j["pipeline"];
+  try {
+    a.spec = {p.at("schedule").get<std::string>(), p.at("stages").get<int>(), p.at("micro_batches").get<int>(),
+              p.at("virtual_stages").get<int>()};
+    a.cost.stage_forward = p.at("stage_forward_ms").get<std::vector<double>>();
+    a.cost.stage_backward = p.at("stage_backward_ms").get<std::vector<double>>();
+    a.cost.comm = p.value("message_latency_ms", 0.0);
+    a.measured_bubble = p.at("bubble_measured").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(str(a.from_summary, ": the pipeline section is incomplete: ", e.what()));
+  }
+}
 
 std::string num(double x) {
   char buf[32];
@@ -42,7 +71,10 @@ std::string pct(double x) {
   return buf;
 }
 
-void run_simulate(const SimulateArgs& a) {
+void run_simulate(SimulateArgs& a) {
+  if (!a.from_summary.empty()) load_summary(a);
+  MT_CHECK_INPUT(!a.spec.name.empty() && a.spec.stages > 0 && a.spec.micro_batches > 0,
+                 "simulate needs --schedule, --stages and --micro-batches (or --from-summary FILE)");
   const pipeline::ScheduleSpec& spec = a.spec;
   const pipeline::Schedule schedule = pipeline::make_schedule(spec);  // validates
   const plan::SimResult r = plan::simulate(spec, schedule, a.cost);
@@ -50,9 +82,17 @@ void run_simulate(const SimulateArgs& a) {
 
   std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p, m,
               V, V > 1 ? "s" : "");
-  std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
-              V > 1 ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str() : "stage",
-              num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+  if (a.cost.stage_forward.empty()) {
+    std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
+                V > 1 ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str() : "stage",
+                num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+  } else {
+    std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
+    for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
+      std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s\n", s, pipeline::rank_of_stage((int)s, p),
+                  pipeline::chunk_of_stage((int)s, p), num(a.cost.stage_forward[s]).c_str(),
+                  num(a.cost.stage_backward[s]).c_str());
+  }
   if (a.actions) {
     for (int j = 0; j < p; j++) {
       std::printf("rank %d: %s\n", j, pipeline::compute_summary(schedule[j], V).c_str());
@@ -65,6 +105,9 @@ void run_simulate(const SimulateArgs& a) {
               num(p * r.makespan).c_str());
   std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
               V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());
+  if (a.measured_bubble >= 0)
+    std::printf("measured bubble of the run: %s (%+.1f percentage points from the simulation)\n",
+                pct(a.measured_bubble).c_str(), 100 * (a.measured_bubble - r.bubble_fraction));
   for (int j = 0; j < p; j++)
     std::printf("rank %d: busy %s, idle %s, peak in-flight activations %d%s\n", j, num(r.busy_per_rank[j]).c_str(),
                 num(r.makespan - r.busy_per_rank[j]).c_str(), pipeline::peak_in_flight(schedule[j]),
@@ -82,9 +125,11 @@ void add_simulate_command(CLI::App& app) {
   auto a = std::make_shared<SimulateArgs>();
   CLI::App* sub = app.add_subcommand(
       "simulate", "replay a pipeline schedule under a cost model: utilization, bubble, swimlane SVG");
-  sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved")->required();
-  sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)")->required();
-  sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step")->required();
+  a->spec.name.clear();
+  a->spec.stages = a->spec.micro_batches = 0;
+  sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved");
+  sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)");
+  sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step");
   sub->add_option("--virtual-stages", a->spec.virtual_stages,
                   "V: model chunks per rank (interleaved needs >= 2, m a multiple of p)")
       ->capture_default_str();
@@ -94,6 +139,9 @@ void add_simulate_command(CLI::App& app) {
                   "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
       ->capture_default_str();
   sub->add_option("--svg", a->svg, "write the swimlane diagram here (SVG)");
+  sub->add_option("--from-summary", a->from_summary,
+                  "replay a real run: the schedule, measured stage times and message latency of a "
+                  "`meshtrain train --pp P --summary FILE` (replaces the flags above)");
   sub->add_flag("--actions", a->actions, "print every rank's action list");
   sub->callback([a] { run_simulate(*a); });
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/cli/cli_test_util.h"
@@ -99,6 +100,36 @@ TEST(SimulateCli, BadSpecsAreRejectedWithTheirValues) {
   RunResult missing = simulate({"--schedule", "gpipe", "--stages", "2"});
   EXPECT_NE(missing.exit_code, 0) << missing.describe();
   EXPECT_TRUE(contains(missing.err, "--micro-batches")) << missing.err;
+}
+
+TEST(SimulateCli, ReplaysARunFromItsSummary) {
+  // gpipe, p = 2, m = 4, rank 1 twice as slow as rank 0 (stage forward 1 and 2 ms, backward 2 and 4 ms): rank 1's
+  // forwards run 1..9, its backwards 9..25, rank 0's last backward 25..27 (makespan 27, busy 12 + 24 = 36).
+  TempDir dir;
+  const std::string path = dir.path() + "/summary.json";
+  {
+    std::ofstream f(path);
+    f << R"({"pipeline": {"schedule": "gpipe", "stages": 2, "micro_batches": 4, "virtual_stages": 1,
+             "stage_forward_ms": [1, 2], "stage_backward_ms": [2, 4], "message_latency_ms": 0,
+             "bubble_measured": 0.4}})";
+  }
+  RunResult r = simulate({"--from-summary", path});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "schedule gpipe: p = 2 stages, m = 4 micro-batches")) << r.out;
+  EXPECT_TRUE(contains(r.out, "stage 1 (rank 1, chunk 0): forward 2, backward 4")) << r.out;
+  EXPECT_TRUE(contains(r.out, "makespan 27\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "utilization 66.7% (busy 36 of 54)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "measured bubble of the run: 40.0% (+6.7 percentage points from the simulation)"))
+      << r.out;
+
+  const std::string bad = dir.path() + "/bad.json";
+  {
+    std::ofstream f(bad);
+    f << R"({"tokens_per_s": 5})";
+  }
+  RunResult b = simulate({"--from-summary", bad});
+  EXPECT_EQ(b.exit_code, 1) << b.describe();
+  EXPECT_TRUE(contains(b.err, "has no \"pipeline\" section")) << b.err;
 }
 
 }  // namespace
