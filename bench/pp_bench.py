@@ -11,6 +11,8 @@ logits make it about 1.2 blocks heavier; the default split balances that by esti
      running again) and the ideal (p - 1) / (V m + p - 1); also the simulation with free messages. P = 4 runs
      4 ranks on the 2 cores of this machine, oversubscribed: the ranks share cores, so compute stretches while
      others run and a woken receiver may wait for a core (the message latency grows to milliseconds).
+  1b. the executor alone at P = 2 and 4 with emulated compute (`meshtrain bench pipeline`: stage work is a
+     sleep, so 4 ranks do not contend for 2 cores; real messages of 1 MB): measured vs simulated.
   2. memory: P = 2, M = 8: measured activation peak per rank, 1F1B vs GPipe (--summary activation_peak_bytes).
   3. throughput: dp=1 (one process), tp=2 (with and without sequence parallelism), pp=2 (1f1b, M=8), dp=2,
      each on 2 ranks of 1 thread, with the measured activation peak per rank.
@@ -71,6 +73,11 @@ def main():
                       flush=True)
     within = [r for r in rows if abs(r[7]) <= 5]
     print(f"within 5 percentage points: {len(within)} of {len(rows)}")
+
+    print("\n1b. The executor with emulated compute (sleeping stages: no core contention at P = 4)")
+    for P in ((2,) if args.quick else (2, 4)):
+        subprocess.run([args.meshtrain, "bench", "pipeline", "--stages", str(P), "--forward-ms", "20",
+                        "--steps", "4"], check=True)
 
     print("\n2. Activation memory, P = 2, M = 8 (measured peak per rank, MiB)")
     mem = {}

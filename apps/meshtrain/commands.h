@@ -12,5 +12,6 @@ void add_sample_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
+void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline
 
 }  // namespace mt::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   mt::cli::add_bench_train_command(*bench);
   mt::cli::add_bench_comm_command(*bench);
+  mt::cli::add_bench_pipeline_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

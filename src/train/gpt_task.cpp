@@ -141,7 +141,7 @@ class GptTask : public TrainTask {
       pipeline::ScheduleSpec spec{pp_.schedule, pp_.stages, count / mbs, pp_.virtual_stages};
       if (lists_.empty()) lists_ = pipeline::make_schedule(spec);
       Runner r(*this, step, first, mbs, dscale);
-      pipeline::run_actions(spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
+      executor_.run(spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
       return r.loss;
     }
     const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
@@ -245,6 +245,7 @@ class GptTask : public TrainTask {
   std::vector<float> eval_in_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
   pipeline::PipelineStats stats_;
+  pipeline::PipelineExecutor executor_;
   trace::ChromeTrace* trace_ = nullptr;
 };
 

@@ -24,7 +24,7 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
-#include "plan/simulator.h"
+#include "plan/bubble.h"
 #include "parallel/tensor/tp_ops.h"
 #include "tensor/blas.h"
 #include "trace/chrome_trace.h"
@@ -405,26 +405,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   sum.items_per_s = timed_steps ? (double)items_per_step * timed_steps / timed_s : 0;
   sum.flops_per_step = task->flops_per_step();
   sum.params = (int64_t)full.size();
-  pipeline::PipelineStats pstats;
-  if (auto* ps = task->pipeline_stats()) pstats = *ps;
-  constexpr int kF = 12;
-  double mine[kF] = {(double)engine.param_bytes(),
-                     (double)engine.grad_bytes(),
-                     0.0,
-                     (double)task->activation_bytes(per_rank),
-                     (double)peak_rss_bytes(),
-                     (double)engine.transient_bytes(),
-                     (double)task->activation_peak_bytes(),
-                     pstats.span_us,
-                     pstats.forward_us,
-                     pstats.backward_us,
-                     pstats.latency_us,
-                     (double)pstats.latency_samples};
+  constexpr int kF = 7;
+  double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(),        0.0,
+                     (double)task->activation_bytes(per_rank), (double)peak_rss_bytes(),
+                     (double)engine.transient_bytes(),  (double)task->activation_peak_bytes()};
   for (auto& [n, b] : opt->state()) mine[2] += (double)b->bytes();
   std::vector<float> all(kF * world_size), in(kF);
-  for (int i = 0; i < 7; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
-  for (int i = 7; i < 11; i++) in[i] = (float)(mine[i] / 1000.0);  // ms
-  in[11] = (float)mine[11];                                          // a count
+  for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
   if (world && world_size > 1)
     world->all_gather(in.data(), all.data(), kF * world_size, comm::DType::f32);
   else
@@ -434,61 +421,36 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0,
                          v[6] * 1024.0});
   }
-  // Pipeline bubble of replica 0 (data-parallel index 0, tensor-parallel index 0): measured from the ranks'
-  // timings, and simulated for the same schedule with each stage's measured forward and backward times.
+  // Pipeline bubble of replica 0 (data-parallel index 0, tensor-parallel index 0), measured and simulated.
   nlohmann::json pipe_json;
   if (pp > 1) {
-    const int V = pctx.virtual_stages, S = pp * V;
-    std::vector<float> mine_c(2 * V), all_c(2 * V * world_size);  // per chunk: forward ms, backward ms
-    for (int c = 0; c < V && c < (int)pstats.chunk_forward_us.size(); c++) {
-      mine_c[c] = (float)(pstats.chunk_forward_us[c] / 1000.0);
-      mine_c[V + c] = (float)(pstats.chunk_backward_us[c] / 1000.0);
-    }
-    world->all_gather(mine_c.data(), all_c.data(), all_c.size(), comm::DType::f32);
+    const int V = pctx.virtual_stages;
+    const size_t k = plan::packed_size(V);
+    std::vector<float> mine_p(k), all_p(k * world_size);
+    plan::pack(task->pipeline_stats() ? *task->pipeline_stats() : pipeline::PipelineStats{}, V, mine_p.data());
+    world->all_gather(mine_p.data(), all_p.data(), all_p.size(), comm::DType::f32);
+    std::vector<pipeline::PipelineStats> ranks;
+    for (int j = 0; j < pp; j++) ranks.push_back(plan::unpack(&all_p[k * (j * nranks * tp)], V));
     const int mbs = cfg.micro_batch_size > 0 ? cfg.micro_batch_size : per_rank;
-    pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, pctx.virtual_stages};
-    double busy = 0, span = 0, latency = 0, samples = 0;
-    for (int j = 0; j < pp; j++) {
-      const float* v = &all[kF * (j * nranks * tp)];
-      busy += v[8] + v[9];
-      span = std::max(span, (double)v[7]);
-      latency += v[10];
-      samples += v[11];
-    }
-    if (timed_steps > 0 && span > 0) {
-      // Per stage and micro-batch (ms): what the simulator replays.
-      plan::CostModel cost;
-      cost.stage_forward.assign(S, 0.0);
-      cost.stage_backward.assign(S, 0.0);
-      const double per = (double)timed_steps * spec.micro_batches;
-      for (int j = 0; j < pp; j++) {
-        const float* v = &all_c[2 * V * (j * nranks * tp)];
-        for (int c = 0; c < V; c++) {
-          cost.stage_forward[pipeline::stage_of(j, c, pp)] = v[c] / per;
-          cost.stage_backward[pipeline::stage_of(j, c, pp)] = v[V + c] / per;
-        }
-      }
-      const plan::SimResult sim0 = plan::simulate(spec, cost);
-      // Messages as the ranks saw them: the mean time from a send to its waiting receiver running again
-      // (on one host the ranks share a clock; under mpirun across hosts this is not measured).
-      const bool same_clock = std::string(world->backend()) == "shm";
-      cost.comm = same_clock && samples > 0 ? latency / samples : 0.0;
-      const plan::SimResult sim = plan::simulate(spec, cost);
-      sum.bubble_measured = 1.0 - busy / (pp * span);
-      sum.bubble_simulated = sim.bubble_fraction;
-      sum.bubble_ideal = plan::theoretical_bubble(spec);
+    const pipeline::ScheduleSpec spec{pctx.schedule, pp, per_rank / mbs, V};
+    // On one host (shm) the ranks share a clock, so message latencies are measured; not across hosts.
+    const plan::BubbleReport b = plan::bubble_report(spec, ranks, std::string(world->backend()) == "shm");
+    if (b.measured >= 0) {
+      sum.bubble_measured = b.measured;
+      sum.bubble_simulated = b.simulated;
+      sum.bubble_ideal = b.ideal;
       pipe_json = {{"schedule", spec.name},
                    {"stages", pp},
                    {"micro_batches", spec.micro_batches},
                    {"virtual_stages", spec.virtual_stages},
                    {"stage_layers", task->stage_layers()},
-                   {"bubble_measured", sum.bubble_measured},
-                   {"bubble_simulated", sum.bubble_simulated},
-                   {"bubble_ideal", sum.bubble_ideal},
-                   {"bubble_simulated_without_message_latency", sim0.bubble_fraction},
-                   {"message_latency_ms", cost.comm},
-                   {"stage_forward_ms", cost.stage_forward},
-                   {"stage_backward_ms", cost.stage_backward}};
+                   {"bubble_measured", b.measured},
+                   {"bubble_simulated", b.simulated},
+                   {"bubble_ideal", b.ideal},
+                   {"bubble_simulated_without_message_latency", b.simulated_free_messages},
+                   {"message_latency_ms", b.cost.comm},
+                   {"stage_forward_ms", b.cost.stage_forward},
+                   {"stage_backward_ms", b.cost.stage_backward}};
     }
   }
   if (lead && !cfg.summary.empty()) {

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "nn/activation_store.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/bubble.h"
 #include "plan/simulator.h"
 
 namespace {
@@ -155,6 +156,51 @@ TEST(ActivationStorePeak, CountsMicroBatchesInFlight) {
   st.get(4, "b", n);
   st.get(5, "b", n);
   EXPECT_EQ(st.peak_live_bytes(), 5 * bytes);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(BubbleReport, MeasuredAndSimulatedFromRankStats) {
+  // Two ranks, gpipe, m = 2, two timed lists. Rank 0: forward 2 ms and backward 4 ms per micro-batch (8 and 16
+  // over the lists), span 30 ms; rank 1: forward 1, backward 2 (4 and 8), span 28 ms. Measured bubble =
+  // 1 - (24 + 12) / (2 x 30) = 0.4. Stage costs per micro-batch: (2, 4) and (1, 2); messages 0.5 ms.
+  mt::pipeline::PipelineStats r0, r1;
+  r0.lists = r1.lists = 2;
+  r0.span_us = 30000;
+  r1.span_us = 28000;
+  r0.forward_us = 8000;
+  r0.backward_us = 16000;
+  r1.forward_us = 4000;
+  r1.backward_us = 8000;
+  r0.chunk_forward_us = {8000};
+  r0.chunk_backward_us = {16000};
+  r1.chunk_forward_us = {4000};
+  r1.chunk_backward_us = {8000};
+  r1.latency_us = 1000;
+  r1.latency_samples = 2;
+  // Through the float packing the trainer gathers with.
+  std::vector<float> buf(mt::plan::packed_size(1));
+  mt::plan::pack(r1, 1, buf.data());
+  const mt::pipeline::PipelineStats r1b = mt::plan::unpack(buf.data(), 1);
+  EXPECT_EQ(r1b.latency_samples, 2);
+  EXPECT_DOUBLE_EQ(r1b.chunk_backward_us[0], 8000);
+  const mt::pipeline::ScheduleSpec spec{"gpipe", 2, 2, 1};
+  const auto rep = mt::plan::bubble_report(spec, {r0, r1b}, true);
+  EXPECT_NEAR(rep.measured, 0.4, 1e-9);
+  ASSERT_EQ(rep.cost.stage_forward.size(), 2u);
+  EXPECT_NEAR(rep.cost.stage_forward[0], 2.0, 1e-6);
+  EXPECT_NEAR(rep.cost.stage_backward[1], 2.0, 1e-6);
+  EXPECT_NEAR(rep.cost.comm, 0.5, 1e-6);
+  mt::plan::CostModel c = rep.cost;
+  EXPECT_DOUBLE_EQ(rep.simulated, mt::plan::simulate(spec, c).bubble_fraction);
+  c.comm = 0;
+  EXPECT_DOUBLE_EQ(rep.simulated_free_messages, mt::plan::simulate(spec, c).bubble_fraction);
+  EXPECT_GT(rep.simulated, rep.simulated_free_messages);  // messages on the critical path cost time
+  EXPECT_DOUBLE_EQ(rep.ideal, 1.0 / 3.0);
+  // Across hosts the clocks differ: no latency is used.
+  EXPECT_DOUBLE_EQ(mt::plan::bubble_report(spec, {r0, r1b}, false).cost.comm, 0.0);
 }
 
 }  // namespace

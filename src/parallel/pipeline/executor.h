@@ -49,4 +49,15 @@ struct PipelineStats {
 void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
                  StageRunner& runner, PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr);
 
+// The same, keeping its message buffers between calls (one per training run: steady-state steps allocate
+// nothing).
+class PipelineExecutor {
+ public:
+  void run(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp, StageRunner& runner,
+           PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr);
+
+ private:
+  std::vector<std::vector<float>> pool_;
+};
+
 }  // namespace mt::pipeline

@@ -1,0 +1,134 @@
+// meshtrain bench pipeline: the pipeline executor on real ranks and real messages, with each stage's compute
+// emulated by sleeping for a set time, against the simulator in the same run. Sleeping ranks do not compete
+// for cores, so P ranks behave as on P dedicated cores even on a smaller machine: this isolates the schedule,
+// the executor and the transport (what the simulator models) from the model's arithmetic.
+//
+//   meshtrain bench pipeline --stages 4 --forward-ms 20 --backward-ratio 2 --activation-kb 1024
+//
+// For each schedule and micro-batch count it prints the measured bubble (1 - summed compute / (p x the longest
+// rank's span), first step excluded), the simulated one with the measured stage times and message latency,
+// the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal.
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/meshtrain/commands.h"
+#include "comm/launch.h"
+#include "core/error.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
+#include "plan/bubble.h"
+
+namespace mt::cli {
+
+namespace {
+
+struct BenchPipelineArgs {
+  int stages = 4, virtual_stages = 2, steps = 4;
+  std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved"};
+  std::vector<int> micro_batches;  // default: p and 2p
+  double forward_ms = 20, backward_ratio = 2, activation_kb = 1024, comm_timeout = 120;
+};
+
+// Stage work as sleeps: forward F / V per chunk, backward R F / V; the activation is a real buffer.
+class SleepRunner : public pipeline::StageRunner {
+ public:
+  SleepRunner(const BenchPipelineArgs& a, int V, size_t n) : a_(a), V_(V), out_(n, 1.0f), grad_(n, 1.0f) {}
+  size_t activation_count() const override { return out_.size(); }
+  const float* forward(int, int, const float*) override {
+    sleep_ms(a_.forward_ms / V_);
+    return out_.data();
+  }
+  const float* backward(int, int, const float*) override {
+    sleep_ms(a_.backward_ratio * a_.forward_ms / V_);
+    return grad_.data();
+  }
+
+ private:
+  static void sleep_ms(double ms) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); }
+  const BenchPipelineArgs& a_;
+  int V_;
+  std::vector<float> out_, grad_;
+};
+
+void run_bench_pipeline(const BenchPipelineArgs& a) {
+  MT_CHECK_INPUT(a.stages >= 1 && a.steps >= 2, "bench pipeline needs --stages >= 1 and --steps >= 2");
+  MT_CHECK_INPUT(a.forward_ms > 0 && a.backward_ratio >= 0 && a.activation_kb > 0,
+                 "bench pipeline needs --forward-ms > 0, --backward-ratio >= 0, --activation-kb > 0");
+  const int p = a.stages;
+  std::vector<int> ms = a.micro_batches.empty() ? std::vector<int>{p, 2 * p} : a.micro_batches;
+  std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x, "
+              "activation %.0f KB, %d steps (first not timed)\n",
+              p, a.forward_ms, a.backward_ratio, a.activation_kb, a.steps);
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s\n", "schedule", "m", "V", "measured", "simulated", "nominal",
+              "ideal", "diff pp", "msg ms");
+  std::fflush(stdout);
+  for (const std::string& name : a.schedules) {
+    for (int m : ms) {
+      const int V = name == "interleaved" ? a.virtual_stages : 1;
+      const pipeline::ScheduleSpec spec{name, p, m, V};
+      pipeline::validate(spec);
+      comm::LaunchOptions lo;
+      lo.nproc = p;
+      lo.backend = "shm";
+      lo.timeout_s = a.comm_timeout;
+      const int rc = comm::launch(lo, [&](comm::Communicator& world) {
+        const auto lists = pipeline::make_schedule(spec);
+        SleepRunner runner(a, V, (size_t)(a.activation_kb * 1024 / sizeof(float)));
+        pipeline::PipelineStats st;
+        pipeline::PipelineExecutor ex;
+        for (int s = 0; s < a.steps; s++) {
+          pipeline::PipelineStats one;
+          world.barrier();  // steps start together, as after a training step's reductions
+          ex.run(spec, lists[world.rank()], world, runner, &one);
+          if (s > 0) st.add(one);
+        }
+        const size_t k = plan::packed_size(V);
+        std::vector<float> mine(k), all(k * p);
+        plan::pack(st, V, mine.data());
+        world.all_gather(mine.data(), all.data(), all.size(), comm::DType::f32);
+        if (world.rank() != 0) return;
+        std::vector<pipeline::PipelineStats> ranks;
+        for (int j = 0; j < p; j++) ranks.push_back(plan::unpack(&all[k * j], V));
+        const plan::BubbleReport b = plan::bubble_report(spec, ranks, true);
+        const double nominal = plan::simulate(spec, plan::CostModel{a.forward_ms, a.backward_ratio, 0.0}).bubble_fraction;
+        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f\n", name.c_str(), m, V,
+                    100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
+                    100 * (b.measured - b.simulated), b.cost.comm);
+        if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
+          for (int j = 0; j < p; j++)
+            std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,
+                        (ranks[j].forward_us + ranks[j].backward_us) / 1e3, ranks[j].wait_us / 1e3,
+                        (ranks[j].span_us - ranks[j].forward_us - ranks[j].backward_us - ranks[j].wait_us) / 1e3);
+        std::fflush(stdout);
+      });
+      if (rc != 0) throw Error(str("bench pipeline: ", name, " m=", m, " failed"));
+    }
+  }
+}
+
+}  // namespace
+
+void add_bench_pipeline_command(CLI::App& bench) {
+  auto a = std::make_shared<BenchPipelineArgs>();
+  CLI::App* sub = bench.add_subcommand(
+      "pipeline", "pipeline executor on real ranks with emulated (sleeping) stage compute vs the simulator");
+  sub->add_option("--stages", a->stages, "p: pipeline ranks (forked, shared memory)")->capture_default_str();
+  sub->add_option("--schedules", a->schedules, "which schedules")->delimiter(',')->capture_default_str();
+  sub->add_option("--micro-batches", a->micro_batches, "m values (default p and 2p)")->delimiter(',');
+  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved")->capture_default_str();
+  sub->add_option("--forward-ms", a->forward_ms, "forward time of one rank's share per micro-batch")
+      ->capture_default_str();
+  sub->add_option("--backward-ratio", a->backward_ratio, "backward / forward")->capture_default_str();
+  sub->add_option("--activation-kb", a->activation_kb, "size of each activation message")->capture_default_str();
+  sub->add_option("--steps", a->steps, "steps per configuration (the first is not timed)")->capture_default_str();
+  sub->add_option("--comm-timeout", a->comm_timeout, "deadline of every wait (s)")->capture_default_str();
+  sub->callback([a] { run_bench_pipeline(*a); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,76 @@
+#include "plan/bubble.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace mt::plan {
+
+namespace {
+constexpr int kScalars = 7;  // span, forward, backward, latency, wait (ms), latency samples, lists
+}
+
+size_t packed_size(int virtual_stages) { return kScalars + 2 * (size_t)virtual_stages; }
+
+void pack(const pipeline::PipelineStats& st, int V, float* out) {
+  out[0] = (float)(st.span_us / 1000.0);
+  out[1] = (float)(st.forward_us / 1000.0);
+  out[2] = (float)(st.backward_us / 1000.0);
+  out[3] = (float)(st.latency_us / 1000.0);
+  out[4] = (float)st.latency_samples;
+  out[5] = (float)st.lists;
+  out[6] = (float)(st.wait_us / 1000.0);
+  for (int c = 0; c < V; c++) {
+    out[kScalars + c] = c < (int)st.chunk_forward_us.size() ? (float)(st.chunk_forward_us[c] / 1000.0) : 0.0f;
+    out[kScalars + V + c] = c < (int)st.chunk_backward_us.size() ? (float)(st.chunk_backward_us[c] / 1000.0) : 0.0f;
+  }
+}
+
+pipeline::PipelineStats unpack(const float* in, int V) {
+  pipeline::PipelineStats st;
+  st.span_us = in[0] * 1000.0;
+  st.forward_us = in[1] * 1000.0;
+  st.backward_us = in[2] * 1000.0;
+  st.latency_us = in[3] * 1000.0;
+  st.latency_samples = (int64_t)in[4];
+  st.lists = (int64_t)in[5];
+  st.wait_us = in[6] * 1000.0;
+  for (int c = 0; c < V; c++) {
+    st.chunk_forward_us.push_back(in[kScalars + c] * 1000.0);
+    st.chunk_backward_us.push_back(in[kScalars + V + c] * 1000.0);
+  }
+  return st;
+}
+
+BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector<pipeline::PipelineStats>& ranks,
+                           bool same_clock) {
+  const int p = spec.stages, V = spec.virtual_stages, S = p * V;
+  MT_ASSERT((int)ranks.size() == p, "bubble_report: ", ranks.size(), " ranks' stats for ", p, " stages");
+  BubbleReport r;
+  double busy = 0, span = 0, latency = 0, samples = 0;
+  for (const auto& st : ranks) {
+    busy += st.forward_us + st.backward_us;
+    span = std::max(span, st.span_us);
+    latency += st.latency_us;
+    samples += (double)st.latency_samples;
+  }
+  const int64_t lists = ranks.front().lists;
+  if (lists <= 0 || span <= 0) return r;
+  r.cost.stage_forward.assign(S, 0.0);
+  r.cost.stage_backward.assign(S, 0.0);
+  const double per = (double)lists * spec.micro_batches * 1000.0;  // us summed -> ms per micro-batch
+  for (int j = 0; j < p; j++) {
+    for (int c = 0; c < V && c < (int)ranks[j].chunk_forward_us.size(); c++) {
+      r.cost.stage_forward[pipeline::stage_of(j, c, p)] = ranks[j].chunk_forward_us[c] / per;
+      r.cost.stage_backward[pipeline::stage_of(j, c, p)] = ranks[j].chunk_backward_us[c] / per;
+    }
+  }
+  r.simulated_free_messages = simulate(spec, r.cost).bubble_fraction;
+  r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
+  r.simulated = simulate(spec, r.cost).bubble_fraction;
+  r.measured = 1.0 - busy / (p * span);
+  r.ideal = theoretical_bubble(spec);
+  return r;
+}
+
+}  // namespace mt::plan

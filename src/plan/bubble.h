@@ -1,0 +1,33 @@
+// The pipeline bubble of a real run: measured from the ranks' executor timings (pipeline::PipelineStats),
+// and simulated (plan::simulate) for the same schedule with each stage's measured forward and backward time
+// and the measured message latency, so the two can be compared; plus the ideal (p - 1) / (V m + p - 1).
+//
+//   measured   1 - sum over ranks of compute / (p x the longest rank's span), over the timed lists
+//   simulated  the simulator's bubble fraction under those per-stage costs (and without message latency)
+#pragma once
+
+#include <vector>
+
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
+#include "plan/simulator.h"
+
+namespace mt::plan {
+
+// A rank's stats as floats (ms and counts), for gathering with one all_gather: packed_size(V) floats.
+size_t packed_size(int virtual_stages);
+void pack(const pipeline::PipelineStats& st, int virtual_stages, float* out);
+pipeline::PipelineStats unpack(const float* in, int virtual_stages);
+
+struct BubbleReport {
+  double measured = -1, simulated = -1, simulated_free_messages = -1, ideal = -1;
+  CostModel cost;  // per stage and micro-batch (ms); comm = the mean message latency (ms)
+};
+
+// ranks[j]: pipeline rank j's stats, each accumulated over the same number of lists (steps). same_clock: the
+// ranks' clocks are comparable (one host), so message latencies are meaningful. Empty report (-1) when no
+// list was timed.
+BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector<pipeline::PipelineStats>& ranks,
+                           bool same_clock);
+
+}  // namespace mt::plan
