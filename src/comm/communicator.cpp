@@ -251,9 +251,19 @@ void Communicator::progress_loop() {
 
 // ---- the public operations: fill CollArgs, count, run in order ----
 
+namespace {
+// Bytes (u8) are moved, never combined.
+void check_reducible(const CollArgs& a) {
+  const bool reduces = a.kind == OpKind::all_reduce || a.kind == OpKind::reduce_scatter || a.kind == OpKind::reduce;
+  MT_CHECK_INPUT(!(reduces && a.dtype == DType::u8), op_kind_name(a.kind),
+                 " of u8 (raw bytes): bytes are moved (all_gather, broadcast, all_to_all, send/recv), not reduced");
+}
+}  // namespace
+
 #define MT_COLL(kind_, ...)                                 \
   CollArgs a = make_args(kind_);                            \
   __VA_ARGS__;                                              \
+  check_reducible(a);                                       \
   {                                                         \
     std::lock_guard<std::mutex> l(mu_);                     \
     a.seq = ++seq_;                                         \

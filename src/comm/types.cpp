@@ -6,7 +6,7 @@
 
 namespace mt::comm {
 
-const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : "bf16"; }
+const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "u8"; }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

@@ -11,7 +11,9 @@ namespace mt::comm {
 
 // Element types on the wire. bf16 is reduced with float32 accumulation: each element is widened, all n
 // contributions are combined in float32, and the result is rounded to bf16 once (round to nearest even).
-enum class DType : uint8_t { f32, bf16 };
+// u8 is raw bytes (packed, compressed payloads): moved by all_gather, broadcast, all_to_all(_v) and
+// point-to-point, never reduced (a reduction of u8 is an error).
+enum class DType : uint8_t { f32, bf16, u8 };
 // avg = sum / n (a true division, so small-integer inputs give exact, backend-independent results).
 enum class ReduceOp : uint8_t { sum, avg, max };
 
@@ -49,7 +51,7 @@ Algo parse_algo(const char* s);
 // Parses "f32" | "bf16"; throws mt::InputError otherwise.
 DType parse_dtype(const char* s);
 
-inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
 
 // The balanced block partition of `count` elements over n ranks: the first count % n ranks own one
 // element more. reduce_scatter and all_gather use it, so ZeRO-style flat buffers need no padding.

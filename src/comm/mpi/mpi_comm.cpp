@@ -33,7 +33,9 @@ int to_int(size_t n, const CollArgs& a) {
   return static_cast<int>(n);
 }
 
-MPI_Datatype move_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype move_type(DType t) {
+  return t == DType::f32 ? MPI_FLOAT : t == DType::bf16 ? MPI_UINT16_T : MPI_UINT8_T;
+}
 
 std::vector<float> widen(const void* src, size_t n) {
   std::vector<float> out(n);
