@@ -77,6 +77,25 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--grad-comm-dtype", c.grad_comm_dtype,
                   "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)")
       ->capture_default_str();
+  // Communication-efficient data parallelism: these change the math (not reproductions of the exact run).
+  sub->add_option("--compress", c.compress,
+                  "CHANGES THE MATH. Compressed gradient exchange (dp > 1, ZeRO 0): topk:RATIO | randk:RATIO "
+                  "(sparse, error feedback) | qsgd:BITS | nuqsgd:BITS (unbiased stochastic quantization, bit-packed) | "
+                  "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback)");
+  sub->add_flag("--compress-adaptive", c.compress_adaptive,
+                "CHANGES THE MATH. Accordion: per layer, the light setting (4x entries / +4 bits / 4x rank / "
+                "exact) while the gradient norm changes fast (critical regime), the chosen one otherwise");
+  sub->add_option("--compress-adaptive-every", c.compress_adaptive_every, "Accordion: steps per decision")
+      ->capture_default_str();
+  sub->add_option("--compress-adaptive-eta", c.compress_adaptive_eta,
+                  "Accordion: relative change of the gradient norm that marks a critical regime")
+      ->capture_default_str();
+  sub->add_option("--local-sgd", c.local_sgd,
+                  "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
+                  "steps (dp > 1, ZeRO 0)");
+  sub->add_option("--local-sgd-warmup", c.local_sgd_warmup,
+                  "exact data parallelism for the first K steps, local steps after (post-local SGD)");
+  sub->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
   sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "

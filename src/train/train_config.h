@@ -58,6 +58,14 @@ struct TrainConfig {
   double comm_timeout = 300;
   double bucket_mb = 8;
   std::string grad_comm_dtype = "f32";  // f32 | bf16 (changes the math)
+  // Communication-efficient data parallelism (change the math; dp > 1, ZeRO 0, no tp/pp):
+  std::string compress;            // topk:R | randk:R | qsgd:B | nuqsgd:B | powersgd:R | sign (parallel/compress)
+  bool compress_adaptive = false;  // Accordion: light setting in critical regimes
+  int compress_adaptive_every = 10;
+  double compress_adaptive_eta = 0.5;
+  int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
+  int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
+  bool local_sgd_state = false;    // also average the optimizer state at each sync
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
 

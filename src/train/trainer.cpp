@@ -21,6 +21,7 @@
 #include "core/memory.h"
 #include "core/fs.h"
 #include "optim/optimizer.h"
+#include "parallel/compress/exchange.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
@@ -79,6 +80,20 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
   MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
                  " is not divisible by --dp ", d, " x --micro-batch-size ", mbs > 0 ? mbs : 1);
+  const compress::CompressSpec cspec = compress::parse_compress_spec(compress);
+  if (cspec.enabled() || local_sgd > 0) {
+    const char* what = cspec.enabled() ? "--compress" : "--local-sgd";
+    MT_CHECK_INPUT(d > 1, what, " needs data parallelism (--nproc > 1): with one rank nothing is exchanged");
+    MT_CHECK_INPUT(zero == 0 && tp == 1 && pp == 1, what, " works with plain data parallelism only (--zero 0, no ",
+                   "--tp/--pp), got --zero ", zero, " --tp ", tp, " --pp ", pp);
+    MT_CHECK_INPUT(!(cspec.enabled() && local_sgd > 0), "--compress and --local-sgd are alternatives: choose one");
+  }
+  MT_CHECK_INPUT(local_sgd >= 0 && local_sgd_warmup >= 0, "--local-sgd and --local-sgd-warmup must be >= 0");
+  MT_CHECK_INPUT(local_sgd > 0 || (local_sgd_warmup == 0 && !local_sgd_state),
+                 "--local-sgd-warmup and --local-sgd-state need --local-sgd H");
+  MT_CHECK_INPUT(cspec.enabled() || !compress_adaptive, "--compress-adaptive needs --compress METHOD");
+  MT_CHECK_INPUT(compress_adaptive_every >= 1 && compress_adaptive_eta > 0,
+                 "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
   if (sequence_parallel) {
     MT_CHECK_INPUT(tp > 1, "--sequence-parallel needs --tp > 1");
     const int64_t rows = (int64_t)(mbs > 0 ? mbs : batch_size / d) * seq_len;  // token rows per micro-batch
@@ -171,7 +186,16 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   dpo.zero = cfg.zero;
   dpo.bucket_mb = cfg.bucket_mb;
   dpo.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
-  parallel::DataParallel engine(params, dp_group, dpo);
+  // Compression and Local SGD exchange what they choose themselves: the engine then reduces nothing.
+  const compress::CompressSpec cspec = compress::parse_compress_spec(cfg.compress);
+  const bool own_exchange = cspec.enabled() || cfg.local_sgd > 0;
+  parallel::DataParallel engine(params, own_exchange ? nullptr : dp_group, dpo);
+  std::unique_ptr<compress::GradientExchange> exchange;
+  if (cspec.enabled())
+    exchange = std::make_unique<compress::GradientExchange>(
+        params, dp_group, cspec,
+        compress::AdaptiveOptions{cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta},
+        cfg.seed);
   trace::ChromeTrace tracer;
   if (!cfg.trace.empty()) {
     tracer.enable(world_rank);
@@ -180,6 +204,18 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   engine.initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   auto opt = make_optimizer(cfg, engine.state_size());
+  // Local SGD: every rank's parameters (and optionally optimizer state) replaced by their mean over the group.
+  auto average_replicas = [&]() {
+    if (nranks == 1) return;
+    auto average = [&](float* v, size_t n) {
+      dp_group->all_reduce(v, v, n, comm::DType::f32, comm::ReduceOp::sum);
+      const float inv = 1.0f / (float)nranks;
+      for (size_t i = 0; i < n; i++) v[i] *= inv;
+    };
+    average(params.data(), params.size());
+    if (cfg.local_sgd_state)
+      for (auto& [name, buf] : opt->state()) average(buf->data(), buf->size());
+  };
   optim::LrSchedule sched{cfg.lr, cfg.min_lr < 0 ? cfg.lr / 10 : cfg.min_lr, cfg.warmup_steps, cfg.steps};
   auto metadata = task->metadata();
   const int B = task->global_batch(), per_rank = B / nranks, first = rank * per_rank;
@@ -227,6 +263,8 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   // Collective: every rank gathers what it shards; rank 0 writes.
   std::vector<float> full_params, scratch;
   auto gather_params = [&]() {
+    // Local SGD: replicas differ between syncs; what is saved is their average (a sync, which the run keeps).
+    if (cfg.local_sgd > 0) average_replicas();
     engine.full_params(scratch);
     to_full(scratch.data(), full_params);
   };
@@ -274,14 +312,26 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
   }
 
+  uint64_t comm_bytes_total = 0;
   TrainSummary sum;
   double timed_s = 0;
   int64_t timed_steps = 0;
   for (int64_t s = start; s < cfg.steps; s++) {
     auto t0 = std::chrono::steady_clock::now();
+    const uint64_t sent0 = dp_group ? dp_group->counters().total_sent() : 0;
     engine.begin_step();
     double loss = task->forward_backward(s, first, per_rank, hooks);
     engine.finish_backward();
+    // Local SGD: exact data parallelism during the warm-up, then each rank steps on its own windows' mean.
+    const bool local_step = cfg.local_sgd > 0 && s >= cfg.local_sgd_warmup;
+    if (exchange) {
+      trace::TraceScope ts(&tracer, "compressed gradient exchange (" + cspec.str() + ")", "comm");
+      exchange->exchange(s);
+    } else if (cfg.local_sgd > 0 && !local_step && nranks > 1) {
+      dp_group->all_reduce(params.grad(), params.grad(), params.size(), comm::DType::f32, comm::ReduceOp::sum);
+    } else if (local_step) {
+      engine.scale_grads((float)nranks);
+    }
     if (pp > 1) {
       const double t0 = trace::ChromeTrace::now_us();
       if (tied) tie_group->all_reduce(tied->grad, tied->grad, tied->numel, comm::DType::f32, comm::ReduceOp::sum);
@@ -332,6 +382,11 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
       trace::TraceScope ts(&tracer, "optimizer step", "compute");
       engine.update(*opt, lr, s);
     }
+    bool synced = false;  // Local SGD: the parameters were averaged after this step
+    if (local_step && (s + 1 - cfg.local_sgd_warmup) % cfg.local_sgd == 0) {
+      average_replicas();
+      synced = true;
+    }
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double ips = (double)items_per_step / dt;
     if (s > start) {
@@ -344,6 +399,17 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     nlohmann::json row = {{"step", s}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {std::string(task->item_name()) == "tok" ? "tokens_per_s" : "examples_per_s", ips},
                           {"step_time_s", dt}};
+    // Bytes this rank sent on the data-parallel group in this step (gradient reduction, compressed payloads,
+    // Local SGD averaging): what the communication-efficient methods are judged by.
+    const uint64_t sent = dp_group ? dp_group->counters().total_sent() - sent0 : 0;
+    comm_bytes_total += sent;
+    row["comm_bytes"] = sent;
+    row["comm_bytes_total"] = comm_bytes_total;
+    if (exchange && cfg.compress_adaptive) {
+      row["compress_light"] = exchange->light_fraction();
+      row["compress_levels"] = exchange->light_layers();
+    }
+    if (cfg.local_sgd > 0) row["synced"] = !local_step || synced;
     bool last = s + 1 == cfg.steps;
     if (task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || last)) {
       EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, pp > 1 ? nullptr : &engine);

@@ -1,0 +1,76 @@
+// Compressed gradient exchange over the data-parallel group (ZeRO 0), replacing the exact all-reduce.
+//
+// Every rank holds its share of the global-batch gradient (the shares sum to the exact gradient). exchange()
+// turns the registry's gradient buffer, in place, into the sum over ranks of what each rank's compressed share
+// decodes to, bit-identical on every rank (each rank decodes every payload itself, in rank order), so the
+// replicas never drift apart.
+//
+//   per-tensor codecs (codec.h: topk, randk, qsgd, nuqsgd, sign): every rank encodes each tensor (plus its
+//     error-feedback residual for the biased codecs, keeping x - decode(x) as the next residual), one all_gather
+//     of the concatenated byte payloads (u8) moves them, every rank decodes and sums.
+//   powersgd:R (Vogels et al. 2019): per matrix M [rows, cols] (plus residual), P = M Q with Q [cols, R] warm-
+//     started from the previous step (seeded normal at first, the same on every rank); all_reduce P;
+//     orthonormalize P's columns (Gram-Schmidt); Q' = M^T P; residual = M - P Q'^T (the local reconstruction);
+//     all_reduce Q'; the gradient is P Q'^T summed, i.e. the sum over ranks of P P^T M_r. Vectors and matrices
+//     too small to gain (R (rows + cols) >= rows cols) join one exact all_reduce with P. Only P, Q and those
+//     cross the wire.
+//   adaptive (Accordion, Agarwal et al. 2021): every K steps each layer (parameter group) compares the norm of
+//     its gradient accumulated over the last K steps with the K before; a relative change >= eta marks a
+//     critical regime, which gets the light setting (CompressSpec::light) for the next K steps, else the chosen
+//     (heavy) one. The first K steps are treated as critical. The decision uses the exchanged gradient, the same
+//     on every rank.
+//
+// Residuals and PowerSGD's Q are this rank's state; a resumed run starts them afresh (zero, seeded).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/params.h"
+#include "parallel/compress/spec.h"
+
+namespace mt::compress {
+
+struct AdaptiveOptions {
+  bool enabled = false;
+  int every = 10;     // K
+  double eta = 0.5;   // relative change of the gradient norm that marks a critical regime
+};
+
+class GradientExchange {
+ public:
+  // params: finalized, with full (unsharded) gradients; dp: the data-parallel group (may be null: one rank).
+  GradientExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
+                   const AdaptiveOptions& adaptive, uint64_t seed);
+
+  // In place on params.grad(), for optimizer step `step` (steps must come in order).
+  void exchange(int64_t step);
+
+  // The setting each layer (parameter group) used in the last exchange: 1 light, 0 heavy; and the share of
+  // layers on the light setting.
+  const std::vector<int>& light_layers() const { return light_; }
+  double light_fraction() const;
+
+ private:
+  const CompressSpec& spec_of(const nn::Param& p) const;
+  void update_levels(int64_t step);
+  void exchange_codec(int64_t step);
+  void exchange_powersgd();
+
+  nn::ParamRegistry& params_;
+  comm::Communicator* dp_;
+  CompressSpec heavy_, light_spec_;
+  AdaptiveOptions adaptive_;
+  uint64_t seed_;
+  int n_ = 1, r_ = 0;
+  std::vector<std::vector<float>> residual_;  // per tensor (error feedback)
+  std::vector<std::vector<float>> q_;         // per tensor: PowerSGD's Q [cols, max rank] (matrices only)
+  std::vector<int> light_;                    // per group
+  std::vector<double> prev_norm_;             // per group: accumulated-gradient norm of the previous interval
+  std::vector<float> acc_;                    // adaptive: gradient accumulated over the current interval
+  std::vector<uint8_t> out_, all_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace mt::compress
