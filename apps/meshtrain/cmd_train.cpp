@@ -96,6 +96,19 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--local-sgd-warmup", c.local_sgd_warmup,
                   "exact data parallelism for the first K steps, local steps after (post-local SGD)");
   sub->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
+  sub->add_option("--async", c.async,
+                  "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
+                  "slices of the parameters and optimizer state and apply updates, the others compute gradients "
+                  "and push/pull; hogwild: --nproc threads of one process update shared parameters without "
+                  "locks (MLP, SGD)");
+  sub->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes)")
+      ->capture_default_str();
+  sub->add_option("--staleness", c.staleness,
+                  "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
+                  "exact data parallelism)")->capture_default_str();
+  sub->add_option("--straggler", c.straggler,
+                  "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "
+                  "experiments with --async)");
   sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "

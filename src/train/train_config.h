@@ -66,6 +66,13 @@ struct TrainConfig {
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
   int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
   bool local_sgd_state = false;    // also average the optimizer state at each sync
+  // Asynchronous data parallelism (changes the math unless staleness 0): "" | "ps" | "hogwild"
+  std::string async;
+  int servers = 1;                 // ps: the last `servers` ranks hold the parameters, the others compute
+  int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest
+  std::string straggler;           // "RANK:MS": that rank sleeps MS ms in every step (emulates a slow worker)
+  // Workers (ranks computing gradients): the ranks minus the parameter servers.
+  int workers(int world_size) const { return async == "ps" ? world_size - servers : world_size; }
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
 

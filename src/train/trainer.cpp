@@ -10,6 +10,9 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <limits>
+#include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +24,7 @@
 #include "core/memory.h"
 #include "core/fs.h"
 #include "optim/optimizer.h"
+#include "parallel/async/param_server.h"
 #include "parallel/compress/exchange.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/pipeline/partition.h"
@@ -71,11 +75,38 @@ void TrainConfig::validate(int world_size) const {
   if (tp > 1) {
     MT_CHECK_INPUT(model == "gpt", "--tp ", tp, " needs --model gpt (the MLP has no tensor-parallel layers)");
   }
-  MT_CHECK_INPUT(world_size % (tp * pp) == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is ",
+  MT_CHECK_INPUT(async.empty() || async == "ps" || async == "hogwild", "--async must be ps or hogwild, got '", async,
+                 "'");
+  MT_CHECK_INPUT(async == "ps" || (servers == 1 && staleness == 0), "--servers and --staleness need --async ps");
+  if (!async.empty()) {
+    MT_CHECK_INPUT(zero == 0 && tp == 1 && pp == 1 && compress.empty() && local_sgd == 0, "--async ", async,
+                   " works with plain data parallelism only (no --zero, --tp, --pp, --compress, --local-sgd)");
+  }
+  if (async == "ps") {
+    MT_CHECK_INPUT(servers >= 1, "--servers must be >= 1, got ", servers);
+    MT_CHECK_INPUT(staleness >= 0, "--staleness must be >= 0, got ", staleness);
+    MT_CHECK_INPUT(world_size > servers, "--async ps needs at least one worker besides the ", servers,
+                   " server(s): --nproc (or mpirun -np) ", world_size, " is too few");
+  }
+  if (async == "hogwild") {
+    MT_CHECK_INPUT(model == "mlp" && optimizer == "sgd", "--async hogwild is lock-free SGD on shared parameters: ",
+                   "it needs --model mlp and --optimizer sgd");
+    MT_CHECK_INPUT(backend != "mpi", "--async hogwild runs threads of one process (shared memory), not --backend mpi");
+  }
+  if (!straggler.empty()) {
+    const size_t colon = straggler.find(':');
+    MT_CHECK_INPUT(colon != std::string::npos && colon > 0 && colon + 1 < straggler.size() &&
+                       straggler.find_first_not_of("0123456789:") == std::string::npos,
+                   "--straggler must be RANK:MS (e.g. 1:50), got '", straggler, "'");
+    MT_CHECK_INPUT(std::stoi(straggler.substr(0, colon)) < world_size, "--straggler rank ",
+                   straggler.substr(0, colon), " does not exist: there are ", world_size, " ranks");
+  }
+  const int workers_n = workers(world_size);
+  MT_CHECK_INPUT(workers_n % (tp * pp) == 0, "the number of ranks (", world_size, ": --nproc or mpirun -np) is ",
                  "not divisible by --tp ", tp, " x --pp ", pp);
-  const int d = dp == 0 ? world_size / (tp * pp) : dp;
-  MT_CHECK_INPUT(d * tp * pp == world_size, "--dp ", d, " x --tp ", tp, " x --pp ", pp,
-                 " must equal the number of ranks (", world_size, ": --nproc or mpirun -np)");
+  const int d = dp == 0 ? workers_n / (tp * pp) : dp;
+  MT_CHECK_INPUT(d * tp * pp == workers_n, "--dp ", d, " x --tp ", tp, " x --pp ", pp, " must equal the number of ",
+                 async == "ps" ? "workers (ranks minus --servers): " : "ranks (--nproc or mpirun -np): ", workers_n);
   const int mbs = micro_batch_size;
   MT_CHECK_INPUT(mbs >= 0, "--micro-batch-size must be >= 0, got ", mbs);
   MT_CHECK_INPUT(batch_size % (d * (mbs > 0 ? mbs : 1)) == 0, "--batch-size ", batch_size,
@@ -133,10 +164,21 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   set_num_threads(cfg.threads);
   // The mesh: tensor-parallel ranks adjacent (world rank = dp index * tp + tp index), then data-parallel.
   // world rank = (pp_rank * dp + rank) * tp + tp_rank; `rank` is the data-parallel index.
-  const int tp = cfg.tp, pp = cfg.pp, nranks = world_size / (tp * pp);
-  const int tp_rank = world_rank % tp, rank = (world_rank / tp) % nranks, pp_rank = world_rank / (tp * nranks);
+  // Parameter server: ranks 0..W-1 are the workers (the data-parallel ranks), the last S hold the parameters.
+  const bool ps = cfg.async == "ps";
+  const parallel::PsLayout psl{cfg.workers(world_size), cfg.servers, cfg.staleness};
+  const bool server = ps && psl.is_server(world_rank);
+  const int tp = cfg.tp, pp = cfg.pp, nranks = cfg.workers(world_size) / (tp * pp);
+  const int tp_rank = world_rank % tp, rank = server ? 0 : (world_rank / tp) % nranks,
+            pp_rank = server ? 0 : world_rank / (tp * nranks);
   comm::Communicator* dp_group = world;
-  std::unique_ptr<comm::Communicator> tp_group, dp_split, pp_group, tie_group, mp_group;
+  std::unique_ptr<comm::Communicator> tp_group, dp_split, pp_group, tie_group, mp_group, ps_split;
+  if (ps) {
+    ps_split = world->split(server ? 1 : 0, world_rank, server ? "ps.servers" : "ps.workers");
+    dp_group = server ? nullptr : ps_split.get();
+  }
+  const int straggler_rank = cfg.straggler.empty() ? -1 : std::stoi(cfg.straggler);
+  const int straggler_ms = cfg.straggler.empty() ? 0 : std::stoi(cfg.straggler.substr(cfg.straggler.find(':') + 1));
   std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
   if (tp > 1) {
     tp_group = world->split(world_rank / tp, tp_rank, "tp");
@@ -188,7 +230,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   dpo.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
   // Compression and Local SGD exchange what they choose themselves: the engine then reduces nothing.
   const compress::CompressSpec cspec = compress::parse_compress_spec(cfg.compress);
-  const bool own_exchange = cspec.enabled() || cfg.local_sgd > 0;
+  const bool own_exchange = cspec.enabled() || cfg.local_sgd > 0 || ps;
   parallel::DataParallel engine(params, own_exchange ? nullptr : dp_group, dpo);
   std::unique_ptr<compress::GradientExchange> exchange;
   if (cspec.enabled())
@@ -203,7 +245,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   }
   engine.initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
-  auto opt = make_optimizer(cfg, engine.state_size());
+  // A parameter server keeps the optimizer state of its slice; its workers keep none.
+  const comm::Shard ps_slice = server ? psl.slice(params.size(), world_rank - psl.workers) : comm::Shard{};
+  auto opt = make_optimizer(cfg, server ? ps_slice.count : ps ? 0 : engine.state_size());
   // Local SGD: every rank's parameters (and optionally optimizer state) replaced by their mean over the group.
   auto average_replicas = [&]() {
     if (nranks == 1) return;
@@ -237,7 +281,10 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     engine.load_full_params(local.data());
     for (size_t k = 0; k < state.size(); k++) {
       from_full(whole_states[k].data(), local.data());
-      engine.load_full_state(local.data(), state[k].second->data());
+      if (server)
+        std::memcpy(state[k].second->data(), local.data() + ps_slice.offset, ps_slice.count * sizeof(float));
+      else if (!ps)
+        engine.load_full_state(local.data(), state[k].second->data());
     }
     start = st["step"].get<int64_t>();
     MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, path, " holds a ", st.value("model", ""),
@@ -253,7 +300,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
   if (!checkpoints.empty())
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
-  if (world_size > 1)
+  if (ps)
+    progress.message(str("training on ", world_size, " ranks (", world->backend(), "): parameter server, ",
+                         psl.workers, " workers (ranks 0-", psl.workers - 1, ", ", per_rank, " of ", B,
+                         " windows each) and ", psl.servers, " servers (ranks ", psl.workers, "-", world_size - 1,
+                         ", about ", params.size() / psl.servers, " parameters each), staleness bound ",
+                         psl.staleness));
+  else if (world_size > 1)
     progress.message(str("training on ", world_size, " ranks (", world->backend(), "): data-parallel ", nranks,
                          " x tensor-parallel ", tp, cfg.sequence_parallel ? " (sequence-parallel)" : "",
                          " x pipeline ", pp,
@@ -262,17 +315,31 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 
   // Collective: every rank gathers what it shards; rank 0 writes.
   std::vector<float> full_params, scratch;
+  std::unique_ptr<parallel::PsServer> ps_server;
+  // Parameter server: the servers' slices (parameters, or optimizer state buffer k) summed into one flat
+  // buffer over the world; everyone else adds zeros.
+  auto from_servers = [&](const float* slice, std::vector<float>& out) {
+    out.assign(params.size(), 0.0f);
+    if (server) std::memcpy(out.data() + ps_slice.offset, slice, ps_slice.count * sizeof(float));
+    world->all_reduce(out.data(), out.data(), out.size(), comm::DType::f32, comm::ReduceOp::sum);
+  };
   auto gather_params = [&]() {
     // Local SGD: replicas differ between syncs; what is saved is their average (a sync, which the run keeps).
     if (cfg.local_sgd > 0) average_replicas();
-    engine.full_params(scratch);
+    if (ps)
+      from_servers(server ? ps_server->slice() : nullptr, scratch);
+    else
+      engine.full_params(scratch);
     to_full(scratch.data(), full_params);
   };
   auto gather_state = [&](std::vector<std::vector<float>>& states, checkpoint::NamedFlat& named) {
-    auto st = opt->state();
+    auto st = opt->state();  // a parameter-server worker's buffers are empty, but named the same
     states.resize(st.size());
     for (size_t k = 0; k < st.size(); k++) {
-      engine.full_state(st[k].second->data(), scratch);
+      if (ps)
+        from_servers(st[k].second->data(), scratch);
+      else
+        engine.full_state(st[k].second->data(), scratch);
       to_full(scratch.data(), states[k]);
       named.push_back({st[k].first, states[k].data()});
     }
@@ -312,15 +379,156 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     hooks.micro_batch = [&](int i, int n) { engine.begin_micro_batch(i, n); };
   }
 
+  // What happens after step s: evaluation, a checkpoint, the end of the run (--stop-at-step).
+  auto stop_after = [&](int64_t s) { return cfg.stop_at_step > 0 && s + 1 == cfg.stop_at_step; };
+  auto eval_after = [&](int64_t s) {
+    return task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || s + 1 == cfg.steps);
+  };
+  auto save_after = [&](int64_t s) {
+    return !cfg.checkpoint_dir.empty() &&
+           ((cfg.save_every > 0 && (s + 1) % cfg.save_every == 0) || stop_after(s) ||
+            (s + 1 == cfg.steps && cfg.save_every > 0));
+  };
+  // Evaluates the parameters after step s (collective over the data-parallel group) into the step's row.
+  auto evaluate = [&](int64_t s, nlohmann::json& row) {
+    EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, pp > 1 ? nullptr : &engine);
+    double v[3] = {ev.loss, ev.correct, ev.count};
+    if (pp > 1) sum_across(pp_group.get(), v, 3);  // only the last stage has them
+    sum_across(dp_group, v, 3);
+    double vloss = v[0] / v[2];
+    row["val_loss"] = vloss;
+    char buf[96];
+    if (task->is_classifier()) {
+      row["val_accuracy"] = v[1] / v[2];
+      std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f, val accuracy %.2f%%", (long long)s + 1, vloss,
+                    100 * v[1] / v[2]);
+    } else {
+      std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f", (long long)s + 1, vloss);
+    }
+    progress.message(buf);
+  };
+  auto straggle = [&]() {
+    if (world_rank == straggler_rank) std::this_thread::sleep_for(std::chrono::milliseconds(straggler_ms));
+  };
+
   uint64_t comm_bytes_total = 0;
   TrainSummary sum;
   double timed_s = 0;
   int64_t timed_steps = 0;
+  const std::string items_key = std::string(task->item_name()) == "tok" ? "tokens_per_s" : "examples_per_s";
+  // Parameter server (parallel/async/param_server.h): servers apply the steps, workers compute them on
+  // parameters at most --staleness versions old. The lead (worker 0) writes a step's row once the version it
+  // produced arrives with the step's loss and norm; evaluation and checkpoints wait for that version.
+  std::vector<double> ps_begun, ps_staleness;  // worker: when each step began computing (s), its staleness
+  auto run_ps_steps = [&]() {
+    std::vector<double> begun, staleness;
+    auto diverged = [&](int64_t s, double loss, double norm) {
+      return DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ",
+                               !std::isfinite(loss) ? loss : norm, " at step ", s,
+                               "; training stopped (try a lower --lr or --grad-clip)"));
+    };
+    if (server) {
+      ps_server = std::make_unique<parallel::PsServer>(*world, ps_split.get(), params, psl, world_rank - psl.workers);
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      ps_server->publish({start, nan, nan, 0});
+      for (int64_t s = start; s < cfg.steps; s++) {
+        const double loss = ps_server->gather(s) / (double)items_per_step;
+        const double norm = ps_server->grad_norm();
+        const float lr = sched.at(s);
+        if (std::isfinite(loss) && std::isfinite(norm)) {
+          if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip)
+            ps_server->scale_grad((float)(cfg.grad_clip / (norm + 1e-6)));
+          opt->step(ps_server->slice(), ps_server->grad(), ps_server->segments(), lr, s);
+        }
+        ps_server->publish({s + 1, loss, norm, lr});  // a non-finite loss tells the workers to stop too
+        if (!std::isfinite(loss) || !std::isfinite(norm)) {
+          ps_server->flush();
+          throw diverged(s, loss, norm);
+        }
+        sum.steps_run++;
+        sum.final_loss = loss;
+        if (save_after(s)) save_ckpt(s + 1);
+        if (stop_after(s)) break;
+      }
+      ps_server->flush();
+      return;
+    }
+    const int64_t end = cfg.stop_at_step > 0 ? std::min<int64_t>(cfg.stop_at_step, cfg.steps) : cfg.steps;
+    parallel::PsWorker worker(*world, params, psl, end);  // `end`: the last version it takes
+    // Rows of steps whose version has not arrived yet (the lead's): step -> row.
+    std::map<int64_t, nlohmann::json> rows;
+    auto on_version = [&](const parallel::VersionInfo& v) {
+      if (v.version <= start) return;  // the starting parameters
+      const int64_t s = v.version - 1;
+      if (!std::isfinite(v.loss) || !std::isfinite(v.norm)) throw diverged(s, v.loss, v.norm);
+      nlohmann::json& row = rows[s];
+      row["loss"] = v.loss;
+      row["grad_norm"] = v.norm;
+      row["lr"] = v.lr;
+    };
+    // Writes the rows that are whole (this worker's part and the servers'), in step order.
+    auto write_rows = [&]() {
+      while (!rows.empty() && rows.begin()->second.contains("loss") && rows.begin()->second.contains("step")) {
+        nlohmann::json& row = rows.begin()->second;
+        const double loss = row["loss"];
+        progress.step(row["step"].get<int64_t>(), loss, row["lr"].get<double>(), row[items_key].get<double>());
+        metrics.write(row);
+        sum.final_loss = loss;
+        rows.erase(rows.begin());
+      }
+    };
+    for (int64_t s = start; s < end; s++) {
+      auto t0 = std::chrono::steady_clock::now();
+      const uint64_t sent0 = world->counters().total_sent();
+      const int64_t have = worker.acquire(std::max<int64_t>(start, s - cfg.staleness), on_version);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      write_rows();
+      begun.push_back(trace::ChromeTrace::now_us() * 1e-6);
+      staleness.push_back((double)(s - have));
+      engine.begin_step();
+      const double loss_sum = task->forward_backward(s, first, per_rank, hooks);
+      straggle();
+      engine.finish_backward();
+      worker.push(s, loss_sum);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s > start) {
+        timed_s += dt;
+        timed_steps++;
+      }
+      const uint64_t sent = world->counters().total_sent() - sent0;
+      comm_bytes_total += sent;
+      nlohmann::json& row = rows[s];
+      row["step"] = s;
+      row[items_key] = (double)items_per_step / dt;
+      row["step_time_s"] = dt;
+      row["wait_s"] = waited;              // this worker's wait for fresh enough parameters
+      row["staleness"] = s - have;          // versions between the parameters used and step s
+      row["comm_bytes"] = sent;
+      row["comm_bytes_total"] = comm_bytes_total;
+      sum.steps_run++;
+      const bool eval_now = eval_after(s), save_now = save_after(s);
+      if (eval_now || save_now || s + 1 == end) {
+        worker.acquire(s + 1, on_version);  // the parameters after step s, everywhere
+        if (eval_now) evaluate(s, rows[s]);
+      }
+      write_rows();
+      if (save_now) save_ckpt(s + 1);
+    }
+    worker.flush();
+    write_rows();
+    if (end < cfg.steps) progress.message("stopped after step " + std::to_string(end) + " (--stop-at-step)");
+    ps_begun = std::move(begun);
+    ps_staleness = std::move(staleness);
+  };
+  if (ps) {
+    run_ps_steps();
+  } else
   for (int64_t s = start; s < cfg.steps; s++) {
     auto t0 = std::chrono::steady_clock::now();
     const uint64_t sent0 = dp_group ? dp_group->counters().total_sent() : 0;
     engine.begin_step();
     double loss = task->forward_backward(s, first, per_rank, hooks);
+    straggle();
     engine.finish_backward();
     // Local SGD: exact data parallelism during the warm-up, then each rank steps on its own windows' mean.
     const bool local_step = cfg.local_sgd > 0 && s >= cfg.local_sgd_warmup;
@@ -410,40 +618,32 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
       row["compress_levels"] = exchange->light_layers();
     }
     if (cfg.local_sgd > 0) row["synced"] = !local_step || synced;
-    bool last = s + 1 == cfg.steps;
-    if (task->has_eval() && cfg.eval_every > 0 && ((s + 1) % cfg.eval_every == 0 || last)) {
-      EvalSums ev = task->evaluate(cfg.eval_batches, rank, nranks, pp > 1 ? nullptr : &engine);
-      double v[3] = {ev.loss, ev.correct, ev.count};
-      if (pp > 1) sum_across(pp_group.get(), v, 3);  // only the last stage has them
-      sum_across(dp_group, v, 3);
-      double vloss = v[0] / v[2];
-      row["val_loss"] = vloss;
-      char buf[96];
-      if (task->is_classifier()) {
-        row["val_accuracy"] = v[1] / v[2];
-        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f, val accuracy %.2f%%", (long long)s + 1, vloss,
-                      100 * v[1] / v[2]);
-      } else {
-        std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f", (long long)s + 1, vloss);
-      }
-      progress.message(buf);
-    }
+    if (eval_after(s)) evaluate(s, row);
     metrics.write(row);
     progress.step(s, loss, lr, ips);
     sum.steps_run++;
     sum.final_loss = loss;
 
-    bool stop_here = cfg.stop_at_step > 0 && s + 1 == cfg.stop_at_step;
-    if (!cfg.checkpoint_dir.empty() &&
-        ((cfg.save_every > 0 && (s + 1) % cfg.save_every == 0) || stop_here || (last && cfg.save_every > 0))) {
-      save_ckpt(s + 1);
-    }
+    const bool stop_here = stop_after(s);
+    if (save_after(s)) save_ckpt(s + 1);
     if (stop_here) {
       progress.message("stopped after step " + std::to_string(s + 1) + " (--stop-at-step)");
       break;
     }
   }
   progress.finish();
+  nlohmann::json ps_json;
+  if (ps) {
+    const parallel::PsReport r = parallel::measure_staleness(*world, psl, server ? &ps_server->stats() : nullptr,
+                                                             ps_begun, ps_staleness, start, sum.steps_run);
+    ps_json = {{"workers", psl.workers},         {"servers", psl.servers},
+               {"staleness_bound", psl.staleness}, {"max_staleness", r.max_staleness},
+               {"mean_staleness", r.mean_staleness}, {"staleness_counts", r.staleness_counts}};
+    if (r.measured) ps_json["max_ahead"] = r.max_ahead;
+    progress.message(str("parameter server: staleness used max ", r.max_staleness, ", mean ", r.mean_staleness,
+                         r.measured ? str("; most steps any worker ran ahead of the slowest: ", r.max_ahead) : "",
+                         " (bound ", psl.staleness, ")"));
+  }
   if (!cfg.save.empty()) {
     gather_params();
     if (lead) {
@@ -524,6 +724,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                         {"pp", pp},                        {"params", sum.params},   {"steps", sum.steps_run},
                         {"final_loss", sum.final_loss}};
     if (!pipe_json.is_null()) j["pipeline"] = pipe_json;
+    if (!ps_json.is_null()) j["ps"] = ps_json;
     for (int r = 0; r < world_size; r++) {
       const RankMemory& m = sum.ranks[r];
       j["ranks"].push_back({{"rank", r},

@@ -17,8 +17,8 @@
 //   adaptive (Accordion, Agarwal et al. 2021): every K steps each layer (parameter group) compares the norm of
 //     its gradient accumulated over the last K steps with the K before; a relative change >= eta marks a
 //     critical regime, which gets the light setting (CompressSpec::light) for the next K steps, else the chosen
-//     (heavy) one. The first K steps are treated as critical. The decision uses the exchanged gradient, the same
-//     on every rank.
+//     (heavy) one. The first 2K steps are treated as critical (no earlier interval to compare with). The
+//     decision uses the exchanged gradient, the same on every rank.
 //
 // Residuals and PowerSGD's Q are this rank's state; a resumed run starts them afresh (zero, seeded).
 #pragma once
