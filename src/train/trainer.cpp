@@ -760,6 +760,11 @@ int train_main(const TrainConfig& cfg) {
       std::fprintf(stderr, "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, each stage's "
                    "measured times and message latency), ideal %.1f%%\n", 100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
   };
+  if (cfg.async == "hogwild") {  // threads of this process, not ranks
+    MT_CHECK_INPUT(!comm::under_mpirun(), "--async hogwild runs threads of one process: do not start it under mpirun");
+    report(run_hogwild(cfg));
+    return 0;
+  }
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;
   lo.backend = cfg.backend;

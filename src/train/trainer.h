@@ -34,6 +34,9 @@ struct TrainSummary {
 // input or divergence; every rank throws the same error for the same cause.
 TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world = nullptr);
 
+// --async hogwild: cfg.nproc worker threads of this process on shared parameters (hogwild_trainer.cpp).
+TrainSummary run_hogwild(const TrainConfig& cfg);
+
 // `meshtrain train`: runs run_training on cfg.nproc local workers (shm) or under mpirun, or in this
 // process; returns the process exit code.
 int train_main(const TrainConfig& cfg);
