@@ -13,19 +13,28 @@ namespace mt::compress {
 
 namespace {
 
-// Orthonormalizes the R columns of P [rows, R] (row-major) in place, modified Gram-Schmidt; a column with
-// (numerically) nothing left becomes zero.
+// Orthonormalizes the R columns of P [rows, R] (row-major) in place: modified Gram-Schmidt, each column projected
+// out twice ("twice is enough": one pass leaves float rounding of the size of the removed part, which matters
+// when little is left). A column with nothing of its own left (below 1e-4 of its length before projection: P has
+// lower rank than R, e.g. the summed gradient has rank < R) becomes zero instead of normalized rounding noise,
+// which would not be orthogonal to the others and would make P P^T M add a part of M twice.
 void orthonormalize(float* P, int rows, int R) {
-  for (int c = 0; c < R; c++) {
-    for (int prev = 0; prev < c; prev++) {
-      double dot = 0;
-      for (int i = 0; i < rows; i++) dot += (double)P[(size_t)i * R + c] * P[(size_t)i * R + prev];
-      for (int i = 0; i < rows; i++) P[(size_t)i * R + c] -= (float)dot * P[(size_t)i * R + prev];
-    }
+  auto col_norm = [&](int c) {
     double sq = 0;
     for (int i = 0; i < rows; i++) sq += (double)P[(size_t)i * R + c] * P[(size_t)i * R + c];
-    const double norm = std::sqrt(sq);
-    const float inv = norm > 1e-30 ? (float)(1.0 / norm) : 0.0f;
+    return std::sqrt(sq);
+  };
+  for (int c = 0; c < R; c++) {
+    const double before = col_norm(c);
+    for (int pass = 0; pass < 2; pass++) {
+      for (int prev = 0; prev < c; prev++) {
+        double dot = 0;
+        for (int i = 0; i < rows; i++) dot += (double)P[(size_t)i * R + c] * P[(size_t)i * R + prev];
+        for (int i = 0; i < rows; i++) P[(size_t)i * R + c] -= (float)dot * P[(size_t)i * R + prev];
+      }
+    }
+    const double norm = col_norm(c);
+    const float inv = norm > 1e-4 * before && norm > 1e-30 ? (float)(1.0 / norm) : 0.0f;
     for (int i = 0; i < rows; i++) P[(size_t)i * R + c] *= inv;
   }
 }
