@@ -101,8 +101,7 @@ void add_train_command(CLI::App& app) {
                   "slices of the parameters and optimizer state and apply updates, the others compute gradients "
                   "and push/pull; hogwild: --nproc threads of one process update shared parameters without "
                   "locks (MLP, SGD)");
-  sub->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes)")
-      ->capture_default_str();
+  sub->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes; default 1)");
   sub->add_option("--staleness", c.staleness,
                   "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
                   "exact data parallelism)")->capture_default_str();

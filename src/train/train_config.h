@@ -68,11 +68,13 @@ struct TrainConfig {
   bool local_sgd_state = false;    // also average the optimizer state at each sync
   // Asynchronous data parallelism (changes the math unless staleness 0): "" | "ps" | "hogwild"
   std::string async;
-  int servers = 1;                 // ps: the last `servers` ranks hold the parameters, the others compute
+  int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute
+                                   // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest
   std::string straggler;           // "RANK:MS": that rank sleeps MS ms in every step (emulates a slow worker)
   // Workers (ranks computing gradients): the ranks minus the parameter servers.
-  int workers(int world_size) const { return async == "ps" ? world_size - servers : world_size; }
+  int ps_servers() const { return servers > 0 ? servers : 1; }
+  int workers(int world_size) const { return async == "ps" ? world_size - ps_servers() : world_size; }
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
 

@@ -77,16 +77,16 @@ void TrainConfig::validate(int world_size) const {
   }
   MT_CHECK_INPUT(async.empty() || async == "ps" || async == "hogwild", "--async must be ps or hogwild, got '", async,
                  "'");
-  MT_CHECK_INPUT(async == "ps" || (servers == 1 && staleness == 0), "--servers and --staleness need --async ps");
+  MT_CHECK_INPUT(async == "ps" || (servers == -1 && staleness == 0), "--servers and --staleness need --async ps");
   if (!async.empty()) {
     MT_CHECK_INPUT(zero == 0 && tp == 1 && pp == 1 && compress.empty() && local_sgd == 0, "--async ", async,
                    " works with plain data parallelism only (no --zero, --tp, --pp, --compress, --local-sgd)");
   }
   if (async == "ps") {
-    MT_CHECK_INPUT(servers >= 1, "--servers must be >= 1, got ", servers);
+    MT_CHECK_INPUT(servers == -1 || servers >= 1, "--servers must be >= 1, got ", servers);
     MT_CHECK_INPUT(staleness >= 0, "--staleness must be >= 0, got ", staleness);
-    MT_CHECK_INPUT(world_size > servers, "--async ps needs at least one worker besides the ", servers,
-                   " server(s): --nproc (or mpirun -np) ", world_size, " is too few");
+    MT_CHECK_INPUT(world_size > ps_servers(), "--async ps needs at least one worker besides the ",
+                   ps_servers(), " server(s) of --servers: --nproc (or mpirun -np) ", world_size, " is too few");
   }
   if (async == "hogwild") {
     MT_CHECK_INPUT(model == "mlp" && optimizer == "sgd", "--async hogwild is lock-free SGD on shared parameters: ",
@@ -166,7 +166,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   // world rank = (pp_rank * dp + rank) * tp + tp_rank; `rank` is the data-parallel index.
   // Parameter server: ranks 0..W-1 are the workers (the data-parallel ranks), the last S hold the parameters.
   const bool ps = cfg.async == "ps";
-  const parallel::PsLayout psl{cfg.workers(world_size), cfg.servers, cfg.staleness};
+  const parallel::PsLayout psl{cfg.workers(world_size), cfg.ps_servers(), cfg.staleness};
   const bool server = ps && psl.is_server(world_rank);
   const int tp = cfg.tp, pp = cfg.pp, nranks = cfg.workers(world_size) / (tp * pp);
   const int tp_rank = world_rank % tp, rank = server ? 0 : (world_rank / tp) % nranks,
