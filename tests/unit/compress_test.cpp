@@ -278,7 +278,7 @@ TEST(CompressRandk, EveryIndexIsEquallyLikely) {
 // ---------------------------------------------------------------------------------------------------------------
 // qsgd, nuqsgd
 
-// The quantization levels as fractions of the bucket norm, written out from codec.h: s = 2^(B-1) - 1 and
+// The quantization levels as fractions of the bucket scale (max |x|), written out from codec.h: s = 2^(B-1) - 1 and
 // QSGD: l / s (l = 0..s); NUQSGD: 0, 2^-(s-1), ..., 1/2, 1.
 std::vector<double> level_table(Method m, int bits) {
   const int s = (1 << (bits - 1)) - 1;
@@ -288,8 +288,8 @@ std::vector<double> level_table(Method m, int bits) {
 }
 
 struct Bucketed {
-  std::vector<float> norm;    // per bucket, as a float (what the payload carries)
-  std::vector<double> lo, hi; // per element: the neighbouring levels of |x| / norm, times the norm
+  std::vector<float> norm;    // per bucket: the scale max |x| (what the payload carries)
+  std::vector<double> lo, hi; // per element: the neighbouring levels of |x| / scale, times the scale
 };
 
 Bucketed neighbours(Method m, int bits, const std::vector<float>& x) {
@@ -300,9 +300,8 @@ Bucketed neighbours(Method m, int bits, const std::vector<float>& x) {
   b.hi.resize(n);
   for (size_t lo = 0; lo < n; lo += d) {
     const size_t hi = std::min(n, lo + d);
-    double sq = 0;
-    for (size_t i = lo; i < hi; i++) sq += (double)x[i] * x[i];
-    const float norm = (float)std::sqrt(sq);
+    float norm = 0.0f;
+    for (size_t i = lo; i < hi; i++) norm = std::max(norm, std::fabs(x[i]));
     b.norm.push_back(norm);
     for (size_t i = lo; i < hi; i++) {
       const double r = norm > 0 ? std::min(1.0, std::fabs((double)x[i]) / norm) : 0.0;
@@ -383,10 +382,10 @@ TEST_P(CompressQuant, UnbiasedWithTwoLevelRoundingVariance) {
     // The empirical variance of the bucket is the two-level rounding variance (sampling error well below 15%)...
     EXPECT_NEAR(var_emp_bucket[b], var_exact_bucket[b], 0.15 * var_exact_bucket[b] + 1e-9 * sq_bucket[b])
         << spec.str() << " bucket " << b;
-    // ...and for QSGD within codec.h's bound min(d / s^2, sqrt(d) / s) |x|^2 (d = 512; it holds for a shorter last
-    // bucket too).
+    // ...and for QSGD within codec.h's bound d m^2 / (4 s^2), m = max |x| of the bucket (d = 512; it holds for a
+    // shorter last bucket too).
     if (method == Method::qsgd) {
-      const double bound = std::min((double)d / (s * s), std::sqrt((double)d) / s) * sq_bucket[b];
+      const double m = nb.norm[b], bound = (double)d * m * m / (4.0 * s * s);
       EXPECT_LE(var_emp_bucket[b], bound) << spec.str() << " bucket " << b;
     }
   }
@@ -400,15 +399,15 @@ TEST_P(CompressQuant, PayloadLayoutSizeAndZeros) {
   for (size_t n : {size_t(1), size_t(7), size_t(511), size_t(512), size_t(513), size_t(1100), size_t(2048)}) {
     const size_t bytes = ceil_div(n, 512) * 4 + ceil_div(n * bits, 8);
     ASSERT_EQ(mt::compress::payload_bytes(spec, n), bytes) << spec.str() << " n=" << n;
-    // The payload starts with each bucket's L2 norm as a float.
+    // The payload starts with each bucket's scale max |x| as a float.
     const std::vector<float> x = normal_vector(n, 77 + (uint32_t)n);
     const std::vector<uint8_t> payload = encoded(spec, x, DrawKey{1, 2, 3, 4});
     for (size_t b = 0; b * d < n; b++) {
-      double sq = 0;
-      for (size_t i = b * d; i < std::min(n, (b + 1) * d); i++) sq += (double)x[i] * x[i];
-      float norm;
-      std::memcpy(&norm, payload.data() + 4 * b, 4);
-      EXPECT_FLOAT_EQ(norm, (float)std::sqrt(sq)) << spec.str() << " n=" << n << " bucket " << b;
+      float m = 0.0f;
+      for (size_t i = b * d; i < std::min(n, (b + 1) * d); i++) m = std::max(m, std::fabs(x[i]));
+      float scale;
+      std::memcpy(&scale, payload.data() + 4 * b, 4);
+      EXPECT_EQ(scale, m) << spec.str() << " n=" << n << " bucket " << b;
     }
     // Same key, same bytes; another step, another rounding.
     EXPECT_EQ(encoded(spec, x, DrawKey{1, 2, 3, 4}), payload);
@@ -428,8 +427,9 @@ TEST_P(CompressQuant, PayloadLayoutSizeAndZeros) {
 }
 
 TEST_P(CompressQuant, ValuesOnLevelsAreExact) {
-  // |x| / norm exactly on a level leaves nothing to round: every draw decodes to x. A lone non-zero entry is the
-  // bucket's norm (level 1, the others level 0); for NUQSGD with s >= 2, four equal entries sit on level 1/2.
+  // |x| / scale exactly on a level leaves nothing to round: every draw decodes to x. A lone non-zero entry is the
+  // bucket's scale (level 1, the others level 0); for NUQSGD with s >= 3, entries of 3, 1.5 and 0.75 in a bucket
+  // whose maximum is 3 sit on its levels 1, 1/2 and 1/4.
   const auto [method, bits] = GetParam();
   const CompressSpec spec = make(method, 0, bits);
   std::vector<std::vector<float>> cases;
@@ -438,7 +438,7 @@ TEST_P(CompressQuant, ValuesOnLevelsAreExact) {
     x[4] = v;
     cases.push_back(x);
   }
-  if (method == Method::nuqsgd && bits >= 3) cases.push_back({0.0f, 3.0f, -3.0f, 0.0f, 3.0f, 3.0f});
+  if (method == Method::nuqsgd && bits >= 3) cases.push_back({0.0f, 3.0f, -1.5f, 0.0f, 0.75f, -3.0f});
   for (const std::vector<float>& x : cases) {
     for (int64_t step = 0; step < 20; step++) {
       const std::vector<float> y = decoded(spec, encoded(spec, x, DrawKey{0, step, 0, 0}), x.size());

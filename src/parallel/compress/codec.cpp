@@ -22,7 +22,7 @@ CounterRng rng_of(const DrawKey& k, const char* what) {
   return CounterRng(k.seed, str(what, "/step", k.step, "/rank", k.rank, "/tensor", k.tensor));
 }
 
-// NUQSGD's levels as fractions of the norm: 0, 2^-(s-1), ..., 1/2, 1 (index 0..s).
+// NUQSGD's levels as fractions of the scale: 0, 2^-(s-1), ..., 1/2, 1 (index 0..s).
 double nuq_level(int index, int s) { return index == 0 ? 0.0 : std::ldexp(1.0, index - s); }
 
 void encode_sparse(const float* x, size_t n, const std::vector<uint32_t>& idx, uint8_t* out) {
@@ -38,31 +38,37 @@ void encode_quant(const CompressSpec& spec, const float* x, size_t n, const Draw
   const bool uniform = spec.method == Method::qsgd;
   const CounterRng rng = rng_of(key, uniform ? "qsgd" : "nuqsgd");
   const size_t nb = buckets(n);
+  const uint32_t sign_bit = 1u << (spec.bits - 1);
+  std::vector<double> nuq(s + 1);
+  for (int l = 0; l <= s; l++) nuq[l] = nuq_level(l, s);
   std::vector<uint32_t> codes(n);
   for (size_t b = 0; b < nb; b++) {
     const size_t lo = b * kQuantBucket, hi = std::min(n, lo + kQuantBucket);
-    double sq = 0;
-    for (size_t i = lo; i < hi; i++) sq += (double)x[i] * x[i];
-    const float norm = (float)std::sqrt(sq);
-    std::memcpy(out + 4 * b, &norm, 4);
+    float scale = 0.0f;  // max |x|: the L-infinity norm of the bucket
+    for (size_t i = lo; i < hi; i++) scale = std::max(scale, std::fabs(x[i]));
+    std::memcpy(out + 4 * b, &scale, 4);
+    const double inv = scale > 0 ? 1.0 / (double)scale : 0.0;
     for (size_t i = lo; i < hi; i++) {
-      const double r = norm > 0 ? std::min(1.0, std::fabs((double)x[i]) / norm) : 0.0;  // in [0, 1]
+      const double r = std::min(1.0, std::fabs((double)x[i]) * inv);  // in [0, 1]
       const double u = rng.uniform(i);
       int level;
       if (uniform) {
-        level = std::min(s, (int)std::floor(r * s + u));
+        level = std::min(s, (int)(r * s + u));  // floor: r s + u >= 0
+      } else if (r <= 0.0) {
+        level = 0;
       } else {
-        // The neighbouring levels lo_l <= r <= hi_l; up with probability (r - lo_l) / (hi_l - lo_l).
-        int j = 0;
-        while (j < s && nuq_level(j + 1, s) <= r) j++;
-        if (j == s) {
+        // The neighbouring levels a <= r < c: a = 2^(j-s) for j = s + floor(log2 r) (0 below the lowest
+        // non-zero level), c the next one; up with probability (r - a) / (c - a).
+        int e;
+        std::frexp(r, &e);  // r = m 2^e, m in [0.5, 1): 2^(e-1) <= r < 2^e
+        const int j = std::max(0, e - 1 + s);
+        if (j >= s) {
           level = s;
         } else {
-          const double a = nuq_level(j, s), c = nuq_level(j + 1, s);
-          level = u < (r - a) / (c - a) ? j + 1 : j;
+          level = u < (r - nuq[j]) / (nuq[j + 1] - nuq[j]) ? j + 1 : j;
         }
       }
-      codes[i] = (uint32_t)level | (x[i] < 0 ? (1u << (spec.bits - 1)) : 0u);
+      codes[i] = (uint32_t)level | (x[i] < 0 ? sign_bit : 0u);
     }
   }
   pack_bits(codes.data(), n, spec.bits, out + 4 * nb);
@@ -75,16 +81,19 @@ void decode_quant(const CompressSpec& spec, const uint8_t* in, size_t n, float* 
   std::vector<uint32_t> codes(n);
   unpack_bits(in + 4 * nb, n, spec.bits, codes.data());
   const uint32_t sign_bit = 1u << (spec.bits - 1);
+  std::vector<double> mag(s + 1);
+  for (int l = 0; l <= s; l++) mag[l] = uniform ? (double)l / s : nuq_level(l, s);
+  std::vector<float> value(2 * (size_t)sign_bit);  // per code (sign bit and level): the decoded value
   for (size_t b = 0; b < nb; b++) {
-    float norm;
-    std::memcpy(&norm, in + 4 * b, 4);
-    const size_t lo = b * kQuantBucket, hi = std::min(n, lo + kQuantBucket);
-    for (size_t i = lo; i < hi; i++) {
-      const int level = (int)(codes[i] & (sign_bit - 1));
-      const double mag = uniform ? (double)level / s : nuq_level(level, s);
-      const float v = (float)(norm * mag);
-      y[i] += (codes[i] & sign_bit) ? -v : v;
+    float scale;
+    std::memcpy(&scale, in + 4 * b, 4);
+    for (uint32_t l = 0; l <= (uint32_t)s; l++) {
+      const float v = (float)(scale * mag[l]);
+      value[l] = v;
+      value[l | sign_bit] = -v;
     }
+    const size_t lo = b * kQuantBucket, hi = std::min(n, lo + kQuantBucket);
+    for (size_t i = lo; i < hi; i++) y[i] += value[codes[i]];
   }
 }
 
