@@ -174,6 +174,20 @@ def remove_stale(*paths: str) -> None:
             os.rmdir(p)
 
 
+def check_rejected(cmd: Sequence, metrics: str, log_prefix: str, names: Sequence[str], checks: Checks,
+                   label: str) -> None:
+    """Runs a command whose flags are bad: it must exit non-zero before training (no metrics file) with a
+    message that names every string of `names`."""
+    remove_stale(metrics)
+    r = run_group(list(cmd) + ["--metrics", metrics], 60, log_prefix)
+    text = (r.stderr + r.stdout).decode("utf-8", "replace")
+    missing = [n for n in names if n not in text]
+    checks.check(not r.timed_out and r.returncode not in (0, None) and not missing and not os.path.exists(metrics),
+                 f"bad flags {label}: expected a non-zero exit before training with a message naming {list(names)}; "
+                 f"got {'timeout' if r.timed_out else f'exit {r.returncode}'}, missing {missing}, metrics "
+                 f"written: {os.path.exists(metrics)}; output: {text.strip()[:200]!r}")
+
+
 def failure_text(r: Run, what: str) -> str:
     """The failure of a run that should have succeeded. The first line (the one the verdict lists) is
     short: the flags, how the run ended and the binary's own error line; a layout that the binary does not

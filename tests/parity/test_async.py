@@ -278,15 +278,7 @@ def main() -> None:
          ["hogwild", "--checkpoint-dir"]),
     ]
     for i, (cmd, names) in enumerate(bad):
-        m = rn.path(f"bad{i}", "jsonl")
-        dc.remove_stale(m)
-        r = dc.run_group(list(cmd) + ["--metrics", m], 60, rn.path(f"bad{i}", "log"))
-        text = (r.stderr + r.stdout).decode("utf-8", "replace")
-        missing = [n for n in names if n not in text]
-        checks.check(not r.timed_out and r.returncode not in (0, None) and not missing and not os.path.exists(m),
-                     f"bad flags #{i}: expected a non-zero exit before training naming {names}; got "
-                     f"{'timeout' if r.timed_out else f'exit {r.returncode}'}, missing {missing}, metrics written: "
-                     f"{os.path.exists(m)}; output: {text.strip()[:200]!r}")
+        dc.check_rejected(cmd, rn.path(f"bad{i}", "jsonl"), rn.path(f"bad{i}", "log"), names, checks, f"#{i}")
 
     print(f"total time {time.monotonic() - t0:.1f} s")
     checks.finish()
