@@ -17,7 +17,7 @@
 //              rounds between 0 and 1/7 of the norm, a variance of about 2 |x|^2 per bucket; with the maximum
 //              the levels span the values actually present (about 0.05 |x|^2 for Gaussian entries). Measured
 //              on the character-level GPT of bench/comm_efficiency.py, qsgd:4's final loss gap to exact DP went
-//              from 5.1% (L2) to 0.9% (max).
+//              from 5.1% (L2) to 0.8% (max).
 //   nuqsgd:B   NUQSGD (Ramezani-Kebrya et al. 2021): as qsgd, but the levels are 0, 2^-(s-1), ..., 1/2, 1
 //              (times the scale m), denser near zero; |x| / m is rounded to one of its two neighbouring
 //              levels with the probabilities that make it unbiased. Same payload.
