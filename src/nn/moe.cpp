@@ -97,22 +97,10 @@ void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_
   stats_.exchange_bytes += sent * sizeof(float);
 }
 
-namespace {
-
-// Per micro-batch bookkeeping kept for backward besides float buffers.
-struct MoeState {
-  Routing routing;
-  std::vector<int32_t> order;     // [A] t * K + k of each admitted pair, by expert, then group, then slot
-  std::vector<int64_t> count;     // [E] admitted pairs per expert (this rank's tokens)
-  std::vector<int64_t> incoming;  // [P * Le] rows from each source rank for each local expert
-};
-
-}  // namespace
-
 void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float* residual, float* out, int N,
                      const RouterDraws& draws) {
   const int E = rc_.experts, K = rc_.top_k, P = ep_size(), Le = e1_ - e0_;
-  MoeState& st = store.object<MoeState>(mb, prefix_ + "moe");
+  State& st = store.object<State>(mb, prefix_ + "moe");
   // Router.
   float* logits = store.get(mb, prefix_ + "logits", (size_t)N * E);
   linear_forward(logits, x, router_->data, nullptr, N, C_, E);
@@ -197,7 +185,7 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
 void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const float* dy, float* dx, int N,
                       float aux_scale, float z_scale) {
   const int E = rc_.experts, K = rc_.top_k, P = ep_size(), Le = e1_ - e0_;
-  MoeState& st = store.object<MoeState>(mb, prefix_ + "moe");
+  State& st = store.object<State>(mb, prefix_ + "moe");
   const Routing& R = st.routing;
   const size_t C = (size_t)C_, H = (size_t)H_;
   const int64_t A = (int64_t)st.order.size();

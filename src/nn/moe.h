@@ -57,6 +57,15 @@ class MoeMlp {
   void backward(ActivationStore& store, int mb, const float* x, const float* dy, float* dx, int N, float aux_scale,
                 float z_scale);
 
+  // What forward keeps for backward besides float buffers (in the store under (mb, prefix + "moe")).
+  struct State {
+    Routing routing;
+    std::vector<int32_t> order;     // [A] t * K + k of each admitted pair, by expert, then group, then slot
+    std::vector<int64_t> count;     // [E] admitted pairs per expert (this rank's tokens)
+    std::vector<int64_t> incoming;  // [P * Le] rows from each source rank for each local expert
+  };
+  const Routing& routing(ActivationStore& store, int mb) const { return store.object<State>(mb, prefix_ + "moe").routing; }
+
   int experts() const { return rc_.experts; }
   int local_experts() const { return e1_ - e0_; }
   int first_local_expert() const { return e0_; }
