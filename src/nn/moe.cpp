@@ -161,7 +161,10 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   // Combine.
   float* ys = store.get(mb, prefix_ + "ys", (size_t)A * C);
   exchange(o, ys, false, st.count.data(), st.incoming.data());
-  if (out != residual) std::memcpy(out, residual, sizeof(float) * N * C);
+  if (!residual)
+    std::memset(out, 0, sizeof(float) * N * C);
+  else if (out != residual)
+    std::memcpy(out, residual, sizeof(float) * N * C);
   for (int64_t a = 0; a < A; a++) {
     const int32_t i = st.order[a];
     const float g = R.gate[i];
@@ -170,6 +173,7 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
     for (size_t c = 0; c < C; c++) y[c] += g * src[c];
   }
   // Statistics.
+  if (!recording_) return;
   for (int e = 0; e < E; e++) {
     stats_.admitted[e] += st.count[e];
     stats_.first[e] += R.first_load[e];

@@ -48,7 +48,8 @@ class MoeMlp {
   MoeMlp(const RouterConfig& rc, int layer, int C, int hidden, const std::string& prefix, ParamRegistry& params,
          int group, ExpertParallelOps* ep = nullptr);
 
-  // out[N,C] = residual[N,C] + the experts' gated sum for x[N,C] (out may alias residual). Routing and the
+  // out[N,C] = residual[N,C] + the experts' gated sum for x[N,C] (out may alias residual; residual null:
+  // zero). Routing and the
   // experts' activations are kept in `store` under (mb, prefix...) for backward. N % group_tokens == 0.
   void forward(ActivationStore& store, int mb, const float* x, const float* residual, float* out, int N,
                const RouterDraws& draws);
@@ -71,6 +72,10 @@ class MoeMlp {
   int first_local_expert() const { return e0_; }
   const RouterConfig& router_config() const { return rc_; }
   MoeStats& stats() { return stats_; }
+  // Routing groups of n tokens from the next forward on (a run of whole windows; N % n == 0).
+  void set_group_tokens(int n) { rc_.group_tokens = n; }
+  // Whether forward adds to stats() (off while recomputing a forward that was already counted).
+  void set_recording(bool on) { recording_ = on; }
 
   // Initialization as the dense MLP's (GPT-2): router and c_fc N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 L)),
   // biases 0. Counter-based per tensor name: the same values whatever rank holds the expert.
@@ -94,6 +99,7 @@ class MoeMlp {
   Param* router_;
   std::vector<Expert> local_;
   MoeStats stats_;
+  bool recording_ = true;
 };
 
 }  // namespace mt::nn
