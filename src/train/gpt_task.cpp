@@ -26,6 +26,8 @@ model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init
   if (!shape.n_embd) shape.n_embd = 128;
   if (!shape.vocab_size) shape.vocab_size = 256;
   if (!shape.n_positions) shape.n_positions = std::max(256, cfg.seq_len);
+  if (shape.moe_every > 0 && !shape.moe_top_k) shape.moe_top_k = 1;
+  if (shape.moe_every == 0) shape.experts = shape.moe_top_k = shape.expert_hidden = 0;
   shape.validate();
   return shape;
 }
@@ -65,6 +67,12 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
+    moe_.capacity_factor = cfg.moe.capacity_factor;
+    moe_.group_windows = cfg.moe.group_windows;
+    moe_.second = cfg.moe.second_policy == "random" ? nn::SecondPolicy::random : nn::SecondPolicy::all;
+    moe_.aux_alpha = (float)cfg.moe.aux_loss;
+    moe_.z_beta = (float)cfg.moe.z_loss;
+    moe_.seed = cfg.seed;
     if (pp && pp->spec.stages > 1) {
       // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
       pp_ = *pp;
@@ -74,13 +82,14 @@ class GptTask : public TrainTask {
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
       for (int c = 0; c < V; c++) {
         int s = c * P + j;
-        chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}));
+        chunks_.push_back(
+            std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
         chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       }
       model_ = chunks_.front().get();
     } else {
-      chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp));
+      chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
       chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       model_ = chunks_.front().get();
@@ -122,6 +131,7 @@ class GptTask : public TrainTask {
       t.inputs_.resize((size_t)mbs * t.T_);
       t.targets_.resize((size_t)mbs * t.T_);
       data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
+      g.set_moe_position(step, first + i * mbs);
       loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, nullptr, input);
       return g.last_stage() ? nullptr : g.stage_output(t.store_, key, mbs, t.T_);
     }
@@ -136,6 +146,9 @@ class GptTask : public TrainTask {
 
   double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)((int64_t)B_ * T_);
+    for (auto& c : chunks_)
+      for (auto& m : c->moe_layers())
+        if (m) m->stats().reset(m->experts());
     if (pp_.group) {
       if (lists_.empty()) lists_ = pipeline::make_schedule(pp_.spec);
       Runner r(*this, step, share.first, share.micro_size, dscale);
@@ -149,6 +162,7 @@ class GptTask : public TrainTask {
       const int j0 = share.micro_first(i), nb = share.micro_len(i);
       if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
       data::gpt_batch(shard_, step, B_, T_, j0, nb, inputs_.data(), targets_.data());
+      model_->set_moe_position(step, j0);
       loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale, hooks.params);
       model_->backward(store_, 0, nb, T_, hooks.params);
     }
@@ -164,12 +178,14 @@ class GptTask : public TrainTask {
     if (!val_) return r;
     MT_ASSERT(nranks == layout_.dp_ranks(), "evaluation over ", nranks, " ranks, layout of ", layout_.dp_ranks());
     const BatchShare sh = layout_.eval_share(rank);
+    MoeRecording off(chunks_);  // held-out routing is not the step's
     inputs_.resize((size_t)sh.micro_size * T_);
     targets_.resize((size_t)sh.micro_size * T_);
     for (int k = 0; k < batches; k++) {
       for (int i = 0; i < sh.micro_count; i++) {
         const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
+        for (auto& c : chunks_) c->set_moe_position(k, j0);
         if (pp_.group) {
           r.loss += pipeline_forward(nb);
           if (chunks_.back()->last_stage()) r.count += (double)nb * T_;
@@ -219,8 +235,26 @@ class GptTask : public TrainTask {
   pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
   std::vector<int> stage_layers() const override { return split_; }
   void set_trace(trace::ChromeTrace* t) override { trace_ = t; }
+  void annotate(nlohmann::json& row, const parallel::Mesh& mesh) override;
+  nlohmann::json summary_section(const parallel::Mesh& mesh) override;
 
  private:
+  // Turns the MoE layers' statistics off for a scope (evaluation).
+  struct MoeRecording {
+    std::vector<std::unique_ptr<model::Gpt>>& chunks;
+    explicit MoeRecording(std::vector<std::unique_ptr<model::Gpt>>& c) : chunks(c) { set(false); }
+    ~MoeRecording() { set(true); }
+    void set(bool on) {
+      for (auto& c : chunks)
+        for (auto& m : c->moe_layers())
+          if (m) m->set_recording(on);
+    }
+  };
+  // Per MoE layer of the whole model, this step's routing summed over the ranks that split the batch.
+  std::vector<std::vector<double>> moe_step_totals(const parallel::Mesh& mesh);
+  model::MoeOptions moe_;
+  std::vector<std::vector<double>> moe_run_;  // per layer: the step totals summed over the run
+  int64_t moe_steps_ = 0;
   TrainConfig cfg_;
   BatchLayout layout_;
   TokenShard shard_;
@@ -241,6 +275,94 @@ class GptTask : public TrainTask {
   pipeline::PipelineExecutor executor_;
   trace::ChromeTrace* trace_ = nullptr;
 };
+
+// Layout of one MoE layer's numbers: aux_sum, z_sum, choices, dropped, exchange bytes, exchange seconds,
+// then admitted[E] and first[E]. Layers without experts (or on other stages) are zeros.
+constexpr int kMoeFixed = 6;
+
+std::vector<std::vector<double>> GptTask::moe_step_totals(const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  const int L = g.n_layer, E = g.experts, W = kMoeFixed + 2 * E;
+  std::vector<float> v((size_t)L * W, 0.0f);
+  const bool counts = mesh.coord().tp == 0;  // replicated over tp: one copy counts
+  for (auto& c : chunks_)
+    for (int l = 0; l < L; l++) {
+      nn::MoeMlp* m = c->moe_layers().empty() ? nullptr : c->moe_layers()[l].get();
+      if (!m || !counts) continue;
+      const nn::MoeStats& st = m->stats();
+      float* o = &v[(size_t)l * W];
+      o[0] = (float)st.aux_sum, o[1] = (float)st.z_sum, o[2] = (float)st.choices, o[3] = (float)st.dropped;
+      o[4] = (float)st.exchange_bytes, o[5] = (float)st.exchange_s;
+      for (int e = 0; e < E; e++) o[kMoeFixed + e] = (float)st.admitted[e], o[kMoeFixed + E + e] = (float)st.first[e];
+    }
+  for (comm::Communicator* grp : {mesh.replica(), mesh.dp()})
+    if (grp && grp->size() > 1) grp->all_reduce(v.data(), v.data(), v.size(), comm::DType::f32, comm::ReduceOp::sum);
+  std::vector<std::vector<double>> out;
+  for (int l = 0; l < L; l++)
+    if (g.is_moe(l)) out.emplace_back(v.begin() + (size_t)l * W, v.begin() + (size_t)(l + 1) * W);
+  return out;
+}
+
+namespace {
+// Metrics of one layer's (or a run's) totals: groups and tokens of the batches they cover.
+nlohmann::json moe_layer_json(int layer, const std::vector<double>& t, int E, double groups, double tokens) {
+  double admitted = 0;
+  for (int e = 0; e < E; e++) admitted += t[kMoeFixed + e];
+  std::vector<double> frac(E), first(E);
+  for (int e = 0; e < E; e++) {
+    frac[e] = admitted > 0 ? t[kMoeFixed + e] / admitted : 0.0;
+    first[e] = tokens > 0 ? t[kMoeFixed + E + e] / tokens : 0.0;
+  }
+  return {{"layer", layer},
+          {"aux_loss", t[0] / groups},
+          {"z_loss", t[1] / tokens},
+          {"dropped", t[2] > 0 ? t[3] / t[2] : 0.0},
+          {"expert_fraction", frac},
+          {"first_choice_fraction", first},
+          {"all_to_all_bytes", t[4]},
+          {"all_to_all_s", t[5]}};
+}
+}  // namespace
+
+void GptTask::annotate(nlohmann::json& row, const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  if (g.moe_every == 0) return;
+  const std::vector<std::vector<double>> t = moe_step_totals(mesh);
+  const double tokens = (double)B_ * T_, groups = (double)B_ / moe_.group_windows;
+  double aux = 0, z = 0, choices = 0, dropped = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  int i = 0;
+  if (moe_run_.empty()) moe_run_.assign(t.size(), std::vector<double>(t.empty() ? 0 : t[0].size(), 0.0));
+  for (int l = 0; l < g.n_layer; l++) {
+    if (!g.is_moe(l)) continue;
+    const std::vector<double>& x = t[i];
+    aux += x[0] / groups, z += x[1] / tokens, choices += x[2], dropped += x[3];
+    layers.push_back(moe_layer_json(l, x, g.experts, groups, tokens));
+    for (size_t k = 0; k < x.size(); k++) moe_run_[i][k] += x[k];
+    i++;
+  }
+  row["aux_loss"] = aux;  // summed over MoE layers, before the coefficients
+  row["z_loss"] = z;
+  row["moe_dropped"] = choices > 0 ? dropped / choices : 0.0;
+  row["moe"] = layers;
+  moe_steps_++;
+}
+
+nlohmann::json GptTask::summary_section(const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  if (g.moe_every == 0 || moe_steps_ == 0) return nullptr;
+  const double tokens = (double)B_ * T_ * moe_steps_, groups = (double)B_ / moe_.group_windows * moe_steps_;
+  nlohmann::json layers = nlohmann::json::array();
+  int i = 0;
+  for (int l = 0; l < g.n_layer; l++)
+    if (g.is_moe(l)) layers.push_back(moe_layer_json(l, moe_run_[i++], g.experts, groups, tokens));
+  return {{"experts", g.experts},
+          {"top_k", g.moe_top_k},
+          {"capacity_factor", moe_.capacity_factor},
+          {"ep", cfg_.moe.ep},
+          {"steps", moe_steps_},
+          {"layers", layers}};
+}
 
 }  // namespace
 

@@ -10,10 +10,13 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/pipeline/executor.h"
 #include "trace/chrome_trace.h"
 #include "train/layout.h"
@@ -68,6 +71,11 @@ class TrainTask {
   virtual std::vector<int> stage_layers() const { return {}; }
   // Pipeline runs record their computations and messages here.
   virtual void set_trace(trace::ChromeTrace*) {}
+  // Task-specific fields of the step's metrics row from what its micro-batches recorded (MoE routing:
+  // auxiliary losses, drops, tokens per expert). Collective over the mesh's replica and dp groups.
+  virtual void annotate(nlohmann::json& row, const parallel::Mesh& mesh) {}
+  // Task-specific section of the run summary (collective like annotate); null: none.
+  virtual nlohmann::json summary_section(const parallel::Mesh& mesh) { return nullptr; }
 };
 
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
