@@ -74,8 +74,9 @@ class Gpt {
   // Per block half, forward: column GEMM, local math, row GEMM, all-reduce of the [N, C] partial sums;
   // backward: the mirror image, all-reduce of the column GEMM's input gradient.
   // MoE blocks: the router and the experts are replicated over the tensor-parallel group (every tp rank
-  // routes all N rows of the micro-batch, gathered under sequence parallelism) and split over the
-  // expert-parallel group in moe.ep.
+  // routes all N rows of the micro-batch, gathered under sequence parallelism); their computation is split
+  // over the expert-parallel group in moe.ep (each rank runs E / ep experts on the tokens sent to it), while
+  // every rank keeps all experts' parameters (sharded by ZeRO like any other).
   Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {},
       const MoeOptions& moe = {});
 

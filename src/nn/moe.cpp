@@ -20,19 +20,18 @@ void MoeStats::reset(int E) {
 }
 
 MoeMlp::MoeMlp(const RouterConfig& rc, int layer, int C, int hidden, const std::string& prefix, ParamRegistry& params,
-               int group, ExpertParallelOps* ep)
+               int group, ExpertParallelOps* ep, bool register_all)
     : rc_(rc), layer_(layer), C_(C), H_(hidden), prefix_(prefix), ep_(ep) {
   const int P = ep_size(), r = ep ? ep->rank() : 0;
   MT_ASSERT(rc.experts % P == 0, "experts ", rc.experts, " not divisible by the expert-parallel size ", P);
   e0_ = r * (rc.experts / P);
   e1_ = e0_ + rc.experts / P;
   router_ = &params.add(prefix + "router.weight", {C, rc.experts}, {}, group);
-  for (int e = e0_; e < e1_; e++) {
+  for (int e = register_all ? 0 : e0_; e < (register_all ? rc.experts : e1_); e++) {
     const std::string n = prefix + "experts." + std::to_string(e) + ".";
-    local_.push_back({&params.add(n + "c_fc.weight", {C, hidden}, {}, group),
-                      &params.add(n + "c_fc.bias", {hidden}, {}, group),
-                      &params.add(n + "c_proj.weight", {hidden, C}, {}, group),
-                      &params.add(n + "c_proj.bias", {C}, {}, group)});
+    const Expert x{&params.add(n + "c_fc.weight", {C, hidden}, {}, group), &params.add(n + "c_fc.bias", {hidden}, {}, group),
+                   &params.add(n + "c_proj.weight", {hidden, C}, {}, group), &params.add(n + "c_proj.bias", {C}, {}, group)};
+    if (e >= e0_ && e < e1_) local_.push_back(x);
   }
   stats_.reset(rc.experts);
 }

@@ -48,7 +48,8 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  GptTask(const TrainConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp)
+  GptTask(const TrainConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp,
+          nn::ExpertParallelOps* ep)
       : cfg_(cfg), layout_(layout), shard_(cfg.data) {
     std::optional<SafetensorsReader> init;
     if (!cfg.init.empty()) init.emplace(cfg.init);
@@ -73,6 +74,7 @@ class GptTask : public TrainTask {
     moe_.aux_alpha = (float)cfg.moe.aux_loss;
     moe_.z_beta = (float)cfg.moe.z_loss;
     moe_.seed = cfg.seed;
+    moe_.ep = ep;
     if (pp && pp->spec.stages > 1) {
       // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
       pp_ = *pp;
@@ -367,8 +369,9 @@ nlohmann::json GptTask::summary_section(const parallel::Mesh& mesh) {
 }  // namespace
 
 std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
-                                         nn::TensorParallelOps* tp, const PipelineContext* pp) {
-  return std::make_unique<GptTask>(cfg, layout, tp, pp);
+                                         nn::TensorParallelOps* tp, const PipelineContext* pp,
+                                         nn::ExpertParallelOps* ep) {
+  return std::make_unique<GptTask>(cfg, layout, tp, pp, ep);
 }
 
 }  // namespace mt::train

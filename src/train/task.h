@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "nn/expert_parallel.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
@@ -93,8 +94,10 @@ struct PipelineContext {
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
 std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages);
 
+// ep: the expert-parallel group of MoE blocks (null: every expert computed here).
 std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
-                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr);
+                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr,
+                                         nn::ExpertParallelOps* ep = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout);
 
 }  // namespace mt::train
