@@ -97,8 +97,7 @@ def load_dump(d: str) -> Tuple[dict, Dict[str, np.ndarray], Dict[str, np.ndarray
         if not isinstance(cfg[k], int) or isinstance(cfg[k], bool) or cfg[k] < 0:
             raise DumpError(f"config.json: {k} = {cfg[k]!r} is not a non-negative integer")
     N, C, K = cfg["N"], cfg["C"], cfg["K"]
-    inputs = {"x": _read_raw(d, "x.f32", (N, C), "float32"), "residual": _read_raw(d, "residual.f32", (N, C), "float32"),
-              "dy": _read_raw(d, "dy.f32", (N, C), "float32")}
+    inputs = {n: _read_raw(d, n + ".f32", (N, C), "float32") for n in ("x", "residual", "dy")}
     results = {"out": _read_raw(d, "out.f32", (N, C), "float32"), "dx": _read_raw(d, "dx.f32", (N, C), "float32"),
                "expert": _read_raw(d, "expert.i32", (N, K), "int32"), "slot": _read_raw(d, "slot.i32", (N, K), "int32"),
                "gate": _read_raw(d, "gate.f32", (N, K), "float32")}

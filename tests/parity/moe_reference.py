@@ -42,7 +42,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, asdict
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
