@@ -203,8 +203,8 @@ def check_dump(d: str, verbose: bool = True) -> List[str]:
             f"{abs(want - r64[key]) / max(abs(r64[key]), 1e-30):>16.3e}  {'ok' if ok else 'MISMATCH'}")
         if not ok:
             fails.append(f"result.json {key}: cpp {got!r} ref {want!r}, rel diff {rel:.3e} > {TOL_SUM_REL:g}")
-    for key in ("aux_scale", "z_scale"):  # how visible each auxiliary gradient is in this dump
-        if cfg[key]:
+    for key in ("aux_scale", "z_scale"):  # how visible each auxiliary gradient is in this dump (a note)
+        if cfg[key] and verbose:
             r0 = reference({**cfg, key: 0.0}, inputs, torch.float32)
             moved = [_diff(r0[n].numpy(), r32[n])[1] for n in ("grad.router.weight", "dx")]
             say(f"  sensitivity: without the {key[:-6]} term grad.router.weight moves {moved[0]:.2e} rel, dx "
