@@ -3,6 +3,9 @@
 DIR holds a dump written by the C++ side (the format below); the script recomputes everything from the
 inputs with the reference and exits 0 when all agree, else 1 with a line per disagreement (what, max abs
 and rel diff, the bound). A dump that is incomplete or malformed is also exit 1, naming the file.
+`moe_block_check.py --write-example DIR` writes a faithful dump in the same format (N=128, C=64, Hx=256,
+E=4, top-2 random, F=0.75: 17 drops; aux_scale 10 so that the aux gradient is above the bound), for
+testing a C++ reader or running the C++ block on seeded inputs.
 
 Dump format (raw little-endian, row-major, no header; float32 unless .i32):
   config.json   {"N", "C", "H", "E", "K", "capacity_factor", "group_tokens", "second_policy": "all"|"random",
@@ -121,6 +124,36 @@ def write_dump(d: str, cfg: dict, inputs: Dict[str, np.ndarray], results: Dict[s
         np.ascontiguousarray(a, dtype="<i4" if ext == ".i32" else "<f4").tofile(os.path.join(d, name + ext))
 
 
+EXAMPLE_CONFIG = dict(N=128, C=64, H=256, E=4, K=2, capacity_factor=0.75, group_tokens=64, second_policy="random",
+                      seed=1234, step=3, layer=1, first_token=128, aux_scale=10.0, z_scale=0.05)
+
+
+def example_inputs(cfg: dict, seed: int) -> Dict[str, np.ndarray]:
+    """Seeded inputs: x, residual, dy ~ N(0, 1); router N(0, 1) / sqrt(C) * 2.4; expert weights N(0, 0.2),
+    biases N(0, 0.05) (peaked routing, GELU in its curved range)."""
+    rng = np.random.default_rng(seed)
+    N, C = cfg["N"], cfg["C"]
+    inp = {n: rng.standard_normal((N, C)).astype(np.float32) for n in ("x", "residual", "dy")}
+    for n, shape in param_files(cfg):
+        std = 2.4 / math.sqrt(C) if n == "router.weight" else (0.2 if n.endswith("weight") else 0.05)
+        inp[n] = (rng.standard_normal(shape) * std).astype(np.float32)
+    return inp
+
+
+def write_example(d: str, cfg: dict = EXAMPLE_CONFIG, seed: int = 0) -> dict:
+    """A faithful dump: the reference plays the C++ side (decisions of its float32 run, numbers from its
+    float64 run rounded to float32). Returns the float32 reference's results."""
+    inp = example_inputs(cfg, seed)
+    r32 = reference(cfg, inp, torch.float32)
+    r = reference(cfg, inp, torch.float64, routing=r32["routing"])
+    res = {"out": r["out"].numpy(), "dx": r["dx"].numpy(), "expert": r32["routing"].expert.numpy(),
+           "slot": r32["routing"].slot.numpy(), "gate": r["gate"].numpy()}
+    for n, _ in param_files(cfg):
+        res["grad." + n] = r["grad." + n].numpy()
+    write_dump(d, cfg, inp, res, {k: r[k] for k in RESULT_KEYS})
+    return r32
+
+
 def reference(cfg: dict, inputs: Dict[str, np.ndarray], dtype=torch.float32, routing=None) -> dict:
     """The reference block on the dump's inputs: forward, L, and autograd gradients of L."""
     t = {n: torch.tensor(a, dtype=dtype, requires_grad=(n not in ("residual", "dy")))
@@ -214,12 +247,18 @@ def check_dump(d: str, verbose: bool = True) -> List[str]:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print(f"usage: {sys.argv[0]} DUMP_DIR", file=sys.stderr)
+    args = sys.argv[1:]
+    if len(args) not in (1, 2) or (len(args) == 2 and args[0] != "--write-example"):
+        print(f"usage: {sys.argv[0]} DUMP_DIR          check a dump\n"
+              f"       {sys.argv[0]} --write-example DIR  write a faithful dump of {EXAMPLE_CONFIG}", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
+    if len(args) == 2:
+        r = write_example(args[1])
+        print(f"wrote {args[1]}: {r['choices']} choices, {r['dropped']} dropped")
+        return 0
     try:
-        fails = check_dump(sys.argv[1])
+        fails = check_dump(args[0])
     except (DumpError, ValueError) as e:
         print(f"moe_block_check: bad dump: {e}", file=sys.stderr)
         return 1
