@@ -163,7 +163,9 @@ def reference(cfg: dict, inputs: Dict[str, np.ndarray], dtype=torch.float32, rou
                        step=cfg["step"], layer=cfg["layer"], first_token=cfg["first_token"], routing=routing)
     L = (r.out * t["dy"]).sum() + cfg["aux_scale"] * r.aux_sum + cfg["z_scale"] * r.z_sum
     names = ["x"] + [n for n, _ in param_files(cfg)]
-    grads = torch.autograd.grad(L, [t[n] for n in names])
+    # An expert that no token reached is not in the graph: its gradient is exactly zero.
+    grads = torch.autograd.grad(L, [t[n] for n in names], allow_unused=True)
+    grads = [torch.zeros_like(t[n]) if g is None else g for n, g in zip(names, grads)]
     out = {"out": r.out.detach(), "gate": r.gate.detach(), "dx": grads[0], "aux_sum": float(r.aux_sum),
            "z_sum": float(r.z_sum), "choices": r.choices, "dropped": r.dropped, "routing": r.routing,
            "probs": mref.ref.softmax_last(t["x"].detach() @ t["router.weight"].detach())}

@@ -68,7 +68,9 @@ void run_case(const Case& c) {
   }
   const size_t NC = (size_t)c.N * c.C;
   auto x = draw(NC, seed, "x", 1.0f), residual = draw(NC, seed, "residual", 1.0f), dy = draw(NC, seed, "dy", 1.0f);
-  const float aux_scale = 0.25f, z_scale = 0.05f;
+  // aux_scale large enough that a missing load-balancing gradient moves the router's gradient well past the
+  // checker's tolerance (at 0.25 it would hide under it; moe_block_check.py prints that visibility).
+  const float aux_scale = 10.0f, z_scale = 0.5f;
   std::vector<float> out(NC), dx(NC);
   ActivationStore store;
   moe.forward(store, 0, x.data(), residual.data(), out.data(), c.N, {seed, c.step, c.layer, c.first_token});
