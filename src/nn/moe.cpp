@@ -94,6 +94,14 @@ void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_
   }
   stats_.exchange_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.exchange_bytes += sent * sizeof(float);
+  if (tracer_ && tracer_->enabled()) {
+    const double t1 = trace::ChromeTrace::now_us(), us = std::chrono::duration<double, std::micro>(
+                                                                  std::chrono::steady_clock::now() - t0).count();
+    tracer_->add(trace::Track::comm,
+                 str(to_experts ? "moe dispatch" : "moe combine", " h.", layer_, " (all_to_all_v, ",
+                     sent * sizeof(float), " bytes out)"),
+                 "comm", t1 - us, t1);
+  }
 }
 
 void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float* residual, float* out, int N,

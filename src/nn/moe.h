@@ -27,6 +27,7 @@
 #include "nn/expert_parallel.h"
 #include "nn/moe_router.h"
 #include "nn/params.h"
+#include "trace/chrome_trace.h"
 
 namespace mt::nn {
 
@@ -78,6 +79,8 @@ class MoeMlp {
   void set_group_tokens(int n) { rc_.group_tokens = n; }
   // Whether forward adds to stats() (off while recomputing a forward that was already counted).
   void set_recording(bool on) { recording_ = on; }
+  // Dispatch and combine go on the trace's comm track (null or disabled: nothing recorded).
+  void set_trace(trace::ChromeTrace* t) { tracer_ = t; }
 
   // Initialization as the dense MLP's (GPT-2): router and c_fc N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 L)),
   // biases 0. Counter-based per tensor name: the same values whatever rank holds the expert.
@@ -102,6 +105,7 @@ class MoeMlp {
   std::vector<Expert> local_;
   MoeStats stats_;
   bool recording_ = true;
+  trace::ChromeTrace* tracer_ = nullptr;
 };
 
 }  // namespace mt::nn

@@ -236,7 +236,12 @@ class GptTask : public TrainTask {
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
   pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
   std::vector<int> stage_layers() const override { return split_; }
-  void set_trace(trace::ChromeTrace* t) override { trace_ = t; }
+  void set_trace(trace::ChromeTrace* t) override {
+    trace_ = t;
+    for (auto& c : chunks_)
+      for (auto& m : c->moe_layers())
+        if (m) m->set_trace(t);
+  }
   void annotate(nlohmann::json& row, const parallel::Mesh& mesh) override;
   nlohmann::json summary_section(const parallel::Mesh& mesh) override;
 
