@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "comm/types.h"
 #include "nn/layers.h"
+#include "nn/tensor_parallel_layers.h"
 #include "tensor/blas.h"
 
 namespace mt::model {
@@ -71,7 +72,7 @@ std::map<std::string, std::string> GptConfig::to_metadata() const {
 
 Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp, StageRange stage,
          const MoeOptions& moe)
-    : cfg_(cfg), params_(params), tp_(tp), moe_opt_(moe) {
+    : cfg_(cfg), params_(params), tp_(tp), rows_(tp, false), moe_opt_(moe) {
   cfg_.validate();
   stage_ = stage;
   begin_ = stage.begin;
@@ -240,49 +241,14 @@ void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* 
   if (sp_) std::memcpy(dln, dx + (size_t)tp_->rank() * Nr * C, sizeof(float) * Nr * C);
 }
 
-int Gpt::rows_here(int N) const {
-  if (!sp_) return N;
-  MT_CHECK_INPUT(N % tp_size() == 0, "--sequence-parallel splits the ", N, " token rows of a micro-batch ",
-                 "(micro-batch size x --seq-len) over --tp ", tp_size(), ": they must be divisible");
-  return N / tp_size();
-}
+int Gpt::rows_here(int N) const { return rows_.rows_here(N); }
 
 const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, int N, int C) {
-  if (!sp_) return local;
-  float* full = store.get(kScratchMb, "sp_gather", (size_t)N * C);
-  tp_->all_gather(local, full, (size_t)N * C);
-  return full;
+  return rows_.gather(local, sp_ ? store.get(kScratchMb, "sp_gather", (size_t)N * C) : nullptr, N, C);
 }
 
 void Gpt::scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C) {
-  if (!sp_) {
-    tp_sum(full, (size_t)N * C);
-    if (local != full) std::memcpy(local, full, sizeof(float) * N * C);
-    return;
-  }
-  tp_->reduce_scatter(full, local, (size_t)N * C);
-}
-
-void Gpt::sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts, size_t count) {
-  // Under sequence parallelism each rank computed a replicated parameter's gradient from its rows only: add
-  // the parts over the group (only this micro-batch's contribution, which the caller computed into `parts`'
-  // temporaries, so earlier micro-batches are not counted twice); the first `count` elements of each.
-  size_t total = 0;
-  for (auto& [p, g] : parts) total += std::min(p->numel, count);
-  sp_tmp_.resize(total);
-  size_t off = 0;
-  for (auto& [p, g] : parts) {
-    const size_t n = std::min(p->numel, count);
-    std::memcpy(sp_tmp_.data() + off, g, sizeof(float) * n);
-    off += n;
-  }
-  tp_sum(sp_tmp_.data(), total);
-  off = 0;
-  for (auto& [p, g] : parts) {
-    const size_t n = std::min(p->numel, count);
-    for (size_t i = 0; i < n; i++) p->grad[i] += sp_tmp_[off + i];
-    off += n;
-  }
+  rows_.reduce(full, local, N, C);
 }
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -308,14 +274,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (S == 1) {
     nn::embedding_forward(x, ids, wte_->data, N, C, false);
   } else {
-    // Vocabulary-parallel lookup: rows this rank owns, zeros elsewhere, summed over the group (reduce-
-    // scattered to each rank's rows under sequence parallelism).
     float* e = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : x;
-    std::memset(e, 0, sizeof(float) * N * C);
-    for (int n = 0; n < N; n++)
-      if (ids[n] >= v0_ && ids[n] < v1_)
-        std::memcpy(e + (size_t)n * C, wte_->data + (size_t)(ids[n] - v0_) * C, sizeof(float) * C);
-    scatter_rows(store, e, x, N, C);
+    nn::vocab_parallel_embedding_forward(rows_, e, x, ids, wte_->data, v0_, v1_, N, C);
   }
   nn::embedding_forward(x, pos, wpe_->data, Nr, C, true);
   } else {
@@ -344,7 +304,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
     gemm(false, true, N, Vl, C, 1.0f, gather_rows(store, lnf, N, C), C, wte_->data, C, 0.0f, logits, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
-                  : vocab_parallel_cross_entropy(logits, targets, N, dscale);
+                  : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
   }
   if (!first_stage()) hk.after_forward(L + 1);
   }
@@ -380,10 +340,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   float* dlnp = sp_ ? store.get(kScratch, "sp_dln_params", (size_t)4 * C) : nullptr;
   // The gradient of the residual stream over all N rows (the row-parallel products' output gradient).
   auto dres_all = [&]() -> const float* {
-    if (!sp_) return dres;
-    float* full = store.get(kScratch, "sp_dres_full", (size_t)N * C);
-    tp_->all_gather(dres, full, (size_t)N * C);
-    return full;
+    return rows_.gather(dres, sp_ ? store.get(kScratch, "sp_dres_full", (size_t)N * C) : nullptr, N, C);
   };
 
   if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
@@ -401,7 +358,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     std::memset(dlnp, 0, sizeof(float) * 2 * C);
     nn::layernorm_backward(dres, dlnp, dlnp + C, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
                            store.get(mb, "lnf_rstd", Nr), Nr, C);
-    sum_replicated_grads({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
+    rows_.sum_replicated({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
   } else {
     nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
                            store.get(mb, "lnf_rstd", N), N, C);
@@ -458,7 +415,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
-      sum_replicated_grads({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
+      rows_.sum_replicated({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
     hk.after_backward(1 + l);
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
@@ -467,20 +424,14 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   if (S == 1) {
     nn::embedding_backward(wte_->grad, dres, ids, N, C);
   } else {
-    const float* dall = dres_all();  // the vocabulary rows this rank owns may be used by any token
-    for (int n = 0; n < N; n++) {
-      if (ids[n] < v0_ || ids[n] >= v1_) continue;
-      float* d = wte_->grad + (size_t)(ids[n] - v0_) * C;
-      const float* g = dall + (size_t)n * C;
-      for (int c = 0; c < C; c++) d[c] += g[c];
-    }
+    nn::vocab_parallel_embedding_backward(wte_->grad, dres_all(), ids, v0_, v1_, N, C);
   }
   if (sp_) {
     // Positions: T rows of wpe at most are touched; sum this micro-batch's part over the group.
     float* dwpe = store.get(kScratch, "sp_dwpe", (size_t)T * C);
     std::memset(dwpe, 0, sizeof(float) * T * C);
     nn::embedding_backward(dwpe, dres, pos, Nr, C);
-    sum_replicated_grads({{wpe_, dwpe}}, (size_t)T * C);
+    rows_.sum_replicated({{wpe_, dwpe}}, (size_t)T * C);
   } else {
     nn::embedding_backward(wpe_->grad, dres, pos, N, C);
   }
@@ -489,55 +440,8 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
 
 void Gpt::row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W,
                                const float* b, const float* residual, int N, int Cin, int C) {
-  if (tp_size() == 1) {
-    nn::linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
-    return;
-  }
-  // out = residual + b + sum over the group of inp W (each rank holds Cin rows of the full weight); under
-  // sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the residual.
-  const int Nr = rows_here(N);
-  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : out;
-  nn::linear_forward(partial, inp, W, nullptr, N, Cin, C);
-  scatter_rows(store, partial, out, N, C);
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < Nr; n++) {
-    float* o = out + (size_t)n * C;
-    const float* r = residual + (size_t)n * C;
-    for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
-  }
-}
-
-// Softmax cross-entropy over a vocabulary split across the group, the logits never gathered: per row, the
-// group's max, then the sum of exponentials, then the target's logit (owned by one rank) are all-reduced.
-// logits[N, Vl] (this rank's columns v0..v1) becomes dlogits = (softmax - onehot) * dscale.
-double Gpt::vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale) {
-  const int Vl = (int)(v1_ - v0_);
-  std::vector<float> mx(N), se(N), xt(N, 0.0f);
-  for (int n = 0; n < N; n++) {
-    const float* x = logits + (size_t)n * Vl;
-    float m = -INFINITY;
-    for (int j = 0; j < Vl; j++) m = std::max(m, x[j]);
-    mx[n] = m;
-  }
-  tp_->all_reduce_max(mx.data(), N);
-  for (int n = 0; n < N; n++) {
-    const float* x = logits + (size_t)n * Vl;
-    float sum = 0.0f;
-    for (int j = 0; j < Vl; j++) sum += std::exp(x[j] - mx[n]);
-    se[n] = sum;
-    if (targets[n] >= v0_ && targets[n] < v1_) xt[n] = x[targets[n] - v0_];
-  }
-  tp_->all_reduce_sum(se.data(), N);
-  tp_->all_reduce_sum(xt.data(), N);
-  double total = 0.0;
-  for (int n = 0; n < N; n++) {
-    float lz = mx[n] + std::log(se[n]);
-    total += lz - xt[n];
-    float* x = logits + (size_t)n * Vl;
-    for (int j = 0; j < Vl; j++) x[j] = std::exp(x[j] - lz) * dscale;
-    if (targets[n] >= v0_ && targets[n] < v1_) x[targets[n] - v0_] -= dscale;
-  }
-  return total;
+  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : nullptr;
+  nn::row_parallel_linear_forward(rows_, partial, out, inp, W, b, residual, N, Cin, C);
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {

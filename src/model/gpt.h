@@ -21,6 +21,7 @@
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "nn/tensor_parallel_layers.h"
 
 namespace mt::model {
 
@@ -128,7 +129,10 @@ class Gpt {
   // all-reduce: the same bytes, and S times less activation memory in those regions). LayerNorm and position
   // gradients are computed from this rank's rows and summed over the group per micro-batch. A pipeline stage
   // then passes N / S rows. N (micro-batch x T) must be divisible by S. Same results to float32 rounding.
-  void set_sequence_parallel(bool on) { sp_ = on && tp_size() > 1; }
+  void set_sequence_parallel(bool on) {
+    sp_ = on && tp_size() > 1;
+    rows_ = nn::TpRows(tp_, sp_);
+  }
   bool sequence_parallel() const { return sp_; }
   // Rows of the residual stream this rank holds for a micro-batch of N token rows.
   int rows_here(int N) const;
@@ -152,22 +156,16 @@ class Gpt {
                     int B, int T, int mb);
   void row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W, const float* b,
                             const float* residual, int N, int Cin, int C);
-  // Sequence parallelism helpers (identity / all-reduce without it): all N rows of a row-split tensor (a
-  // scratch buffer), and this rank's rows of the sum over the group of full (full is clobbered).
+  // The paired collectives of nn::TpRows with their scratch from the store: all N rows of a row-split tensor,
+  // and this rank's rows of the sum over the group of full (full is clobbered).
   const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
   void scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C);
-  void sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts,
-                            size_t count = SIZE_MAX);
-  double vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale);
-  void tp_sum(float* buf, size_t n) {
-    if (tp_size() > 1) tp_->all_reduce_sum(buf, n);
-  }
   GptConfig cfg_;
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
   bool sp_ = false;
-  std::vector<float> sp_tmp_;
+  nn::TpRows rows_{nullptr, false};  // the tensor-parallel layers' collectives (nn/tensor_parallel_layers.h)
   int begin_ = 0, end_ = 0;  // this stage's blocks
   StageRange stage_;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte

@@ -18,9 +18,21 @@
 
 namespace mt::train {
 
-model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init) {
-  if (init) return checkpoint::gpt_config_from_file(*init, cfg.gpt);
-  model::GptConfig shape = cfg.gpt;
+GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
+  model::MoeOptions moe;
+  moe.capacity_factor = cfg.moe.capacity_factor;
+  moe.group_windows = cfg.moe.group_windows;
+  moe.second = cfg.moe.second_policy == "random" ? nn::SecondPolicy::random : nn::SecondPolicy::all;
+  moe.aux_alpha = (float)cfg.moe.aux_loss;
+  moe.z_beta = (float)cfg.moe.z_loss;
+  moe.seed = cfg.seed;
+  return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
+          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};
+}
+
+model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init) {
+  if (init) return checkpoint::gpt_config_from_file(*init, cfg.flags);
+  model::GptConfig shape = cfg.flags;
   if (!shape.n_layer) shape.n_layer = 4;
   if (!shape.n_head) shape.n_head = 4;
   if (!shape.n_embd) shape.n_embd = 128;
@@ -32,7 +44,7 @@ model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init
   return shape;
 }
 
-std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages) {
+std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages) {
   if (!cfg.stage_layers.empty()) {
     pipeline::check_stage_layers(cfg.stage_layers, stages, shape.n_layer);
     return cfg.stage_layers;
@@ -48,7 +60,7 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  GptTask(const TrainConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp,
+  GptTask(const GptTaskConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp,
           nn::ExpertParallelOps* ep)
       : cfg_(cfg), layout_(layout), shard_(cfg.data) {
     std::optional<SafetensorsReader> init;
@@ -68,12 +80,7 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
-    moe_.capacity_factor = cfg.moe.capacity_factor;
-    moe_.group_windows = cfg.moe.group_windows;
-    moe_.second = cfg.moe.second_policy == "random" ? nn::SecondPolicy::random : nn::SecondPolicy::all;
-    moe_.aux_alpha = (float)cfg.moe.aux_loss;
-    moe_.z_beta = (float)cfg.moe.z_loss;
-    moe_.seed = cfg.seed;
+    moe_ = cfg.moe;
     moe_.ep = ep;
     if (pp && pp->spec.stages > 1) {
       // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
@@ -174,56 +181,74 @@ class GptTask : public TrainTask {
   bool has_eval() const override { return val_.has_value(); }
 
   // Batch k of the held-out shard follows the training rule with step k; windows split across ranks. Under a
-  // pipeline each micro-batch flows through the stages forward only; the loss is on the last stage's rank.
+  // pipeline the executor runs a forward-only schedule (pipeline::forward_only); the loss is on the rank of
+  // the last stage.
   EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) override {
     EvalSums r;
     if (!val_) return r;
     MT_ASSERT(nranks == layout_.dp_ranks(), "evaluation over ", nranks, " ranks, layout of ", layout_.dp_ranks());
     const BatchShare sh = layout_.eval_share(rank);
     MoeRecording off(chunks_);  // held-out routing is not the step's
-    inputs_.resize((size_t)sh.micro_size * T_);
-    targets_.resize((size_t)sh.micro_size * T_);
     for (int k = 0; k < batches; k++) {
+      if (pp_.group) {
+        r.loss += pipeline_evaluate(k, sh);
+        if (chunks_.back()->last_stage()) r.count += (double)sh.count * T_;
+        continue;
+      }
+      inputs_.resize((size_t)sh.micro_size * T_);
+      targets_.resize((size_t)sh.micro_size * T_);
       for (int i = 0; i < sh.micro_count; i++) {
         const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
-        for (auto& c : chunks_) c->set_moe_position(k, j0);
-        if (pp_.group) {
-          r.loss += pipeline_forward(nb);
-          if (chunks_.back()->last_stage()) r.count += (double)nb * T_;
-        } else {
-          r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
-          r.count += (double)nb * T_;
-        }
+        model_->set_moe_position(k, j0);
+        r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
+        r.count += (double)nb * T_;
       }
     }
     return r;
   }
 
-  // One micro-batch (inputs_/targets_, nb windows) forward through every stage in order; returns the loss
-  // sum on the rank holding the last stage, 0 elsewhere. Each rank runs its chunks in stage order: receive
-  // the input from the previous stage's rank, forward, send the output on (non-blocking; waited before the
-  // next micro-batch reuses the buffers).
-  double pipeline_forward(int nb) {
-    comm::Communicator& g = *pp_.group;
-    const int P = pp_.spec.stages, S = P * pp_.spec.virtual_stages, j = g.rank();
-    const size_t n = (size_t)model_->rows_here(nb * T_) * model_->config().n_embd;
-    constexpr int kEvalTag = 1 << 24;  // above every training tag (kind, micro-batch, stage)
+  // One pipeline rank's chunks running evaluation batch k forward only. Store keys kEvalKey - (i V + c); a
+  // chunk's previous micro-batch is released when the next one starts (the executor copied its output into
+  // the message when it sent it).
+  struct EvalRunner : pipeline::StageRunner {
+    GptTask& t;
+    int64_t batch;
+    BatchShare sh;
     double loss = 0;
-    std::vector<comm::Request> sends;
-    eval_in_.resize(n);
-    for (int s = j; s < S; s += P) {
-      model::Gpt& m = *chunks_[s / P];
-      const int key = kEvalKey - s;
-      if (s > 0) g.recv(eval_in_.data(), n, comm::DType::f32, (s - 1) % P, kEvalTag + s);
-      loss += m.forward(store_, key, inputs_.data(), targets_.data(), nb, T_, 0.0f, nullptr,
-                        s > 0 ? eval_in_.data() : nullptr);
-      if (s < S - 1) sends.push_back(g.isend(m.stage_output(store_, key, nb, T_), n, comm::DType::f32, (s + 1) % P,
-                                             kEvalTag + s + 1));
+    EvalRunner(GptTask& task, int64_t k, const BatchShare& share) : t(task), batch(k), sh(share) {}
+    int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
+    size_t activation_count() const override {
+      return (size_t)t.model_->rows_here(sh.micro_size * t.T_) * t.model_->config().n_embd;
     }
-    comm::wait_all(sends);
-    for (int s = j; s < S; s += P) store_.release(kEvalKey - s);
-    return loss;
+    const float* forward(int c, int i, const float* input) override {
+      if (i > 0) t.store_.release(key(c, i - 1));
+      model::Gpt& g = *t.chunks_[c];
+      const int nb = sh.micro_len(i);
+      t.inputs_.resize((size_t)nb * t.T_);
+      t.targets_.resize((size_t)nb * t.T_);
+      data::gpt_batch(*t.val_, batch, t.B_, t.T_, sh.micro_first(i), nb, t.inputs_.data(), t.targets_.data());
+      g.set_moe_position(batch, sh.micro_first(i));
+      loss += g.forward(t.store_, key(c, i), t.inputs_.data(), t.targets_.data(), nb, t.T_, 0.0f, nullptr, input);
+      return g.last_stage() ? nullptr : g.stage_output(t.store_, key(c, i), nb, t.T_);
+    }
+    const float* backward(int, int, const float*) override {
+      MT_ASSERT(false, "an evaluation schedule has no backward");
+      return nullptr;
+    }
+  };
+
+  double pipeline_evaluate(int64_t k, const BatchShare& sh) {
+    if (sh.micro_count == 0) return 0;
+    // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
+    MT_ASSERT(sh.micro_len(sh.micro_count - 1) == sh.micro_size, "evaluation micro-batches of unequal size");
+    pipeline::ScheduleSpec spec = pp_.spec;
+    spec.micro_batches = sh.micro_count;
+    if (eval_lists_.empty()) eval_lists_ = pipeline::forward_only(spec);
+    EvalRunner r(*this, k, sh);
+    executor_.run(spec, eval_lists_[pp_.group->rank()], *pp_.group, r);
+    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count - 1));
+    return r.loss;
   }
 
   bool is_classifier() const override { return false; }
@@ -262,7 +287,7 @@ class GptTask : public TrainTask {
   model::MoeOptions moe_;
   std::vector<std::vector<double>> moe_run_;  // per layer: the step totals summed over the run
   int64_t moe_steps_ = 0;
-  TrainConfig cfg_;
+  GptTaskConfig cfg_;
   BatchLayout layout_;
   TokenShard shard_;
   std::optional<TokenShard> val_;
@@ -275,8 +300,8 @@ class GptTask : public TrainTask {
   std::vector<std::vector<pipeline::Action>> lists_;
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
-  static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (per stage: kEvalKey - s)
-  std::vector<float> eval_in_;
+  static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (see EvalRunner)
+  std::vector<std::vector<pipeline::Action>> eval_lists_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
   pipeline::PipelineStats stats_;
   pipeline::PipelineExecutor executor_;
@@ -366,14 +391,14 @@ nlohmann::json GptTask::summary_section(const parallel::Mesh& mesh) {
   return {{"experts", g.experts},
           {"top_k", g.moe_top_k},
           {"capacity_factor", moe_.capacity_factor},
-          {"ep", cfg_.moe.ep},
+          {"ep", cfg_.ep},
           {"steps", moe_steps_},
           {"layers", layers}};
 }
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
+std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLayout& layout,
                                          nn::TensorParallelOps* tp, const PipelineContext* pp,
                                          nn::ExpertParallelOps* ep) {
   return std::make_unique<GptTask>(cfg, layout, tp, pp, ep);

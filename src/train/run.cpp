@@ -52,8 +52,9 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
   if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
   if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
-  task = cfg.model == "gpt" ? make_gpt_task(cfg, layout, tp_ops.get(), g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
-                            : make_mlp_task(cfg, layout);
+  task = cfg.model == "gpt" ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
+                                            g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
+                            : make_mlp_task(MlpTaskConfig::from(cfg), layout);
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());

@@ -112,7 +112,7 @@ void check_shape_flags(const TrainConfig& cfg) {
   if (cfg.model != "gpt" || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
   std::optional<SafetensorsReader> init;
   if (!cfg.init.empty()) init.emplace(cfg.init);
-  const model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
+  const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
   MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
                  "): tensor parallelism splits attention by whole heads");
   if (!cfg.stage_layers.empty())
