@@ -55,7 +55,13 @@ class ShmCommunicator : public Communicator {
 
  private:
   struct Ctx;
+  // A step: arrive() publishes this rank's next step; await_peers() waits until every peer reached it (and
+  // checks the collective's descriptors the first time). sync() is both; work placed between the two
+  // overlaps the peers' arrival.
+  void arrive();
+  void await_peers(Ctx& c);
   void sync(Ctx& c);
+  static int piece_index(int owner, int q);
   void wait_step(Ctx& c, int peer, uint32_t step);
   int acquire_buf(Ctx& c);
   void release_buf(int b);
