@@ -5,7 +5,7 @@
 //
 // Operations (--ops): all_reduce, reduce_scatter, all_gather, broadcast (root 0), all_to_all, all_to_all_v
 // (even split, through the v interface). For every size: warm up, then run for a time budget cut into
-// kBatches batches; time = the slowest rank's mean per call in its fastest batch (a shared host's other
+// batches of ~2 ms; time = the slowest rank's mean per call in its fastest batch (a shared host's other
 // work lands in some batches, not all; both peers are timed by the same function).
 //   S = the full buffer: all_reduce, reduce_scatter, all_gather, broadcast;
 //       one rank's send buffer (n blocks of S/n): all_to_all, all_to_all_v          (as nccl-tests)
@@ -128,20 +128,26 @@ float pattern(int r, size_t i) { return float(r + 1) + float(i % 7); }
 float a2a_pattern(int r, int q, int n, size_t i) { return float((r * n + q) % 120 + 1) + float(i % 7); }
 bool is_a2a(OpKind k) { return k == OpKind::all_to_all || k == OpKind::all_to_all_v; }
 
-// Time one op at one size on `w`: returns the slowest rank's mean microseconds per call in its fastest batch.
-constexpr int kBatches = 5;
+// Time one op at one size: returns the slowest rank's mean microseconds per call in its fastest batch. The
+// budget is cut into batches of about kBatchSeconds (at least one call, at least kMinBatches batches): on a
+// shared host another process's time slice lands in some batches and not in others, and the fastest batch
+// is the collective's own speed. Both peers are timed by this function.
+constexpr double kBatchSeconds = 2e-3;
+constexpr int kMinBatches = 5, kMaxBatches = 500;
 template <typename Run, typename Sync>
 double time_op(int rank, double budget_s, Run&& run, Sync&& max_over_ranks) {
   for (int i = 0; i < 2; ++i) run();  // warm-up (page faults, caches)
   auto t0 = Clock::now();
   run();
-  double one = std::chrono::duration<double>(Clock::now() - t0).count();
-  // Every rank must run the same number of iterations: rank 0's estimate wins.
-  double iters_d = std::clamp(budget_s / kBatches / std::max(one, 1e-7), 1.0, 40000.0);
-  iters_d = max_over_ranks(rank == 0 ? iters_d : 0.0);
-  const long iters = static_cast<long>(iters_d);
+  const double one = std::max(std::chrono::duration<double>(Clock::now() - t0).count(), 1e-7);
+  // Every rank must run the same number of iterations: rank 0's choice wins.
+  double per = std::clamp(kBatchSeconds / one, 1.0, 100000.0);
+  double batches = std::clamp(budget_s / (per * one), double(kMinBatches), double(kMaxBatches));
+  per = max_over_ranks(rank == 0 ? per : 0.0);
+  batches = max_over_ranks(rank == 0 ? batches : 0.0);
+  const long iters = static_cast<long>(per);
   double best = 1e300;
-  for (int b = 0; b < kBatches; ++b) {
+  for (int b = 0; b < static_cast<int>(batches); ++b) {
     t0 = Clock::now();
     for (long i = 0; i < iters; ++i) run();
     best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / double(iters));
@@ -372,8 +378,8 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
               "(all_to_all, all_to_all_v); algbw = S / time\n");
   std::printf("# busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for reduce_scatter, all_gather, "
               "all_to_all(_v), algbw * 1 for broadcast\n");
-  std::printf("# time = slowest rank's mean per call in its fastest of %d batches, best of %d round(s)\n", kBatches,
-              cfg.rounds);
+  std::printf("# time = slowest rank's mean per call in its fastest batch (batches of ~%.0f ms or 1 call, %d..%d per "
+              "size), best of %d round(s)\n", kBatchSeconds * 1e3, kMinBatches, kMaxBatches, cfg.rounds);
   std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
   if (!note.empty()) std::printf("# note: %s\n", note.c_str());
   int last_op = -1;
