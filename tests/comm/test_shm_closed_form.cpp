@@ -162,9 +162,18 @@ void all_to_all_v_uneven(Communicator& w, const Typed& ty, size_t unit, int salt
   expect_elems(ty, recv, rtot, 1, [](size_t) { return kUntouched; }, str("all_to_all_v ", tag, ", past the end"));
 }
 
-// Per-rank element counts around the default slot's chunk boundaries: all_gather chunks a shard by 131072
-// f32 (512 KB); all_to_all pieces are 131072 (n=2), 65536 (n=3) and 43680 (n=4) f32.
-const std::vector<size_t> kCounts = {0, 1, 2, 3, 1000, 43681, 131071, 131073};
+// The slot in use (MESHTRAIN_SHM_SLOT_KB, as the launcher reads it; 512 KB by default).
+size_t slot_bytes() {
+  const char* s = std::getenv("MESHTRAIN_SHM_SLOT_KB");
+  return s ? size_t(std::atol(s)) * 1024 : size_t(512) * 1024;
+}
+// Per-rank f32 element counts around the chunk boundaries: all_gather chunks a shard by slot/4 elements,
+// all_to_all pieces hold slot/(n-1) bytes rounded down to cache lines (131072, 65536, 43680 f32 for n = 2, 3,
+// 4 with the default slot), and 0, 1, 2, 3, 1000.
+std::vector<size_t> counts_for(int n) {
+  const size_t chunk = slot_bytes() / 4, piece = slot_bytes() / size_t(std::max(n - 1, 1)) / 64 * 64 / 4;
+  return {0, 1, 2, 3, 1000, piece - 1, piece + 1, chunk - 1, chunk + 1};
+}
 
 class ShmClosedForm : public ::testing::TestWithParam<int> {};
 
@@ -172,7 +181,7 @@ TEST_P(ShmClosedForm, AllGatherAndBroadcast) {
   const int n = GetParam();
   auto res = run_ranks(opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
-      for (size_t k : kCounts) gather_and_broadcast(w, Typed{t}, k * size_t(n) + (k % 3));
+      for (size_t k : counts_for(n)) gather_and_broadcast(w, Typed{t}, k * size_t(n) + (k % 3));
     }
   });
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
@@ -182,8 +191,7 @@ TEST_P(ShmClosedForm, AllToAll) {
   const int n = GetParam();
   auto res = run_ranks(opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
-      for (size_t k : kCounts) all_to_all_blocks(w, Typed{t}, k);
-      all_to_all_blocks(w, Typed{t}, 65537);
+      for (size_t k : counts_for(n)) all_to_all_blocks(w, Typed{t}, k);
     }
   });
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
@@ -193,7 +201,8 @@ TEST_P(ShmClosedForm, AllToAllVUnevenSplits) {
   const int n = GetParam();
   auto res = run_ranks(opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
-      for (size_t unit : {size_t(0), size_t(1), size_t(13), size_t(43679), size_t(131071)}) {
+      const std::vector<size_t> c = counts_for(n);
+      for (size_t unit : {size_t(0), size_t(1), size_t(13), c[5], c[8]}) {
         for (int salt = 0; salt < 4; ++salt) all_to_all_v_uneven(w, Typed{t}, unit, salt, salt % 2 == 1);
       }
     }

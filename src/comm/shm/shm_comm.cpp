@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -332,10 +333,24 @@ void ShmCommunicator::all_gather(Ctx& c) {
   if (stream) stream_fence();
 }
 
+// Broadcast is the one asymmetric collective (the root copies in, the others copy out), so its chunks are
+// what lets the two sides work at once: with T chunks of C bytes the time is about (S + C) / copy rate + T
+// steps, least at C = sqrt(S * rate * step) ~ sqrt(S * kPipeBytes) (rate ~20 GB/s, step ~0.5-1 us), cut
+// to [kPipeMinBytes, slot]. Up to kPipeMinBytes one chunk: the message is latency-bound.
+size_t ShmCommunicator::broadcast_chunk_elems(size_t count, size_t e) const {
+  constexpr double kPipeBytes = 16 * 1024;
+  constexpr size_t kPipeMinBytes = 32 * 1024;
+  const size_t S = count * e;
+  if (S <= kPipeMinBytes) return std::max<size_t>(1, L_.slot_bytes / e);
+  size_t c = static_cast<size_t>(std::sqrt(double(S) * kPipeBytes));
+  c = std::min(std::max((c + 4095) / 4096 * 4096, kPipeMinBytes / 2), L_.slot_bytes);
+  return std::max<size_t>(1, c / e);
+}
+
 void ShmCommunicator::broadcast(Ctx& c) {
   const CollArgs& a = c.a;
   const int r = rank();
-  const size_t C = L_.slot_bytes / c.e;
+  const size_t C = broadcast_chunk_elems(a.count, c.e);
   const size_t T = std::max<size_t>(1, ceil_div(a.count, C));
   char* buf = static_cast<char*>(a.recv);
   const bool stream = a.count * c.e >= kStreamMinBytes && r != a.root;

@@ -16,8 +16,10 @@
 //   all_gather                    1 step per chunk of B of my shard: copy my shard in (S/n), arrive, copy it
 //                                 send -> recv while the peers arrive (skipped in place), then copy the n-1
 //                                 other shards out. steps ceil(S/(nB)); copies S + S/n (in place: S).
-//   broadcast                     1 step per chunk of B: root copies in, the others copy out; the two slots
-//                                 pipeline it, so the time is about one copy of S plus the steps.
+//   broadcast                     1 step per chunk: root copies in, the others copy out; the two slots
+//                                 pipeline it, so the time is about one copy of S + C plus the steps.
+//                                 Chunks C ~ sqrt(S * 16 KB) in [16 KB, B] (see broadcast_chunk_elems);
+//                                 messages up to 32 KB in one step. copies: S on every rank.
 //   all_to_all                    the slot is cut into n-1 pieces, one per other rank. 1 step per chunk:
 //                                 copy n-1 blocks in, arrive, my own block send -> recv (skipped in
 //                                 place), copy n-1 blocks out. steps ceil((S/n) / (B/(n-1))); copies
@@ -80,6 +82,7 @@ class ShmCommunicator : public Communicator {
   void await_peers(Ctx& c);
   void sync(Ctx& c);
   static int piece_index(int owner, int q);
+  size_t broadcast_chunk_elems(size_t count, size_t e) const;
   void wait_step(Ctx& c, int peer, uint32_t step);
   int acquire_buf(Ctx& c);
   void release_buf(int b);
