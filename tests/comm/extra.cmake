@@ -10,8 +10,8 @@ if(MPI_CXX_FOUND AND MPIEXEC_EXECUTABLE)
   endforeach()
 endif()
 
-# The shm collectives again with 4 KB slots: hundreds of chunks per operation, so every chunk-boundary and
-# double-buffering case is hit at small sizes.
+# The shm collectives and the closed-form sweep again with 4 KB slots: hundreds of chunks per operation, so
+# every chunk-boundary and double-buffering case is hit at small sizes.
 add_test(NAME comm_shm_tiny_slots
-  COMMAND $<TARGET_FILE:test_comm> --gtest_filter=Sizes/ShmWorld.AllCollectivesMatchReference/*:ShmSplit.*)
+  COMMAND $<TARGET_FILE:test_comm> --gtest_filter=Sizes/ShmWorld.AllCollectivesMatchReference/*:ShmSplit.*:Ranks/ShmClosedForm.*)
 set_tests_properties(comm_shm_tiny_slots PROPERTIES TIMEOUT 300 ENVIRONMENT "MESHTRAIN_SHM_SLOT_KB=4")

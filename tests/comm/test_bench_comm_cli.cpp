@@ -27,6 +27,10 @@ TEST(BenchCommCli, PrintsCheckedTable) {
   EXPECT_NE(out.find("# all_reduce"), std::string::npos) << out;
   EXPECT_NE(out.find("# reduce_scatter"), std::string::npos) << out;
   EXPECT_NE(out.find("# all_gather"), std::string::npos) << out;
+  EXPECT_NE(out.find("# broadcast"), std::string::npos) << out;
+  EXPECT_NE(out.find("# all_to_all\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("# all_to_all_v"), std::string::npos) << out;
+  EXPECT_NE(out.find("algbw * 1 for broadcast"), std::string::npos) << out;
   EXPECT_NE(out.find("       65536 "), std::string::npos) << out;
   EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
 }
@@ -38,6 +42,12 @@ TEST(BenchCommCli, RejectsBadFlags) {
   out.clear();
   EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --algo ring", &out), 1);
   EXPECT_NE(out.find("unknown algorithm 'ring'"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --ops all_gather,gossip", &out), 1);
+  EXPECT_NE(out.find("unknown operation 'gossip'"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --rounds 0", &out), 1);
+  EXPECT_NE(out.find("--rounds 0 is out of range"), std::string::npos) << out;
 }
 
 }  // namespace

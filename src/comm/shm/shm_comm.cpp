@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -123,13 +124,21 @@ void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   });
 }
 
-void ShmCommunicator::sync(Ctx& c) {
+void ShmCommunicator::arrive() {
   ++step_;
   signal_store(L_.ctrl(rank()).arrive, step_);
+}
+
+void ShmCommunicator::await_peers(Ctx& c) {
   for (int p = 0; p < size(); ++p) {
     if (p != rank()) wait_step(c, p, step_);
   }
   if (!c.checked) check_descriptors(c);
+}
+
+void ShmCommunicator::sync(Ctx& c) {
+  arrive();
+  await_peers(c);
 }
 
 int ShmCommunicator::acquire_buf(Ctx& c) {
@@ -301,16 +310,20 @@ void ShmCommunicator::all_gather(Ctx& c) {
   const size_t C = L_.slot_bytes / c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, C));
   const Shard own = shard_of(a.count, n, r);
+  const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == recv + own.offset * c.e;
   const bool stream = a.count * c.e >= kStreamMinBytes;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
-    if (k) copy_bytes(L_.slot(r, b), static_cast<const char*>(a.send) + t * C * c.e, k * c.e, false);
-    sync(c);
+    if (k) copy_bytes(L_.slot(r, b), send + t * C * c.e, k * c.e, false);
+    arrive();
+    // My own shard goes straight from send to recv while the peers are still writing their slots.
+    if (k && !in_place) copy_bytes(recv + (own.offset + t * C) * c.e, send + t * C * c.e, k * c.e, stream);
+    await_peers(c);
     for (int q = 0; q < n; ++q) {
-      if (q == r && in_place) continue;
+      if (q == r) continue;
       Shard s = shard_of(a.count, n, q);
       size_t kq = clamp_len(s.count, t * C, C);
       if (kq) copy_bytes(recv + (s.offset + t * C) * c.e, L_.slot(q, b), kq * c.e, stream);
@@ -320,62 +333,85 @@ void ShmCommunicator::all_gather(Ctx& c) {
   if (stream) stream_fence();
 }
 
+// Broadcast is the one asymmetric collective (the root copies in, the others copy out), so its chunks are
+// what lets the two sides work at once: with T chunks of C bytes the time is about (S + C) / copy rate + T
+// steps, least at C = sqrt(S * rate * step) ~ sqrt(S * kPipeBytes) (rate ~20 GB/s, step ~0.5-1 us), cut
+// to [kPipeMinBytes, slot]. Up to kPipeMinBytes one chunk: the message is latency-bound.
+size_t ShmCommunicator::broadcast_chunk_elems(size_t count, size_t e) const {
+  constexpr double kPipeBytes = 16 * 1024;
+  constexpr size_t kPipeMinBytes = 32 * 1024;
+  const size_t S = count * e;
+  if (S <= kPipeMinBytes) return std::max<size_t>(1, L_.slot_bytes / e);
+  size_t c = static_cast<size_t>(std::sqrt(double(S) * kPipeBytes));
+  c = std::min(std::max((c + 4095) / 4096 * 4096, kPipeMinBytes / 2), L_.slot_bytes);
+  return std::max<size_t>(1, c / e);
+}
+
 void ShmCommunicator::broadcast(Ctx& c) {
   const CollArgs& a = c.a;
   const int r = rank();
-  const size_t C = L_.slot_bytes / c.e;
+  const size_t C = broadcast_chunk_elems(a.count, c.e);
   const size_t T = std::max<size_t>(1, ceil_div(a.count, C));
   char* buf = static_cast<char*>(a.recv);
+  const bool stream = a.count * c.e >= kStreamMinBytes && r != a.root;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(a.count, t * C, C);
     if (r == a.root && k) copy_bytes(L_.slot(r, b), buf + t * C * c.e, k * c.e, false);
     sync(c);
-    if (r != a.root && k) copy_bytes(buf + t * C * c.e, L_.slot(a.root, b), k * c.e, false);
+    if (r != a.root && k) copy_bytes(buf + t * C * c.e, L_.slot(a.root, b), k * c.e, stream);
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
+
+// A slot cut into n-1 pieces, one per other rank: piece_index(me, q) holds my block for rank q.
+int ShmCommunicator::piece_index(int owner, int q) { return q < owner ? q : q - 1; }
 
 void ShmCommunicator::all_to_all(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
-  const size_t pc = piece_elems(L_.slot_bytes, n, c.e), pb = pc * c.e;
+  const size_t pc = piece_elems(L_.slot_bytes, std::max(n - 1, 1), c.e), pb = pc * c.e;
   const size_t K = a.count;
   const size_t T = std::max<size_t>(1, ceil_div(K, pc));
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
+  const bool in_place = a.send == a.recv;
+  const bool stream = K * n * c.e >= kStreamMinBytes;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(K, t * pc, pc);
-    for (int q = 0; q < n && k; ++q) copy_bytes(L_.slot(r, b) + q * pb, send + (q * K + t * pc) * c.e, k * c.e, false);
-    sync(c);
-    for (int p = 0; p < n && k; ++p) copy_bytes(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
+    for (int q = 0; q < n && k; ++q) {
+      if (q != r) copy_bytes(L_.slot(r, b) + piece_index(r, q) * pb, send + (q * K + t * pc) * c.e, k * c.e, false);
+    }
+    arrive();
+    // My own block goes straight from send to recv (in place it is already there) while peers catch up.
+    if (k && !in_place) copy_bytes(recv + (r * K + t * pc) * c.e, send + (r * K + t * pc) * c.e, k * c.e, stream);
+    await_peers(c);
+    for (int p = 0; p < n && k; ++p) {
+      if (p != r) copy_bytes(recv + (p * K + t * pc) * c.e, L_.slot(p, b) + piece_index(p, r) * pb, k * c.e, stream);
+    }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
+// The counts travel with the first chunk: every rank writes its row (send counts, then recv counts) at the
+// head of its slot, so checking the matrix costs no extra step. Slots too small for the row and one cache
+// line per peer (tiny test slots, many ranks) exchange the counts in a step of their own first.
 void ShmCommunicator::all_to_all_v(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
-  // Step 1: every rank publishes its send and recv counts; all ranks check the whole matrix.
+  const size_t row_bytes = 2 * size_t(n) * sizeof(uint64_t);
+  const size_t meta = (row_bytes + 63) / 64 * 64;
+  const bool inline_counts = L_.slot_bytes >= meta + size_t(std::max(n - 1, 1)) * 64;
   std::vector<uint64_t> row(2 * n), M(2 * size_t(n) * n);
   for (int j = 0; j < n; ++j) {
     row[j] = a.send_counts[j];
     row[n + j] = a.recv_counts[j];
   }
-  exchange(c, row.data(), row.size() * 8, M.data());
-  auto sends = [&](int p, int q) { return M[size_t(p) * 2 * n + q]; };
-  auto expects = [&](int q, int p) { return M[size_t(q) * 2 * n + n + p]; };
-  uint64_t most = 0;
-  for (int p = 0; p < n; ++p) {
-    for (int q = 0; q < n; ++q) {
-      if (sends(p, q) != expects(q, p)) {
-        throw CommError(str("mismatched ", describe(a), " on group '", name(), "': rank ", p, " sends ", sends(p, q),
-                            " elements to rank ", q, " but rank ", q, " expects ", expects(q, p), " from rank ", p));
-      }
-      most = std::max(most, sends(p, q));
-    }
-  }
+  const size_t head = inline_counts ? meta : 0;
+  if (!inline_counts) exchange(c, row.data(), row_bytes, M.data());
   std::vector<size_t> soff(n), roff(n);
   size_t s = 0, q = 0;
   for (int j = 0; j < n; ++j) {
@@ -384,24 +420,66 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     s += a.send_counts[j];
     q += a.recv_counts[j];
   }
-  // Then chunks as in all_to_all, each pair with its own length.
-  const size_t pc = piece_elems(L_.slot_bytes, n, c.e), pb = pc * c.e;
-  const size_t T = ceil_div(most, pc);
+  const size_t pc = piece_elems(L_.slot_bytes - head, std::max(n - 1, 1), c.e), pb = pc * c.e;
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
+  // Every rank checks the whole matrix, so all of them throw together on a mismatch.
+  auto check = [&] {
+    auto sends = [&](int p, int q) { return M[size_t(p) * 2 * n + q]; };
+    auto expects = [&](int q, int p) { return M[size_t(q) * 2 * n + n + p]; };
+    uint64_t most = 0, total = 0;
+    for (int p = 0; p < n; ++p) {
+      for (int q = 0; q < n; ++q) {
+        if (sends(p, q) != expects(q, p)) {
+          throw CommError(str("mismatched ", describe(a), " on group '", name(), "': rank ", p, " sends ", sends(p, q),
+                              " elements to rank ", q, " but rank ", q, " expects ", expects(q, p), " from rank ", p));
+        }
+        if (p != q) most = std::max(most, sends(p, q));
+        total += sends(p, q);
+      }
+    }
+    return std::make_pair(most, total);
+  };
+  size_t T = 1;  // known after the counts are: every rank computes the same number from the same matrix
+  bool stream = false;
+  if (!inline_counts) {
+    auto [most, total] = check();
+    T = ceil_div(most, pc);
+    stream = total * c.e >= kStreamMinBytes * size_t(n);
+  }
+  // My own block, straight from send to recv (before the matrix is checked only as much as both sides hold:
+  // a mismatch throws right after, and the receive buffer is undefined after an error).
+  auto copy_own = [&] {
+    size_t k = std::min(a.send_counts[r], a.recv_counts[r]);
+    if (k) copy_bytes(recv + roff[r] * c.e, send + soff[r] * c.e, k * c.e, false);
+  };
+  if (!inline_counts) copy_own();
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
+    char* mine = L_.slot(r, b);
+    if (inline_counts && t == 0) std::memcpy(mine, row.data(), row_bytes);
     for (int q = 0; q < n; ++q) {
       size_t k = clamp_len(a.send_counts[q], t * pc, pc);
-      if (k) copy_bytes(L_.slot(r, b) + q * pb, send + (soff[q] + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_bytes(mine + head + piece_index(r, q) * pb, send + (soff[q] + t * pc) * c.e, k * c.e, false);
     }
-    sync(c);
+    arrive();
+    if (inline_counts && t == 0) copy_own();
+    await_peers(c);
+    if (inline_counts && t == 0) {
+      for (int p = 0; p < n; ++p) std::memcpy(&M[size_t(p) * 2 * n], L_.slot(p, b), row_bytes);
+      auto [most, total] = check();
+      T = std::max<size_t>(1, ceil_div(most, pc));
+      stream = total * c.e >= kStreamMinBytes * size_t(n);
+    }
     for (int p = 0; p < n; ++p) {
       size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
-      if (k) copy_bytes(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + r * pb, k * c.e, false);
+      if (k && p != r) {
+        copy_bytes(recv + (roff[p] + t * pc) * c.e, L_.slot(p, b) + head + piece_index(p, r) * pb, k * c.e, stream);
+      }
     }
     release_buf(b);
   }
+  if (stream) stream_fence();
 }
 
 void ShmCommunicator::exchange(Ctx& c, const void* mine, size_t bytes, void* all) {

@@ -4,7 +4,8 @@
 // after they see the step; nothing is copied twice. Steps are a per-rank counter every rank of the group
 // advances in the same order, so "all ranks reached step s" is n loads of n counters.
 //
-// Algorithms and costs (n ranks, S bytes, B = slot bytes; "steps" are synchronisations):
+// Algorithms and costs (n ranks, S bytes, B = slot bytes; "steps" are synchronisations, each about one
+// cache-line round trip between cores when the peers are running; copies are per rank):
 //   all_reduce / reduce, direct   per chunk of B: copy S in, reduce n inputs. steps ceil(S/B);
 //                                 per rank: writes 2S, reads (n+1)S.                   (latency-optimal)
 //   all_reduce / reduce, rs_ag    per chunk of B: copy S in; reduce my 1/n piece from n slots; copy n-1
@@ -12,10 +13,29 @@
 //                                 Chunks stay in cache, so DRAM sees ~ read S + write S, like a memcpy
 //                                 (outputs >= kStreamMinBytes are written with streaming stores).
 //   reduce_scatter                1 step per chunk: copy S in, reduce my piece (reads S from slots).
-//   all_gather                    1 step per chunk: copy my shard in, copy n-1 shards out.
-//   broadcast                     1 step per chunk: root copies in, the others copy out.
-//   all_to_all(_v)                1 step per chunk (all_to_all_v: one extra step to exchange counts).
+//   all_gather                    1 step per chunk of B of my shard: copy my shard in (S/n), arrive, copy it
+//                                 send -> recv while the peers arrive (skipped in place), then copy the n-1
+//                                 other shards out. steps ceil(S/(nB)); copies S + S/n (in place: S).
+//   broadcast                     1 step per chunk: root copies in, the others copy out; the two slots
+//                                 pipeline it, so the time is about one copy of S + C plus the steps.
+//                                 Chunks C ~ sqrt(S * 16 KB) in [16 KB, B] (see broadcast_chunk_elems);
+//                                 messages up to 32 KB in one step. copies: S on every rank.
+//   all_to_all                    the slot is cut into n-1 pieces, one per other rank. 1 step per chunk:
+//                                 copy n-1 blocks in, arrive, my own block send -> recv (skipped in
+//                                 place), copy n-1 blocks out. steps ceil((S/n) / (B/(n-1))); copies
+//                                 S + (n-1)S/n (in place: 2(n-1)S/n).
+//   all_to_all_v                  as all_to_all, each pair with its own length; every rank's count row
+//                                 rides at the head of its slot in the first chunk and is checked by all
+//                                 after that step (no extra step; slots too small for the row and a cache
+//                                 line per peer exchange it in a step of its own first).
 // Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above.
+//
+// Why staging and not a direct read of the peer's buffer (process_vm_readv, "CMA", which OpenMPI's vader
+// uses for messages above 4 KB): a CMA read pins the peer's pages and copies in the kernel, once per call. On
+// the AMD EPYC KVM host of this work, 1 thread, it moved 4-6 GB/s from 64 KB to 4 MB and 1.3-2.3 GB/s from
+// 16 MB up, against 17-24 GB/s and 3.8-6.9 GB/s for memcpy of the same sizes (4 KB: 4.2 us against 0.1 us), so
+// the staged copy-in/copy-out (1.5 copies at memcpy speed, both ranks copying at once) is faster there.
+// On a host where CMA runs near memcpy speed, a CMA all_gather would copy S instead of S + S/n.
 #pragma once
 
 #include <memory>
@@ -55,7 +75,14 @@ class ShmCommunicator : public Communicator {
 
  private:
   struct Ctx;
+  // A step: arrive() publishes this rank's next step; await_peers() waits until every peer reached it (and
+  // checks the collective's descriptors the first time). sync() is both; work placed between the two
+  // overlaps the peers' arrival.
+  void arrive();
+  void await_peers(Ctx& c);
   void sync(Ctx& c);
+  static int piece_index(int owner, int q);
+  size_t broadcast_chunk_elems(size_t count, size_t e) const;
   void wait_step(Ctx& c, int peer, uint32_t step);
   int acquire_buf(Ctx& c);
   void release_buf(int b);
