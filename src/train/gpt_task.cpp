@@ -123,13 +123,12 @@ class GptTask : public TrainTask {
 
   void prepare() override {}
 
-  // One pipeline rank's chunks, as the executor sees them.
-  struct Runner : pipeline::StageRunner {
+  // One pipeline rank's chunks for one training step, as the executor sees them.
+  struct Runner : TaskStageRunner {
     GptTask& t;
     int64_t step;
     int first, mbs;
     float dscale;
-    double loss = 0;
     Runner(GptTask& task, int64_t s, int f, int m, float d) : t(task), step(s), first(f), mbs(m), dscale(d) {}
     size_t activation_count() const override {
       return (size_t)t.model_->rows_here(mbs * t.T_) * t.model_->config().n_embd;
@@ -153,30 +152,23 @@ class GptTask : public TrainTask {
     }
   };
 
-  double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
-    const float dscale = 1.0f / (float)((int64_t)B_ * T_);
-    for (auto& c : chunks_)
-      for (auto& m : c->moe_layers())
-        if (m) m->stats().reset(m->experts());
-    if (pp_.group) {
-      if (lists_.empty()) lists_ = pipeline::make_schedule(pp_.spec);
-      Runner r(*this, step, share.first, share.micro_size, dscale);
-      executor_.run(pp_.spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
-      return r.loss;
-    }
-    inputs_.resize((size_t)share.micro_size * T_);
-    targets_.resize((size_t)share.micro_size * T_);
-    double loss = 0.0;
-    for (int i = 0; i < share.micro_count; i++) {
-      const int j0 = share.micro_first(i), nb = share.micro_len(i);
-      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
-      data::gpt_batch(shard_, step, B_, T_, j0, nb, inputs_.data(), targets_.data());
-      model_->set_moe_position(step, j0);
-      loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale, hooks.params);
-      model_->backward(store_, 0, nb, T_, hooks.params);
-    }
+  std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) override {
+    if (!pp_.group) return nullptr;
+    return std::make_unique<Runner>(*this, step, share.first, share.micro_size, dscale());
+  }
+
+  double micro_batch(int64_t step, int first, int count, nn::ParamHooks* hooks) override {
+    inputs_.resize((size_t)count * T_);
+    targets_.resize((size_t)count * T_);
+    data::gpt_batch(shard_, step, B_, T_, first, count, inputs_.data(), targets_.data());
+    model_->set_moe_position(step, first);
+    const double loss = model_->forward(store_, 0, inputs_.data(), targets_.data(), count, T_, dscale(), hooks);
+    model_->backward(store_, 0, count, T_, hooks);
     return loss;
   }
+
+  // 1 / tokens in the global batch: the gradient of the global mean.
+  float dscale() const { return 1.0f / (float)((int64_t)B_ * T_); }
 
   bool has_eval() const override { return val_.has_value(); }
 
@@ -259,10 +251,8 @@ class GptTask : public TrainTask {
   size_t activation_bytes() const override { return model_->activation_bytes(layout_.micro_size(), T_); }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
-  pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
   std::vector<int> stage_layers() const override { return split_; }
   void set_trace(trace::ChromeTrace* t) override {
-    trace_ = t;
     for (auto& c : chunks_)
       for (auto& m : c->moe_layers())
         if (m) m->set_trace(t);
@@ -297,15 +287,12 @@ class GptTask : public TrainTask {
   std::vector<std::unique_ptr<model::Gpt>> chunks_;  // one, or this pipeline rank's V chunks
   model::Gpt* model_ = nullptr;
   PipelineContext pp_;  // group null: no pipeline
-  std::vector<std::vector<pipeline::Action>> lists_;
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
   static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (see EvalRunner)
   std::vector<std::vector<pipeline::Action>> eval_lists_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
-  pipeline::PipelineStats stats_;
-  pipeline::PipelineExecutor executor_;
-  trace::ChromeTrace* trace_ = nullptr;
+  pipeline::PipelineExecutor executor_;  // evaluation's forward-only lists
 };
 
 // Layout of one MoE layer's numbers: aux_sum, z_sum, choices, dropped, exchange bytes, exchange seconds,
@@ -378,6 +365,9 @@ void GptTask::annotate(nlohmann::json& row, const parallel::Mesh& mesh) {
   row["moe_dropped"] = choices > 0 ? dropped / choices : 0.0;
   row["moe"] = layers;
   moe_steps_++;
+  for (auto& c : chunks_)  // the next step's record starts empty
+    for (auto& m : c->moe_layers())
+      if (m) m->stats().reset(m->experts());
 }
 
 nlohmann::json GptTask::summary_section(const parallel::Mesh& mesh) {

@@ -87,11 +87,12 @@ void work(Shared& sh, int w) {
   AlignedBuffer momentum(n);
   StepHooks hooks;
   hooks.params = &engine;
+  const std::unique_ptr<StepExecutor> executor = make_step_executor(task, nullptr, nullptr);
   for (int64_t s = 0; s < cfg.steps && !sh.stop.load(std::memory_order_relaxed); s++) {
     const auto t0 = StepClock::now();
     parallel::hogwild_read(sh.params.data(), params.data(), n);
     engine.begin_step();
-    const double loss_sum = task.forward_backward(s, share, hooks);
+    const double loss_sum = executor->run(s, share, hooks);
     engine.finish_backward();
     straggler.pause(w);
     // The model scaled the gradient for the global batch; this update is the mean over this worker's share.

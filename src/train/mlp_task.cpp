@@ -82,22 +82,17 @@ class MlpTask : public TrainTask {
 
   void prepare() override {}
 
-  double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
+  double micro_batch(int64_t step, int first, int count, nn::ParamHooks* hooks) override {
     const float dscale = 1.0f / (float)B_;
-    xb_.resize((size_t)share.micro_size * train_.D);
-    yb_.resize(share.micro_size);
-    double loss = 0.0;
-    for (int i = 0; i < share.micro_count; i++) {
-      const int j0 = share.micro_first(i), nb = share.micro_len(i);
-      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
-      for (int j = 0; j < nb; j++) {
-        int64_t e = (step * B_ + j0 + j) % train_.count;
-        std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
-        yb_[j] = train_.y[e];
-      }
-      loss += model_->forward(store_, 0, xb_.data(), yb_.data(), nb, dscale, hooks.params);
-      model_->backward(store_, 0, nb, hooks.params);
+    xb_.resize((size_t)count * train_.D);
+    yb_.resize(count);
+    for (int j = 0; j < count; j++) {
+      int64_t e = (step * B_ + first + j) % train_.count;
+      std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
+      yb_[j] = train_.y[e];
     }
+    const double loss = model_->forward(store_, 0, xb_.data(), yb_.data(), count, dscale, hooks);
+    model_->backward(store_, 0, count, hooks);
     return loss;
   }
 

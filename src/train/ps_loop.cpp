@@ -85,7 +85,7 @@ WorkerTimes work(Run& r) {
     times.begun.push_back(trace::ChromeTrace::now_us() * 1e-6);
     times.staleness.push_back((double)(s - have));
     r.sync->begin_step();
-    const double loss_sum = r.task->forward_backward(s, share, hooks);
+    const double loss_sum = r.executor->run(s, share, hooks);
     r.straggler.pause(r.mesh.world_rank());
     r.sync->reduce(s);
     worker.push(s, loss_sum);

@@ -58,6 +58,8 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
+  executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer);
+  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync = make_grad_sync(SyncOptions::from(cfg), mesh, params, &tracer);
   sync->engine().initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
@@ -91,7 +93,6 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
       return ckpt->diverged_advice(s);
     }));
   announce();
-  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
 }
 
 // The lines a run opens with: resume point, layout, pipeline split.

@@ -1,8 +1,9 @@
 // One training run as composed parts (internal to src/train): built once by Run's constructor in a fixed
 // order, then driven by one of the step loops (trainer.cpp: synchronous; ps_loop.cpp: parameter server).
 //
-//   mesh -> layout -> task (model + data) -> gradient synchronizer (engine, ZeRO, method) -> optimizer ->
-//   consolidation (whole tensors) -> checkpointer (resume) -> log, evaluator, cadence, step tail
+//   mesh -> layout -> task (model + data) -> step executor (micro-batch loop or pipeline schedule) ->
+//   gradient synchronizer (engine, ZeRO, method) -> optimizer -> consolidation (whole tensors) ->
+//   checkpointer (resume) -> log, evaluator, cadence, step tail
 #pragma once
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "train/grad_sync.h"
 #include "train/layout.h"
 #include "train/observers.h"
+#include "train/step_executor.h"
 #include "train/step_tail.h"
 #include "train/task.h"
 #include "train/trainer.h"
@@ -57,6 +59,7 @@ struct Run {
   PipelineContext pipeline;
   std::unique_ptr<TrainTask> task;
   trace::ChromeTrace tracer;
+  std::unique_ptr<StepExecutor> executor;
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<optim::Optimizer> opt;
   nn::ParamRegistry full;

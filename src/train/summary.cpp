@@ -28,12 +28,12 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
 }
 
 nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
-                               TrainSummary& sum) {
+                               const pipeline::PipelineStats* stats, TrainSummary& sum) {
   const pipeline::ScheduleSpec& spec = layout.schedule();
   const int V = spec.virtual_stages, P = spec.stages, W = mesh.grid().world();
   const size_t k = plan::packed_size(V);
   std::vector<float> mine_p(k), all_p(k * W);
-  plan::pack(task.pipeline_stats() ? *task.pipeline_stats() : pipeline::PipelineStats{}, V, mine_p.data());
+  plan::pack(stats ? *stats : pipeline::PipelineStats{}, V, mine_p.data());
   mesh.world()->all_gather(mine_p.data(), all_p.data(), all_p.size(), comm::DType::f32);
   // Replica 0 (dp index 0, tp index 0): pipeline rank j is world rank j * dp * tp.
   std::vector<pipeline::PipelineStats> ranks;

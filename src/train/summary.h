@@ -18,7 +18,7 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
                    TrainTask& task, TrainSummary& sum);
 // Collective over the world (pipeline runs only): the bubble into sum, and its JSON (null when not timed).
 nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
-                               TrainSummary& sum);
+                               const pipeline::PipelineStats* stats, TrainSummary& sum);
 // The lead writes --summary: throughput, layout, memory per rank, and the given sections ("pipeline", "ps").
 void write_summary(const std::string& path, const TrainSummary& sum, const parallel::Mesh& mesh, int zero,
                    const nlohmann::json& sections);

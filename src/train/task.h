@@ -36,6 +36,11 @@ struct EvalSums {
   double count = 0;
 };
 
+// A pipeline stage runner that sums the loss of the forwards it ran (the last stage's).
+struct TaskStageRunner : pipeline::StageRunner {
+  double loss = 0;
+};
+
 struct StepHooks {
   nn::ParamHooks* params = nullptr;                         // around every parameter group's use
   std::function<void(int index, int count)> micro_batch;    // before each micro-batch
@@ -52,9 +57,12 @@ class TrainTask {
   virtual void init_param(nn::Param& p) = 0;
   // Allocates what the steps need; call after the registry is finalized.
   virtual void prepare() = 0;
-  // Accumulates the gradient of the global-batch mean loss restricted to the share's windows of step's
-  // global batch, in its micro-batches; returns the sum of their per-item losses.
-  virtual double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) = 0;
+  // Forward and backward of one micro-batch, windows [first, first + count) of step's global batch:
+  // accumulates the gradient of the global-batch mean loss; returns the micro-batch's summed per-item loss.
+  virtual double micro_batch(int64_t step, int first, int count, nn::ParamHooks* hooks) = 0;
+  // Pipeline runs: this rank's chunks as the pipeline executor sees them, for the share of step `step`
+  // (null for tasks without pipeline stages). The runner sums the loss it computes (last stage only).
+  virtual std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) { return nullptr; }
   virtual bool has_eval() const = 0;
   // Evaluation sums over this rank's part (rank of nranks) of the held-out data.
   virtual EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) = 0;
@@ -67,13 +75,13 @@ class TrainTask {
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }
-  // Pipeline runs: this rank's accumulated timings (null without a pipeline); blocks per global stage.
-  virtual pipeline::PipelineStats* pipeline_stats() { return nullptr; }
+  // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
-  // Pipeline runs record their computations and messages here.
+  // The task's own communication events (MoE dispatch and combine) go here.
   virtual void set_trace(trace::ChromeTrace*) {}
   // Task-specific fields of the step's metrics row from what its micro-batches recorded (MoE routing:
-  // auxiliary losses, drops, tokens per expert). Collective over the mesh's replica and dp groups.
+  // auxiliary losses, drops, tokens per expert), then the record starts over. Collective over the mesh's
+  // replica and dp groups.
   virtual void annotate(nlohmann::json& row, const parallel::Mesh& mesh) {}
   // Task-specific section of the run summary (collective like annotate); null: none.
   virtual nlohmann::json summary_section(const parallel::Mesh& mesh) { return nullptr; }
@@ -110,8 +118,8 @@ struct PipelineContext {
   pipeline::ScheduleSpec spec;
 };
 
-// tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline,
-// forward_backward runs this rank's schedule and returns the loss sum only on the last stage.
+// tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline the
+// task holds this rank's chunks and hands the step executor (step_executor.h) a stage runner per step.
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
 std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages);
 

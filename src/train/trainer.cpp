@@ -33,7 +33,7 @@ void run_steps(Run& r) {
     const auto t0 = StepClock::now();
     const uint64_t sent0 = dp ? dp->counters().total_sent() : 0;
     sync.begin_step();
-    const double loss_sum = r.task->forward_backward(s, share, hooks);
+    const double loss_sum = r.executor->run(s, share, hooks);
     r.straggler.pause(r.mesh.world_rank());
     sync.reduce(s);
     const double loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
@@ -47,7 +47,7 @@ void run_steps(Run& r) {
     if (s > r.start) {
       r.clock.seconds += dt;
       r.clock.steps++;
-    } else if (auto* ps = r.task->pipeline_stats()) {
+    } else if (auto* ps = r.executor->stats()) {
       *ps = {};  // the first step allocates: time the others
     }
     const uint64_t sent = dp ? dp->counters().total_sent() - sent0 : 0;
@@ -80,7 +80,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   sum.params = (int64_t)r.full.size();
   gather_memory(r.mesh, r.sync->engine(), *r.opt, *r.task, sum);
   nlohmann::json sections = {{"ps", ps_section}};
-  if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, sum);
+  if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;

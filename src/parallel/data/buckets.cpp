@@ -27,19 +27,23 @@ BucketSet::BucketSet(nn::ParamRegistry& p, comm::Communicator* d, const DataPara
 }
 
 BucketSet::~BucketSet() {
+  quiesce();
+  for (Pending* p : inflight_) delete p;
+  for (Bucket* b : buckets) delete b;
+}
+
+void BucketSet::quiesce() {
   for (Pending* p : inflight_) {
     try {
       p->req.wait();
     } catch (...) {
     }
-    delete p;
   }
   for (Bucket* b : buckets) {
     try {
       b->gather.wait();
     } catch (...) {
     }
-    delete b;
   }
 }
 

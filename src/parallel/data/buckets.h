@@ -49,6 +49,8 @@ class BucketSet {
  public:
   BucketSet(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt);
   ~BucketSet();  // waits for whatever is still in flight
+  // Waits (ignoring errors) for every reduction and gather still in flight; their buffers may then be freed.
+  void quiesce();
   BucketSet(const BucketSet&) = delete;
   BucketSet& operator=(const BucketSet&) = delete;
 

@@ -30,6 +30,8 @@ class DataParallel : public nn::ParamHooks {
   // `params` is declared but not finalized; this finalizes it with the stage's allocation. dp may be null
   // (one rank, no communication).
   DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt);
+  // Waits for whatever is in flight before the stage's shard buffers go.
+  ~DataParallel() override { b_.quiesce(); }
 
   // Records compute (per group, forward and backward) and communication (per bucket, from issue to the
   // first moment it is seen finished) events.

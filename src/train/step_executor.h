@@ -1,0 +1,33 @@
+// The step executor: runs this rank's share of one optimizer step's forward and backward, either as a plain
+// micro-batch loop (gradients accumulate over the micro-batches, the synchronizer's hooks around each) or as
+// the pipeline executor running this rank's action list of the schedule (parallel/pipeline). Chosen once
+// when the run starts; the step loops call run() whatever the layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallel/pipeline/executor.h"
+#include "trace/chrome_trace.h"
+#include "train/layout.h"
+#include "train/task.h"
+
+namespace mt::train {
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  // Forward and backward of this rank's share of step s; returns the loss sum this rank computed (under a
+  // pipeline, only the last stage's rank has one).
+  virtual double run(int64_t s, const BatchShare& share, const StepHooks& hooks) = 0;
+  // Pipeline runs: the executor's accumulated timings on this rank (null otherwise).
+  virtual pipeline::PipelineStats* stats() { return nullptr; }
+};
+
+// pp null or of one stage: the micro-batch loop; else the schedule of pp->spec over pp->group. trace (may be
+// null) records the pipeline's computations and messages.
+std::unique_ptr<StepExecutor> make_step_executor(TrainTask& task, const PipelineContext* pp,
+                                                 trace::ChromeTrace* trace);
+
+}  // namespace mt::train
