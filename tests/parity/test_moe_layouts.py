@@ -9,7 +9,7 @@ block 1 MoE), E=4 experts of width 32, top-2 with --moe-second-policy random (it
 global token index, so a rank that numbers its tokens locally draws other numbers), --capacity-factor 1.0
 (capacity 16 per expert per group; 2.7-14% of the kept choices dropped per step), G=2 windows per routing group,
 aux 0.5, z 0.01, B=8, T=16, 8 AdamW steps (lr 2e-3 -> 2e-4, warmup 3, wd 0.1, clip 2.0: every step clips, norms
-2.8-9.4, so the clip scale carries each layout's norm into every update). Router init std 0.5, so routing is uneven and every group overfills some expert.
+2.8-9.4, so the clip scale carries each layout's norm into every update). Router init std 0.5, so routing is uneven and some expert overflows on every step (checked).
 
 Compared against the single-process run, with the reason for each tolerance:
   moe_dropped  exactly, every step: the drops are decided on float32 router probabilities that every layout
