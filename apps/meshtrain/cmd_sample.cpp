@@ -34,7 +34,7 @@ void add_prepare_command(CLI::App& app) {
 void add_sample_command(CLI::App& app) {
   struct Args {
     std::string init, prompt = "\n";
-    model::GptConfig shape{0, 0, 0, 0, 0, 0, 0, 0, 0};  // 0: from the file (moe_top_k too)
+    model::GptConfig shape{0, 0, 0, 0, 0, 0, 0, 0, 0};  // all 0: from the file (moe_top_k too)
     model::SampleOptions opt;
     int threads = 1;
   };

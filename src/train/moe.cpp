@@ -11,6 +11,19 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
   const bool moe_model = g.moe_every > 0 || !cfg.init.empty();  // --init may hold an MoE model
   MT_CHECK_INPUT(cfg.model == "gpt" || (g.moe_every == 0 && g.experts == 0 && ep == 1),
                  "--moe-every, --experts and --ep are for --model gpt (the MLP has no experts)");
+  if (cfg.model != "gpt") {  // a routing flag away from its default on a model without a router (an explicit
+    const MoeFlags unset;    // default value cannot be told apart from an absent flag and passes)
+    const char* given = g.moe_top_k != 0                              ? "--moe-top-k"
+                        : g.expert_hidden != 0                        ? "--expert-hidden"
+                        : capacity_factor != unset.capacity_factor    ? "--capacity-factor"
+                        : group_windows != unset.group_windows        ? "--moe-group-windows"
+                        : second_policy != unset.second_policy        ? "--moe-second-policy"
+                        : aux_loss != unset.aux_loss                  ? "--moe-aux-loss"
+                        : z_loss != unset.z_loss                      ? "--moe-z-loss"
+                                                                      : nullptr;
+    MT_CHECK_INPUT(!given, given ? given : "", " is an MoE flag, for --model gpt (the ", cfg.model,
+                   " model has no experts)");
+  }
   MT_CHECK_INPUT(g.moe_every >= 0, "--moe-every must be >= 0, got ", g.moe_every);
   MT_CHECK_INPUT(g.experts >= 0, "--experts must be >= 1, got ", g.experts);
   MT_CHECK_INPUT(g.moe_every == 0 || g.experts >= 1 || !cfg.init.empty(), "--moe-every ", g.moe_every,

@@ -469,7 +469,10 @@ def optimize(params: Dict[str, torch.Tensor], tokens: np.ndarray, B: int, T: int
         for q in params.values():
             q.requires_grad_(True)
         loss, metrics = step_loss(params, x, y, s)
-        grads = dict(zip(names, torch.autograd.grad(loss, [params[n] for n in names])))
+        # allow_unused: an MoE expert that no admitted token reached this step is not in the graph; its
+        # gradient is exactly zero (weight decay still moves it). A dense model uses every tensor.
+        got = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+        grads = {n: torch.zeros_like(params[n]) if g is None else g for n, g in zip(names, got)}
         for q in params.values():
             q.requires_grad_(False)
         norm = global_grad_norm(grads.values())
