@@ -10,10 +10,14 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
+#include "nn/expert_parallel.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/pipeline/executor.h"
 #include "trace/chrome_trace.h"
 #include "train/layout.h"
@@ -73,6 +77,15 @@ class TrainTask {
   virtual size_t activation_peak_bytes() const { return 0; }
   // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
+  // The task's own events (MoE dispatch and combine) go here; the pipeline's go to the step executor.
+  virtual void set_trace(trace::ChromeTrace*) {}
+  // Before the first micro-batch of a step (the step executor calls it): per-step statistics start over.
+  virtual void begin_step(int64_t step) {}
+  // Task-specific fields of the step's metrics row from what its micro-batches recorded (MoE routing:
+  // auxiliary losses, drops, tokens per expert). Collective over the mesh's replica and dp groups.
+  virtual void annotate(nlohmann::json& row, const parallel::Mesh& mesh) {}
+  // Task-specific section of the run summary (collective like annotate); null: none.
+  virtual nlohmann::json summary_section(const parallel::Mesh& mesh) { return nullptr; }
 };
 
 // What the tasks take from the flags (parsed once by from(); a task never sees the whole TrainConfig).
@@ -83,6 +96,8 @@ struct GptTaskConfig {
   bool recompute = false, sequence_parallel = false;
   std::vector<int> stage_layers;          // blocks per global stage; empty: balanced by cost
   uint64_t seed = 0;
+  model::MoeOptions moe;                  // MoE routing while training (its ep group: make_gpt_task's)
+  int ep = 1;                             // the expert-parallel degree (for the summary)
   static GptTaskConfig from(const TrainConfig& cfg);
 };
 struct MlpTaskConfig {
@@ -109,8 +124,10 @@ struct PipelineContext {
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
 std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages);
 
+// ep: the expert-parallel group of MoE blocks (null: every expert computed here).
 std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLayout& layout,
-                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr);
+                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr,
+                                         nn::ExpertParallelOps* ep = nullptr);
 std::unique_ptr<TrainTask> make_mlp_task(const MlpTaskConfig& cfg, const BatchLayout& layout);
 
 }  // namespace mt::train

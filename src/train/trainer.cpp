@@ -56,6 +56,7 @@ void run_steps(Run& r) {
                           {"grad_norm", norm}, {r.log->items_key(), ips}, {"step_time_s", dt},
                           {"comm_bytes", sent}, {"comm_bytes_total", r.comm_bytes_total}};
     sync.annotate(row);
+    r.task->annotate(row, r.mesh);
     if (r.cadence.eval_after(s)) (*r.evaluate)(s, row);
     r.log->step(row, s, loss, lr, ips);
     r.sum.steps_run++;
@@ -80,6 +81,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   gather_memory(r.mesh, r.sync->engine(), *r.opt, *r.task, sum);
   nlohmann::json sections = {{"ps", ps_section}};
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
+  if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }
