@@ -157,6 +157,12 @@ class GptTask : public TrainTask {
     return std::make_unique<Runner>(*this, step, share.first, share.micro_size, dscale());
   }
 
+  void begin_step(int64_t) override {
+    for (auto& c : chunks_)
+      for (auto& m : c->moe_layers())
+        if (m) m->stats().reset(m->experts());
+  }
+
   double micro_batch(int64_t step, int first, int count, nn::ParamHooks* hooks) override {
     inputs_.resize((size_t)count * T_);
     targets_.resize((size_t)count * T_);

@@ -93,6 +93,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
       return ckpt->diverged_advice(s);
     }));
   announce();
+  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
 }
 
 // The lines a run opens with: resume point, layout, pipeline split.
@@ -108,10 +109,10 @@ void Run::announce() {
                      " servers (ranks ", g.workers(), "-", W - 1, ", about ", task->params().size() / g.servers(),
                      " parameters each), staleness bound ", cfg.staleness));
   else if (W > 1)
-    log->message(str("training on ", W, " ranks (", backend, "): data-parallel ", g.dp(), " x tensor-parallel ",
-                     g.tp(), cfg.sequence_parallel ? " (sequence-parallel)" : "", " x pipeline ", g.pp(),
-                     g.pp() > 1 ? " (" + layout.schedule().name + ")" : std::string(), ", ZeRO stage ", cfg.zero,
-                     ", ", b, " of ", B, " windows per data-parallel rank"));
+    log->message(str("training on ", W, " ranks (", backend, "): ",
+                     g.describe(cfg.sequence_parallel ? " (sequence-parallel)" : "",
+                                g.pp() > 1 ? " (" + layout.schedule().name + ")" : ""),
+                     ", ZeRO stage ", cfg.zero, ", ", b, " of ", B, " windows per data-parallel rank"));
   if (g.pp() > 1)
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));

@@ -11,6 +11,7 @@ class MicroBatchLoop : public StepExecutor {
  public:
   explicit MicroBatchLoop(TrainTask& task) : task_(task) {}
   double run(int64_t s, const BatchShare& share, const StepHooks& hooks) override {
+    task_.begin_step(s);
     double loss = 0.0;
     for (int i = 0; i < share.micro_count; i++) {
       if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
@@ -32,6 +33,7 @@ class PipelineSteps : public StepExecutor {
   double run(int64_t s, const BatchShare& share, const StepHooks&) override {
     MT_ASSERT(share.micro_count == pp_.spec.micro_batches, "a share of ", share.micro_count,
               " micro-batches for a schedule of ", pp_.spec.micro_batches);
+    task_.begin_step(s);
     std::unique_ptr<TaskStageRunner> runner = task_.stage_runner(s, share);
     executor_.run(pp_.spec, list_, *pp_.group, *runner, &stats_, trace_);
     return runner->loss;

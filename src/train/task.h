@@ -77,8 +77,10 @@ class TrainTask {
   virtual size_t activation_peak_bytes() const { return 0; }
   // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
-  // The task's own communication events (MoE dispatch and combine) go here.
+  // The task's own events (MoE dispatch and combine) go here; the pipeline's go to the step executor.
   virtual void set_trace(trace::ChromeTrace*) {}
+  // Before the first micro-batch of a step (the step executor calls it): per-step statistics start over.
+  virtual void begin_step(int64_t step) {}
   // Task-specific fields of the step's metrics row from what its micro-batches recorded (MoE routing:
   // auxiliary losses, drops, tokens per expert), then the record starts over. Collective over the mesh's
   // replica and dp groups.

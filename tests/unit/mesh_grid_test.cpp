@@ -166,6 +166,8 @@ TEST(MeshGrid, RejectsDegreesThatDoNotTileTheRanks) {
   EXPECT_NE(message([] { MeshGrid(2, 0, 1, 1, 2); }).find("at least one worker"), std::string::npos);
   EXPECT_NE(message([] { MeshGrid(4, 0, 0, 1); }).find("--tp 0"), std::string::npos);
   EXPECT_EQ(MeshGrid(12, 0, 2, 3).describe(), "data-parallel 2 x tensor-parallel 2 x pipeline 3");
+  EXPECT_EQ(MeshGrid(8, 1, 2, 4).describe(" (sequence-parallel)", " (gpipe)"),
+            "data-parallel 1 x tensor-parallel 2 (sequence-parallel) x pipeline 4 (gpipe)");
 }
 
 TEST(MeshGrid, ExpertGroupsCutEachDataParallelGroupIntoRunsOfEp) {

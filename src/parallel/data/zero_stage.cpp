@@ -145,8 +145,9 @@ class Stage2 : public ZeroStage {
   void bucket_ready(Bucket& b) override {
     float* acc = gshard_.data() + b.pos;
     Bucket* bp = &b;
-    auto accumulate = [this, bp, acc](const float* g) {
-      for (size_t i = 0; i < (b_.alone() ? bp->count : bp->sc); i++) acc[i] += g[i];
+    const size_t n = b_.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
+    auto accumulate = [this, bp, acc, n](const float* g) {
+      for (size_t i = 0; i < n; i++) acc[i] += g[i];
       b_.bind_grad(*bp, nullptr);
       b_.give_back(bp->grad);
     };

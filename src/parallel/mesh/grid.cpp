@@ -87,9 +87,9 @@ std::vector<int> MeshGrid::members(MeshGroup g, int r) const {
   return out;
 }
 
-std::string MeshGrid::describe() const {
+std::string MeshGrid::describe(const std::string& tp_note, const std::string& pp_note) const {
   return str("data-parallel ", dp_, ep_ > 1 ? str(" (expert-parallel ", ep_, ")") : "", " x tensor-parallel ", tp_,
-             " x pipeline ", pp_);
+             tp_note, " x pipeline ", pp_, pp_note);
 }
 
 }  // namespace mt::parallel

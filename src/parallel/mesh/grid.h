@@ -66,8 +66,9 @@ class MeshGrid {
   // World ranks of world_rank's group g in group-rank order (empty: not a member). O(W).
   std::vector<int> members(MeshGroup g, int world_rank) const;
 
-  // "data-parallel 2 x tensor-parallel 2 x pipeline 2": the dimensions, for the layout line.
-  std::string describe() const;
+  // "data-parallel 2 x tensor-parallel 2 x pipeline 2": the dimensions of the layout line the run prints;
+  // the notes follow their dimension (" (sequence-parallel)", " (1f1b)").
+  std::string describe(const std::string& tp_note = "", const std::string& pp_note = "") const;
 
  private:
   int world_, servers_, dp_, tp_, pp_, ep_;
