@@ -187,7 +187,8 @@ def speed_one(args, work, tag, flags, nproc, env):
     return dict(command=cmd, wall_s=wall, cores_used=cpu / wall, step_times=[r["step_time_s"] for r in rows], median_step_s=med,
                 tokens_per_s=tokens / med, a2a_share=statistics.mean(a2a) if a2a else 0.0,
                 a2a_bytes_per_rank=statistics.mean(a2a_bytes) if a2a_bytes else 0.0,
-                dropped=statistics.mean(r.get("moe_dropped", 0.0) for r in meas), params=summary.get("params"))
+                dropped=statistics.mean(r.get("moe_dropped", 0.0) for r in meas), params=summary.get("params"),
+                comm_bytes=statistics.mean(r.get("comm_bytes", 0) for r in meas))
 
 
 def spread(xs):
@@ -211,7 +212,7 @@ def run_speed(args, work, env):
         out[tag] = dict(label=label, nproc=nproc, tokens_per_s=spread([r["tokens_per_s"] for r in runs]),
                         a2a_share=spread([r["a2a_share"] for r in runs]),
                         cores_used=spread([r["cores_used"] for r in runs]),
-                        a2a_bytes_per_rank=runs[0]["a2a_bytes_per_rank"],
+                        a2a_bytes_per_rank=runs[0]["a2a_bytes_per_rank"], comm_bytes=runs[0]["comm_bytes"],
                         dropped=statistics.mean(r["dropped"] for r in runs), params=runs[0]["params"], runs=runs)
     ratio = lambda a, b: spread([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(per[a], per[b])])
     # Tokens per CPU-second of the run's processes, 2 processes against 1, times 2: the ratio on 2 dedicated
@@ -345,11 +346,11 @@ def table_md(parts):
                 f"Global batch {SPEED['B']} x {SPEED['T']} = {tok} tokens per step in every run, --threads 1 per "
                 f"process, {args.steps} steps of which the first {args.warmup} are warm-up; tokens/s from the median "
                 f"step time of each run; {args.repeats} repeats in rotated order: median (min-max).", "",
-                "| run | tokens/s | all-to-all share of step time | all-to-all bytes sent / rank / step | dropped | "
-                "cores obtained |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for tag, s in speed.items():
-            if tag in ("ratios", "breakdown", "projected"):
-                continue
+                "| run | tokens/s | all-to-all share of step time | all-to-all bytes sent / rank / step | "
+                "gradient sync bytes (metrics' comm_bytes) / step | dropped | cores obtained |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for tag in (c[1] for c in speed_configs()):
+            s = speed[tag]
             t, a = s["tokens_per_s"], s["a2a_share"]
             moe = tag.startswith("moe")
             a2a = f"{100 * a['median']:.1f}% ({100 * a['min']:.1f}-{100 * a['max']:.1f})" if moe and s["nproc"] > 1 \
@@ -357,7 +358,8 @@ def table_md(parts):
             b = f"{s['a2a_bytes_per_rank'] / 1e6:.2f} MB" if moe else "—"
             c = s["cores_used"]
             dropped = f"{100 * s['dropped']:.1f}%" if moe else "—"
-            out.append(f"| {s['label']} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {a2a} | {b} | "
+            cb = f"{s['comm_bytes'] / 1e6:.2f} MB" if s["nproc"] > 1 else "—"
+            out.append(f"| {s['label']} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {a2a} | {b} | {cb} | "
                        f"{dropped} | {c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f}) |")
         out += ["", "| ratio (per repeat) | median | min-max |", "| --- | ---: | ---: |"]
         for k, r in speed["ratios"].items():
