@@ -30,7 +30,9 @@ Models (byte-level vocabulary, 256 tokens; every other block an MoE block: --moe
 Writes --out (default bench/results/moe): table.md (also printed), results.json (every number, the commands,
 the per-run metrics summaries and the host). Usage:
   /usr/bin/python3 bench/moe_bench.py --meshtrain build/meshtrain [--repeats 3] [--quick]
-Run it under `flock /tmp/meshtrain-bench.lock` on a shared machine. Takes about 4 minutes on 2 cores.
+Run it under `flock /tmp/meshtrain-bench.lock` on a shared machine (the quality part does not depend on timing).
+About 5 minutes on 2 idle cores (an estimate; here, shared: throughput 2.6 min, quality 7.7 min). --table-only rewrites
+table.md from results.json.
 """
 import argparse
 import ctypes
@@ -125,7 +127,12 @@ def host_info(meshtrain):
         openblas = f"{blas.openblas_get_config().decode()}; kernel {blas.openblas_get_corename().decode()}"
     except (OSError, AttributeError):
         openblas = "(libopenblas.so.0 not loadable)"
-    return dict(cpu=cpu, openblas=openblas, isa=isa, kernel=platform.release(), cores=os.cpu_count(),
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            autogroup = f.read().strip()
+    except OSError:
+        autogroup = "unknown"
+    return dict(cpu=cpu, openblas=openblas, autogroup=autogroup, isa=isa, kernel=platform.release(), cores=os.cpu_count(),
                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS picks)"),
                 loadavg=os.getloadavg(), running_at_start=[" ".join(p) for p in running],
                 meshtrain=meshtrain,
@@ -325,9 +332,11 @@ def table_md(parts):
             f"{host['meshtrain_mtime']} at {(host['git_head'] or '?')[:10]}"
             f"{' (dirty: ' + host['git_status'].replace(chr(10), ', ') + ')' if host['git_status'] else ''}.",
             "",
-            "Shared machine: other helpers' builds and tests (nice 5-19) and at times their benchmarks were running "
-            "during the measurements, on 2 cores: absolute figures are depressed and noisy (see the cores each run "
-            "obtained); ratios compare runs taken close together.", ""]
+            "Shared machine: other helpers' builds and tests (at nice 5-19) were running during the measurements, "
+            "on 2 cores, and the kernel's autogroup scheduling (sched_autogroup_enabled = "
+            f"{host.get('autogroup', '1 on the recording host')}) shares the CPU between sessions whatever their "
+            "nice value: absolute figures are depressed and noisy (see the cores each run obtained); ratios "
+            "compare runs taken close together.", ""]
     for name, shape in (("throughput", SPEED), ("quality", QUALITY)):
         d, m = arithmetic(shape, False), arithmetic(shape, True)
         out += [f"Models of the {name} part (C={shape['n_embd']}, L={shape['n_layer']}, heads={shape['n_head']}, "
@@ -432,7 +441,14 @@ def main():
     ap.add_argument("--only", choices=("speed", "quality"))
     ap.add_argument("--quick", action="store_true", help="a few steps per run: a smoke test, not a measurement")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    ap.add_argument("--table-only", action="store_true", help="rewrite table.md from --out's results.json")
     args = ap.parse_args()
+    if args.table_only:
+        with open(os.path.join(args.out, "results.json")) as f:
+            parts = {k: v for k, v in json.load(f).items() if k in ("speed", "quality") and v}
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(table_md(parts))
+        return
     if args.quick:
         args.steps, args.warmup, args.repeats, args.quality_steps, args.eval_every = 3, 1, 1, 20, 10
     args.meshtrain = os.path.abspath(args.meshtrain)
