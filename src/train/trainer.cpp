@@ -298,6 +298,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   trace::MetricsWriter metrics;
   if (lead && !cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
   trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
+  progress.message(str("compute: ", cfg.threads, " thread(s) per rank, GEMM ", gemm_kernel_line()));
   if (!checkpoints.empty())
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
   if (ps)
@@ -584,7 +585,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
                                                   : "The last good checkpoint is " + good,
                               " (try a lower --lr or --grad-clip)"));
     }
-    if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) engine.scale_grads((float)(cfg.grad_clip / (norm + 1e-6)));
+    if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) opt->scale_next_grads((float)(cfg.grad_clip / (norm + 1e-6)));
     float lr = sched.at(s);
     {
       trace::TraceScope ts(&tracer, "optimizer step", "compute");
