@@ -298,7 +298,17 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   trace::MetricsWriter metrics;
   if (lead && !cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
   trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
-  progress.message(str("compute: ", cfg.threads, " thread(s) per rank, GEMM ", gemm_kernel_line()));
+  {
+    // Ranks of a shared-memory job share this machine's cores: more threads than cores slows every rank.
+    const int cores = (int)std::thread::hardware_concurrency();
+    const bool local = world && std::string(world->backend()) == "shm";
+    const int here = local ? world_size : 1;
+    progress.message(str("compute: ", cfg.threads, " thread(s) per rank, GEMM ", gemm_kernel_line(),
+                         cores > 0 && here * cfg.threads > cores
+                             ? str("; warning: ", here, " rank(s) x ", cfg.threads, " thread(s) > ", cores,
+                                   " cores, lower --threads")
+                             : std::string()));
+  }
   if (!checkpoints.empty())
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
   if (ps)

@@ -104,6 +104,8 @@ TEST(Gemm, KernelUsesTheWidestInstructionSet) {
   ASSERT_EQ(C[0], 128.0f);
   mt::GemmKernel k = mt::gemm_kernel();
   std::string line = mt::gemm_kernel_line();
+  // No product of this binary's tests fell back to oneDNN's plain C++ reference kernels ("ref:any").
+  EXPECT_EQ(k.impl.find("ref:"), std::string::npos) << line;
   if (flags.count("avx512f")) {
     EXPECT_EQ(k.isa, "avx512") << line;
 #ifndef MESHTRAIN_BLAS_OPENBLAS
