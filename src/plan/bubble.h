@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/stats.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/simulator.h"
 

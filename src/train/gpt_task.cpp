@@ -46,8 +46,8 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  GptTask(const TrainConfig& cfg, nn::TensorParallelOps* tp, const PipelineContext* pp)
-      : cfg_(cfg), shard_(cfg.data) {
+  GptTask(const TrainConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp)
+      : cfg_(cfg), layout_(layout), shard_(cfg.data) {
     std::optional<SafetensorsReader> init;
     if (!cfg.init.empty()) init.emplace(cfg.init);
     model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
@@ -65,10 +65,10 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
-    if (pp && pp->stages > 1) {
+    if (pp && pp->spec.stages > 1) {
       // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
       pp_ = *pp;
-      const int P = pp->stages, V = pp->virtual_stages, S = P * V, j = pp->group->rank();
+      const int P = pp->spec.stages, V = pp->spec.virtual_stages, S = P * V, j = pp->group->rank();
       split_ = stage_split(cfg, shape, S);
       std::vector<int> first(S + 1, 0);
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
@@ -118,7 +118,7 @@ class GptTask : public TrainTask {
     }
     const float* forward(int c, int i, const float* input) override {
       model::Gpt& g = *t.chunks_[c];
-      const int key = i * t.pp_.virtual_stages + c;
+      const int key = i * t.pp_.spec.virtual_stages + c;
       t.inputs_.resize((size_t)mbs * t.T_);
       t.targets_.resize((size_t)mbs * t.T_);
       data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
@@ -127,31 +127,27 @@ class GptTask : public TrainTask {
     }
     const float* backward(int c, int i, const float* dout) override {
       model::Gpt& g = *t.chunks_[c];
-      const int key = i * t.pp_.virtual_stages + c;
+      const int key = i * t.pp_.spec.virtual_stages + c;
       g.backward(t.store_, key, mbs, t.T_, nullptr, dout);
       t.store_.release(key);  // the executor copied this micro-batch's output when it sent it
       return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
     }
   };
 
-  double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) override {
+  double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)((int64_t)B_ * T_);
     if (pp_.group) {
-      const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
-      pipeline::ScheduleSpec spec{pp_.schedule, pp_.stages, count / mbs, pp_.virtual_stages};
-      if (lists_.empty()) lists_ = pipeline::make_schedule(spec);
-      Runner r(*this, step, first, mbs, dscale);
-      executor_.run(spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
+      if (lists_.empty()) lists_ = pipeline::make_schedule(pp_.spec);
+      Runner r(*this, step, share.first, share.micro_size, dscale);
+      executor_.run(pp_.spec, lists_[pp_.group->rank()], *pp_.group, r, &stats_, trace_);
       return r.loss;
     }
-    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
-    const int n_micro = (count + mbs - 1) / mbs;
-    inputs_.resize((size_t)mbs * T_);
-    targets_.resize((size_t)mbs * T_);
+    inputs_.resize((size_t)share.micro_size * T_);
+    targets_.resize((size_t)share.micro_size * T_);
     double loss = 0.0;
-    for (int i = 0; i < n_micro; i++) {
-      int j0 = first + i * mbs, nb = std::min(mbs, first + count - j0);
-      if (hooks.micro_batch) hooks.micro_batch(i, n_micro);
+    for (int i = 0; i < share.micro_count; i++) {
+      const int j0 = share.micro_first(i), nb = share.micro_len(i);
+      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
       data::gpt_batch(shard_, step, B_, T_, j0, nb, inputs_.data(), targets_.data());
       loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale, hooks.params);
       model_->backward(store_, 0, nb, T_, hooks.params);
@@ -166,14 +162,13 @@ class GptTask : public TrainTask {
   EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) override {
     EvalSums r;
     if (!val_) return r;
-    const int per = (B_ + nranks - 1) / nranks;
-    const int first = std::min(B_, rank * per), count = std::min(B_, first + per) - first;
-    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : std::max(count, 1);
-    inputs_.resize((size_t)mbs * T_);
-    targets_.resize((size_t)mbs * T_);
+    MT_ASSERT(nranks == layout_.dp_ranks(), "evaluation over ", nranks, " ranks, layout of ", layout_.dp_ranks());
+    const BatchShare sh = layout_.eval_share(rank);
+    inputs_.resize((size_t)sh.micro_size * T_);
+    targets_.resize((size_t)sh.micro_size * T_);
     for (int k = 0; k < batches; k++) {
-      for (int j0 = first; j0 < first + count; j0 += mbs) {
-        int nb = std::min(mbs, first + count - j0);
+      for (int i = 0; i < sh.micro_count; i++) {
+        const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
         if (pp_.group) {
           r.loss += pipeline_forward(nb);
@@ -193,7 +188,7 @@ class GptTask : public TrainTask {
   // next micro-batch reuses the buffers).
   double pipeline_forward(int nb) {
     comm::Communicator& g = *pp_.group;
-    const int P = pp_.stages, S = P * pp_.virtual_stages, j = g.rank();
+    const int P = pp_.spec.stages, S = P * pp_.spec.virtual_stages, j = g.rank();
     const size_t n = (size_t)model_->rows_here(nb * T_) * model_->config().n_embd;
     constexpr int kEvalTag = 1 << 24;  // above every training tag (kind, micro-batch, stage)
     double loss = 0;
@@ -215,13 +210,10 @@ class GptTask : public TrainTask {
 
   bool is_classifier() const override { return false; }
   int global_batch() const override { return B_; }
-  int micro_batch() const override { return cfg_.micro_batch_size; }
   int64_t items_per_window() const override { return T_; }
   const char* item_name() const override { return "tok"; }
   double flops_per_step() const override { return model_->config().flops_per_token(T_) * (double)B_ * T_; }
-  size_t activation_bytes(int windows) const override {
-    return model_->activation_bytes(cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : windows, T_);
-  }
+  size_t activation_bytes() const override { return model_->activation_bytes(layout_.micro_size(), T_); }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
   pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
@@ -230,6 +222,7 @@ class GptTask : public TrainTask {
 
  private:
   TrainConfig cfg_;
+  BatchLayout layout_;
   TokenShard shard_;
   std::optional<TokenShard> val_;
   int B_ = 0, T_ = 0;
@@ -251,9 +244,9 @@ class GptTask : public TrainTask {
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp,
-                                         const PipelineContext* pp) {
-  return std::make_unique<GptTask>(cfg, tp, pp);
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
+                                         nn::TensorParallelOps* tp, const PipelineContext* pp) {
+  return std::make_unique<GptTask>(cfg, layout, tp, pp);
 }
 
 }  // namespace mt::train

@@ -47,7 +47,7 @@ Examples load_examples(const std::string& images, const std::string& labels, int
 
 class MlpTask : public TrainTask {
  public:
-  explicit MlpTask(const TrainConfig& cfg) : cfg_(cfg) {
+  MlpTask(const TrainConfig& cfg, const BatchLayout& layout) : cfg_(cfg), layout_(layout) {
     const int K = 10;
     Examples all = load_examples(cfg.data, cfg.labels, K);
     if (!cfg.val_data.empty()) {
@@ -82,16 +82,14 @@ class MlpTask : public TrainTask {
 
   void prepare() override {}
 
-  double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) override {
+  double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)B_;
-    const int mbs = cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : count;
-    const int n_micro = (count + mbs - 1) / mbs;
-    xb_.resize((size_t)mbs * train_.D);
-    yb_.resize(mbs);
+    xb_.resize((size_t)share.micro_size * train_.D);
+    yb_.resize(share.micro_size);
     double loss = 0.0;
-    for (int i = 0; i < n_micro; i++) {
-      int j0 = first + i * mbs, nb = std::min(mbs, first + count - j0);
-      if (hooks.micro_batch) hooks.micro_batch(i, n_micro);
+    for (int i = 0; i < share.micro_count; i++) {
+      const int j0 = share.micro_first(i), nb = share.micro_len(i);
+      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
       for (int j = 0; j < nb; j++) {
         int64_t e = (step * B_ + j0 + j) % train_.count;
         std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
@@ -130,14 +128,13 @@ class MlpTask : public TrainTask {
 
   bool is_classifier() const override { return true; }
   int global_batch() const override { return B_; }
-  int micro_batch() const override { return cfg_.micro_batch_size; }
   int64_t items_per_window() const override { return 1; }
   const char* item_name() const override { return "ex"; }
   double flops_per_step() const override { return 6.0 * (double)model_->config().num_params() * B_; }
-  size_t activation_bytes(int windows) const override {
+  size_t activation_bytes() const override {
     size_t w = train_.D;
     for (int h : cfg_.hidden) w += h;
-    return (w + 10) * (cfg_.micro_batch_size > 0 ? cfg_.micro_batch_size : windows) * sizeof(float);
+    return (w + 10) * layout_.micro_size() * sizeof(float);
   }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
 
@@ -153,6 +150,7 @@ class MlpTask : public TrainTask {
   }
 
   TrainConfig cfg_;
+  BatchLayout layout_;
   Examples train_, val_;
   int B_ = 0;
   std::optional<SafetensorsReader> init_;
@@ -165,6 +163,8 @@ class MlpTask : public TrainTask {
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg) { return std::make_unique<MlpTask>(cfg); }
+std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout) {
+  return std::make_unique<MlpTask>(cfg, layout);
+}
 
 }  // namespace mt::train

@@ -16,6 +16,7 @@
 #include "nn/tensor_parallel.h"
 #include "parallel/pipeline/executor.h"
 #include "trace/chrome_trace.h"
+#include "train/layout.h"
 #include "train/train_config.h"
 
 namespace mt {
@@ -47,19 +48,18 @@ class TrainTask {
   virtual void init_param(nn::Param& p) = 0;
   // Allocates what the steps need; call after the registry is finalized.
   virtual void prepare() = 0;
-  // Accumulates the gradient of the global-batch mean loss restricted to windows [first, first+count) of
-  // step's global batch, in micro-batches; returns the sum of their per-item losses.
-  virtual double forward_backward(int64_t step, int first, int count, const StepHooks& hooks) = 0;
+  // Accumulates the gradient of the global-batch mean loss restricted to the share's windows of step's
+  // global batch, in its micro-batches; returns the sum of their per-item losses.
+  virtual double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) = 0;
   virtual bool has_eval() const = 0;
   // Evaluation sums over this rank's part (rank of nranks) of the held-out data.
   virtual EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) = 0;
   virtual bool is_classifier() const = 0;
   virtual int global_batch() const = 0;         // windows (GPT) or examples (MLP) per step
-  virtual int micro_batch() const = 0;          // per micro-batch (0 = the rank's whole share)
   virtual int64_t items_per_window() const = 0; // tokens per window (T) or 1
   virtual const char* item_name() const = 0;    // "tok" / "ex"
   virtual double flops_per_step() const = 0;
-  virtual size_t activation_bytes(int windows) const = 0;
+  virtual size_t activation_bytes() const = 0;  // one micro-batch of the layout
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }
@@ -73,11 +73,11 @@ class TrainTask {
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
 model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init);
-// The pipeline this rank is part of: its group (rank = pipeline position), schedule and chunks per rank.
+// The pipeline this rank is part of: its group (rank = pipeline position); stages, chunks and schedule are
+// the layout's.
 struct PipelineContext {
   comm::Communicator* group = nullptr;
-  int stages = 1, virtual_stages = 1;
-  std::string schedule = "1f1b";
+  pipeline::ScheduleSpec spec;
 };
 
 // tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline,
@@ -85,8 +85,8 @@ struct PipelineContext {
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
 std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages);
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, nn::TensorParallelOps* tp = nullptr,
-                                         const PipelineContext* pp = nullptr);
-std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg);
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
+                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr);
+std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout);
 
 }  // namespace mt::train

@@ -1,6 +1,7 @@
-// The training loop: gradient of the global batch (this rank's windows of it), reductions and ZeRO through
-// parallel::DataParallel, global-norm clipping, LR schedule, optimizer step, metrics, evaluation,
-// checkpoints, resume. Thin by design: the model and data live in a TrainTask.
+// Training runs: the entry points. A run is composed of parts (run.h: mesh, batch layout, task, gradient
+// synchronizer, optimizer, state consolidation, observers, step tail) and driven by a short step loop
+// (trainer.cpp; parameter server: ps_loop.cpp; Hogwild: hogwild_trainer.cpp). The model and data live in a
+// TrainTask; TrainConfig::validate is in train_config.cpp.
 #pragma once
 
 #include <cstddef>

@@ -479,7 +479,7 @@ void DataParallel::load_full_params(const float* full) {
     std::memcpy(params_.data(), full, sizeof(float) * params_.size());
     return;
   }
-  for (Bucket* b : buckets_) std::memcpy(pshard_.data() + b->pos, full + b->begin + b->so, sizeof(float) * b->sc);
+  take_shard(bucket_ranges(), n_, r_, full, pshard_.data());
 }
 
 void DataParallel::load_full_state(const float* full, float* shard_state) {
@@ -487,7 +487,13 @@ void DataParallel::load_full_state(const float* full, float* shard_state) {
     std::memcpy(shard_state, full, sizeof(float) * params_.size());
     return;
   }
-  for (Bucket* b : buckets_) std::memcpy(shard_state + b->pos, full + b->begin + b->so, sizeof(float) * b->sc);
+  take_shard(bucket_ranges(), n_, r_, full, shard_state);
+}
+
+std::vector<FlatRange> DataParallel::bucket_ranges() const {
+  std::vector<FlatRange> out;
+  for (const Bucket* b : buckets_) out.push_back({b->begin, b->count});
+  return out;
 }
 
 size_t DataParallel::param_bytes() const {

@@ -32,6 +32,7 @@
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
+#include "parallel/data/zero_shards.h"
 #include "tensor/buffer.h"
 #include "trace/chrome_trace.h"
 
@@ -86,6 +87,8 @@ class DataParallel : public nn::ParamHooks {
   void full_state(const float* shard_state, std::vector<float>& out);
   void load_full_params(const float* full);
   void load_full_state(const float* full, float* shard_state);
+  // The buckets' flat ranges in backward order: what ZeRO shards (parallel/data/zero_shards.h).
+  std::vector<FlatRange> bucket_ranges() const;
 
   // Bytes this rank holds persistently for parameters and gradients (transient bucket buffers excluded).
   size_t param_bytes() const;

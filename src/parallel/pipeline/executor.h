@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/stats.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::pipeline {
@@ -25,21 +26,6 @@ class StageRunner {
   virtual size_t activation_count() const = 0;  // floats in one micro-batch's activation
   virtual const float* forward(int chunk, int micro_batch, const float* input) = 0;
   virtual const float* backward(int chunk, int micro_batch, const float* output_grad) = 0;
-};
-
-// What one rank measured while running its list (wall-clock microseconds), accumulated over calls.
-//   span     from the list's start to its end (all sends delivered)
-//   forward  summed forward computations; backward likewise; wait: time blocked in wait_recv
-// The measured bubble of a step is 1 - sum over ranks of (forward + backward) / (p * max span); the trainer
-// gathers these per rank and compares with plan::simulate under the measured backward/forward ratio.
-//   latency  summed over messages sent while their receiver was already waiting for them: from the send to
-//            the receiver running again (transfer plus wake-up), and how many such messages
-struct PipelineStats {
-  double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0, latency_us = 0;
-  int64_t latency_samples = 0;
-  int64_t forwards = 0, backwards = 0, lists = 0;
-  std::vector<double> chunk_forward_us, chunk_backward_us;  // per chunk of this rank (V entries)
-  void add(const PipelineStats& o);
 };
 
 // pp: the pipeline group (rank j = pipeline position). Messages are tagged by (kind, micro-batch, stage).

@@ -1,0 +1,127 @@
+// State consolidation: whole tensors out of, and back into, whatever this run's layout splits them into.
+// Used by checkpoint save, resume and the final save; the only place that knows how a layout shards.
+//
+// Two stages, each a small part:
+//   1. FlatSource: this rank's flat buffer in its registry's layout (every local tensor, unsharded by ZeRO or
+//      by parameter-server slices). ZeRO: all-gather of each bucket's shards over dp (zero_shards.h);
+//      parameter server: each server's slice placed and summed over the world; plain: a copy.
+//   2. StateConsolidator: flat buffer of the local registry <-> whole tensors of the full registry. A rank
+//      contributes the elements it has a say on (tensor-parallel shards by their full index; a replicated
+//      tensor from tp rank 0; the tied embedding from the first pipeline stage) and the contributions are
+//      summed over the replica group (tp x pp ranks of one model); every other element contributes zero,
+//      so the sum is exact.
+//
+// Cost of a gather: ZeRO all-gathers Psi floats per dp rank, then one all-reduce of the whole model (4 x
+// full size bytes) over the replica group. A scatter is local (every rank reads the whole file).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/params.h"
+#include "optim/optimizer.h"
+
+namespace mt::parallel {
+class DataParallel;
+class PsServer;
+struct PsLayout;
+}  // namespace mt::parallel
+
+namespace mt::train {
+
+class FlatSource {
+ public:
+  virtual ~FlatSource() = default;
+  // Collective where the layout shards: flat = the registry's whole flat buffer (params / one state buffer).
+  virtual void gather_params(std::vector<float>& flat) = 0;
+  virtual void gather_state(const float* shard_state, std::vector<float>& flat) = 0;
+  // Local: this rank keeps its part of flat.
+  virtual void load_params(const float* flat) = 0;
+  virtual void load_state(const float* flat, float* shard_state) = 0;
+};
+
+// ZeRO 0-3 (and no data parallelism) through the engine.
+std::unique_ptr<FlatSource> engine_source(parallel::DataParallel& engine);
+// Parameter server: servers hold slice s of the flat buffer (parameters from `server`, once set; optimizer
+// state), workers hold parameters only. Gathers are all-reduces over `world`.
+class PsSource : public FlatSource {
+ public:
+  PsSource(comm::Communicator& world, parallel::DataParallel& engine, const parallel::PsLayout& layout,
+           size_t psi, int world_rank);
+  ~PsSource() override;
+  // A server's PsServer, created when its loop starts; owned here so that it outlives the loop (the final
+  // save gathers from it).
+  void set_server(std::unique_ptr<parallel::PsServer> s);
+  parallel::PsServer* server() { return server_.get(); }
+  void gather_params(std::vector<float>& flat) override;
+  void gather_state(const float* shard_state, std::vector<float>& flat) override;
+  void load_params(const float* flat) override;
+  void load_state(const float* flat, float* shard_state) override;
+
+ private:
+  void from_servers(const float* slice, std::vector<float>& flat);
+  comm::Communicator& world_;
+  parallel::DataParallel& engine_;
+  size_t psi_;
+  bool is_server_;
+  size_t offset_ = 0, count_ = 0;
+  std::unique_ptr<parallel::PsServer> server_;
+};
+
+// Which of its tensors a rank contributes to the whole model.
+struct ReplicaPlace {
+  bool replicated = true;  // tensors with no shard axis: tp rank 0 only
+  bool tied = true;        // "wte.weight": the first pipeline stage's copy only
+};
+
+class StateConsolidator {
+ public:
+  // local: this rank's finalized registry; full: the same model declared whole (finalized).
+  StateConsolidator(const nn::ParamRegistry& local, const nn::ParamRegistry& full, ReplicaPlace place,
+                    comm::Communicator* replica);
+  size_t whole_size() const { return full_.size(); }
+  size_t local_size() const { return local_.size(); }
+  const nn::ParamRegistry& full() const { return full_; }
+
+  // Pure. contribute: writes this rank's elements into whole (full.size() floats), leaves the rest alone.
+  void contribute(const float* local, float* whole) const;
+  // Pure. extract: local (local.size() floats) = this rank's elements of whole.
+  void extract(const float* whole, float* local) const;
+  // Collective over the replica group: whole = the sum of every member's contribution.
+  void to_whole(const float* local, std::vector<float>& whole) const;
+
+ private:
+  const nn::ParamRegistry& local_;
+  const nn::ParamRegistry& full_;
+  ReplicaPlace place_;
+  comm::Communicator* replica_;
+};
+
+// Whole parameters and optimizer state of the run (both stages above; collective over the layout).
+class Consolidation {
+ public:
+  Consolidation(StateConsolidator whole, FlatSource& source, optim::Optimizer& opt)
+      : whole_(std::move(whole)), source_(source), opt_(opt) {}
+  const StateConsolidator& layout() const { return whole_; }
+  // Runs before every parameter gather (Local SGD averages its replicas there: a sync the run keeps).
+  void set_before_gather(std::function<void()> fn) { before_gather_ = std::move(fn); }
+  void gather_params(std::vector<float>& whole);
+  // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named).
+  void gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out);
+  std::vector<std::string> state_names() const;
+  // Every rank: loads its part of whole parameters and state buffers (same order as opt.state()).
+  void load(const float* params, const std::vector<std::vector<float>>& states);
+
+ private:
+  StateConsolidator whole_;
+  FlatSource& source_;
+  optim::Optimizer& opt_;
+  std::vector<float> flat_;
+  std::function<void()> before_gather_;
+};
+
+}  // namespace mt::train

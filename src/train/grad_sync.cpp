@@ -1,0 +1,195 @@
+#include "train/grad_sync.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace mt::train {
+
+SyncOptions SyncOptions::from(const TrainConfig& cfg) {
+  SyncOptions o;
+  o.compress = compress::parse_compress_spec(cfg.compress);
+  o.method = cfg.async == "ps"        ? SyncMethod::parameter_server
+             : cfg.pp > 1             ? SyncMethod::pipeline
+             : o.compress.enabled()   ? SyncMethod::compressed
+             : cfg.local_sgd > 0      ? SyncMethod::local_sgd
+                                      : SyncMethod::exact;
+  o.engine.zero = cfg.zero;
+  o.engine.bucket_mb = cfg.bucket_mb;
+  o.engine.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
+  o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
+  o.seed = cfg.seed;
+  o.local_every = cfg.local_sgd;
+  o.local_warmup = cfg.local_sgd_warmup;
+  o.local_state = cfg.local_sgd_state;
+  return o;
+}
+
+GradSync::GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::Communicator* engine_group,
+                   const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer)
+    : mesh_(mesh), params_(params), engine_(params, engine_group, o), tracer_(tracer) {
+  if (tracer_->enabled()) engine_.set_trace(tracer_);
+  // Each element of the model counted once in the norm: tensors replicated over the tensor-parallel group
+  // count on its rank 0 only, and the last pipeline stage's copy of the tied wte not at all (the first
+  // stage's holds the same summed gradient).
+  const parallel::MeshCoord& c = mesh.coord();
+  const int pp = mesh.grid().pp();
+  for (const nn::Param& p : params.params())
+    not_counted_.push_back((p.shard.axis < 0 && c.tp != 0) || (pp > 1 && c.pp == pp - 1 && p.name == "wte.weight"));
+}
+
+StepHooks GradSync::hooks() {
+  StepHooks h;
+  h.params = &engine_;
+  h.micro_batch = [this](int i, int n) { engine_.begin_micro_batch(i, n); };
+  return h;
+}
+
+double GradSync::global_loss(double sum) const {
+  parallel::sum_across(mesh_.dp(), &sum, 1);  // tensor-parallel peers hold the same loss
+  return sum;
+}
+
+double GradSync::grad_norm() {
+  if (!mesh_.replica()) return engine_.grad_norm();
+  auto [all, skip] = engine_.grad_sq(not_counted_);
+  double sq[1] = {all - skip};
+  parallel::sum_across(mesh_.replica(), sq, 1);  // the parts of one replica add up over its tp x pp ranks
+  return std::sqrt(std::max(0.0, sq[0]));
+}
+
+namespace {
+
+// Exact data parallelism, ZeRO 0-3: the engine reduces bucket by bucket during backward.
+class ExactSync : public GradSync {
+ public:
+  ExactSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
+      : GradSync(m, p, m.dp(), o.engine, t) {}
+  void reduce(int64_t) override { engine_.finish_backward(); }
+};
+
+// Pipeline: the schedule owns the backward pass, so gradients are reduced once it is over.
+class PipelineSync : public GradSync {
+ public:
+  PipelineSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
+      : GradSync(m, p, m.dp(), o.engine, t), zero_(o.engine.zero) {
+    const int j = m.coord().pp, P = m.grid().pp();
+    if (j == 0 || j == P - 1) tied_ = p.find("wte.weight");
+  }
+  StepHooks hooks() override { return {}; }
+  void reduce(int64_t) override {
+    engine_.finish_backward();
+    const double t0 = trace::ChromeTrace::now_us();
+    comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
+    if (tied_) tie->all_reduce(tied_->grad, tied_->grad, tied_->numel, comm::DType::f32, comm::ReduceOp::sum);
+    const double t1 = trace::ChromeTrace::now_us();
+    engine_.reduce_all();
+    if (tracer_->enabled()) {
+      if (tied_) tracer_->add(trace::Track::comm, "all_reduce tied wte (first + last stage)", "comm", t0, t1);
+      if (mesh_.grid().dp() > 1)
+        tracer_->add(trace::Track::comm, zero_ ? "reduce_scatter gradients (dp)" : "all_reduce gradients (dp)",
+                     "comm", t1, trace::ChromeTrace::now_us());
+    }
+  }
+  double global_loss(double sum) const override {
+    parallel::sum_across(mesh_.pp(), &sum, 1);  // only the last stage computed it
+    return GradSync::global_loss(sum);
+  }
+
+ private:
+  int zero_;
+  nn::Param* tied_ = nullptr;
+};
+
+// Compressed exchange (parallel/compress): the codec moves what it chooses over dp.
+class CompressedSync : public GradSync {
+ public:
+  CompressedSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
+      : GradSync(m, p, nullptr, o.engine, t),
+        spec_(o.compress),
+        exchange_(p, m.dp(), o.compress, o.adaptive, o.seed),
+        adaptive_(o.adaptive.enabled) {}
+  void reduce(int64_t s) override {
+    engine_.finish_backward();
+    trace::TraceScope ts(tracer_, "compressed gradient exchange (" + spec_.str() + ")", "comm");
+    exchange_.exchange(s);
+  }
+  void annotate(nlohmann::json& row) const override {
+    if (!adaptive_) return;
+    row["compress_light"] = exchange_.light_fraction();
+    row["compress_levels"] = exchange_.light_layers();
+  }
+
+ private:
+  compress::CompressSpec spec_;
+  compress::GradientExchange exchange_;
+  bool adaptive_;
+};
+
+// Local SGD (post-local): exact steps during the warm-up, then each rank steps on its own share's mean and
+// the replicas (and optionally the optimizer state) are averaged every H steps.
+class LocalSgdSync : public GradSync {
+ public:
+  LocalSgdSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
+      : GradSync(m, p, nullptr, o.engine, t), H_(o.local_every), warmup_(o.local_warmup), state_(o.local_state) {}
+  void reduce(int64_t s) override {
+    engine_.finish_backward();
+    local_ = s >= warmup_;
+    const int n = mesh_.grid().dp();
+    if (!local_ && n > 1)
+      mesh_.dp()->all_reduce(params_.grad(), params_.grad(), params_.size(), comm::DType::f32, comm::ReduceOp::sum);
+    else if (local_)
+      engine_.scale_grads((float)n);
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t s) override {
+    engine_.update(opt, lr, s);
+    synced_ = local_ && (s + 1 - warmup_) % H_ == 0;
+    if (synced_) average(opt);
+  }
+  void annotate(nlohmann::json& row) const override { row["synced"] = !local_ || synced_; }
+  void before_gather(optim::Optimizer& opt) override { average(opt); }
+
+ private:
+  void average(optim::Optimizer& opt) {
+    const int n = mesh_.grid().dp();
+    if (n == 1) return;
+    auto mean = [&](float* v, size_t count) {
+      mesh_.dp()->all_reduce(v, v, count, comm::DType::f32, comm::ReduceOp::sum);
+      const float inv = 1.0f / (float)n;
+      for (size_t i = 0; i < count; i++) v[i] *= inv;
+    };
+    mean(params_.data(), params_.size());
+    if (state_)
+      for (auto& [name, buf] : opt.state()) mean(buf->data(), buf->size());
+  }
+  int H_;
+  int64_t warmup_;
+  bool state_, local_ = false, synced_ = false;
+};
+
+// Parameter-server worker (and server: its engine only holds the registry): the gradient goes to the
+// servers as it is (PsWorker::push), so nothing is reduced here.
+class PsSync : public GradSync {
+ public:
+  PsSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
+      : GradSync(m, p, nullptr, o.engine, t) {}
+  void reduce(int64_t) override { engine_.finish_backward(); }
+};
+
+}  // namespace
+
+std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh, nn::ParamRegistry& params,
+                                         trace::ChromeTrace* tracer) {
+  switch (o.method) {
+    case SyncMethod::exact: return std::make_unique<ExactSync>(mesh, params, o, tracer);
+    case SyncMethod::pipeline: return std::make_unique<PipelineSync>(mesh, params, o, tracer);
+    case SyncMethod::compressed: return std::make_unique<CompressedSync>(mesh, params, o, tracer);
+    case SyncMethod::local_sgd: return std::make_unique<LocalSgdSync>(mesh, params, o, tracer);
+    case SyncMethod::parameter_server: return std::make_unique<PsSync>(mesh, params, o, tracer);
+  }
+  MT_ASSERT(false, "unknown synchronization method");
+  return nullptr;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,140 @@
+#include "train/observers.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/weights.h"
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace mt::train {
+
+Cadence Cadence::from(const TrainConfig& cfg, bool has_eval) {
+  return {cfg.steps, cfg.stop_at_step, cfg.eval_every, cfg.save_every, has_eval, !cfg.checkpoint_dir.empty()};
+}
+
+// ---- RunLog. ----
+
+RunLog::RunLog(const TrainConfig& cfg, bool lead, int64_t start, const std::string& item_name)
+    : progress_(start, cfg.steps, cfg.log_every, cfg.progress && lead),
+      items_key_(item_name == "tok" ? "tokens_per_s" : "examples_per_s") {
+  if (lead && !cfg.metrics.empty()) metrics_ = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
+}
+
+void RunLog::step(const nlohmann::json& row, int64_t s, double loss, float lr, double items_per_s) {
+  metrics_.write(row);
+  progress_.step(s, loss, lr, items_per_s);
+}
+
+// ---- Evaluator. ----
+
+void Evaluator::operator()(int64_t s, nlohmann::json& row) {
+  const parallel::MeshCoord& c = mesh_.coord();
+  EvalSums ev = task_.evaluate(batches_, c.dp, mesh_.grid().dp(), hooks_);
+  double v[3] = {ev.loss, ev.correct, ev.count};
+  mesh_.sum(parallel::MeshGroup::pp, v, 3);  // only the last stage has them
+  mesh_.sum(parallel::MeshGroup::dp, v, 3);
+  const double vloss = v[0] / v[2];
+  row["val_loss"] = vloss;
+  char buf[96];
+  if (task_.is_classifier()) {
+    row["val_accuracy"] = v[1] / v[2];
+    std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f, val accuracy %.2f%%", (long long)s + 1, vloss,
+                  100 * v[1] / v[2]);
+  } else {
+    std::snprintf(buf, sizeof buf, "step %lld: val loss %.4f", (long long)s + 1, vloss);
+  }
+  log_.message(buf);
+}
+
+// ---- Checkpointer. ----
+
+Checkpointer::Checkpointer(const TrainConfig& cfg, Consolidation& state, const parallel::Mesh& mesh,
+                           std::map<std::string, std::string> metadata, int64_t items_per_step)
+    : cfg_(cfg), state_(state), mesh_(mesh), metadata_(std::move(metadata)), items_per_step_(items_per_step) {}
+
+int64_t Checkpointer::resume() {
+  if (cfg_.resume.empty()) return 0;
+  const std::string path = checkpoint::resolve_checkpoint(cfg_.resume);
+  const nn::ParamRegistry& full = state_.layout().full();
+  std::vector<float> whole(full.size());
+  const std::vector<std::string> names = state_.state_names();
+  std::vector<std::vector<float>> states(names.size(), std::vector<float>(full.size()));
+  checkpoint::NamedFlatOut outs;
+  for (size_t k = 0; k < names.size(); k++) outs.push_back({names[k], states[k].data()});
+  nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs);
+  state_.load(whole.data(), states);
+  const int64_t start = st["step"].get<int64_t>();
+  MT_CHECK_INPUT(st.value("model", cfg_.model) == cfg_.model, path, " holds a ", st.value("model", ""),
+                 " model but --model is ", cfg_.model);
+  MT_CHECK_INPUT(st.value("optimizer", cfg_.optimizer) == cfg_.optimizer, path, " was trained with ",
+                 st.value("optimizer", ""), " but --optimizer is ", cfg_.optimizer);
+  MT_CHECK_INPUT(start <= cfg_.steps, path, " is at step ", start, ", beyond --steps ", cfg_.steps);
+  written_.push_back({start, path});
+  return start;
+}
+
+void Checkpointer::save(int64_t next_step) {
+  state_.gather_params(whole_);
+  std::vector<std::pair<std::string, std::vector<float>>> states;
+  state_.gather_states(states);
+  if (!mesh_.lead()) return;
+  checkpoint::NamedFlat named;
+  for (auto& [name, buf] : states) named.push_back({name, buf.data()});
+  const parallel::MeshGrid& g = mesh_.grid();
+  nlohmann::json st = {{"step", next_step},         {"model", cfg_.model},      {"optimizer", cfg_.optimizer},
+                       {"seed", cfg_.seed},          {"batch_size", cfg_.batch_size},
+                       {"seq_len", cfg_.seq_len},    {"data", cfg_.data},
+                       {"data_position", next_step * items_per_step_},
+                       {"dp", g.dp()},               {"tp", g.tp()}, {"pp", g.pp()}, {"zero", cfg_.zero},
+                       {"rng", {{"seed", cfg_.seed}, {"counter", 0}}}};
+  std::string path = checkpoint::save_checkpoint(cfg_.checkpoint_dir, next_step, state_.layout().full(),
+                                                 whole_.data(), named, metadata_, st, cfg_.keep_checkpoints);
+  written_.push_back({next_step, path});
+}
+
+void Checkpointer::save_final() {
+  if (cfg_.save.empty()) return;
+  state_.gather_params(whole_);
+  if (!mesh_.lead()) return;
+  auto metadata = metadata_;
+  metadata["format"] = "pt";
+  checkpoint::save_params(cfg_.save, state_.layout().full(), metadata, whole_.data());
+}
+
+std::string Checkpointer::diverged_advice(int64_t s) {
+  // A checkpoint taken right before this step holds the weights that diverge now: it is not good.
+  std::string good;
+  for (auto it = written_.rbegin(); it != written_.rend(); ++it) {
+    if (it->first < s && std::filesystem::exists(it->second + "/state.json")) {
+      good = it->second;
+      break;
+    }
+  }
+  if (mesh_.lead() && !cfg_.checkpoint_dir.empty() && !good.empty() && good != written_.back().second)
+    checkpoint::set_latest(cfg_.checkpoint_dir, std::filesystem::path(good).filename().string());
+  return ". " + (written_.empty() ? std::string("No checkpoint was written")
+                 : good.empty()   ? "No good checkpoint exists (" + written_.back().second +
+                                      " holds the weights that diverge)"
+                                  : "The last good checkpoint is " + good);
+}
+
+// ---- Trace. ----
+
+void write_trace(const std::string& path, const trace::ChromeTrace& tracer, const parallel::Mesh& mesh) {
+  if (path.empty()) return;
+  const int W = mesh.grid().world();
+  write_file_atomic(path + ".rank" + std::to_string(mesh.world_rank()), tracer.events_json());
+  if (mesh.world() && W > 1) mesh.world()->barrier();
+  if (!mesh.lead()) return;
+  std::vector<std::string> bodies;
+  for (int r = 0; r < W; r++) {
+    const std::string part = path + ".rank" + std::to_string(r);
+    bodies.push_back(read_file(part));
+    std::filesystem::remove(part);
+  }
+  trace::ChromeTrace::write_merged(path, bodies);
+}
+
+}  // namespace mt::train

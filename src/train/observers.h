@@ -1,0 +1,105 @@
+// Run observers: small parts the step loops call after a step, each owning one concern. None changes the
+// math; each is collective only where it says so.
+//
+//   Cadence        when to evaluate, checkpoint and stop after step s (pure)
+//   RunLog         the metrics row (JSONL, lead) and the progress line (lead)
+//   Evaluator      held-out loss after step s, summed over the groups that split it, into the step's row
+//   Checkpointer   resume, checkpoints on the cadence, the final save, and the last good checkpoint when a
+//                  step diverges (state.h: whole tensors through Consolidation)
+//   write_trace    every rank's events merged into one Chrome trace by the lead
+//   summary.h      memory per rank, the pipeline bubble, the closing JSON
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/param_hooks.h"
+#include "parallel/mesh/mesh.h"
+#include "trace/chrome_trace.h"
+#include "trace/metrics.h"
+#include "train/consolidate.h"
+#include "train/task.h"
+#include "train/train_config.h"
+
+namespace mt::train {
+
+struct Cadence {
+  int64_t steps = 0, stop_at = 0, eval_every = 0, save_every = 0;
+  bool eval = false, checkpoints = false;  // the task has held-out data; --checkpoint-dir given
+  static Cadence from(const TrainConfig& cfg, bool has_eval);
+  bool stop_after(int64_t s) const { return stop_at > 0 && s + 1 == stop_at; }
+  bool eval_after(int64_t s) const { return eval && eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps); }
+  bool save_after(int64_t s) const {
+    return checkpoints && ((save_every > 0 && (s + 1) % save_every == 0) || stop_after(s) ||
+                           (s + 1 == steps && save_every > 0));
+  }
+  int64_t end() const { return stop_at > 0 ? std::min(stop_at, steps) : steps; }
+};
+
+class RunLog {
+ public:
+  // Rows go to --metrics (appended on resume), the progress line to stderr; both on the lead only.
+  RunLog(const TrainConfig& cfg, bool lead, int64_t start, const std::string& item_name);
+  void message(const std::string& line) { progress_.message(line); }
+  // Writes the row and redraws the progress line.
+  void step(const nlohmann::json& row, int64_t s, double loss, float lr, double items_per_s);
+  void finish() { progress_.finish(); }
+  const std::string& items_key() const { return items_key_; }  // "tokens_per_s" | "examples_per_s"
+
+ private:
+  trace::MetricsWriter metrics_;
+  trace::Progress progress_;
+  std::string items_key_;
+};
+
+class Evaluator {
+ public:
+  // hooks: the engine's (ZeRO 3 gathers parameters through them), null under a pipeline.
+  Evaluator(TrainTask& task, const parallel::Mesh& mesh, int batches, nn::ParamHooks* hooks, RunLog& log)
+      : task_(task), mesh_(mesh), batches_(batches), hooks_(hooks), log_(log) {}
+  // Collective over dp (and pp): val_loss (and val_accuracy) of the parameters after step s into row.
+  void operator()(int64_t s, nlohmann::json& row);
+
+ private:
+  TrainTask& task_;
+  const parallel::Mesh& mesh_;
+  int batches_;
+  nn::ParamHooks* hooks_;
+  RunLog& log_;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(const TrainConfig& cfg, Consolidation& state, const parallel::Mesh& mesh,
+               std::map<std::string, std::string> metadata, int64_t items_per_step);
+  // --resume: loads whole tensors into every rank's part; returns the step to start from. Every rank.
+  int64_t resume();
+  // Collective: gathers the whole state, the lead writes checkpoint next_step into --checkpoint-dir.
+  void save(int64_t next_step);
+  // Collective: --save (final weights, safetensors), when given.
+  void save_final();
+  // For a divergence at step s: repoints "latest" at the newest complete checkpoint from before s (lead)
+  // and says which one it is, or that there is none.
+  std::string diverged_advice(int64_t s);
+  const std::vector<std::pair<int64_t, std::string>>& written() const { return written_; }
+
+ private:
+  const TrainConfig& cfg_;
+  Consolidation& state_;
+  const parallel::Mesh& mesh_;
+  std::map<std::string, std::string> metadata_;
+  int64_t items_per_step_;
+  std::vector<std::pair<int64_t, std::string>> written_;  // (step, path), oldest first
+  std::vector<float> whole_;
+};
+
+// Every rank writes its events next to `path`; the lead merges them after a barrier over the world.
+void write_trace(const std::string& path, const trace::ChromeTrace& tracer, const parallel::Mesh& mesh);
+
+}  // namespace mt::train

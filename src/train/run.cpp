@@ -1,0 +1,126 @@
+// Assembling a run from its parts (run.h), in the order every rank follows: the mesh's splits and the
+// engine's allocation are collective or order-sensitive.
+#include "train/run.h"
+
+#include <chrono>
+#include <thread>
+
+#include "core/error.h"
+#include "parallel/async/param_server.h"
+#include "parallel/pipeline/partition.h"
+#include "tensor/blas.h"
+
+namespace mt::train {
+
+Straggler Straggler::parse(const std::string& flag) {
+  if (flag.empty()) return {};
+  return {std::stoi(flag), std::stoi(flag.substr(flag.find(':') + 1))};
+}
+
+void Straggler::pause(int me) const {
+  if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n) {
+  if (cfg.optimizer == "sgd")
+    return std::make_unique<optim::Sgd>(n, optim::SgdConfig{(float)cfg.momentum, (float)cfg.weight_decay});
+  return std::make_unique<optim::AdamW>(
+      n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
+}
+
+optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
+  return {cfg.lr, cfg.min_lr < 0 ? cfg.lr / 10 : cfg.min_lr, cfg.warmup_steps, cfg.steps};
+}
+
+namespace {
+
+parallel::MeshGrid grid_of(const TrainConfig& cfg, comm::Communicator* world) {
+  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == "ps" ? cfg.ps_servers() : 0);
+}
+
+parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g) {
+  return {g.workers(), g.servers(), cfg.staleness};
+}
+
+}  // namespace
+
+Run::Run(const TrainConfig& c, comm::Communicator* world)
+    : cfg(c), mesh(world, grid_of(c, world)), layout(c, mesh.grid().dp()), tail(c.grad_clip, lr_schedule(c)),
+      straggler(Straggler::parse(c.straggler)) {
+  const parallel::MeshGrid& g = mesh.grid();
+  if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
+  if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
+  task = cfg.model == "gpt" ? make_gpt_task(cfg, layout, tp_ops.get(), g.pp() > 1 ? &pipeline : nullptr)
+                            : make_mlp_task(cfg, layout);
+  nn::ParamRegistry& params = task->params();
+  task->declare_full(full);  // files hold whole tensors
+  if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
+  sync = make_grad_sync(SyncOptions::from(cfg), mesh, params, &tracer);
+  sync->engine().initialize([&](nn::Param& p) { task->init_param(p); });
+  task->prepare();
+  // A parameter server keeps the optimizer state of its slice; its workers keep none.
+  const bool ps = cfg.async == "ps";
+  const parallel::PsLayout psl = ps_layout(cfg, g);
+  const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
+                            : ps          ? 0
+                                          : sync->engine().state_size();
+  opt = make_optimizer(cfg, state_size);
+  if (ps)
+    source = std::make_unique<PsSource>(*world, sync->engine(), psl, params.size(), mesh.world_rank());
+  else
+    source = engine_source(sync->engine());
+  const ReplicaPlace place{mesh.coord().tp == 0, mesh.coord().pp == 0};
+  state = std::make_unique<Consolidation>(StateConsolidator(params, full, place, mesh.replica()), *source, *opt);
+  state->set_before_gather([this] { sync->before_gather(*opt); });
+  items_per_step = (int64_t)layout.global_batch() * task->items_per_window();
+  ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
+  start = ckpt->resume();
+  log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
+  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : &sync->engine(), *log);
+  cadence = Cadence::from(cfg, task->has_eval());
+  // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
+  // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.
+  if (ps)
+    tail.add_check(std::make_unique<NonFiniteCheck>());
+  else
+    tail.add_check(std::make_unique<NonFiniteCheck>(nullptr, [this](int64_t s) {
+      log->finish();
+      return ckpt->diverged_advice(s);
+    }));
+  announce();
+  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
+}
+
+// The lines a run opens with: resume point, layout, pipeline split.
+void Run::announce() {
+  const parallel::MeshGrid& g = mesh.grid();
+  const int B = layout.global_batch(), b = layout.per_rank(), W = g.world();
+  const char* backend = mesh.world() ? mesh.world()->backend() : "";
+  {
+    // Ranks of a shared-memory job share this machine's cores: more threads than cores slows every rank.
+    const int cores = (int)std::thread::hardware_concurrency();
+    const int here = std::string(backend) == "shm" ? W : 1;
+    log->message(str("compute: ", cfg.threads, " thread(s) per rank, GEMM ", gemm_kernel_line(),
+                     cores > 0 && here * cfg.threads > cores
+                         ? str("; warning: ", here, " rank(s) x ", cfg.threads, " thread(s) > ", cores,
+                               " cores, lower --threads")
+                         : std::string()));
+  }
+  if (!ckpt->written().empty())
+    log->message("resumed from " + ckpt->written().back().second + " at step " + std::to_string(start));
+  if (g.servers() > 0)
+    log->message(str("training on ", W, " ranks (", backend, "): parameter server, ", g.workers(),
+                     " workers (ranks 0-", g.workers() - 1, ", ", b, " of ", B, " windows each) and ", g.servers(),
+                     " servers (ranks ", g.workers(), "-", W - 1, ", about ", task->params().size() / g.servers(),
+                     " parameters each), staleness bound ", cfg.staleness));
+  else if (W > 1)
+    log->message(str("training on ", W, " ranks (", backend, "): data-parallel ", g.dp(), " x tensor-parallel ",
+                     g.tp(), cfg.sequence_parallel ? " (sequence-parallel)" : "", " x pipeline ", g.pp(),
+                     g.pp() > 1 ? " (" + layout.schedule().name + ")" : std::string(), ", ZeRO stage ", cfg.zero,
+                     ", ", b, " of ", B, " windows per data-parallel rank"));
+  if (g.pp() > 1)
+    log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
+                     cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
+}
+
+}  // namespace mt::train

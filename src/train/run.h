@@ -1,0 +1,82 @@
+// One training run as composed parts (internal to src/train): built once by Run's constructor in a fixed
+// order, then driven by one of the step loops (trainer.cpp: synchronous; ps_loop.cpp: parameter server).
+//
+//   mesh -> layout -> task (model + data) -> gradient synchronizer (engine, ZeRO, method) -> optimizer ->
+//   consolidation (whole tensors) -> checkpointer (resume) -> log, evaluator, cadence, step tail
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "optim/optimizer.h"
+#include "parallel/mesh/mesh.h"
+#include "parallel/tensor/tp_ops.h"
+#include "trace/chrome_trace.h"
+#include "train/consolidate.h"
+#include "train/grad_sync.h"
+#include "train/layout.h"
+#include "train/observers.h"
+#include "train/step_tail.h"
+#include "train/task.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+// --straggler RANK:MS, parsed once: that rank (or Hogwild worker) sleeps MS ms in every step.
+struct Straggler {
+  int rank = -1, ms = 0;
+  static Straggler parse(const std::string& flag);
+  void pause(int me) const;
+};
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n);
+optim::LrSchedule lr_schedule(const TrainConfig& cfg);
+
+// Wall time of the timed steps (every step after the first of this process: the first allocates).
+struct StepClock {
+  double seconds = 0;
+  int64_t steps = 0;
+  static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+  static double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(now() - t0).count();
+  }
+};
+
+struct Run {
+  Run(const TrainConfig& cfg, comm::Communicator* world);
+  const TrainConfig& cfg;
+  parallel::Mesh mesh;
+  BatchLayout layout;
+  std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
+  PipelineContext pipeline;
+  std::unique_ptr<TrainTask> task;
+  trace::ChromeTrace tracer;
+  std::unique_ptr<GradSync> sync;
+  std::unique_ptr<optim::Optimizer> opt;
+  nn::ParamRegistry full;
+  std::unique_ptr<FlatSource> source;
+  std::unique_ptr<Consolidation> state;
+  std::unique_ptr<Checkpointer> ckpt;
+  int64_t start = 0;
+  int64_t items_per_step = 0;
+  std::unique_ptr<RunLog> log;
+  std::unique_ptr<Evaluator> evaluate;
+  Cadence cadence;
+  StepTail tail;
+  Straggler straggler;
+  StepClock clock;
+  TrainSummary sum;
+  uint64_t comm_bytes_total = 0;
+
+ private:
+  void announce();
+};
+
+// The parameter-server run (this rank a server or a worker); returns the summary's "ps" section.
+nlohmann::json run_parameter_server(Run& run);
+
+}  // namespace mt::train

@@ -1,0 +1,84 @@
+#include "train/summary.h"
+
+#include "core/fs.h"
+#include "core/memory.h"
+#include "plan/bubble.h"
+
+namespace mt::train {
+
+void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
+                   TrainTask& task, TrainSummary& sum) {
+  constexpr int kF = 7;
+  const int W = mesh.grid().world();
+  double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(),        0.0,
+                     (double)task.activation_bytes(),   (double)peak_rss_bytes(),
+                     (double)engine.transient_bytes(),  (double)task.activation_peak_bytes()};
+  for (auto& [n, b] : opt.state()) mine[2] += (double)b->bytes();
+  std::vector<float> all(kF * W), in(kF);
+  for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
+  if (mesh.world() && W > 1)
+    mesh.world()->all_gather(in.data(), all.data(), kF * W, comm::DType::f32);
+  else
+    all = in;
+  for (int r = 0; r < W; r++) {
+    const float* v = &all[kF * r];
+    sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0,
+                         v[6] * 1024.0});
+  }
+}
+
+nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
+                               TrainSummary& sum) {
+  const pipeline::ScheduleSpec& spec = layout.schedule();
+  const int V = spec.virtual_stages, P = spec.stages, W = mesh.grid().world();
+  const size_t k = plan::packed_size(V);
+  std::vector<float> mine_p(k), all_p(k * W);
+  plan::pack(task.pipeline_stats() ? *task.pipeline_stats() : pipeline::PipelineStats{}, V, mine_p.data());
+  mesh.world()->all_gather(mine_p.data(), all_p.data(), all_p.size(), comm::DType::f32);
+  // Replica 0 (dp index 0, tp index 0): pipeline rank j is world rank j * dp * tp.
+  std::vector<pipeline::PipelineStats> ranks;
+  for (int j = 0; j < P; j++) ranks.push_back(plan::unpack(&all_p[k * mesh.grid().world_rank({0, 0, j})], V));
+  // On one host (shm) the ranks share a clock, so message latencies are measured; not across hosts.
+  const plan::BubbleReport b = plan::bubble_report(spec, ranks, std::string(mesh.world()->backend()) == "shm");
+  if (b.measured < 0) return nullptr;
+  sum.bubble_measured = b.measured;
+  sum.bubble_simulated = b.simulated;
+  sum.bubble_ideal = b.ideal;
+  return {{"schedule", spec.name},
+          {"stages", P},
+          {"micro_batches", spec.micro_batches},
+          {"virtual_stages", spec.virtual_stages},
+          {"stage_layers", task.stage_layers()},
+          {"bubble_measured", b.measured},
+          {"bubble_simulated", b.simulated},
+          {"bubble_ideal", b.ideal},
+          {"bubble_simulated_without_message_latency", b.simulated_free_messages},
+          {"message_latency_ms", b.cost.comm},
+          {"stage_forward_ms", b.cost.stage_forward},
+          {"stage_backward_ms", b.cost.stage_backward}};
+}
+
+void write_summary(const std::string& path, const TrainSummary& sum, const parallel::Mesh& mesh, int zero,
+                   const nlohmann::json& sections) {
+  if (!mesh.lead() || path.empty()) return;
+  const parallel::MeshGrid& g = mesh.grid();
+  nlohmann::json j = {{"tokens_per_s", sum.items_per_s}, {"zero", zero},  {"dp", g.dp()}, {"tp", g.tp()},
+                      {"pp", g.pp()},                    {"params", sum.params},   {"steps", sum.steps_run},
+                      {"final_loss", sum.final_loss}};
+  for (auto& [key, value] : sections.items())
+    if (!value.is_null()) j[key] = value;
+  for (size_t r = 0; r < sum.ranks.size(); r++) {
+    const RankMemory& m = sum.ranks[r];
+    j["ranks"].push_back({{"rank", r},
+                          {"param_bytes", m.param_bytes},
+                          {"grad_bytes", m.grad_bytes},
+                          {"optimizer_bytes", m.optimizer_bytes},
+                          {"activation_bytes", m.activation_bytes},
+                          {"transient_bytes", m.transient_bytes},
+                          {"activation_peak_bytes", m.activation_peak_bytes},
+                          {"peak_rss_bytes", m.peak_rss_bytes}});
+  }
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+}  // namespace mt::train

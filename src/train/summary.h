@@ -1,0 +1,26 @@
+// The closing summary of a run: memory per rank (gathered to every rank), the pipeline bubble of replica 0
+// (measured and simulated for the same schedule), and the JSON file the lead writes (--summary).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "optim/optimizer.h"
+#include "parallel/data/data_parallel.h"
+#include "parallel/mesh/mesh.h"
+#include "train/layout.h"
+#include "train/task.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+// Collective over the world: every rank's memory into sum.ranks.
+void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
+                   TrainTask& task, TrainSummary& sum);
+// Collective over the world (pipeline runs only): the bubble into sum, and its JSON (null when not timed).
+nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
+                               TrainSummary& sum);
+// The lead writes --summary: throughput, layout, memory per rank, and the given sections ("pipeline", "ps").
+void write_summary(const std::string& path, const TrainSummary& sum, const parallel::Mesh& mesh, int zero,
+                   const nlohmann::json& sections);
+
+}  // namespace mt::train

@@ -1,0 +1,169 @@
+// MeshGrid: coordinates and group membership for every dp x tp x pp factorization of 1-16 ranks (and the
+// parameter-server split), against membership worked out here by brute force over coordinates: a group is
+// the set of ranks agreeing on the coordinates the group fixes, ordered by the coordinates it varies.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "parallel/mesh/grid.h"
+
+using mt::parallel::MeshCoord;
+using mt::parallel::MeshGrid;
+using mt::parallel::MeshGroup;
+
+namespace {
+
+struct Expect {
+  int d, t, j;
+};
+
+// The layout documented in grid.h, written out as a table instead of the formula.
+std::vector<Expect> enumerate_ranks(int dp, int tp, int pp) {
+  std::vector<Expect> ranks;
+  for (int j = 0; j < pp; j++)
+    for (int d = 0; d < dp; d++)
+      for (int t = 0; t < tp; t++) ranks.push_back({d, t, j});
+  return ranks;
+}
+
+// Brute force: ranks of the same group as `me`, sorted by the in-group order.
+std::vector<int> brute_members(const std::vector<Expect>& r, MeshGroup g, int me, int pp) {
+  std::vector<std::pair<int, int>> keyed;
+  const Expect& m = r[me];
+  for (int q = 0; q < (int)r.size(); q++) {
+    const Expect& o = r[q];
+    switch (g) {
+      case MeshGroup::tp:
+        if (o.d == m.d && o.j == m.j) keyed.push_back({o.t, q});
+        break;
+      case MeshGroup::dp:
+        if (o.t == m.t && o.j == m.j) keyed.push_back({o.d, q});
+        break;
+      case MeshGroup::pp:
+        if (o.d == m.d && o.t == m.t) keyed.push_back({o.j, q});
+        break;
+      case MeshGroup::replica:
+        if (o.d == m.d) keyed.push_back({o.j * 1000 + o.t, q});
+        break;
+      case MeshGroup::tie:
+        if ((m.j == 0 || m.j == pp - 1) && o.d == m.d && o.t == m.t && (o.j == 0 || o.j == pp - 1))
+          keyed.push_back({o.j, q});
+        break;
+      case MeshGroup::side: break;
+    }
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int> out;
+  for (auto& [k, q] : keyed) out.push_back(q);
+  return out;
+}
+
+}  // namespace
+
+TEST(MeshGrid, EveryFactorizationOf1To16Ranks) {
+  int layouts = 0;
+  for (int world = 1; world <= 16; world++) {
+    for (int tp = 1; tp <= world; tp++) {
+      for (int pp = 1; pp <= world; pp++) {
+        if (world % (tp * pp)) continue;
+        const int dp = world / (tp * pp);
+        layouts++;
+        // dp = 0 (inferred) and the explicit degree give the same grid.
+        const MeshGrid g(world, 0, tp, pp);
+        const MeshGrid explicit_dp(world, dp, tp, pp);
+        ASSERT_EQ(g.dp(), dp);
+        ASSERT_EQ(explicit_dp.dp(), dp);
+        const std::vector<Expect> ranks = enumerate_ranks(dp, tp, pp);
+        ASSERT_EQ((int)ranks.size(), world);
+        std::set<std::tuple<int, int, int>> seen;
+        for (int r = 0; r < world; r++) {
+          const MeshCoord c = g.coord(r);
+          ASSERT_FALSE(c.server);
+          EXPECT_EQ(c.dp, ranks[r].d) << world << " " << tp << " " << pp << " rank " << r;
+          EXPECT_EQ(c.tp, ranks[r].t);
+          EXPECT_EQ(c.pp, ranks[r].j);
+          EXPECT_EQ(g.world_rank(c), r);
+          seen.insert({c.dp, c.tp, c.pp});
+          for (MeshGroup grp : {MeshGroup::tp, MeshGroup::dp, MeshGroup::pp, MeshGroup::replica, MeshGroup::tie}) {
+            const std::vector<int> want = brute_members(ranks, grp, r, pp);
+            EXPECT_EQ(g.members(grp, r), want)
+                << "group " << mt::parallel::group_name(grp) << " of rank " << r << " in " << dp << "x" << tp << "x"
+                << pp;
+            // The rank's own place in its group is its key's position: the coordinate the group varies.
+            if (!want.empty()) {
+              const int pos = (int)(std::find(want.begin(), want.end(), r) - want.begin());
+              const int expect_pos = grp == MeshGroup::tp        ? c.tp
+                                     : grp == MeshGroup::dp      ? c.dp
+                                     : grp == MeshGroup::pp      ? c.pp
+                                     : grp == MeshGroup::replica ? c.pp * tp + c.tp
+                                                                 : (c.pp == 0 ? 0 : 1);
+              EXPECT_EQ(pos, expect_pos);
+            }
+          }
+          // Sizes: tp, dp, pp groups have the dimension's size; a replica holds tp * pp ranks.
+          EXPECT_EQ((int)g.members(MeshGroup::tp, r).size(), tp);
+          EXPECT_EQ((int)g.members(MeshGroup::dp, r).size(), dp);
+          EXPECT_EQ((int)g.members(MeshGroup::pp, r).size(), pp);
+          EXPECT_EQ((int)g.members(MeshGroup::replica, r).size(), tp * pp);
+          const bool end_stage = c.pp == 0 || c.pp == pp - 1;
+          EXPECT_EQ((int)g.members(MeshGroup::tie, r).size(), end_stage ? (pp == 1 ? 1 : 2) : 0);
+        }
+        EXPECT_EQ((int)seen.size(), world) << "coordinates are not one-to-one";
+        EXPECT_EQ(g.builds(MeshGroup::tp), tp > 1);
+        EXPECT_EQ(g.builds(MeshGroup::pp), pp > 1);
+        EXPECT_EQ(g.builds(MeshGroup::dp), tp * pp > 1);
+        EXPECT_FALSE(g.builds(MeshGroup::side));
+      }
+    }
+  }
+  // Count of (tp, pp) with tp * pp | W, summed over W = 1..16 (ordered factor pairs of divisors).
+  int expect = 0;
+  for (int w = 1; w <= 16; w++)
+    for (int a = 1; a <= w; a++)
+      if (w % a == 0)
+        for (int b = 1; b <= w / a; b++)
+          if ((w / a) % b == 0) expect++;
+  EXPECT_EQ(layouts, expect);
+}
+
+TEST(MeshGrid, ParameterServersAreTheLastRanks) {
+  for (int world = 2; world <= 16; world++) {
+    for (int servers = 1; servers < world; servers++) {
+      const MeshGrid g(world, 0, 1, 1, servers);
+      EXPECT_EQ(g.workers(), world - servers);
+      EXPECT_EQ(g.dp(), world - servers);
+      EXPECT_TRUE(g.builds(MeshGroup::side));
+      std::vector<int> workers, server_ranks;
+      for (int r = 0; r < world; r++) (r < world - servers ? workers : server_ranks).push_back(r);
+      for (int r = 0; r < world; r++) {
+        EXPECT_EQ(g.is_server(r), r >= world - servers);
+        EXPECT_EQ(g.coord(r).server, r >= world - servers);
+        EXPECT_EQ(g.members(MeshGroup::side, r), r < world - servers ? workers : server_ranks);
+        if (r < world - servers) EXPECT_EQ(g.coord(r).dp, r);
+        // Servers are in no model group.
+        if (r >= world - servers) EXPECT_TRUE(g.members(MeshGroup::tp, r).empty());
+      }
+    }
+  }
+}
+
+TEST(MeshGrid, RejectsDegreesThatDoNotTileTheRanks) {
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const mt::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([] { MeshGrid(6, 0, 4, 1); }).find("not divisible by --tp 4 x --pp 1"), std::string::npos);
+  EXPECT_NE(message([] { MeshGrid(8, 3, 2, 1); }).find("--dp 3 x --tp 2 x --pp 1 must equal the number of ranks"),
+            std::string::npos);
+  EXPECT_NE(message([] { MeshGrid(5, 3, 1, 1, 1); }).find("workers (ranks minus --servers): 4"), std::string::npos);
+  EXPECT_NE(message([] { MeshGrid(2, 0, 1, 1, 2); }).find("at least one worker"), std::string::npos);
+  EXPECT_NE(message([] { MeshGrid(4, 0, 0, 1); }).find("--tp 0"), std::string::npos);
+  EXPECT_EQ(MeshGrid(12, 0, 2, 3).describe(), "data-parallel 2 x tensor-parallel 2 x pipeline 3");
+}
