@@ -34,7 +34,7 @@ void add_prepare_command(CLI::App& app) {
 void add_sample_command(CLI::App& app) {
   struct Args {
     std::string init, prompt = "\n";
-    model::GptConfig shape;
+    model::GptConfig shape{0, 0, 0, 0, 0, 0, 0, 0, 0};  // 0: from the file (moe_top_k too)
     model::SampleOptions opt;
     int threads = 1;
   };
@@ -57,7 +57,11 @@ void add_sample_command(CLI::App& app) {
     SafetensorsReader file(a->init);
     model::GptConfig cfg = checkpoint::gpt_config_from_file(file, a->shape);
     nn::ParamRegistry params;
-    model::Gpt gpt(cfg, params);
+    // MoE blocks route dropless when sampling: a token's output then does not depend on which other
+    // positions of the context compete for an expert's capacity.
+    model::MoeOptions moe;
+    moe.capacity_factor = 0;
+    model::Gpt gpt(cfg, params, nullptr, {}, moe);
     params.finalize();
     checkpoint::load_params(file, params);
     std::vector<int32_t> prompt;

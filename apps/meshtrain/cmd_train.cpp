@@ -122,6 +122,32 @@ void add_train_command(CLI::App& app) {
                   "entries summing to n_layer; default: balanced by estimated cost)")->delimiter(',');
   sub->add_option("--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved");
   sub->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
+  // Mixture of experts (GPT): the shape (saved in the weights' metadata) and how tokens are routed.
+  sub->add_option("--moe-every", c.gpt.moe_every,
+                  "GPT: the MLP of blocks K-1, 2K-1, ... becomes --experts expert MLPs behind a router (0: dense)");
+  sub->add_option("--experts", c.gpt.experts, "MoE: experts per MoE block (E)");
+  sub->add_option("--moe-top-k", c.gpt.moe_top_k, "MoE: experts per token, 1 (Switch) or 2 (GShard) (default 1)");
+  sub->add_option("--expert-hidden", c.gpt.expert_hidden, "MoE: hidden width of an expert (default 4 x n_embd)");
+  sub->add_option("--capacity-factor", c.moe.capacity_factor,
+                  "MoE: each expert admits ceil(F x k x group tokens / E) tokens of a routing group, first choices "
+                  "first; the rest are dropped (pass through the residual). 0: dropless")
+      ->capture_default_str();
+  sub->add_option("--moe-group-windows", c.moe.group_windows,
+                  "MoE: tokens are routed (and capacity counted) in groups of G consecutive windows of the global "
+                  "batch; G must divide the micro-batch")
+      ->capture_default_str();
+  sub->add_option("--moe-second-policy", c.moe.second_policy,
+                  "MoE top-2: all (always keep the second choice) | random (keep it when 2 x its gate > u)")
+      ->capture_default_str();
+  sub->add_option("--moe-aux-loss", c.moe.aux_loss,
+                  "MoE: alpha of the load-balancing loss E sum_i f_i P_i (mean over groups, per MoE block)")
+      ->capture_default_str();
+  sub->add_option("--moe-z-loss", c.moe.z_loss, "MoE: beta of the router z-loss mean(logsumexp(logits)^2)")
+      ->capture_default_str();
+  sub->add_option("--ep", c.moe.ep,
+                  "MoE: expert-parallel degree: each MoE block's experts split over ep ranks of the data-parallel "
+                  "group, tokens sent to their experts and back by all-to-all (ep divides dp and --experts)")
+      ->capture_default_str();
   sub->callback([cfg, quiet] {
     cfg->progress = !*quiet;
     int rc = train::train_main(*cfg);

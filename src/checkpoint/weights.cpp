@@ -1,6 +1,9 @@
 #include "checkpoint/weights.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -48,6 +51,53 @@ int parse_meta_int(const SafetensorsReader& file, const std::string& key, const 
 }
 
 }  // namespace
+
+// The MoE shape (moe_every, experts, moe_top_k, expert_hidden): a flag (non-zero) must agree with the file's
+// metadata, and both with what the tensors show (which blocks have a router, how many experts, their width).
+template <class Index>
+void moe_config_from_file(const SafetensorsReader& file, const Index& tensors, const model::GptConfig& flags,
+                          model::GptConfig& cfg) {
+  int first_router = -1, experts = 0, hidden = 0;
+  std::set<int> routers;
+  auto ends_with = [](const std::string& n, const char* suffix) {
+    const size_t k = std::strlen(suffix);
+    return n.size() >= k && n.compare(n.size() - k, k, suffix) == 0;
+  };
+  for (auto& [n, t] : tensors) {
+    int layer = -1, e = -1;
+    if (std::sscanf(n.c_str(), "h.%d.mlp.router.", &layer) == 1 && ends_with(n, ".mlp.router.weight"))
+      routers.insert(layer);
+    if (std::sscanf(n.c_str(), "h.%d.mlp.experts.%d.", &layer, &e) == 2) {
+      experts = std::max(experts, e + 1);
+      if (ends_with(n, ".c_fc.weight") && t->shape.size() == 2) hidden = (int)t->shape[1];
+    }
+  }
+  if (!routers.empty()) first_router = *routers.begin();
+  const auto& meta = file.metadata();
+  struct Field {
+    const char* key;
+    const char* flag;
+    int model::GptConfig::*member;
+    int derived;
+  };
+  const Field fields[] = {{"moe_every", "--moe-every", &model::GptConfig::moe_every, first_router + 1},
+                          {"experts", "--experts", &model::GptConfig::experts, experts},
+                          {"moe_top_k", "--moe-top-k", &model::GptConfig::moe_top_k, 0},
+                          {"expert_hidden", "--expert-hidden", &model::GptConfig::expert_hidden, hidden}};
+  for (const Field& f : fields) {
+    const int from_flag = flags.*f.member;
+    auto it = meta.find(f.key);
+    const int from_meta = it == meta.end() ? 0 : parse_meta_int(file, f.key, it->second);
+    MT_CHECK_INPUT(!from_flag || !from_meta || from_flag == from_meta, "flag ", f.flag, " ", from_flag,
+                   " disagrees with ", file.path(), " metadata ", f.key, "=", from_meta);
+    const int v = from_flag ? from_flag : from_meta ? from_meta : f.derived;
+    MT_CHECK_INPUT(!f.derived || !v || v == f.derived, file.path(), ": ", f.key, " is ", v, " (from ",
+                   from_flag ? "flag " : "metadata ", from_flag ? f.flag : "", ") but the tensors give ", f.derived);
+    cfg.*f.member = v;
+  }
+  if (cfg.moe_every > 0 && cfg.moe_top_k == 0) cfg.moe_top_k = 1;
+  if (cfg.moe_every == 0) cfg.experts = cfg.moe_top_k = cfg.expert_hidden = 0;
+}
 
 model::GptConfig gpt_config_from_file(const SafetensorsReader& file, const model::GptConfig& flags) {
   auto tensors = index_by_name(file);
@@ -108,6 +158,7 @@ model::GptConfig gpt_config_from_file(const SafetensorsReader& file, const model
     }
     cfg.*f.member = v;
   }
+  moe_config_from_file(file, tensors, flags, cfg);
   cfg.validate();
   return cfg;
 }

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "comm/types.h"
 #include "nn/layers.h"
+#include "nn/tensor_parallel_layers.h"
 #include "tensor/blas.h"
 
 namespace mt::model {
@@ -22,28 +23,56 @@ void GptConfig::validate() const {
                  "vocab_size must be in [1, 65536] (tokens are uint16), got ", vocab_size);
   MT_CHECK_INPUT(n_positions > 0, "n_positions must be positive, got ", n_positions);
   MT_CHECK_INPUT(n_embd % n_head == 0, "n_embd (", n_embd, ") is not divisible by n_head (", n_head, ")");
+  MT_CHECK_INPUT(moe_every >= 0, "--moe-every must be >= 0, got ", moe_every);
+  if (moe_every > 0) {
+    MT_CHECK_INPUT(experts >= 1, "--moe-every ", moe_every, " needs --experts >= 1, got ", experts);
+    MT_CHECK_INPUT(moe_top_k == 1 || moe_top_k == 2, "--moe-top-k must be 1 or 2, got ", moe_top_k);
+    MT_CHECK_INPUT(moe_top_k <= experts, "--moe-top-k ", moe_top_k, " is more than --experts ", experts);
+    MT_CHECK_INPUT(expert_hidden >= 0, "--expert-hidden must be >= 0 (0: 4 x n_embd), got ", expert_hidden);
+    MT_CHECK_INPUT(moe_every <= n_layer, "--moe-every ", moe_every, " is more than n_layer ", n_layer,
+                   ": no block would have experts");
+  }
 }
 
-int64_t GptConfig::num_params() const {
-  int64_t C = n_embd;
-  int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) + (4 * C * C + C);
-  return (int64_t)vocab_size * C + (int64_t)n_positions * C + n_layer * per_layer + 2 * C;
+namespace {
+// Parameters of the model when each MoE block counts `experts_counted` experts (all, or the active k).
+int64_t count_params(const GptConfig& g, int experts_counted) {
+  const int64_t C = g.n_embd, Hx = g.moe_hidden();
+  const int64_t attn = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C;
+  const int64_t dense_mlp = (C * 4 * C + 4 * C) + (4 * C * C + C);
+  const int64_t expert = (C * Hx + Hx) + (Hx * C + C);
+  int64_t total = (int64_t)g.vocab_size * C + (int64_t)g.n_positions * C + 2 * C;
+  for (int l = 0; l < g.n_layer; l++)
+    total += attn + (g.is_moe(l) ? C * g.experts + experts_counted * expert : dense_mlp);
+  return total;
 }
+}  // namespace
+
+int64_t GptConfig::num_params() const { return count_params(*this, experts); }
+int64_t GptConfig::active_params() const { return count_params(*this, moe_top_k); }
 
 double GptConfig::flops_per_token(int T) const {
-  return 6.0 * (double)num_params() + 12.0 * n_layer * (double)T * n_embd;
+  return 6.0 * (double)active_params() + 12.0 * n_layer * (double)T * n_embd;
 }
 
 std::map<std::string, std::string> GptConfig::to_metadata() const {
-  return {{"n_layer", std::to_string(n_layer)},
-          {"n_head", std::to_string(n_head)},
-          {"n_embd", std::to_string(n_embd)},
-          {"vocab_size", std::to_string(vocab_size)},
-          {"n_positions", std::to_string(n_positions)}};
+  std::map<std::string, std::string> m = {{"n_layer", std::to_string(n_layer)},
+                                          {"n_head", std::to_string(n_head)},
+                                          {"n_embd", std::to_string(n_embd)},
+                                          {"vocab_size", std::to_string(vocab_size)},
+                                          {"n_positions", std::to_string(n_positions)}};
+  if (moe_every > 0) {
+    m["moe_every"] = std::to_string(moe_every);
+    m["experts"] = std::to_string(experts);
+    m["moe_top_k"] = std::to_string(moe_top_k);
+    m["expert_hidden"] = std::to_string(moe_hidden());
+  }
+  return m;
 }
 
-Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp, StageRange stage)
-    : cfg_(cfg), params_(params), tp_(tp) {
+Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp, StageRange stage,
+         const MoeOptions& moe)
+    : cfg_(cfg), params_(params), tp_(tp), rows_(tp, false), moe_opt_(moe) {
   cfg_.validate();
   stage_ = stage;
   begin_ = stage.begin;
@@ -74,6 +103,7 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
     wpe_ = &params.add("wpe.weight", {cfg.n_positions, C}, {}, 0);
   }
   layers_.resize(cfg.n_layer);
+  moe_.resize(cfg.n_layer);
   for (int l = begin_; l < end_; l++) {
     std::string h = "h." + std::to_string(l) + ".";
     const int g = 1 + l;
@@ -86,10 +116,19 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
     lp.attproj_b = &params.add(h + "attn.c_proj.bias", {C}, {}, g);
     lp.ln2_w = &params.add(h + "ln_2.weight", {C}, {}, g);
     lp.ln2_b = &params.add(h + "ln_2.bias", {C}, {}, g);
-    lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, col(4 * Cs, 1), g);
-    lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, vec(4 * Cs, 1), g);
-    lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, row(4 * Cs), g);
-    lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
+    if (cfg.is_moe(l)) {
+      lp.fc_w = lp.fc_b = lp.fcproj_w = lp.fcproj_b = nullptr;
+      const nn::RouterConfig rc{cfg.experts, cfg.moe_top_k, moe.capacity_factor, 0, moe.second};
+      // Every expert is registered on every rank (the registry, ZeRO and files stay layout-independent); a
+      // rank computes only its experts, and the data-parallel reduction adds each expert's gradient from the
+      // ranks that computed it (the others add exact zeros).
+      moe_[l] = std::make_unique<nn::MoeMlp>(rc, l, (int)C, cfg.moe_hidden(), h + "mlp.", params, g, moe.ep, true);
+    } else {
+      lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, col(4 * Cs, 1), g);
+      lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, vec(4 * Cs, 1), g);
+      lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, row(4 * Cs), g);
+      lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
+    }
     layers_[l] = lp;
   }
   if (last_stage()) {
@@ -126,7 +165,7 @@ std::string key(int l, const char* what) { return "h" + std::to_string(l) + "." 
 }  // namespace
 
 void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B,
-                        int T) {
+                        int T, int mb) {
   const int S = tp_size();
   const int C = cfg_.n_embd, Cs = C / S, Hs = cfg_.n_head / S, N = B * T, Nr = rows_here(N);
   const LayerParams& p = layers_[l];
@@ -143,61 +182,73 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
   float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), Nr);
   float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), Nr);
-  float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-  float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
   nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
   nn::linear_forward(qkv, gather_rows(store, ln1, N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
   nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
   row_parallel_forward(store, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
   nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
+  if (moe_[l]) {
+    moe_forward(store, smb, l, ln2, res2, res3, B, T, mb);
+    return;
+  }
+  float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+  float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
   nn::linear_forward(fch, gather_rows(store, ln2, N, C), p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
   row_parallel_forward(store, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
 }
 
-int Gpt::rows_here(int N) const {
-  if (!sp_) return N;
-  MT_CHECK_INPUT(N % tp_size() == 0, "--sequence-parallel splits the ", N, " token rows of a micro-batch ",
-                 "(micro-batch size x --seq-len) over --tp ", tp_size(), ": they must be divisible");
-  return N / tp_size();
+namespace {
+// Where a micro-batch's MoE routing stands (kept per micro-batch for backward and recomputation).
+struct MoePosition {
+  int64_t step = 0, first_window = 0;
+  float dscale = 0;
+};
+// Tokens per routing group: G windows, or the whole micro-batch when it holds fewer (sampling).
+int group_tokens(int G, int B, int T) { return (B % G == 0 ? G : B) * T; }
+}  // namespace
+
+// res3 = res2 + MoE(ln2). The router and experts are replicated over the tensor-parallel group: every rank
+// routes all N rows (gathered under sequence parallelism) and keeps its own rows of the result.
+void Gpt::moe_forward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* res2, float* res3,
+                      int B, int T, int mb) {
+  const int C = cfg_.n_embd, N = B * T, Nr = rows_here(N);
+  nn::MoeMlp& m = *moe_[l];
+  const MoePosition& pos = store.object<MoePosition>(mb, "moe_pos");
+  m.set_group_tokens(group_tokens(moe_opt_.group_windows, B, T));
+  const nn::RouterDraws draws{moe_opt_.seed, pos.step, l, pos.first_window * T};
+  const float* x = gather_rows(store, ln2, N, C);
+  if (!sp_) {
+    m.forward(store, smb, x, res2, res3, N, draws);
+    return;
+  }
+  float* full = store.get(kScratchMb, "moe_full", (size_t)N * C);
+  m.forward(store, smb, x, nullptr, full, N, draws);
+  const float* mine = full + (size_t)tp_->rank() * Nr * C;
+  for (size_t i = 0; i < (size_t)Nr * C; i++) res3[i] = res2[i] + mine[i];
 }
 
+// dln (this rank's rows) = d MoE / d ln2 given dres_all (all N rows of the block output's gradient).
+void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* dres_all,
+                       float* dln, int B, int T, int mb) {
+  const int C = cfg_.n_embd, N = B * T, Nr = rows_here(N);
+  nn::MoeMlp& m = *moe_[l];
+  const MoePosition& pos = store.object<MoePosition>(mb, "moe_pos");
+  const float Ng = (float)group_tokens(moe_opt_.group_windows, B, T);
+  const float* x = gather_rows(store, ln2, N, C);
+  float* dx = sp_ ? store.get(kScratchMb, "moe_dfull", (size_t)N * C) : dln;
+  m.backward(store, smb, x, dres_all, dx, N, moe_opt_.aux_alpha * Ng * pos.dscale, moe_opt_.z_beta * pos.dscale);
+  if (sp_) std::memcpy(dln, dx + (size_t)tp_->rank() * Nr * C, sizeof(float) * Nr * C);
+}
+
+int Gpt::rows_here(int N) const { return rows_.rows_here(N); }
+
 const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, int N, int C) {
-  if (!sp_) return local;
-  float* full = store.get(kScratchMb, "sp_gather", (size_t)N * C);
-  tp_->all_gather(local, full, (size_t)N * C);
-  return full;
+  return rows_.gather(local, sp_ ? store.get(kScratchMb, "sp_gather", (size_t)N * C) : nullptr, N, C);
 }
 
 void Gpt::scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C) {
-  if (!sp_) {
-    tp_sum(full, (size_t)N * C);
-    if (local != full) std::memcpy(local, full, sizeof(float) * N * C);
-    return;
-  }
-  tp_->reduce_scatter(full, local, (size_t)N * C);
-}
-
-void Gpt::sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts, size_t count) {
-  // Under sequence parallelism each rank computed a replicated parameter's gradient from its rows only: add
-  // the parts over the group (only this micro-batch's contribution, which the caller computed into `parts`'
-  // temporaries, so earlier micro-batches are not counted twice); the first `count` elements of each.
-  size_t total = 0;
-  for (auto& [p, g] : parts) total += std::min(p->numel, count);
-  sp_tmp_.resize(total);
-  size_t off = 0;
-  for (auto& [p, g] : parts) {
-    const size_t n = std::min(p->numel, count);
-    std::memcpy(sp_tmp_.data() + off, g, sizeof(float) * n);
-    off += n;
-  }
-  tp_sum(sp_tmp_.data(), total);
-  off = 0;
-  for (auto& [p, g] : parts) {
-    const size_t n = std::min(p->numel, count);
-    for (size_t i = 0; i < n; i++) p->grad[i] += sp_tmp_[off + i];
-    off += n;
-  }
+  rows_.reduce(full, local, N, C);
 }
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -210,6 +261,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   MT_ASSERT(T <= cfg_.n_positions, "T ", T, " > n_positions ", cfg_.n_positions);
 
   float* x = store.get(mb, "x0", (size_t)Nr * C);
+  if (cfg_.moe_every > 0) store.object<MoePosition>(mb, "moe_pos") = {moe_pos_.first, moe_pos_.second, dscale};
   if (first_stage()) {
   // Token ids are kept (as raw int32 bits in a float buffer) for the embedding backward; positions of this
   // rank's rows only.
@@ -222,14 +274,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (S == 1) {
     nn::embedding_forward(x, ids, wte_->data, N, C, false);
   } else {
-    // Vocabulary-parallel lookup: rows this rank owns, zeros elsewhere, summed over the group (reduce-
-    // scattered to each rank's rows under sequence parallelism).
     float* e = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : x;
-    std::memset(e, 0, sizeof(float) * N * C);
-    for (int n = 0; n < N; n++)
-      if (ids[n] >= v0_ && ids[n] < v1_)
-        std::memcpy(e + (size_t)n * C, wte_->data + (size_t)(ids[n] - v0_) * C, sizeof(float) * C);
-    scatter_rows(store, e, x, N, C);
+    nn::vocab_parallel_embedding_forward(rows_, e, x, ids, wte_->data, v0_, v1_, N, C);
   }
   nn::embedding_forward(x, pos, wpe_->data, Nr, C, true);
   } else {
@@ -242,7 +288,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     hk.before_forward(1 + l);
     // With recomputation the block's intermediates go to one scratch set shared by all layers (rebuilt in
     // backward); only the block's output (the next block's input) is kept per layer.
-    block_forward(store, recompute_ ? kScratchMb : mb, recompute_ ? -1 : l, l, x, res3, B, T);
+    block_forward(store, recompute_ ? kScratchMb : mb, recompute_ ? -1 : l, l, x, res3, B, T, mb);
     hk.after_forward(1 + l);
     x = res3;
   }
@@ -258,7 +304,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
     gemm(false, true, N, Vl, C, 1.0f, gather_rows(store, lnf, N, C), C, wte_->data, C, 0.0f, logits, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
-                  : vocab_parallel_cross_entropy(logits, targets, N, dscale);
+                  : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
   }
   if (!first_stage()) hk.after_forward(L + 1);
   }
@@ -294,10 +340,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   float* dlnp = sp_ ? store.get(kScratch, "sp_dln_params", (size_t)4 * C) : nullptr;
   // The gradient of the residual stream over all N rows (the row-parallel products' output gradient).
   auto dres_all = [&]() -> const float* {
-    if (!sp_) return dres;
-    float* full = store.get(kScratch, "sp_dres_full", (size_t)N * C);
-    tp_->all_gather(dres, full, (size_t)N * C);
-    return full;
+    return rows_.gather(dres, sp_ ? store.get(kScratch, "sp_dres_full", (size_t)N * C) : nullptr, N, C);
   };
 
   if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
@@ -315,7 +358,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     std::memset(dlnp, 0, sizeof(float) * 2 * C);
     nn::layernorm_backward(dres, dlnp, dlnp + C, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
                            store.get(mb, "lnf_rstd", Nr), Nr, C);
-    sum_replicated_grads({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
+    rows_.sum_replicated({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
   } else {
     nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
                            store.get(mb, "lnf_rstd", N), N, C);
@@ -331,28 +374,36 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     hk.before_backward(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
     const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)Nr * C);
     const int smb = recompute_ ? kScratchMb : mb, slot = recompute_ ? -1 : l;
-    if (recompute_) block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T);
+    if (recompute_) {
+      if (moe_[l]) moe_[l]->set_recording(false);  // counted in forward already
+      block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T, mb);
+      if (moe_[l]) moe_[l]->set_recording(true);
+    }
     const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
     const float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
     const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
     const float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
     const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
     const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
-    const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-    const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
     if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
     float* d_ln2_w = sp_ ? dlnp : p.ln2_w->grad;
     float* d_ln2_b = sp_ ? dlnp + C : p.ln2_b->grad;
     float* d_ln1_w = sp_ ? dlnp + 2 * C : p.ln1_w->grad;
     float* d_ln1_b = sp_ ? dlnp + 3 * C : p.ln1_b->grad;
 
-    // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
-    nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres_all(), fch_gelu, p.fcproj_w->data, N, 4 * Cs,
-                        C);
-    nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-    nn::linear_backward(dfull, p.fc_w->grad, p.fc_b->grad, dfch, gather_rows(store, ln2, N, C), p.fc_w->data, N, C,
-                        4 * Cs);
-    scatter_rows(store, dfull, dln, N, C);  // column-parallel: the input gradient is a sum over the group
+    if (moe_[l]) {
+      moe_backward(store, smb, l, ln2, dres_all(), dln, B, T, mb);
+    } else {
+      // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
+      const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+      const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
+      nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres_all(), fch_gelu, p.fcproj_w->data, N,
+                          4 * Cs, C);
+      nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
+      nn::linear_backward(dfull, p.fc_w->grad, p.fc_b->grad, dfch, gather_rows(store, ln2, N, C), p.fc_w->data, N, C,
+                          4 * Cs);
+      scatter_rows(store, dfull, dln, N, C);  // column-parallel: the input gradient is a sum over the group
+    }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
@@ -364,7 +415,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
-      sum_replicated_grads({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
+      rows_.sum_replicated({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
     hk.after_backward(1 + l);
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
@@ -373,20 +424,14 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   if (S == 1) {
     nn::embedding_backward(wte_->grad, dres, ids, N, C);
   } else {
-    const float* dall = dres_all();  // the vocabulary rows this rank owns may be used by any token
-    for (int n = 0; n < N; n++) {
-      if (ids[n] < v0_ || ids[n] >= v1_) continue;
-      float* d = wte_->grad + (size_t)(ids[n] - v0_) * C;
-      const float* g = dall + (size_t)n * C;
-      for (int c = 0; c < C; c++) d[c] += g[c];
-    }
+    nn::vocab_parallel_embedding_backward(wte_->grad, dres_all(), ids, v0_, v1_, N, C);
   }
   if (sp_) {
     // Positions: T rows of wpe at most are touched; sum this micro-batch's part over the group.
     float* dwpe = store.get(kScratch, "sp_dwpe", (size_t)T * C);
     std::memset(dwpe, 0, sizeof(float) * T * C);
     nn::embedding_backward(dwpe, dres, pos, Nr, C);
-    sum_replicated_grads({{wpe_, dwpe}}, (size_t)T * C);
+    rows_.sum_replicated({{wpe_, dwpe}}, (size_t)T * C);
   } else {
     nn::embedding_backward(wpe_->grad, dres, pos, N, C);
   }
@@ -395,55 +440,8 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
 
 void Gpt::row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W,
                                const float* b, const float* residual, int N, int Cin, int C) {
-  if (tp_size() == 1) {
-    nn::linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
-    return;
-  }
-  // out = residual + b + sum over the group of inp W (each rank holds Cin rows of the full weight); under
-  // sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the residual.
-  const int Nr = rows_here(N);
-  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : out;
-  nn::linear_forward(partial, inp, W, nullptr, N, Cin, C);
-  scatter_rows(store, partial, out, N, C);
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < Nr; n++) {
-    float* o = out + (size_t)n * C;
-    const float* r = residual + (size_t)n * C;
-    for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
-  }
-}
-
-// Softmax cross-entropy over a vocabulary split across the group, the logits never gathered: per row, the
-// group's max, then the sum of exponentials, then the target's logit (owned by one rank) are all-reduced.
-// logits[N, Vl] (this rank's columns v0..v1) becomes dlogits = (softmax - onehot) * dscale.
-double Gpt::vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale) {
-  const int Vl = (int)(v1_ - v0_);
-  std::vector<float> mx(N), se(N), xt(N, 0.0f);
-  for (int n = 0; n < N; n++) {
-    const float* x = logits + (size_t)n * Vl;
-    float m = -INFINITY;
-    for (int j = 0; j < Vl; j++) m = std::max(m, x[j]);
-    mx[n] = m;
-  }
-  tp_->all_reduce_max(mx.data(), N);
-  for (int n = 0; n < N; n++) {
-    const float* x = logits + (size_t)n * Vl;
-    float sum = 0.0f;
-    for (int j = 0; j < Vl; j++) sum += std::exp(x[j] - mx[n]);
-    se[n] = sum;
-    if (targets[n] >= v0_ && targets[n] < v1_) xt[n] = x[targets[n] - v0_];
-  }
-  tp_->all_reduce_sum(se.data(), N);
-  tp_->all_reduce_sum(xt.data(), N);
-  double total = 0.0;
-  for (int n = 0; n < N; n++) {
-    float lz = mx[n] + std::log(se[n]);
-    total += lz - xt[n];
-    float* x = logits + (size_t)n * Vl;
-    for (int j = 0; j < Vl; j++) x[j] = std::exp(x[j] - lz) * dscale;
-    if (targets[n] >= v0_ && targets[n] < v1_) x[targets[n] - v0_] -= dscale;
-  }
-  return total;
+  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : nullptr;
+  nn::row_parallel_linear_forward(rows_, partial, out, inp, W, b, residual, N, Cin, C);
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {
@@ -461,9 +459,18 @@ size_t Gpt::activation_bytes(int B, int T) const {
   const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
   const size_t block = Nr * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
                        (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
-  const size_t kept_per_layer = Nr * C /*res3, the next block's input*/ + (recompute_ ? 0 : block);
-  size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + cfg_.n_layer * kept_per_layer + (recompute_ ? block : 0) +
-                 Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
+  // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
+  // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows.
+  const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
+  const size_t moe_block = block - N * Cs * 8 + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
+  size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
+  size_t biggest = 0;
+  for (int l = begin_; l < end_; l++) {
+    const size_t b = moe_[l] ? moe_block : block;
+    total += Nr * C /*res3, the next block's input*/ + (recompute_ ? 0 : b);
+    biggest = std::max(biggest, b);
+  }
+  if (recompute_) total += biggest;
   return total * sizeof(float);
 }
 

@@ -10,28 +10,49 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nn/activation_store.h"
+#include "nn/expert_parallel.h"
+#include "nn/moe.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "nn/tensor_parallel_layers.h"
 
 namespace mt::model {
 
 struct GptConfig {
   int n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, n_positions = 0;
+  // Mixture of experts (nn/moe.h): the MLP of blocks moe_every-1, 2 moe_every-1, ... is `experts` expert
+  // MLPs of width expert_hidden (0: 4C) behind a top-`moe_top_k` router. moe_every 0: a dense model.
+  int moe_every = 0, experts = 0, moe_top_k = 1, expert_hidden = 0;
 
   // Throws InputError naming the bad field (n_embd not divisible by n_head, non-positive sizes, ...).
   void validate() const;
+  bool is_moe(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
+  int moe_hidden() const { return expert_hidden > 0 ? expert_hidden : 4 * n_embd; }
   int64_t num_params() const;
-  // Training FLOPs per token: 6 x params (forward + backward of every weight) plus attention's
-  // 12 x L x T x C (scores and weighted sum, forward and backward, dense T x T as in the PaLM accounting).
+  // Parameters a token passes through (the router and moe_top_k experts of each MoE block).
+  int64_t active_params() const;
+  // Training FLOPs per token: 6 x active params (forward + backward of every weight a token uses) plus
+  // attention's 12 x L x T x C (scores and weighted sum, forward and backward, dense T x T as in PaLM's).
   double flops_per_token(int T) const;
   std::map<std::string, std::string> to_metadata() const;
   bool operator==(const GptConfig&) const = default;
+};
+
+// How MoE blocks route while training (not part of the model's shape; nn/moe_router.h for the semantics).
+struct MoeOptions {
+  double capacity_factor = 1.25;  // F; 0 = dropless
+  int group_windows = 1;          // G: tokens are routed in groups of G consecutive windows of the global batch
+  nn::SecondPolicy second = nn::SecondPolicy::all;
+  float aux_alpha = 0.01f, z_beta = 0.0f;
+  uint64_t seed = 0;                    // the run's seed (random second-choice draws)
+  nn::ExpertParallelOps* ep = nullptr;  // the expert-parallel group (null: every expert here)
 };
 
 // A pipeline stage of the model: blocks [begin, end) (end -1: n_layer), stage `index` of `count`; the first
@@ -53,7 +74,12 @@ class Gpt {
   //   wpe and LayerNorms replicated.
   // Per block half, forward: column GEMM, local math, row GEMM, all-reduce of the [N, C] partial sums;
   // backward: the mirror image, all-reduce of the column GEMM's input gradient.
-  Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {});
+  // MoE blocks: the router and the experts are replicated over the tensor-parallel group (every tp rank
+  // routes all N rows of the micro-batch, gathered under sequence parallelism); their computation is split
+  // over the expert-parallel group in moe.ep (each rank runs E / ep experts on the tokens sent to it), while
+  // every rank keeps all experts' parameters (sharded by ZeRO like any other).
+  Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {},
+      const MoeOptions& moe = {});
 
   bool first_stage() const { return stage_.index == 0; }
   bool last_stage() const { return stage_.index == stage_.count - 1; }
@@ -86,6 +112,13 @@ class Gpt {
   // After forward without targets: out[B,V] = logits of the last position of each sequence.
   void logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out);
 
+  // MoE routing position of the next forward: the optimizer step (random second-choice draws) and the
+  // global index of the micro-batch's first window in the global batch (groups, draws). Kept per
+  // micro-batch for recomputation.
+  void set_moe_position(int64_t step, int64_t first_window) { moe_pos_ = {step, first_window}; }
+  // The MoE blocks of this stage (null for dense blocks), by layer.
+  const std::vector<std::unique_ptr<nn::MoeMlp>>& moe_layers() const { return moe_; }
+
   // Activation recomputation: forward keeps only each block's input per micro-batch; backward recomputes
   // the block's intermediates (into one scratch set) just before its gradients. Same results bit for bit.
   void set_recompute(bool on) { recompute_ = on; }
@@ -96,7 +129,10 @@ class Gpt {
   // all-reduce: the same bytes, and S times less activation memory in those regions). LayerNorm and position
   // gradients are computed from this rank's rows and summed over the group per micro-batch. A pipeline stage
   // then passes N / S rows. N (micro-batch x T) must be divisible by S. Same results to float32 rounding.
-  void set_sequence_parallel(bool on) { sp_ = on && tp_size() > 1; }
+  void set_sequence_parallel(bool on) {
+    sp_ = on && tp_size() > 1;
+    rows_ = nn::TpRows(tp_, sp_);
+  }
   bool sequence_parallel() const { return sp_; }
   // Rows of the residual stream this rank holds for a micro-batch of N token rows.
   int rows_here(int N) const;
@@ -112,30 +148,32 @@ class Gpt {
   static constexpr int kScratchMb = -1;  // store slot shared by all micro-batches (one backward at a time)
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   // One transformer block from input x to output res3, intermediates under (smb, "h{slot}.*").
-  void block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B, int T);
+  void block_forward(nn::ActivationStore& store, int smb, int slot, int l, const float* x, float* res3, int B, int T,
+                     int mb);
+  void moe_forward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* res2, float* res3,
+                   int B, int T, int mb);
+  void moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* dres_all, float* dln,
+                    int B, int T, int mb);
   void row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W, const float* b,
                             const float* residual, int N, int Cin, int C);
-  // Sequence parallelism helpers (identity / all-reduce without it): all N rows of a row-split tensor (a
-  // scratch buffer), and this rank's rows of the sum over the group of full (full is clobbered).
+  // The paired collectives of nn::TpRows with their scratch from the store: all N rows of a row-split tensor,
+  // and this rank's rows of the sum over the group of full (full is clobbered).
   const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
   void scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C);
-  void sum_replicated_grads(std::initializer_list<std::pair<nn::Param*, const float*>> parts,
-                            size_t count = SIZE_MAX);
-  double vocab_parallel_cross_entropy(float* logits, const int32_t* targets, int N, float dscale);
-  void tp_sum(float* buf, size_t n) {
-    if (tp_size() > 1) tp_->all_reduce_sum(buf, n);
-  }
   GptConfig cfg_;
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
   bool sp_ = false;
-  std::vector<float> sp_tmp_;
+  nn::TpRows rows_{nullptr, false};  // the tensor-parallel layers' collectives (nn/tensor_parallel_layers.h)
   int begin_ = 0, end_ = 0;  // this stage's blocks
   StageRange stage_;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> layers_;
+  MoeOptions moe_opt_;
+  std::vector<std::unique_ptr<nn::MoeMlp>> moe_;
+  std::pair<int64_t, int64_t> moe_pos_{0, 0};
 };
 
 }  // namespace mt::model

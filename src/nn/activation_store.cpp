@@ -25,6 +25,7 @@ float* ActivationStore::get(int mb, const std::string& name, size_t count) {
 }
 
 void ActivationStore::release(int mb) {
+  for (auto it = objects_.begin(); it != objects_.end();) it = it->first.first == mb ? objects_.erase(it) : std::next(it);
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->first.first == mb) {
       size_t n = it->second.size();

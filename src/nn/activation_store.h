@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,14 @@ class ActivationStore {
   // A buffer of `count` floats for (mb, name); created zeroed on first request, same buffer afterwards
   // (contents kept) as long as the count is unchanged.
   float* get(int mb, const std::string& name, size_t count);
+  // A non-float object a layer keeps for backward (an MoE layer's routing), default-constructed on first
+  // request, dropped by release(mb). One type per name. Not counted in the byte figures (small: O(N E)).
+  template <class T>
+  T& object(int mb, const std::string& name) {
+    std::shared_ptr<void>& slot = objects_[{mb, name}];
+    if (!slot) slot = std::make_shared<T>();
+    return *static_cast<T*>(slot.get());
+  }
   // Returns every buffer of micro-batch mb to the free list.
   void release(int mb);
   // Bytes currently held for live micro-batches.
@@ -31,6 +40,7 @@ class ActivationStore {
  private:
   std::map<std::pair<int, std::string>, AlignedBuffer> live_;
   std::multimap<size_t, AlignedBuffer> free_;
+  std::map<std::pair<int, std::string>, std::shared_ptr<void>> objects_;
   size_t live_count_ = 0, peak_ = 0;  // bytes
 };
 

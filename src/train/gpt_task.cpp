@@ -18,19 +18,33 @@
 
 namespace mt::train {
 
-model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init) {
-  if (init) return checkpoint::gpt_config_from_file(*init, cfg.gpt);
-  model::GptConfig shape = cfg.gpt;
+GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
+  model::MoeOptions moe;
+  moe.capacity_factor = cfg.moe.capacity_factor;
+  moe.group_windows = cfg.moe.group_windows;
+  moe.second = cfg.moe.second_policy == "random" ? nn::SecondPolicy::random : nn::SecondPolicy::all;
+  moe.aux_alpha = (float)cfg.moe.aux_loss;
+  moe.z_beta = (float)cfg.moe.z_loss;
+  moe.seed = cfg.seed;
+  return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
+          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};
+}
+
+model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init) {
+  if (init) return checkpoint::gpt_config_from_file(*init, cfg.flags);
+  model::GptConfig shape = cfg.flags;
   if (!shape.n_layer) shape.n_layer = 4;
   if (!shape.n_head) shape.n_head = 4;
   if (!shape.n_embd) shape.n_embd = 128;
   if (!shape.vocab_size) shape.vocab_size = 256;
   if (!shape.n_positions) shape.n_positions = std::max(256, cfg.seq_len);
+  if (shape.moe_every > 0 && !shape.moe_top_k) shape.moe_top_k = 1;
+  if (shape.moe_every == 0) shape.experts = shape.moe_top_k = shape.expert_hidden = 0;
   shape.validate();
   return shape;
 }
 
-std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages) {
+std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages) {
   if (!cfg.stage_layers.empty()) {
     pipeline::check_stage_layers(cfg.stage_layers, stages, shape.n_layer);
     return cfg.stage_layers;
@@ -46,7 +60,8 @@ namespace {
 
 class GptTask : public TrainTask {
  public:
-  GptTask(const TrainConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp)
+  GptTask(const GptTaskConfig& cfg, const BatchLayout& layout, nn::TensorParallelOps* tp, const PipelineContext* pp,
+          nn::ExpertParallelOps* ep)
       : cfg_(cfg), layout_(layout), shard_(cfg.data) {
     std::optional<SafetensorsReader> init;
     if (!cfg.init.empty()) init.emplace(cfg.init);
@@ -65,6 +80,8 @@ class GptTask : public TrainTask {
       MT_CHECK_INPUT(val_->size() >= (int64_t)T_ + 1, cfg.val_data, " has ", val_->size(),
                      " tokens; one evaluation window of --seq-len ", T_, " needs ", T_ + 1);
     }
+    moe_ = cfg.moe;
+    moe_.ep = ep;
     if (pp && pp->spec.stages > 1) {
       // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
       pp_ = *pp;
@@ -74,13 +91,14 @@ class GptTask : public TrainTask {
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
       for (int c = 0; c < V; c++) {
         int s = c * P + j;
-        chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}));
+        chunks_.push_back(
+            std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
         chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       }
       model_ = chunks_.front().get();
     } else {
-      chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp));
+      chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
       chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       model_ = chunks_.front().get();
@@ -122,6 +140,7 @@ class GptTask : public TrainTask {
       t.inputs_.resize((size_t)mbs * t.T_);
       t.targets_.resize((size_t)mbs * t.T_);
       data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
+      g.set_moe_position(step, first + i * mbs);
       loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, nullptr, input);
       return g.last_stage() ? nullptr : g.stage_output(t.store_, key, mbs, t.T_);
     }
@@ -136,6 +155,9 @@ class GptTask : public TrainTask {
 
   double forward_backward(int64_t step, const BatchShare& share, const StepHooks& hooks) override {
     const float dscale = 1.0f / (float)((int64_t)B_ * T_);
+    for (auto& c : chunks_)
+      for (auto& m : c->moe_layers())
+        if (m) m->stats().reset(m->experts());
     if (pp_.group) {
       if (lists_.empty()) lists_ = pipeline::make_schedule(pp_.spec);
       Runner r(*this, step, share.first, share.micro_size, dscale);
@@ -149,6 +171,7 @@ class GptTask : public TrainTask {
       const int j0 = share.micro_first(i), nb = share.micro_len(i);
       if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
       data::gpt_batch(shard_, step, B_, T_, j0, nb, inputs_.data(), targets_.data());
+      model_->set_moe_position(step, j0);
       loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, dscale, hooks.params);
       model_->backward(store_, 0, nb, T_, hooks.params);
     }
@@ -158,54 +181,74 @@ class GptTask : public TrainTask {
   bool has_eval() const override { return val_.has_value(); }
 
   // Batch k of the held-out shard follows the training rule with step k; windows split across ranks. Under a
-  // pipeline each micro-batch flows through the stages forward only; the loss is on the last stage's rank.
+  // pipeline the executor runs a forward-only schedule (pipeline::forward_only); the loss is on the rank of
+  // the last stage.
   EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) override {
     EvalSums r;
     if (!val_) return r;
     MT_ASSERT(nranks == layout_.dp_ranks(), "evaluation over ", nranks, " ranks, layout of ", layout_.dp_ranks());
     const BatchShare sh = layout_.eval_share(rank);
-    inputs_.resize((size_t)sh.micro_size * T_);
-    targets_.resize((size_t)sh.micro_size * T_);
+    MoeRecording off(chunks_);  // held-out routing is not the step's
     for (int k = 0; k < batches; k++) {
+      if (pp_.group) {
+        r.loss += pipeline_evaluate(k, sh);
+        if (chunks_.back()->last_stage()) r.count += (double)sh.count * T_;
+        continue;
+      }
+      inputs_.resize((size_t)sh.micro_size * T_);
+      targets_.resize((size_t)sh.micro_size * T_);
       for (int i = 0; i < sh.micro_count; i++) {
         const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
-        if (pp_.group) {
-          r.loss += pipeline_forward(nb);
-          if (chunks_.back()->last_stage()) r.count += (double)nb * T_;
-        } else {
-          r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
-          r.count += (double)nb * T_;
-        }
+        model_->set_moe_position(k, j0);
+        r.loss += model_->forward(store_, 0, inputs_.data(), targets_.data(), nb, T_, 0.0f, hooks);
+        r.count += (double)nb * T_;
       }
     }
     return r;
   }
 
-  // One micro-batch (inputs_/targets_, nb windows) forward through every stage in order; returns the loss
-  // sum on the rank holding the last stage, 0 elsewhere. Each rank runs its chunks in stage order: receive
-  // the input from the previous stage's rank, forward, send the output on (non-blocking; waited before the
-  // next micro-batch reuses the buffers).
-  double pipeline_forward(int nb) {
-    comm::Communicator& g = *pp_.group;
-    const int P = pp_.spec.stages, S = P * pp_.spec.virtual_stages, j = g.rank();
-    const size_t n = (size_t)model_->rows_here(nb * T_) * model_->config().n_embd;
-    constexpr int kEvalTag = 1 << 24;  // above every training tag (kind, micro-batch, stage)
+  // One pipeline rank's chunks running evaluation batch k forward only. Store keys kEvalKey - (i V + c); a
+  // chunk's previous micro-batch is released when the next one starts (the executor copied its output into
+  // the message when it sent it).
+  struct EvalRunner : pipeline::StageRunner {
+    GptTask& t;
+    int64_t batch;
+    BatchShare sh;
     double loss = 0;
-    std::vector<comm::Request> sends;
-    eval_in_.resize(n);
-    for (int s = j; s < S; s += P) {
-      model::Gpt& m = *chunks_[s / P];
-      const int key = kEvalKey - s;
-      if (s > 0) g.recv(eval_in_.data(), n, comm::DType::f32, (s - 1) % P, kEvalTag + s);
-      loss += m.forward(store_, key, inputs_.data(), targets_.data(), nb, T_, 0.0f, nullptr,
-                        s > 0 ? eval_in_.data() : nullptr);
-      if (s < S - 1) sends.push_back(g.isend(m.stage_output(store_, key, nb, T_), n, comm::DType::f32, (s + 1) % P,
-                                             kEvalTag + s + 1));
+    EvalRunner(GptTask& task, int64_t k, const BatchShare& share) : t(task), batch(k), sh(share) {}
+    int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
+    size_t activation_count() const override {
+      return (size_t)t.model_->rows_here(sh.micro_size * t.T_) * t.model_->config().n_embd;
     }
-    comm::wait_all(sends);
-    for (int s = j; s < S; s += P) store_.release(kEvalKey - s);
-    return loss;
+    const float* forward(int c, int i, const float* input) override {
+      if (i > 0) t.store_.release(key(c, i - 1));
+      model::Gpt& g = *t.chunks_[c];
+      const int nb = sh.micro_len(i);
+      t.inputs_.resize((size_t)nb * t.T_);
+      t.targets_.resize((size_t)nb * t.T_);
+      data::gpt_batch(*t.val_, batch, t.B_, t.T_, sh.micro_first(i), nb, t.inputs_.data(), t.targets_.data());
+      g.set_moe_position(batch, sh.micro_first(i));
+      loss += g.forward(t.store_, key(c, i), t.inputs_.data(), t.targets_.data(), nb, t.T_, 0.0f, nullptr, input);
+      return g.last_stage() ? nullptr : g.stage_output(t.store_, key(c, i), nb, t.T_);
+    }
+    const float* backward(int, int, const float*) override {
+      MT_ASSERT(false, "an evaluation schedule has no backward");
+      return nullptr;
+    }
+  };
+
+  double pipeline_evaluate(int64_t k, const BatchShare& sh) {
+    if (sh.micro_count == 0) return 0;
+    // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
+    MT_ASSERT(sh.micro_len(sh.micro_count - 1) == sh.micro_size, "evaluation micro-batches of unequal size");
+    pipeline::ScheduleSpec spec = pp_.spec;
+    spec.micro_batches = sh.micro_count;
+    if (eval_lists_.empty()) eval_lists_ = pipeline::forward_only(spec);
+    EvalRunner r(*this, k, sh);
+    executor_.run(spec, eval_lists_[pp_.group->rank()], *pp_.group, r);
+    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count - 1));
+    return r.loss;
   }
 
   bool is_classifier() const override { return false; }
@@ -218,10 +261,33 @@ class GptTask : public TrainTask {
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
   pipeline::PipelineStats* pipeline_stats() override { return pp_.group ? &stats_ : nullptr; }
   std::vector<int> stage_layers() const override { return split_; }
-  void set_trace(trace::ChromeTrace* t) override { trace_ = t; }
+  void set_trace(trace::ChromeTrace* t) override {
+    trace_ = t;
+    for (auto& c : chunks_)
+      for (auto& m : c->moe_layers())
+        if (m) m->set_trace(t);
+  }
+  void annotate(nlohmann::json& row, const parallel::Mesh& mesh) override;
+  nlohmann::json summary_section(const parallel::Mesh& mesh) override;
 
  private:
-  TrainConfig cfg_;
+  // Turns the MoE layers' statistics off for a scope (evaluation).
+  struct MoeRecording {
+    std::vector<std::unique_ptr<model::Gpt>>& chunks;
+    explicit MoeRecording(std::vector<std::unique_ptr<model::Gpt>>& c) : chunks(c) { set(false); }
+    ~MoeRecording() { set(true); }
+    void set(bool on) {
+      for (auto& c : chunks)
+        for (auto& m : c->moe_layers())
+          if (m) m->set_recording(on);
+    }
+  };
+  // Per MoE layer of the whole model, this step's routing summed over the ranks that split the batch.
+  std::vector<std::vector<double>> moe_step_totals(const parallel::Mesh& mesh);
+  model::MoeOptions moe_;
+  std::vector<std::vector<double>> moe_run_;  // per layer: the step totals summed over the run
+  int64_t moe_steps_ = 0;
+  GptTaskConfig cfg_;
   BatchLayout layout_;
   TokenShard shard_;
   std::optional<TokenShard> val_;
@@ -234,19 +300,108 @@ class GptTask : public TrainTask {
   std::vector<std::vector<pipeline::Action>> lists_;
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
-  static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (per stage: kEvalKey - s)
-  std::vector<float> eval_in_;
+  static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (see EvalRunner)
+  std::vector<std::vector<pipeline::Action>> eval_lists_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
   pipeline::PipelineStats stats_;
   pipeline::PipelineExecutor executor_;
   trace::ChromeTrace* trace_ = nullptr;
 };
 
+// Layout of one MoE layer's numbers: aux_sum, z_sum, choices, dropped, exchange bytes, exchange seconds,
+// then admitted[E] and first[E]. Layers without experts (or on other stages) are zeros.
+constexpr int kMoeFixed = 6;
+
+std::vector<std::vector<double>> GptTask::moe_step_totals(const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  const int L = g.n_layer, E = g.experts, W = kMoeFixed + 2 * E;
+  std::vector<float> v((size_t)L * W, 0.0f);
+  const bool counts = mesh.coord().tp == 0;  // replicated over tp: one copy counts
+  for (auto& c : chunks_)
+    for (int l = 0; l < L; l++) {
+      nn::MoeMlp* m = c->moe_layers().empty() ? nullptr : c->moe_layers()[l].get();
+      if (!m || !counts) continue;
+      const nn::MoeStats& st = m->stats();
+      float* o = &v[(size_t)l * W];
+      o[0] = (float)st.aux_sum, o[1] = (float)st.z_sum, o[2] = (float)st.choices, o[3] = (float)st.dropped;
+      o[4] = (float)st.exchange_bytes, o[5] = (float)st.exchange_s;
+      for (int e = 0; e < E; e++) o[kMoeFixed + e] = (float)st.admitted[e], o[kMoeFixed + E + e] = (float)st.first[e];
+    }
+  for (comm::Communicator* grp : {mesh.replica(), mesh.dp()})
+    if (grp && grp->size() > 1) grp->all_reduce(v.data(), v.data(), v.size(), comm::DType::f32, comm::ReduceOp::sum);
+  std::vector<std::vector<double>> out;
+  for (int l = 0; l < L; l++)
+    if (g.is_moe(l)) out.emplace_back(v.begin() + (size_t)l * W, v.begin() + (size_t)(l + 1) * W);
+  return out;
+}
+
+namespace {
+// Metrics of one layer's (or a run's) totals: groups and tokens of the batches they cover.
+nlohmann::json moe_layer_json(int layer, const std::vector<double>& t, int E, double groups, double tokens) {
+  double admitted = 0;
+  for (int e = 0; e < E; e++) admitted += t[kMoeFixed + e];
+  std::vector<double> frac(E), first(E);
+  for (int e = 0; e < E; e++) {
+    frac[e] = admitted > 0 ? t[kMoeFixed + e] / admitted : 0.0;
+    first[e] = tokens > 0 ? t[kMoeFixed + E + e] / tokens : 0.0;
+  }
+  return {{"layer", layer},
+          {"aux_loss", t[0] / groups},
+          {"z_loss", t[1] / tokens},
+          {"dropped", t[2] > 0 ? t[3] / t[2] : 0.0},
+          {"expert_fraction", frac},
+          {"first_choice_fraction", first},
+          {"all_to_all_bytes", t[4]},
+          {"all_to_all_s", t[5]}};
+}
 }  // namespace
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
-                                         nn::TensorParallelOps* tp, const PipelineContext* pp) {
-  return std::make_unique<GptTask>(cfg, layout, tp, pp);
+void GptTask::annotate(nlohmann::json& row, const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  if (g.moe_every == 0) return;
+  const std::vector<std::vector<double>> t = moe_step_totals(mesh);
+  const double tokens = (double)B_ * T_, groups = (double)B_ / moe_.group_windows;
+  double aux = 0, z = 0, choices = 0, dropped = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  int i = 0;
+  if (moe_run_.empty()) moe_run_.assign(t.size(), std::vector<double>(t.empty() ? 0 : t[0].size(), 0.0));
+  for (int l = 0; l < g.n_layer; l++) {
+    if (!g.is_moe(l)) continue;
+    const std::vector<double>& x = t[i];
+    aux += x[0] / groups, z += x[1] / tokens, choices += x[2], dropped += x[3];
+    layers.push_back(moe_layer_json(l, x, g.experts, groups, tokens));
+    for (size_t k = 0; k < x.size(); k++) moe_run_[i][k] += x[k];
+    i++;
+  }
+  row["aux_loss"] = aux;  // summed over MoE layers, before the coefficients
+  row["z_loss"] = z;
+  row["moe_dropped"] = choices > 0 ? dropped / choices : 0.0;
+  row["moe"] = layers;
+  moe_steps_++;
+}
+
+nlohmann::json GptTask::summary_section(const parallel::Mesh& mesh) {
+  const model::GptConfig& g = model_->config();
+  if (g.moe_every == 0 || moe_steps_ == 0) return nullptr;
+  const double tokens = (double)B_ * T_ * moe_steps_, groups = (double)B_ / moe_.group_windows * moe_steps_;
+  nlohmann::json layers = nlohmann::json::array();
+  int i = 0;
+  for (int l = 0; l < g.n_layer; l++)
+    if (g.is_moe(l)) layers.push_back(moe_layer_json(l, moe_run_[i++], g.experts, groups, tokens));
+  return {{"experts", g.experts},
+          {"top_k", g.moe_top_k},
+          {"capacity_factor", moe_.capacity_factor},
+          {"ep", cfg_.ep},
+          {"steps", moe_steps_},
+          {"layers", layers}};
+}
+
+}  // namespace
+
+std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLayout& layout,
+                                         nn::TensorParallelOps* tp, const PipelineContext* pp,
+                                         nn::ExpertParallelOps* ep) {
+  return std::make_unique<GptTask>(cfg, layout, tp, pp, ep);
 }
 
 }  // namespace mt::train

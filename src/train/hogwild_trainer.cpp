@@ -118,7 +118,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
   // Every worker's own model (activations, gradients, data reader); the parameters it computes with are a
   // snapshot of the shared ones.
   for (int w = 0; w < W; w++) {
-    sh.tasks.push_back(make_mlp_task(cfg, sh.layout));
+    sh.tasks.push_back(make_mlp_task(MlpTaskConfig::from(cfg), sh.layout));
     sh.engines.push_back(std::make_unique<parallel::DataParallel>(sh.tasks[w]->params(), nullptr,
                                                                   parallel::DataParallelOptions{}));
     sh.engines[w]->initialize([&](nn::Param& p) { sh.tasks[w]->init_param(p); });

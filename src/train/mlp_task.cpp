@@ -47,7 +47,7 @@ Examples load_examples(const std::string& images, const std::string& labels, int
 
 class MlpTask : public TrainTask {
  public:
-  MlpTask(const TrainConfig& cfg, const BatchLayout& layout) : cfg_(cfg), layout_(layout) {
+  MlpTask(const MlpTaskConfig& cfg, const BatchLayout& layout) : cfg_(cfg), layout_(layout) {
     const int K = 10;
     Examples all = load_examples(cfg.data, cfg.labels, K);
     if (!cfg.val_data.empty()) {
@@ -149,7 +149,7 @@ class MlpTask : public TrainTask {
     val_.y.assign(all.y.begin() + ntrain, all.y.end());
   }
 
-  TrainConfig cfg_;
+  MlpTaskConfig cfg_;
   BatchLayout layout_;
   Examples train_, val_;
   int B_ = 0;
@@ -163,7 +163,12 @@ class MlpTask : public TrainTask {
 
 }  // namespace
 
-std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout) {
+MlpTaskConfig MlpTaskConfig::from(const TrainConfig& cfg) {
+  return {cfg.hidden,         cfg.data, cfg.labels,     cfg.val_data, cfg.val_labels,
+          cfg.init,           cfg.val_fraction, cfg.batch_size, cfg.seed};
+}
+
+std::unique_ptr<TrainTask> make_mlp_task(const MlpTaskConfig& cfg, const BatchLayout& layout) {
   return std::make_unique<MlpTask>(cfg, layout);
 }
 

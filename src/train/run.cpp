@@ -35,7 +35,8 @@ optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
 namespace {
 
 parallel::MeshGrid grid_of(const TrainConfig& cfg, comm::Communicator* world) {
-  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == "ps" ? cfg.ps_servers() : 0);
+  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == "ps" ? cfg.ps_servers() : 0,
+                            cfg.moe.ep);
 }
 
 parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g) {
@@ -50,8 +51,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const parallel::MeshGrid& g = mesh.grid();
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
   if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
-  task = cfg.model == "gpt" ? make_gpt_task(cfg, layout, tp_ops.get(), g.pp() > 1 ? &pipeline : nullptr)
-                            : make_mlp_task(cfg, layout);
+  if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
+  task = cfg.model == "gpt" ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
+                                            g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
+                            : make_mlp_task(MlpTaskConfig::from(cfg), layout);
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());

@@ -14,6 +14,7 @@
 
 #include "optim/optimizer.h"
 #include "parallel/mesh/mesh.h"
+#include "parallel/expert/ep_ops.h"
 #include "parallel/tensor/tp_ops.h"
 #include "trace/chrome_trace.h"
 #include "train/consolidate.h"
@@ -52,6 +53,7 @@ struct Run {
   parallel::Mesh mesh;
   BatchLayout layout;
   std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
+  std::unique_ptr<parallel::CommExpertParallelOps> ep_ops;
   PipelineContext pipeline;
   std::unique_ptr<TrainTask> task;
   trace::ChromeTrace tracer;

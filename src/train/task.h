@@ -10,10 +10,14 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
+#include "nn/expert_parallel.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/pipeline/executor.h"
 #include "trace/chrome_trace.h"
 #include "train/layout.h"
@@ -68,11 +72,37 @@ class TrainTask {
   virtual std::vector<int> stage_layers() const { return {}; }
   // Pipeline runs record their computations and messages here.
   virtual void set_trace(trace::ChromeTrace*) {}
+  // Task-specific fields of the step's metrics row from what its micro-batches recorded (MoE routing:
+  // auxiliary losses, drops, tokens per expert). Collective over the mesh's replica and dp groups.
+  virtual void annotate(nlohmann::json& row, const parallel::Mesh& mesh) {}
+  // Task-specific section of the run summary (collective like annotate); null: none.
+  virtual nlohmann::json summary_section(const parallel::Mesh& mesh) { return nullptr; }
+};
+
+// What the tasks take from the flags (parsed once by from(); a task never sees the whole TrainConfig).
+struct GptTaskConfig {
+  model::GptConfig flags;                 // shape flags; 0 = from --init, else a default (gpt_shape)
+  std::string data, val_data, init;       // token shards, safetensors weights
+  int batch_size = 0, seq_len = 0;        // B windows of T tokens
+  bool recompute = false, sequence_parallel = false;
+  std::vector<int> stage_layers;          // blocks per global stage; empty: balanced by cost
+  uint64_t seed = 0;
+  model::MoeOptions moe;                  // MoE routing while training (its ep group: make_gpt_task's)
+  int ep = 1;                             // the expert-parallel degree (for the summary)
+  static GptTaskConfig from(const TrainConfig& cfg);
+};
+struct MlpTaskConfig {
+  std::vector<int> hidden;
+  std::string data, labels, val_data, val_labels, init;
+  double val_fraction = 0;
+  int batch_size = 0;
+  uint64_t seed = 0;
+  static MlpTaskConfig from(const TrainConfig& cfg);
 };
 
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
-model::GptConfig gpt_shape(const TrainConfig& cfg, const SafetensorsReader* init);
+model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init);
 // The pipeline this rank is part of: its group (rank = pipeline position); stages, chunks and schedule are
 // the layout's.
 struct PipelineContext {
@@ -83,10 +113,12 @@ struct PipelineContext {
 // tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline,
 // forward_backward runs this rank's schedule and returns the loss sum only on the last stage.
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
-std::vector<int> stage_split(const TrainConfig& cfg, const model::GptConfig& shape, int stages);
+std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages);
 
-std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout,
-                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr);
-std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout);
+// ep: the expert-parallel group of MoE blocks (null: every expert computed here).
+std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLayout& layout,
+                                         nn::TensorParallelOps* tp = nullptr, const PipelineContext* pp = nullptr,
+                                         nn::ExpertParallelOps* ep = nullptr);
+std::unique_ptr<TrainTask> make_mlp_task(const MlpTaskConfig& cfg, const BatchLayout& layout);
 
 }  // namespace mt::train

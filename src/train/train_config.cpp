@@ -77,6 +77,7 @@ void TrainConfig::validate(int world_size) const {
   const parallel::MeshGrid grid(world_size, dp, tp, pp, async == "ps" ? ps_servers() : 0);
   const int d = grid.dp();
   const BatchLayout layout(*this, d);
+  moe.validate(*this, d);
   const compress::CompressSpec cspec = compress::parse_compress_spec(compress);
   if (cspec.enabled() || local_sgd > 0) {
     const char* what = cspec.enabled() ? "--compress" : "--local-sgd";

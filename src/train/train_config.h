@@ -10,10 +10,24 @@
 
 namespace mt::train {
 
+// Mixture-of-experts routing while training (the model's MoE shape is in TrainConfig::gpt: moe_every,
+// experts, moe_top_k, expert_hidden). nn/moe_router.h has the semantics.
+struct MoeFlags {
+  double capacity_factor = 1.25;     // F: ceil(F k group_tokens / E) slots per expert and group; 0 = dropless
+  int group_windows = 1;             // G: routing groups of G consecutive windows of the global batch
+  std::string second_policy = "all";  // all | random (GShard: keep the second choice when 2 g2 > u)
+  double aux_loss = 0.01;            // alpha of the load-balancing loss
+  double z_loss = 0.0;               // beta of the router z-loss
+  int ep = 1;                        // expert-parallel degree: experts split over ep ranks of each dp group
+  // Checks against the model flags and the data-parallel degree (moe.cpp).
+  void validate(const struct TrainConfig& cfg, int dp) const;
+};
+
 struct TrainConfig {
   std::string model = "gpt";  // gpt | mlp
   // GPT shape: 0 = take from --init's metadata/tensors, else the defaults in resolve().
-  model::GptConfig gpt;
+  model::GptConfig gpt{0, 0, 0, 0, 0, 0, 0, 0, 0};  // moe_top_k 0: not given (1)
+  MoeFlags moe;
   std::vector<int> hidden{256, 128};  // MLP hidden widths
 
   std::string init;        // safetensors weights to start from

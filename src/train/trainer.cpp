@@ -57,6 +57,7 @@ void run_steps(Run& r) {
                           {"grad_norm", norm}, {r.log->items_key(), ips}, {"step_time_s", dt},
                           {"comm_bytes", sent}, {"comm_bytes_total", r.comm_bytes_total}};
     sync.annotate(row);
+    r.task->annotate(row, r.mesh);
     if (r.cadence.eval_after(s)) (*r.evaluate)(s, row);
     r.log->step(row, s, loss, lr, ips);
     r.sum.steps_run++;
@@ -81,6 +82,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   gather_memory(r.mesh, r.sync->engine(), *r.opt, *r.task, sum);
   nlohmann::json sections = {{"ps", ps_section}};
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, sum);
+  if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }
@@ -111,7 +113,7 @@ void check_shape_flags(const TrainConfig& cfg) {
   if (cfg.model != "gpt" || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
   std::optional<SafetensorsReader> init;
   if (!cfg.init.empty()) init.emplace(cfg.init);
-  const model::GptConfig shape = gpt_shape(cfg, init ? &*init : nullptr);
+  const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
   MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
                  "): tensor parallelism splits attention by whole heads");
   if (!cfg.stage_layers.empty())

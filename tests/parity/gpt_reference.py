@@ -2,8 +2,9 @@
 
 What lives here: a safetensors reader/writer (json + numpy), the llm.c token shard format, a from-scratch
 GPT-2 (explicit ops, no torch.nn layers), the global-batch rule, AdamW + global-norm clipping + warmup/cosine
-LR written out by hand, `train` (the whole conformance run) and greedy generation. It shares no code with
-the C++ side; every formula below is the conformance interface, written a second time.
+LR written out by hand, `train` (the whole conformance run; its loop `optimize` is shared with the MoE
+reference, moe_reference.py) and greedy generation. It shares no code with the C++ side; every formula
+below is the conformance interface, written a second time.
 
 What does not live here: anything fast. This is float32 torch with plain ops, meant to be obviously right;
 tests/parity/test_reference_selfcheck.py checks it against torch.optim.AdamW, clip_grad_norm_, a
@@ -445,7 +446,21 @@ def train(init_path: str, data_path: str, B: int, T: int, steps: int, hyperparam
     global norm before clipping, lr the rate used at that step."""
     hp = hyperparams if isinstance(hyperparams, HParams) else HParams(**hyperparams)
     cfg, params = load_model(init_path, n_head=n_head, dtype=dtype)
-    tokens = read_shard(data_path)
+
+    def step_loss(p, x, y, s):
+        loss = gpt_loss(p, x, y, cfg)
+        return loss, {"loss": float(loss)}
+    return optimize(params, read_shard(data_path), B, T, steps, hp, step_loss)
+
+
+def optimize(params: Dict[str, torch.Tensor], tokens: np.ndarray, B: int, T: int, steps: int, hp: HParams,
+             step_loss: Callable[[Mapping[str, torch.Tensor], torch.Tensor, torch.Tensor, int],
+                                 Tuple[torch.Tensor, Dict[str, float]]]
+             ) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray]]:
+    """The conformance loop shared by every model: for s in 0..steps-1, the global batch of step s, the
+    gradient of step_loss(params, x [B, T], y [B, T], s)[0] over all params, global-norm clipping, the LR
+    schedule and AdamW (updates `params` in place). History rows are {step, **metrics, lr, grad_norm,
+    clipped} with the metrics step_loss returns beside its loss."""
     opt = AdamW(params, hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
     names = list(params)
     history = []
@@ -453,7 +468,7 @@ def train(init_path: str, data_path: str, B: int, T: int, steps: int, hyperparam
         x, y = (torch.from_numpy(a) for a in get_batch(tokens, s, B, T))
         for q in params.values():
             q.requires_grad_(True)
-        loss = gpt_loss(params, x, y, cfg)
+        loss, metrics = step_loss(params, x, y, s)
         grads = dict(zip(names, torch.autograd.grad(loss, [params[n] for n in names])))
         for q in params.values():
             q.requires_grad_(False)
@@ -463,8 +478,7 @@ def train(init_path: str, data_path: str, B: int, T: int, steps: int, hyperparam
             grads = {n: g * scale for n, g in grads.items()}
         lr = lr_at(s, hp.lr, hp.min_lr, hp.warmup_steps, steps)
         opt.step(params, grads, s + 1, lr)
-        history.append({"step": s, "loss": float(loss), "lr": lr, "grad_norm": norm,
-                        "clipped": scale < 1.0})
+        history.append({"step": s, **metrics, "lr": lr, "grad_norm": norm, "clipped": scale < 1.0})
     final = {n: params[n].detach().to(torch.float32).numpy().copy() for n in names}
     return history, final
 

@@ -227,3 +227,20 @@ TEST(Schedule, MessageNamesBothEnds) {
 }
 
 }  // namespace
+
+// ---- Forward-only lists (evaluation): ascending (micro-batch, chunk), the message rule of step 2, no step. ----
+TEST(ForwardOnly, TwoStagesTwoMicroBatches) {
+  const Schedule s = forward_only({"1f1b", 2, 2, 1});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0], (std::vector<Action>{F(0), SA(0, 0, 1), F(1), SA(1, 0, 1)}));
+  EXPECT_EQ(s[1], (std::vector<Action>{PA(0, 0, 0), WA(0, 0, 0), PA(1, 0, 0), F(0), WA(1, 0, 0), F(1)}));
+}
+
+TEST(ForwardOnly, InterleavedChunksHopBetweenRanks) {
+  // p = 2, V = 2: stages 0, 1, 2, 3 on ranks 0, 1, 0, 1. Any m (no m % p rule without backwards).
+  const Schedule s = forward_only({"interleaved", 2, 1, 2});
+  EXPECT_EQ(s[0], (std::vector<Action>{PA(0, 1, 1), F(0, 0), SA(0, 0, 1), WA(0, 1, 1), F(0, 1), SA(0, 1, 1)}));
+  EXPECT_EQ(s[1], (std::vector<Action>{PA(0, 0, 0), WA(0, 0, 0), PA(0, 1, 0), F(0, 0), SA(0, 0, 0), WA(0, 1, 0),
+                                       F(0, 1)}));
+  EXPECT_THROW(forward_only({"1f1b", 2, 0, 1}), mt::InputError);
+}

@@ -167,3 +167,42 @@ TEST(MeshGrid, RejectsDegreesThatDoNotTileTheRanks) {
   EXPECT_NE(message([] { MeshGrid(4, 0, 0, 1); }).find("--tp 0"), std::string::npos);
   EXPECT_EQ(MeshGrid(12, 0, 2, 3).describe(), "data-parallel 2 x tensor-parallel 2 x pipeline 3");
 }
+
+TEST(MeshGrid, ExpertGroupsCutEachDataParallelGroupIntoRunsOfEp) {
+  // For every layout of 1-16 ranks and every ep dividing dp: the ep group of rank (d, t, j) is the ranks
+  // (d', t, j) with d' / ep = d / ep, ordered by d', and the rank's place in it is d % ep.
+  int checked = 0;
+  for (int world = 1; world <= 16; world++)
+    for (int tp = 1; tp <= world; tp++)
+      for (int pp = 1; pp <= world; pp++) {
+        if (world % (tp * pp)) continue;
+        const int dp = world / (tp * pp);
+        for (int ep = 1; ep <= dp; ep++) {
+          if (dp % ep) continue;
+          const MeshGrid g(world, 0, tp, pp, 0, ep);
+          EXPECT_EQ(g.builds(MeshGroup::ep), ep > 1);
+          const std::vector<Expect> ranks = enumerate_ranks(dp, tp, pp);
+          for (int r = 0; r < world; r++) {
+            std::vector<int> want;
+            for (int q = 0; q < world; q++)
+              if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d / ep == ranks[r].d / ep)
+                want.push_back(q);  // ascending q is ascending d' within fixed (t, j)
+            ASSERT_EQ(g.members(MeshGroup::ep, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
+            EXPECT_EQ(want[ranks[r].d % ep], r);
+            checked++;
+          }
+        }
+      }
+  EXPECT_GT(checked, 200);
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const mt::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([] { MeshGrid(6, 0, 1, 1, 0, 4); }).find("--ep 4 does not divide the data-parallel degree 6"),
+            std::string::npos);
+  EXPECT_EQ(MeshGrid(8, 0, 2, 1, 0, 2).describe(), "data-parallel 4 (expert-parallel 2) x tensor-parallel 2 x pipeline 1");
+}

@@ -194,3 +194,138 @@ TEST(ModelStages, ChainedStagesEqualTheFullModel) {
     EXPECT_LE(worst, 1e-6) << p.name;
   }
 }
+
+namespace {
+
+// The training loss of an MoE GPT: the cross-entropy mean plus alpha * (mean over groups of the load-
+// balancing term) + beta * (mean over tokens of lse^2), summed over MoE layers, read from the layers' stats.
+double moe_gpt_loss(mt::model::Gpt& gpt, mt::nn::ActivationStore& store, const std::vector<int32_t>& in,
+                    const std::vector<int32_t>& tg, int B, int T, const mt::model::MoeOptions& o) {
+  for (auto& m : gpt.moe_layers())
+    if (m) m->stats().reset(m->experts());
+  const float dscale = 1.0f / (B * T);
+  double loss = gpt.forward(store, 0, in.data(), tg.data(), B, T, dscale) * dscale;
+  for (auto& m : gpt.moe_layers())
+    if (m) loss += o.aux_alpha * m->stats().aux_sum / (B / o.group_windows) + o.z_beta * m->stats().z_sum / (B * T);
+  return loss;
+}
+
+}  // namespace
+
+TEST(ModelGradcheck, GptMoe) {
+  // 3 blocks, MoE every 2nd (block 1), 4 experts top-2 with capacity 1.0 (drops), aux and z losses on.
+  mt::model::GptConfig cfg{3, 2, 16, 23, 12};
+  cfg.moe_every = 2, cfg.experts = 4, cfg.moe_top_k = 2, cfg.expert_hidden = 20;
+  mt::model::MoeOptions o;
+  o.capacity_factor = 1.0, o.group_windows = 1, o.aux_alpha = 0.3f, o.z_beta = 0.05f, o.seed = 3;
+  mt::nn::ParamRegistry params;
+  mt::model::Gpt gpt(cfg, params, nullptr, {}, o);
+  params.finalize();
+  gpt.init_gpt2(5);
+  for (mt::nn::Param& p : params.params()) {
+    auto r = randn(p.numel, 9, p.name, p.decay ? 0.3f : 0.2f);
+    for (size_t i = 0; i < p.numel; i++) p.data[i] = p.data[i] + r[i];
+  }
+  ASSERT_NE(params.find("h.1.mlp.experts.3.c_proj.bias"), nullptr);
+  ASSERT_EQ(params.find("h.1.mlp.c_fc.weight"), nullptr);
+  ASSERT_NE(params.find("h.0.mlp.c_fc.weight"), nullptr);
+  EXPECT_EQ(cfg.num_params(), (int64_t)params.size());
+  const int B = 2, T = 9;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; i++) {
+    in[i] = (i * 7 + 3) % cfg.vocab_size;
+    tg[i] = (i * 5 + 1) % cfg.vocab_size;
+  }
+  mt::nn::ActivationStore store;
+  params.zero_grad();
+  moe_gpt_loss(gpt, store, in, tg, B, T, o);
+  EXPECT_GT(gpt.moe_layers()[1]->stats().dropped, 0) << "the case should drop choices";
+  gpt.backward(store, 0, B, T);
+  check_params(params, [&] { return moe_gpt_loss(gpt, store, in, tg, B, T, o); }, 4, 1e-4, 3e-2);
+}
+
+TEST(ModelGradcheck, GptMoeWithOneExpertIsTheDenseModel) {
+  // One expert, top-1, dropless, no auxiliary losses: the gate is softmax of one logit = 1, so the block is
+  // the dense MLP with the expert's weights: same loss and gradients.
+  mt::model::GptConfig dense_cfg{2, 2, 16, 19, 8};
+  mt::model::GptConfig moe_cfg = dense_cfg;
+  moe_cfg.moe_every = 1, moe_cfg.experts = 1, moe_cfg.moe_top_k = 1;
+  mt::model::MoeOptions o;
+  o.capacity_factor = 0, o.aux_alpha = 0, o.z_beta = 0;
+  mt::nn::ParamRegistry pd, pm;
+  mt::model::Gpt dense(dense_cfg, pd), moe(moe_cfg, pm, nullptr, {}, o);
+  pd.finalize();
+  pm.finalize();
+  dense.init_gpt2(4);
+  for (mt::nn::Param& p : pm.params()) {
+    std::string n = p.name;
+    const size_t at = n.find("experts.0.");
+    if (at != std::string::npos) n.erase(at, 10);
+    if (n.find("router") != std::string::npos) {
+      auto r = randn(p.numel, 1, n, 1.0f);  // any router: one expert always wins with probability 1
+      std::copy(r.begin(), r.end(), p.data);
+      continue;
+    }
+    const mt::nn::Param& q = pd.get(n);
+    std::copy(q.data, q.data + q.numel, p.data);
+  }
+  const int B = 2, T = 8;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; i++) in[i] = tg[(i + 1) % (B * T)] = (i * 5 + 2) % 19;
+  mt::nn::ActivationStore s1, s2;
+  pd.zero_grad();
+  pm.zero_grad();
+  const double ld = dense.forward(s1, 0, in.data(), tg.data(), B, T, 1.0f / (B * T));
+  const double lm = moe.forward(s2, 0, in.data(), tg.data(), B, T, 1.0f / (B * T));
+  EXPECT_NEAR(lm, ld, 1e-5 * std::fabs(ld));
+  dense.backward(s1, 0, B, T);
+  moe.backward(s2, 0, B, T);
+  for (mt::nn::Param& p : pm.params()) {
+    std::string n = p.name;
+    const size_t at = n.find("experts.0.");
+    if (at != std::string::npos) n.erase(at, 10);
+    if (n.find("router") != std::string::npos) {
+      for (size_t i = 0; i < p.numel; i++) EXPECT_EQ(p.grad[i], 0.0f) << "a router with one expert has no gradient";
+      continue;
+    }
+    const mt::nn::Param& q = pd.get(n);
+    for (size_t i = 0; i < p.numel; i++) ASSERT_NEAR(p.grad[i], q.grad[i], 1e-6f + 1e-5f * std::fabs(q.grad[i])) << p.name;
+  }
+}
+
+TEST(ModelGradcheck, GptMoeMicroBatchesAddUp) {
+  // Routing groups are windows (G = 1), so capacity does not depend on the micro-batching: two micro-batches
+  // of one window give the gradient of one batch of two, drops included.
+  mt::model::GptConfig cfg{2, 2, 8, 17, 8};
+  cfg.moe_every = 1, cfg.experts = 4, cfg.moe_top_k = 2;
+  mt::model::MoeOptions o;
+  o.capacity_factor = 1.0, o.aux_alpha = 0.1f, o.z_beta = 0.01f;
+  mt::nn::ParamRegistry params;
+  mt::model::Gpt gpt(cfg, params, nullptr, {}, o);
+  params.finalize();
+  gpt.init_gpt2(1);
+  for (mt::nn::Param& p : params.params()) {
+    auto r = randn(p.numel, 2, p.name, 0.3f);
+    for (size_t i = 0; i < p.numel; i++) p.data[i] += r[i];
+  }
+  const int B = 2, T = 8;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; i++) in[i] = tg[(i + B * T - 1) % (B * T)] = (i * 3) % 17;
+  mt::nn::ActivationStore store;
+  params.zero_grad();
+  double l_full = gpt.forward(store, 0, in.data(), tg.data(), B, T, 1.0f / (B * T));
+  gpt.backward(store, 0, B, T);
+  const int64_t dropped = gpt.moe_layers()[0]->stats().dropped + gpt.moe_layers()[1]->stats().dropped;
+  EXPECT_GT(dropped, 0);
+  std::vector<float> g_full(params.grad(), params.grad() + params.size());
+  params.zero_grad();
+  double l_mb = 0;
+  for (int b = 0; b < B; b++) {
+    gpt.set_moe_position(0, b);
+    l_mb += gpt.forward(store, b, in.data() + b * T, tg.data() + b * T, 1, T, 1.0f / (B * T));
+    gpt.backward(store, b, 1, T);
+  }
+  EXPECT_EQ(gpt.moe_layers()[0]->stats().dropped + gpt.moe_layers()[1]->stats().dropped, 2 * dropped);
+  EXPECT_NEAR(l_full, l_mb, 1e-5);
+  for (size_t i = 0; i < params.size(); i++) EXPECT_NEAR(params.grad()[i], g_full[i], 1e-6) << i;
+}

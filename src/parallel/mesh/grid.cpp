@@ -14,12 +14,13 @@ const char* group_name(MeshGroup g) {
     case MeshGroup::replica: return "mp";
     case MeshGroup::tie: return "tie";
     case MeshGroup::side: return "ps";
+    case MeshGroup::ep: return "ep";
   }
   return "?";
 }
 
-MeshGrid::MeshGrid(int world, int dp, int tp, int pp, int servers)
-    : world_(world), servers_(servers), tp_(tp), pp_(pp) {
+MeshGrid::MeshGrid(int world, int dp, int tp, int pp, int servers, int ep)
+    : world_(world), servers_(servers), tp_(tp), pp_(pp), ep_(ep) {
   MT_CHECK_INPUT(tp >= 1 && pp >= 1 && dp >= 0 && servers >= 0, "mesh degrees must be positive: --dp ", dp,
                  " --tp ", tp, " --pp ", pp, " --servers ", servers);
   const int w = world - servers;
@@ -30,6 +31,8 @@ MeshGrid::MeshGrid(int world, int dp, int tp, int pp, int servers)
   dp_ = dp == 0 ? w / (tp * pp) : dp;
   MT_CHECK_INPUT(dp_ * tp * pp == w, "--dp ", dp_, " x --tp ", tp, " x --pp ", pp, " must equal the number of ",
                  servers > 0 ? "workers (ranks minus --servers): " : "ranks (--nproc or mpirun -np): ", w);
+  MT_CHECK_INPUT(ep >= 1 && dp_ % ep == 0, "--ep ", ep, " does not divide the data-parallel degree ", dp_,
+                 ": experts are split over ep ranks of each data-parallel group");
 }
 
 MeshCoord MeshGrid::coord(int r) const {
@@ -48,6 +51,7 @@ bool MeshGrid::builds(MeshGroup g) const {
     case MeshGroup::pp:
     case MeshGroup::tie: return pp_ > 1;
     case MeshGroup::side: return servers_ > 0;
+    case MeshGroup::ep: return ep_ > 1;
   }
   return false;
 }
@@ -63,6 +67,7 @@ GroupKey MeshGrid::key(MeshGroup g, int r) const {
     case MeshGroup::replica: return {c.dp, c.pp * tp_ + c.tp};
     case MeshGroup::tie:
       return {c.pp == 0 || c.pp == pp_ - 1 ? c.dp * tp_ + c.tp : -1, c.pp};
+    case MeshGroup::ep: return {(c.pp * tp_ + c.tp) * (dp_ / ep_) + c.dp / ep_, c.dp % ep_};
     case MeshGroup::side: break;
   }
   return {};
@@ -83,7 +88,8 @@ std::vector<int> MeshGrid::members(MeshGroup g, int r) const {
 }
 
 std::string MeshGrid::describe() const {
-  return str("data-parallel ", dp_, " x tensor-parallel ", tp_, " x pipeline ", pp_);
+  return str("data-parallel ", dp_, ep_ > 1 ? str(" (expert-parallel ", ep_, ")") : "", " x tensor-parallel ", tp_,
+             " x pipeline ", pp_);
 }
 
 }  // namespace mt::parallel

@@ -15,8 +15,10 @@
 //   replica       (d, *, *)                              j * tp + t          one model: files, grad norm
 //   tie           (d, t, 0) and (d, t, pp-1), pp > 1     j                   tied embedding's gradient
 //   side          workers or servers                     world rank          parameter-server split
+//   ep            (d', t, j) with d' / ep = d / ep       d % ep              MoE token dispatch/combine
 //
-// An expert dimension (ep) would subdivide dp the same way: a new Dim, a new row in this table.
+// The expert dimension subdivides dp: each data-parallel group is cut into dp / ep runs of ep consecutive
+// ranks; a run holds every expert once (parallel/expert).
 #pragma once
 
 #include <string>
@@ -24,7 +26,8 @@
 
 namespace mt::parallel {
 
-enum class MeshGroup { tp, dp, pp, replica, tie, side };
+enum class MeshGroup { tp, dp, pp, replica, tie, side, ep };
+constexpr int kMeshGroups = 7;
 const char* group_name(MeshGroup g);
 
 struct MeshCoord {
@@ -41,7 +44,8 @@ class MeshGrid {
  public:
   // world ranks of which `servers` are parameter servers; dp = 0: the rest / (tp * pp). Throws InputError
   // (naming the flags and the numbers) when the degrees do not tile the worker ranks.
-  MeshGrid(int world, int dp, int tp, int pp, int servers = 0);
+  // ep: the expert-parallel degree, which must divide dp.
+  MeshGrid(int world, int dp, int tp, int pp, int servers = 0, int ep = 1);
 
   int world() const { return world_; }
   int workers() const { return world_ - servers_; }
@@ -49,6 +53,7 @@ class MeshGrid {
   int dp() const { return dp_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
+  int ep() const { return ep_; }
 
   bool is_server(int world_rank) const { return world_rank >= workers(); }
   MeshCoord coord(int world_rank) const;
@@ -65,7 +70,7 @@ class MeshGrid {
   std::string describe() const;
 
  private:
-  int world_, servers_, dp_, tp_, pp_;
+  int world_, servers_, dp_, tp_, pp_, ep_;
 };
 
 }  // namespace mt::parallel

@@ -31,6 +31,7 @@ class Mesh {
   comm::Communicator* tp() const { return group(MeshGroup::tp); }
   comm::Communicator* pp() const { return group(MeshGroup::pp); }
   comm::Communicator* replica() const { return group(MeshGroup::replica); }
+  comm::Communicator* ep() const { return group(MeshGroup::ep); }
 
   // Sums a few doubles over group g (as float32, what comm reduces); no-op without the group.
   void sum(MeshGroup g, double* v, int n) const;
@@ -40,7 +41,7 @@ class Mesh {
   MeshGrid grid_;
   int rank_ = 0;
   MeshCoord coord_;
-  std::unique_ptr<comm::Communicator> groups_[6];
+  std::unique_ptr<comm::Communicator> groups_[kMeshGroups];
 };
 
 // Sums a few doubles across `group` as float32 (no-op for null or one rank).

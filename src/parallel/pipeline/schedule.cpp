@@ -168,6 +168,19 @@ Schedule with_communication(const ScheduleSpec& spec, const Schedule& compute) {
 
 Schedule make_schedule(const ScheduleSpec& spec) { return with_communication(spec, compute_order(spec)); }
 
+Schedule forward_only(const ScheduleSpec& spec) {
+  MT_CHECK_INPUT(spec.stages >= 1 && spec.micro_batches >= 1 && spec.virtual_stages >= 1,
+                 "a forward-only schedule needs p, m, V >= 1, got p = ", spec.stages, ", m = ", spec.micro_batches,
+                 ", V = ", spec.virtual_stages);
+  Schedule compute((size_t)spec.stages);
+  for (int j = 0; j < spec.stages; j++)
+    for (int i = 0; i < spec.micro_batches; i++)
+      for (int c = 0; c < spec.virtual_stages; c++) compute[j].push_back({ActionKind::forward, i, c, -1});
+  Schedule out = with_communication(spec, compute);
+  for (auto& list : out) list.pop_back();  // no optimizer step
+  return out;
+}
+
 bool is_compute(ActionKind k) { return k == ActionKind::forward || k == ActionKind::backward; }
 bool is_send(ActionKind k) { return k == ActionKind::send_act || k == ActionKind::send_grad; }
 bool is_post(ActionKind k) { return k == ActionKind::post_recv_act || k == ActionKind::post_recv_grad; }

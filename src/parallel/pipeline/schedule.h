@@ -106,6 +106,11 @@ void validate(const ScheduleSpec& spec);
 // The whole list for every rank (validates first). The one function the executor needs.
 Schedule make_schedule(const ScheduleSpec& spec);
 
+// Evaluation: forwards only, each rank's (i, c) in ascending micro-batch then chunk order (so every wait is
+// for a smaller (i, s), and the lists cannot deadlock), with the messages of step 2 and no optimizer step.
+// Any schedule name and m (interleaved's m % p rule is about its backward order).
+Schedule forward_only(const ScheduleSpec& spec);
+
 // Step 1 alone: only the forward and backward actions, in order (validates first).
 Schedule compute_order(const ScheduleSpec& spec);
 

@@ -1,0 +1,135 @@
+#include "nn/tensor_parallel_layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "nn/layers.h"
+
+namespace mt::nn {
+
+int TpRows::rows_here(int N) const {
+  if (!sp_) return N;
+  MT_CHECK_INPUT(N % size() == 0, "--sequence-parallel splits the ", N, " token rows of a micro-batch ",
+                 "(micro-batch size x --seq-len) over --tp ", size(), ": they must be divisible");
+  return N / size();
+}
+
+const float* TpRows::gather(const float* local, float* full, int N, int C) const {
+  if (!sp_) return local;
+  tp_->all_gather(local, full, (size_t)N * C);
+  return full;
+}
+
+void TpRows::reduce(float* full, float* local, int N, int C) const {
+  if (!sp_) {
+    sum(full, (size_t)N * C);
+    if (local != full) std::memcpy(local, full, sizeof(float) * N * C);
+    return;
+  }
+  tp_->reduce_scatter(full, local, (size_t)N * C);
+}
+
+void TpRows::sum(float* buf, size_t n) const {
+  if (size() > 1) tp_->all_reduce_sum(buf, n);
+}
+
+void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*>> parts, size_t count) {
+  // Each rank computed the gradient from its rows only: add the parts over the group (only this
+  // micro-batch's contribution, which the caller computed into `parts`' temporaries, so earlier micro-batches
+  // are not counted twice), packed into one all-reduce.
+  size_t total = 0;
+  for (auto& [p, g] : parts) total += std::min(p->numel, count);
+  tmp_.resize(total);
+  size_t off = 0;
+  for (auto& [p, g] : parts) {
+    const size_t n = std::min(p->numel, count);
+    std::memcpy(tmp_.data() + off, g, sizeof(float) * n);
+    off += n;
+  }
+  sum(tmp_.data(), total);
+  off = 0;
+  for (auto& [p, g] : parts) {
+    const size_t n = std::min(p->numel, count);
+    for (size_t i = 0; i < n; i++) p->grad[i] += tmp_[off + i];
+    off += n;
+  }
+}
+
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
+                                 const float* b, const float* residual, int N, int Cin, int C) {
+  if (rows.size() == 1) {
+    linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
+    return;
+  }
+  // Under sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the
+  // residual.
+  const int Nr = rows.rows_here(N);
+  if (!rows.sequence_parallel()) partial = out;
+  linear_forward(partial, inp, W, nullptr, N, Cin, C);
+  rows.reduce(partial, out, N, C);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < Nr; n++) {
+    float* o = out + (size_t)n * C;
+    const float* r = residual + (size_t)n * C;
+    for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
+  }
+}
+
+void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,
+                                      int64_t v0, int64_t v1, int N, int C) {
+  // Rows this rank owns, zeros elsewhere, summed over the group (reduce-scattered to each rank's rows under
+  // sequence parallelism).
+  if (!rows.sequence_parallel()) e = out;
+  std::memset(e, 0, sizeof(float) * N * C);
+  for (int n = 0; n < N; n++)
+    if (ids[n] >= v0 && ids[n] < v1) std::memcpy(e + (size_t)n * C, wte + (size_t)(ids[n] - v0) * C, sizeof(float) * C);
+  rows.reduce(e, out, N, C);
+}
+
+void vocab_parallel_embedding_backward(float* dwte, const float* dall, const int32_t* ids, int64_t v0, int64_t v1,
+                                       int N, int C) {
+  // The vocabulary rows this rank owns may be used by any token.
+  for (int n = 0; n < N; n++) {
+    if (ids[n] < v0 || ids[n] >= v1) continue;
+    float* d = dwte + (size_t)(ids[n] - v0) * C;
+    const float* g = dall + (size_t)n * C;
+    for (int c = 0; c < C; c++) d[c] += g[c];
+  }
+}
+
+// Per row, the group's max, then the sum of exponentials, then the target's logit (owned by one rank) are
+// all-reduced.
+double vocab_parallel_cross_entropy(TensorParallelOps& tp, float* logits, const int32_t* targets, int N, int64_t v0,
+                                    int64_t v1, float dscale) {
+  const int Vl = (int)(v1 - v0);
+  std::vector<float> mx(N), se(N), xt(N, 0.0f);
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + (size_t)n * Vl;
+    float m = -INFINITY;
+    for (int j = 0; j < Vl; j++) m = std::max(m, x[j]);
+    mx[n] = m;
+  }
+  tp.all_reduce_max(mx.data(), N);
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + (size_t)n * Vl;
+    float sum = 0.0f;
+    for (int j = 0; j < Vl; j++) sum += std::exp(x[j] - mx[n]);
+    se[n] = sum;
+    if (targets[n] >= v0 && targets[n] < v1) xt[n] = x[targets[n] - v0];
+  }
+  tp.all_reduce_sum(se.data(), N);
+  tp.all_reduce_sum(xt.data(), N);
+  double total = 0.0;
+  for (int n = 0; n < N; n++) {
+    float lz = mx[n] + std::log(se[n]);
+    total += lz - xt[n];
+    float* x = logits + (size_t)n * Vl;
+    for (int j = 0; j < Vl; j++) x[j] = std::exp(x[j] - lz) * dscale;
+    if (targets[n] >= v0 && targets[n] < v1) x[targets[n] - v0] -= dscale;
+  }
+  return total;
+}
+
+}  // namespace mt::nn

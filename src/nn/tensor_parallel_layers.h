@@ -1,0 +1,71 @@
+// Tensor- and sequence-parallel building blocks over nn::TensorParallelOps (Megatron-LM's mappings and
+// parallel layers), composed by model::Gpt. Each collective is named by what it does in both directions.
+//
+// Legend: S ranks in the tensor-parallel group, r this rank, N token rows of a micro-batch, Nr = N / S under
+// sequence parallelism (else N), C model width, V vocabulary, [v0, v1) this rank's vocabulary rows.
+//
+//   TpRows::gather   forward: all-gather Nr -> N rows (SP; identity without)
+//                    its backward pair is TpRows::reduce (a column-parallel product's input gradient)
+//   TpRows::reduce   forward: sum over the group of N partial rows, keep my Nr rows (SP: reduce-scatter,
+//                    else all-reduce) -- the row-parallel product's output; backward pair: gather
+//   TpRows::sum_replicated   SP only: a replicated parameter's gradient computed from my rows, summed
+//
+// Cost per call, bytes per rank: gather and reduce move (S - 1) / S x N x C x 4 under SP (all-gather /
+// reduce-scatter), an all-reduce 2 (S - 1) / S x N x C x 4 without. The vocabulary-parallel loss all-reduces
+// 3 N floats (max, sum of exponentials, target logit); the logits are never gathered.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "nn/params.h"
+#include "nn/tensor_parallel.h"
+
+namespace mt::nn {
+
+class TpRows {
+ public:
+  // tp null or size 1: no tensor parallelism (every call is the identity or a copy).
+  TpRows(TensorParallelOps* tp, bool sequence_parallel) : tp_(tp), sp_(sequence_parallel && size() > 1) {}
+  int size() const { return tp_ ? tp_->size() : 1; }
+  int rank() const { return tp_ ? tp_->rank() : 0; }
+  bool sequence_parallel() const { return sp_; }
+  // Rows of the residual stream this rank holds for N rows (throws InputError when S does not divide N).
+  int rows_here(int N) const;
+  // All N rows of local[Nr, C]: `full` (scratch, N x C) under SP, else local itself.
+  const float* gather(const float* local, float* full, int N, int C) const;
+  // local[Nr, C] = my rows of the sum over the group of full[N, C] (full is clobbered; local may be full).
+  void reduce(float* full, float* local, int N, int C) const;
+  // In-place all-reduce (no-op without tensor parallelism).
+  void sum(float* buf, size_t n) const;
+  // Adds to each parameter's gradient the group sum of its part (first min(numel, count) elements).
+  void sum_replicated(std::initializer_list<std::pair<Param*, const float*>> parts, size_t count = SIZE_MAX);
+
+ private:
+  TensorParallelOps* tp_;
+  bool sp_;
+  std::vector<float> tmp_;
+};
+
+// Row-parallel linear (Megatron's RowParallelLinear): out[Nr, C] = residual + b + my rows of the group sum
+// of inp[N, Cin] W[Cin, C] (each rank holds Cin of the full input width). partial: N x C scratch under SP.
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
+                                 const float* b, const float* residual, int N, int Cin, int C);
+
+// Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns
+// (zeros for other tokens). e: N x C scratch under SP (else out itself).
+void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,
+                                      int64_t v0, int64_t v1, int N, int C);
+// dwte[v1 - v0, C] += the gradient of the rows this rank owns; dall: all N rows' gradient.
+void vocab_parallel_embedding_backward(float* dwte, const float* dall, const int32_t* ids, int64_t v0, int64_t v1,
+                                       int N, int C);
+
+// Softmax cross-entropy over a vocabulary split across the group: logits[N, v1 - v0] (my columns) become
+// dlogits = (softmax - onehot) * dscale; returns the summed loss (the same on every rank).
+double vocab_parallel_cross_entropy(TensorParallelOps& tp, float* logits, const int32_t* targets, int N, int64_t v0,
+                                    int64_t v1, float dscale);
+
+}  // namespace mt::nn

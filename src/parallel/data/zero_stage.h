@@ -1,0 +1,77 @@
+// ZeRO stages 0-3 as small strategies over the shared bucket machinery (buckets.h). DataParallel owns one and
+// calls it at fixed points of the step; each stage says what it keeps, when it reduces and how it updates.
+//
+//   stage  params        grads                     optimizer   per step
+//   0      full  4Psi    full  4Psi                8Psi        all-reduce each bucket when its last group's
+//                                                              gradients are final (overlaps backward)
+//   1      full  4Psi    full  4Psi (+ shard)      8Psi/N      reduce-scatter buckets, update own shard,
+//                                                              all-gather parameters
+//   2      full  4Psi    shard 4Psi/N              8Psi/N      as 1, but a group's full gradients exist only
+//                        (+ <= 2 groups in flight)             from its first write to its reduce-scatter
+//   3      shard 4Psi/N  shard 4Psi/N              8Psi/N      as 2, and a group's full parameters are
+//                        (+ 1-2 gathered groups)               gathered before each use, the next group is
+//                                                              prefetched, and they are freed after use
+//
+// Stages 0 and 1 reduce only after the last micro-batch (gradients accumulate locally first); stages 2 and 3
+// reduce-scatter every micro-batch and accumulate their shard.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "parallel/data/buckets.h"
+
+namespace mt::parallel {
+
+class ZeroStage {
+ public:
+  explicit ZeroStage(BucketSet& b) : b_(b) {}
+  virtual ~ZeroStage() = default;
+
+  // Finalizes the registry with what this stage keeps, cuts the buckets, sizes the shard buffers.
+  virtual void allocate() = 0;
+  const std::vector<optim::Segment>& segments() const { return segments_; }
+  virtual size_t state_size() const { return shard_total_; }
+  // fill(p) writes p's full tensor into p.data; this rank keeps its part.
+  virtual void initialize(const std::function<void(nn::Param&)>& fill);
+
+  virtual void begin_step() { b_.params.zero_grad(); }
+  virtual void begin_micro_batch() {}
+  // Hooks around group g (bucket b), before DataParallel's own bookkeeping.
+  virtual void before_forward(int g) {}
+  virtual void after_forward(int g) {}
+  virtual void before_backward(int g) {}
+  virtual void after_backward(int g) {}
+  // Every group of bucket b finished this micro-batch's backward.
+  virtual void bucket_ready(Bucket& b) = 0;
+  // Without hooks (pipeline): reduce the whole gradient now (stages 0 and 1).
+  virtual void reduce_all();
+
+  // The reduced gradient this rank owns, as (pointer, count) pieces; where segments' grad offsets point.
+  virtual void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) = 0;
+  virtual const float* grad_base() { return b_.params.grad(); }
+  virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
+  virtual void update(optim::Optimizer& opt, float lr, int64_t step) = 0;
+
+  // Consolidation (collective over dp where the stage shards; every rank gets the full flat buffer).
+  virtual void full_params(std::vector<float>& out);
+  virtual void full_state(const float* shard_state, std::vector<float>& out);
+  virtual void load_full_params(const float* full);
+  virtual void load_full_state(const float* full, float* shard_state);
+
+  virtual size_t param_bytes() const { return b_.params.size() * sizeof(float); }
+  virtual size_t grad_bytes() const { return b_.params.size() * sizeof(float); }
+
+ protected:
+  void gather_shards(const float* shard, float* full);  // all-gather of each bucket's shards (copy alone)
+  void all_gather_params();                               // stages 1, 2: after the update
+  BucketSet& b_;
+  std::vector<optim::Segment> segments_;
+  size_t shard_total_ = 0;
+};
+
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, BucketSet& buckets);
+
+}  // namespace mt::parallel
