@@ -5,7 +5,8 @@ set -euo pipefail
 
 PKGS=(
   g++ cmake make pkg-config
-  libopenblas-dev          # CBLAS for matrix products
+  libdnnl-dev ocl-icd-opencl-dev  # oneDNN matrix products (default backend); its CMake config wants OpenCL
+  libopenblas-dev          # CBLAS for matrix products (the -DMESHTRAIN_BLAS=openblas backend)
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
   libgtest-dev googletest  # unit tests

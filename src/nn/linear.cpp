@@ -1,4 +1,6 @@
-// Linear layer: three GEMMs (forward, input gradient, weight gradient) and a bias reduction.
+// Linear layer: three GEMMs (forward with the bias fused, input gradient, weight gradient) and a bias reduction.
+#include <cstring>
+
 #include "nn/layers.h"
 #include "tensor/blas.h"
 
@@ -6,22 +8,14 @@ namespace mt::nn {
 
 void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
                     const float* residual) {
-  if (b || residual) {
-    // Write bias (+ residual) into out, then accumulate the product on top (beta = 1): one pass over out.
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-      float* o = out + (size_t)n * OC;
-      const float* r = residual ? residual + (size_t)n * OC : nullptr;
-      if (b && r) {
-        for (int j = 0; j < OC; j++) o[j] = r[j] + b[j];
-      } else if (b) {
-        for (int j = 0; j < OC; j++) o[j] = b[j];
-      } else if (r != o) {
-        for (int j = 0; j < OC; j++) o[j] = r[j];
-      }
-    }
+  if (b) {
+    // The bias is added by the GEMM kernel as it writes out; a residual is copied in first and summed onto.
+    if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
+    gemm_bias(N, OC, C, inp, W, b, out, residual != nullptr);
+    return;
   }
-  gemm(false, false, N, OC, C, 1.0f, inp, C, W, OC, (b || residual) ? 1.0f : 0.0f, out, OC);
+  if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
+  gemm(false, false, N, OC, C, 1.0f, inp, C, W, OC, residual ? 1.0f : 0.0f, out, OC);
 }
 
 void linear_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp, const float* W, int N,

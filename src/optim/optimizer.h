@@ -40,6 +40,13 @@ class Optimizer {
                     int64_t step) = 0;
   // The state buffers by name, indexed like the gradients, for checkpoints.
   virtual std::vector<std::pair<std::string, AlignedBuffer*>> state() = 0;
+  // The next step() uses gradients multiplied by `factor` (float32 product, as if the buffer had been
+  // scaled first) and leaves the gradient buffer as it is: global-norm clipping fused into the update, one
+  // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.
+  void scale_next_grads(float factor) { grad_scale_ = factor; }
+
+ protected:
+  float grad_scale_ = 1.0f;
 };
 
 struct AdamWConfig {
@@ -76,6 +83,7 @@ class Sgd : public Optimizer {
  private:
   SgdConfig cfg_;
   AlignedBuffer buf_;
+  std::vector<float> scaled_;  // one segment's gradients times the clipping scale, when there is one
 };
 
 // Linear warmup then cosine decay to min_lr:

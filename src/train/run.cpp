@@ -100,9 +100,19 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
 void Run::announce() {
   const parallel::MeshGrid& g = mesh.grid();
   const int B = layout.global_batch(), b = layout.per_rank(), W = g.world();
+  const char* backend = mesh.world() ? mesh.world()->backend() : "";
+  {
+    // Ranks of a shared-memory job share this machine's cores: more threads than cores slows every rank.
+    const int cores = (int)std::thread::hardware_concurrency();
+    const int here = std::string(backend) == "shm" ? W : 1;
+    log->message(str("compute: ", cfg.threads, " thread(s) per rank, GEMM ", gemm_kernel_line(),
+                     cores > 0 && here * cfg.threads > cores
+                         ? str("; warning: ", here, " rank(s) x ", cfg.threads, " thread(s) > ", cores,
+                               " cores, lower --threads")
+                         : std::string()));
+  }
   if (!ckpt->written().empty())
     log->message("resumed from " + ckpt->written().back().second + " at step " + std::to_string(start));
-  const char* backend = mesh.world() ? mesh.world()->backend() : "";
   if (g.servers() > 0)
     log->message(str("training on ", W, " ranks (", backend, "): parameter server, ", g.workers(),
                      " workers (ranks 0-", g.workers() - 1, ", ", b, " of ", B, " windows each) and ", g.servers(),

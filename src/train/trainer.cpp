@@ -38,7 +38,8 @@ void run_steps(Run& r) {
     sync.reduce(s);
     const double loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
     const double norm = sync.grad_norm();
-    const float lr = r.tail.finish(s, loss, norm, [&](float f) { sync.scale(f); });
+    // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
+    const float lr = r.tail.finish(s, loss, norm, [&](float f) { r.opt->scale_next_grads(f); });
     {
       trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
       sync.update(*r.opt, lr, s);

@@ -1,4 +1,4 @@
-// GEMM through CBLAS, parallelized by meshtrain rather than by OpenBLAS: OpenBLAS always runs one thread per
+// GEMM through CBLAS (the -DMESHTRAIN_BLAS=openblas backend; see blas.h), parallelized by meshtrain rather than by OpenBLAS: OpenBLAS always runs one thread per
 // call, and a multi-threaded GEMM is split into row blocks of C across the OpenMP team. One thread pool
 // (OpenMP's) then serves GEMMs and meshtrain's own loops alike; with OpenBLAS's own pool as well, its
 // spinning workers and OpenMP's would compete for the same cores between calls.
@@ -8,6 +8,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 
@@ -49,6 +51,20 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   }
 }
 
+void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate) {
+  // CBLAS has no epilogue: write (or add) the bias first, then accumulate the product on top (beta = 1).
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < M; i++) {
+    float* c = C + (size_t)i * N;
+    if (accumulate) {
+      for (int j = 0; j < N; j++) c[j] += bias[j];
+    } else {
+      for (int j = 0; j < N; j++) c[j] = bias[j];
+    }
+  }
+  gemm(false, false, M, N, K, 1.0f, A, K, B, N, 1.0f, C, N);
+}
+
 void set_num_threads(int n) {
   MT_CHECK_INPUT(n >= 1, "--threads must be >= 1, got ", n);
   g_threads = n;
@@ -57,5 +73,31 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return g_threads; }
+
+GemmKernel gemm_kernel() {
+  GemmKernel k;
+  k.library = OPENBLAS_VERSION;  // " OpenBLAS 0.3.21 "
+  k.library = k.library.substr(k.library.find_first_not_of(' '));
+  k.library.erase(k.library.find_last_not_of(' ') + 1);
+  k.impl = openblas_get_corename();
+  if (const char* ct = std::getenv("OPENBLAS_CORETYPE")) k.impl += str(" (OPENBLAS_CORETYPE=", ct, ")");
+  k.isa_detail = openblas_get_corename();
+  // OpenBLAS names kernels after CPU models: the instruction set each model's kernels use.
+  const std::string& c = k.isa_detail;
+  if (c == "SkylakeX" || c == "Cooperlake" || c == "SapphireRapids")
+    k.isa = "avx512";
+  else if (c == "Haswell" || c == "Zen")
+    k.isa = "avx2";
+  else if (c == "Sandybridge")
+    k.isa = "avx";
+  else
+    k.isa = "sse";
+  return k;
+}
+
+std::string gemm_kernel_line() {
+  GemmKernel k = gemm_kernel();
+  return str(k.library, " core ", k.impl, ", ISA ", k.isa);
+}
 
 }  // namespace mt

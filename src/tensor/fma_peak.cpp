@@ -1,0 +1,98 @@
+// FMA peak: each thread keeps kChains independent accumulators, so the FMA units never wait on a previous
+// result (latency 4 cycles x 2 pipes = 8 chains in flight suffice on current x86; 16 leave a margin), and
+// repeats acc = acc * x + y, with x and y close to 1 so values stay finite. The rate counts 2 FLOP per lane.
+#include "tensor/fma_peak.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <time.h>
+
+namespace mt {
+
+namespace {
+
+constexpr int kChains = 16;
+constexpr long kInner = 1 << 16;
+
+// One burst of kInner rounds over kChains accumulators; returns a value so the work is not optimized away.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr const char* kIsa = "avx512";
+float burst(float xv) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm512_set1_ps(1.0f + c * 1e-3f);
+  const __m512 x = _mm512_set1_ps(xv), y = _mm512_set1_ps(1e-6f);
+  for (long i = 0; i < kInner; i++)
+    for (int c = 0; c < kChains; c++) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  __m512 s = acc[0];
+  for (int c = 1; c < kChains; c++) s = _mm512_add_ps(s, acc[c]);
+  return _mm512_reduce_add_ps(s);
+}
+#elif defined(__FMA__) && defined(__AVX2__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "avx2";
+float burst(float xv) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm256_set1_ps(1.0f + c * 1e-3f);
+  const __m256 x = _mm256_set1_ps(xv), y = _mm256_set1_ps(1e-6f);
+  for (long i = 0; i < kInner; i++)
+    for (int c = 0; c < kChains; c++) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  __m256 s = acc[0];
+  for (int c = 1; c < kChains; c++) s = _mm256_add_ps(s, acc[c]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  float r = 0;
+  for (float v : out) r += v;
+  return r;
+}
+#else
+constexpr int kLanes = 1;
+constexpr const char* kIsa = "scalar";
+float burst(float xv) {
+  float acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = 1.0f + c * 1e-3f;
+  for (long i = 0; i < kInner; i++)
+    for (int c = 0; c < kChains; c++) acc[c] = acc[c] * xv + 1e-6f;
+  float r = 0;
+  for (float v : acc) r += v;
+  return r;
+}
+#endif
+
+// CPU time of the calling thread: the rate per second of core actually received, so neighbours sharing the
+// cores do not lower the ceiling (they lower wall-clock throughput, which bench train reports separately).
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, double seconds) {
+  FmaPeak p;
+  p.threads = threads;
+  p.isa = kIsa;
+  const double flop_per_burst = 2.0 * kLanes * kChains * (double)kInner;
+  double total = 0;
+  volatile float sink = 0, x = 0.999999f;  // volatile: each burst is computed, not folded or reused
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    sink = sink + burst(x);  // warm-up: clocks up, AVX-512 units powered
+    long bursts = 0;
+    float s = 0;
+    const double t0 = thread_cpu_seconds();
+    double dt = 0;
+    while (dt < seconds) {
+      for (int k = 0; k < 8; k++, bursts++) s += burst(x);
+      dt = thread_cpu_seconds() - t0;
+    }
+    total += bursts * flop_per_burst / dt;
+    sink = sink + s;
+  }
+  p.gflops = total / 1e9;
+  return p;
+}
+
+}  // namespace mt
