@@ -60,7 +60,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
 
   trace::MetricsWriter metrics;
   if (!cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, false);
-  trace::Progress progress(0, cfg.steps, cfg.log_every, cfg.progress);
+  trace::Progress progress(0, cfg.steps, cfg.log_every, cfg.progress, "ex");
   progress.message(str("Hogwild: ", W, " worker threads on shared parameters (lock-free SGD), ", per_worker,
                        " of ", B, " examples per update"));
   std::atomic<int64_t> updates{0};

@@ -34,6 +34,8 @@
 #include "tensor/blas.h"
 #include "trace/chrome_trace.h"
 #include "trace/metrics.h"
+#include "train/divergence_guard.h"
+#include "train/preflight.h"
 #include "train/task.h"
 
 namespace mt::train {
@@ -46,15 +48,29 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(steps > 0, "--steps must be positive, got ", steps);
   MT_CHECK_INPUT(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '", optimizer,
                  "'");
-  MT_CHECK_INPUT(lr >= 0, "--lr must be >= 0, got ", lr);
+  MT_CHECK_INPUT(lr >= 0 && std::isfinite(lr), "--lr must be finite and >= 0, got ", lr);
+  MT_CHECK_INPUT(min_lr == -1 || (min_lr >= 0 && min_lr <= lr), "--min-lr must be in [0, --lr ", lr, "], got ", min_lr);
+  MT_CHECK_INPUT(weight_decay >= 0 && weight_decay * lr <= 1, "--weight-decay must be >= 0 with --weight-decay x --lr <= 1 (the decay would overshoot zero), got ", weight_decay, " (--lr ", lr, ")");
+  MT_CHECK_INPUT(momentum >= 0 && momentum < 1, "--momentum must be in [0, 1), got ", momentum);
+  MT_CHECK_INPUT(!std::isnan(grad_clip), "--grad-clip must be a number (<= 0: off), got ", grad_clip);
+  MT_CHECK_INPUT(comm_timeout > 0, "--comm-timeout must be > 0 seconds (inf: wait forever), got ", comm_timeout);
+  MT_CHECK_INPUT(bucket_mb > 0 && bucket_mb <= 1048576, "--bucket-mb must be in (0, 1048576], got ", bucket_mb);
+  MT_CHECK_INPUT(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", val_fraction);
+  MT_CHECK_INPUT(keep_checkpoints >= 0, "--keep-checkpoints must be >= 0 (0: all), got ", keep_checkpoints);
+  MT_CHECK_INPUT(log_every >= 1, "--log-every must be >= 1, got ", log_every);
+  MT_CHECK_INPUT(virtual_stages >= 1, "--virtual-stages must be >= 1, got ", virtual_stages);
   MT_CHECK_INPUT(warmup_steps >= 0, "--warmup-steps must be >= 0, got ", warmup_steps);
   MT_CHECK_INPUT(beta1 >= 0 && beta1 < 1, "--beta1 must be in [0, 1), got ", beta1);
   MT_CHECK_INPUT(beta2 >= 0 && beta2 < 1, "--beta2 must be in [0, 1), got ", beta2);
-  MT_CHECK_INPUT(eps > 0, "--eps must be positive, got ", eps);
+  MT_CHECK_INPUT(eps > 0 && std::isfinite(eps), "--eps must be finite and positive, got ", eps);
   MT_CHECK_INPUT(threads >= 1, "--threads must be >= 1, got ", threads);
-  MT_CHECK_INPUT(save_every >= 0 && (save_every == 0 || !checkpoint_dir.empty()),
-                 "--save-every needs --checkpoint-dir");
+  MT_CHECK_INPUT(save_every >= 0, "--save-every must be >= 0, got ", save_every);
+  MT_CHECK_INPUT(save_every == 0 || !checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
   MT_CHECK_INPUT(stop_at_step >= 0, "--stop-at-step must be >= 0, got ", stop_at_step);
+  MT_CHECK_INPUT(stop_at_step == 0 || !checkpoint_dir.empty(), "--stop-at-step ", stop_at_step, " ends the run early to be resumed: it needs --checkpoint-dir (else the work is lost)");
+  MT_CHECK_INPUT(!overwrite_checkpoints || (resume.empty() && !checkpoint_dir.empty()), "--overwrite-checkpoints needs --checkpoint-dir and a fresh run (not --resume)");
+  MT_CHECK_INPUT(divergence_factor == 0 || (divergence_factor > 1 && std::isfinite(divergence_factor)), "--divergence-factor must be 0 (off) or finite and > 1, got ", divergence_factor);
+  MT_CHECK_INPUT(divergence_window >= 1, "--divergence-window must be >= 1, got ", divergence_window);
   MT_CHECK_INPUT(eval_every >= 0 && eval_batches >= 1, "--eval-every must be >= 0 and --eval-batches >= 1");
   MT_CHECK_INPUT(eval_every == 0 || model == "mlp" || !val_data.empty(), "--eval-every needs --val-data");
   MT_CHECK_INPUT(nproc >= 1, "--nproc must be >= 1, got ", nproc);
@@ -161,6 +177,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool lead = world_rank == 0;
   cfg.validate(world_size);
+  if (lead && !cfg.checkpoint_dir.empty()) checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);
   set_num_threads(cfg.threads);
   // The mesh: tensor-parallel ranks adjacent (world rank = dp index * tp + tp index), then data-parallel.
   // world rank = (pp_rank * dp + rank) * tp + tp_rank; `rank` is the data-parallel index.
@@ -287,6 +304,15 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
         engine.load_full_state(local.data(), state[k].second->data());
     }
     start = st["step"].get<int64_t>();
+    // A different batch, seed or data file continues the run, but not as the one saved: say so.
+    auto warn_if_changed = [&](const char* key, const char* flag, const nlohmann::json& now) {
+      if (lead && st.contains(key) && st[key] != now)
+        std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(), flag,
+                     st[key].dump().c_str(), now.dump().c_str());
+    };
+    warn_if_changed("batch_size", "--batch-size", cfg.batch_size);
+    warn_if_changed("seed", "--seed", cfg.seed);
+    warn_if_changed("data", "--data", cfg.data);
     MT_CHECK_INPUT(st.value("model", cfg.model) == cfg.model, path, " holds a ", st.value("model", ""),
                    " model but --model is ", cfg.model);
     MT_CHECK_INPUT(st.value("optimizer", cfg.optimizer) == cfg.optimizer, path, " was trained with ",
@@ -296,8 +322,9 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   }
 
   trace::MetricsWriter metrics;
-  if (lead && !cfg.metrics.empty()) metrics = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
-  trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead);
+  if (lead && !cfg.metrics.empty())
+    metrics = cfg.resume.empty() ? trace::MetricsWriter(cfg.metrics, false) : trace::MetricsWriter::resume_at(cfg.metrics, start);
+  trace::Progress progress(start, cfg.steps, cfg.log_every, cfg.progress && lead, task->item_name());
   if (!checkpoints.empty())
     progress.message("resumed from " + checkpoints.back().second + " at step " + std::to_string(start));
   if (ps)
@@ -387,7 +414,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   auto save_after = [&](int64_t s) {
     return !cfg.checkpoint_dir.empty() &&
            ((cfg.save_every > 0 && (s + 1) % cfg.save_every == 0) || stop_after(s) ||
-            (s + 1 == cfg.steps && cfg.save_every > 0));
+            s + 1 == cfg.steps);  // --checkpoint-dir alone: one checkpoint at the end
   };
   // Evaluates the parameters after step s (collective over the data-parallel group) into the step's row.
   auto evaluate = [&](int64_t s, nlohmann::json& row) {
@@ -411,6 +438,29 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     if (world_rank == straggler_rank) std::this_thread::sleep_for(std::chrono::milliseconds(straggler_ms));
   };
 
+  // Stops a diverged run: steps from `bad_from` (0-based) on computed on bad weights, so the last good
+  // checkpoint is the newest one saved before that step; `latest` is pointed at it. `what` names the step as
+  // the progress line does (1-based).
+  DivergenceGuard guard(cfg.divergence_factor, cfg.divergence_window);
+  auto stop_diverged = [&](int64_t bad_from, const std::string& what) {
+    progress.finish();
+    std::string good;
+    for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+      if (it->first < bad_from && std::filesystem::exists(it->second + "/state.json")) {
+        good = it->second;
+        break;
+      }
+    }
+    if (lead && !cfg.checkpoint_dir.empty() && !good.empty() && good != checkpoints.back().second)
+      checkpoint::set_latest(cfg.checkpoint_dir, std::filesystem::path(good).filename().string());
+    throw DivergedError(str(what, "; training stopped. ",
+                            checkpoints.empty() ? std::string("No checkpoint was written")
+                            : good.empty()      ? "No good checkpoint exists (" + checkpoints.back().second +
+                                                 " holds the weights that diverge)"
+                                                : "The last good checkpoint is " + good,
+                            " (try a lower --lr or --grad-clip)"));
+  };
+
   uint64_t comm_bytes_total = 0;
   TrainSummary sum;
   double timed_s = 0;
@@ -424,7 +474,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
     std::vector<double> begun, staleness;
     auto diverged = [&](int64_t s, double loss, double norm) {
       return DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ",
-                               !std::isfinite(loss) ? loss : norm, " at step ", s,
+                               !std::isfinite(loss) ? loss : norm, " at step ", s + 1,
                                "; training stopped (try a lower --lr or --grad-clip)"));
     };
     if (server) {
@@ -564,26 +614,10 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
       sum_across(mp_group.get(), sq, 1);  // the parts of one replica add up over its tensor x pipeline ranks
       norm = std::sqrt(std::max(0.0, sq[0]));
     }
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      progress.finish();
-      // A checkpoint taken right before this step holds the weights that diverge now: it is not good.
-      std::string good;
-      for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
-        if (it->first < s && std::filesystem::exists(it->second + "/state.json")) {
-          good = it->second;
-          break;
-        }
-      }
-      if (lead && !cfg.checkpoint_dir.empty() && !good.empty() && good != checkpoints.back().second)
-        checkpoint::set_latest(cfg.checkpoint_dir, std::filesystem::path(good).filename().string());
-      throw DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ",
-                              !std::isfinite(loss) ? loss : norm, " at step ", s, "; training stopped. ",
-                              checkpoints.empty() ? std::string("No checkpoint was written")
-                              : good.empty()      ? "No good checkpoint exists (" + checkpoints.back().second +
-                                                   " holds the weights that diverge)"
-                                                  : "The last good checkpoint is " + good,
-                              " (try a lower --lr or --grad-clip)"));
-    }
+    if (!std::isfinite(loss) || !std::isfinite(norm))
+      stop_diverged(s, str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ", !std::isfinite(loss) ? loss : norm,
+                           " at step ", s + 1));
+    if (auto v = guard.observe(s + 1, loss)) stop_diverged(v->first_step - 1, v->message);
     if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip) engine.scale_grads((float)(cfg.grad_clip / (norm + 1e-6)));
     float lr = sched.at(s);
     {
@@ -742,6 +776,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 }
 
 int train_main(const TrainConfig& cfg) {
+  check_outputs(cfg);  // before any work: a bad --save fails now, not after the last step
   auto report = [&](const TrainSummary& s) {
     if (!cfg.progress || s.steps_run == 0) return;
     std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
