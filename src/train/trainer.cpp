@@ -511,6 +511,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
       if (v.version <= start) return;  // the starting parameters
       const int64_t s = v.version - 1;
       if (!std::isfinite(v.loss) || !std::isfinite(v.norm)) throw diverged(s, v.loss, v.norm);
+      if (auto g = guard.observe(s + 1, v.loss)) throw DivergedError(g->message + "; training stopped (try a lower --lr)");
       nlohmann::json& row = rows[s];
       row["loss"] = v.loss;
       row["grad_norm"] = v.norm;
@@ -688,13 +689,13 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 
   if (!cfg.trace.empty()) {
     // Every rank writes its events next to the target; rank 0 merges them after a barrier.
-    std::string part = cfg.trace + ".rank" + std::to_string(world_rank);
+    std::string part = trace::trace_part_path(cfg.trace, world_rank);
     write_file_atomic(part, tracer.events_json());
     if (world && world_size > 1) world->barrier();
     if (lead) {
       std::vector<std::string> bodies;
       for (int r = 0; r < world_size; r++) {
-        std::string pr = cfg.trace + ".rank" + std::to_string(r);
+        std::string pr = trace::trace_part_path(cfg.trace, r);
         bodies.push_back(read_file(pr));
         std::filesystem::remove(pr);
       }

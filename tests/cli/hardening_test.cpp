@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tests/cli/cli_test_util.h"
+#include "trace/chrome_trace.h"
 
 namespace mt::clitest {
 namespace {
@@ -64,6 +65,12 @@ TEST_F(Hardening, P1_DeviceOutputStaysADevice) {
                                   "--trace", null}));
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(kind(null), "chr");
+  // The ranks' trace parts of a device target live in the temp directory, not beside the node (in /dev).
+  EXPECT_EQ(fs::path(trace::trace_part_path(null, 1)).parent_path(), fs::temp_directory_path());
+  EXPECT_EQ(trace::trace_part_path(dir_ / "t.json", 1), dir_ / "t.json.rank1");
+  r = run_meshtrain(tiny(shard_, {"--steps", "2", "--nproc", "2", "--trace", null}), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_FALSE(fs::exists(trace::trace_part_path(null, 0))) << "rank parts are removed after the merge";
   for (auto& e : fs::directory_iterator(dir_.path()))  // no temporaries or rank parts left beside it
     EXPECT_TRUE(e.path().filename() == "null" || e.path().filename() == "t.txt" || e.path().filename() == "data.bin")
         << e.path();
@@ -395,6 +402,14 @@ TEST_F(Hardening, P10_SlowBlowUpNamesTheLastGoodCheckpoint) {
   // step_k holds the weights that compute step k+1: good ones come before the first high step.
   EXPECT_LT(good_step + 1, since) << r.describe();
   EXPECT_EQ(good_step + 1, since - 1) << "the newest checkpoint before the blow-up";
+}
+
+TEST_F(Hardening, P10_ParameterServerRunIsGuardedToo) {
+  RunResult r = run_meshtrain(tiny(shard_, {"--steps", "30", "--lr", "1e3", "--grad-clip", "0", "--nproc", "2",
+                                            "--async", "ps"}),
+                              120);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_TRUE(contains(r.err, "running median") && contains(r.err, "at step 6")) << r.describe();
 }
 
 // ---- 11. the timeout headline names the rank waited for
