@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -40,6 +41,14 @@
 
 namespace mt::train {
 
+namespace {
+double host_memory_bytes() {
+  struct sysinfo si {};
+  if (::sysinfo(&si) != 0) return 1e300;  // unknown: no limit
+  return ((double)si.totalram + (double)si.totalswap) * si.mem_unit;
+}
+}  // namespace
+
 void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(model == "gpt" || model == "mlp", "--model must be gpt or mlp, got '", model, "'");
   MT_CHECK_INPUT(!data.empty(), "--data is required");
@@ -64,6 +73,11 @@ void TrainConfig::validate(int world_size) const {
   MT_CHECK_INPUT(beta2 >= 0 && beta2 < 1, "--beta2 must be in [0, 1), got ", beta2);
   MT_CHECK_INPUT(eps > 0 && std::isfinite(eps), "--eps must be finite and positive, got ", eps);
   MT_CHECK_INPUT(threads >= 1, "--threads must be >= 1, got ", threads);
+  // Shape sizes in double (no integer wrap); a flag left at 0 (taken from --init) counts as 1 here.
+  const double gC = std::max(gpt.n_embd, 1), gV = std::max(gpt.vocab_size, 1), gP = std::max(gpt.n_positions, 1), gL = std::max(gpt.n_layer, 1);
+  MT_CHECK_INPUT(model != "gpt" || std::max({gV, gP, 4 * gC}) * gC < 2147483648.0, "the GPT shape (--n-embd ", gpt.n_embd, " --vocab-size ", gpt.vocab_size, " --n-positions ", gpt.n_positions, ") gives a tensor of ", std::max({gV, gP, 4 * gC}) * gC, " elements (", std::max({gV, gP, 4 * gC}) * gC * 4, " bytes); one tensor is limited to 2^31 elements");
+  const double gpt_weight_bytes = 4 * ((gV + gP) * gC + gL * (12 * gC * gC + 13 * gC)), host_bytes = host_memory_bytes();
+  MT_CHECK_INPUT(model != "gpt" || gpt_weight_bytes <= host_bytes, "the GPT shape (--n-layer ", gpt.n_layer, " --n-embd ", gpt.n_embd, " --vocab-size ", gpt.vocab_size, " --n-positions ", gpt.n_positions, ") needs ", gpt_weight_bytes, " bytes for its weights alone (every rank gathers them whole to save) but this host has ", host_bytes, " bytes of memory and swap; reduce it");
   MT_CHECK_INPUT(save_every >= 0, "--save-every must be >= 0, got ", save_every);
   MT_CHECK_INPUT(save_every == 0 || !checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
   MT_CHECK_INPUT(stop_at_step >= 0, "--stop-at-step must be >= 0, got ", stop_at_step);

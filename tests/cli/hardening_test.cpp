@@ -310,13 +310,23 @@ TEST_F(Hardening, P7_EndlessDeviceAsIdxDataIsRefused) {
 }
 
 TEST_F(Hardening, P7_UnallocatableShapeSaysHowManyBytes) {
+  // (64 + 32) x 16000 + 24 x (12 x 16000^2 + 13 x 16000) = 73734528000 parameters, x 4 bytes: refused before
+  // any allocation, against this host's memory and swap (a few GB here), with the bytes it needs.
   RunResult r = run_meshtrain({"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--steps", "1",
-                               "--quiet", "--n-layer", "2", "--n-head", "2", "--n-embd", "2000000", "--vocab-size",
+                               "--quiet", "--n-layer", "24", "--n-head", "2", "--n-embd", "16000", "--vocab-size",
                                "64", "--n-positions", "32"},
                               60);
-  expect_error_naming(r, {"cannot allocate", "bytes"});
+  expect_error_naming(r, {"--n-embd 16000", "needs 2.94938e+11 bytes for its weights alone"});
   EXPECT_FALSE(contains(r.err, "unexpected error")) << r.describe();
-  EXPECT_TRUE(std::regex_search(r.err, std::regex("cannot allocate [0-9]{10,} bytes"))) << r.describe();
+  // Shapes whose byte count would not even fit in 64 bits: no wrapped size, no bare bad_alloc.
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--n-embd", "2000000000"},
+                                                                                   {"--n-layer", "2000000000"}}) {
+    std::vector<std::string> a = {"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--steps", "1",
+                                  "--quiet", "--n-head", "2"};
+    a = concat(a, {flag, value});
+    RunResult big = run_meshtrain(a, 60);
+    expect_error_naming(big, {"bytes", flag + " " + value, flag == "--n-embd" ? "2^31 elements" : "weights alone"});
+  }
 }
 
 // ---- 8. output locations checked at start; a stop without a checkpoint refused
