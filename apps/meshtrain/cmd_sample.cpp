@@ -47,7 +47,7 @@ void add_sample_command(CLI::App& app) {
   sub->add_option("--init", a->init, "safetensors weights")->required();
   sub->add_option("--prompt", a->prompt, "prompt text; each byte is one token")->capture_default_str();
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(kNonNegativeInt);
-  sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str()->check(kFinite & kNonNegative);
+  sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str()->check(finite_non_negative("temperature"));
   sub->add_option("--top-k", a->opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str()->check(kNonNegativeInt);
   sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
   sub->add_option("--n-layer", a->shape.n_layer, "override/verify the file's n_layer")->check(kPositiveInt);

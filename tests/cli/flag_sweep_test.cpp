@@ -120,6 +120,11 @@ TEST(FlagSweep, Sample) {
                          "--n-embd", "--vocab-size", "--n-positions", "--threads"}));
 }
 
+TEST(FlagSweep, Simulate) {
+  const std::vector<std::string> base = {"simulate", "--schedule", "1f1b", "--stages", "4", "--micro-batches", "8"};
+  sweep(base, cases_for(base, {"--stages", "--micro-batches", "--virtual-stages", "--backward-ratio", "--comm-cost"}));
+}
+
 TEST(FlagSweep, BenchTrain) {
   const std::vector<std::string> base = {"bench", "train", "--no-torch", "--steps", "1", "--warmup", "0",
                                          "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--vocab-size", "64",
