@@ -135,6 +135,13 @@ void run(const BenchArgs& a) {
   // Data: random tokens, enough for every step.
   std::filesystem::path dir = std::filesystem::temp_directory_path() / ("meshtrain_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
+  struct RemoveOnExit {  // also when training throws
+    std::filesystem::path d;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{dir};
   const int total_steps = a.warmup + a.steps;
   std::vector<uint16_t> tokens((size_t)a.batch * a.seq * total_steps + 1);
   CounterRng rng(7, "bench-data");
@@ -224,15 +231,15 @@ void run(const BenchArgs& a) {
 void add_bench_train_command(CLI::App& bench) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* sub = bench.add_subcommand("train", "GPT training speed vs PyTorch, MFU and peak memory (gpt-bench shape)");
-  sub->add_option("--threads", a->threads, "threads for both meshtrain and PyTorch")->capture_default_str();
-  sub->add_option("--steps", a->steps, "timed steps")->capture_default_str();
-  sub->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
-  sub->add_option("--batch-size", a->batch, "sequences per step")->capture_default_str();
-  sub->add_option("--seq-len", a->seq, "tokens per sequence")->capture_default_str();
-  sub->add_option("--n-layer", a->shape.n_layer)->capture_default_str();
-  sub->add_option("--n-head", a->shape.n_head)->capture_default_str();
-  sub->add_option("--n-embd", a->shape.n_embd)->capture_default_str();
-  sub->add_option("--vocab-size", a->shape.vocab_size)->capture_default_str();
+  sub->add_option("--threads", a->threads, "threads for both meshtrain and PyTorch")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--steps", a->steps, "timed steps")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str()->check(kNonNegativeInt);
+  sub->add_option("--batch-size", a->batch, "sequences per step")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--seq-len", a->seq, "tokens per sequence")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--n-layer", a->shape.n_layer)->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--n-head", a->shape.n_head)->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--n-embd", a->shape.n_embd)->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--vocab-size", a->shape.vocab_size)->capture_default_str()->check(CLI::Range(1, 65536));
   sub->add_option("--torch-script", a->torch_script, "the PyTorch peer")->capture_default_str();
   sub->add_flag("--no-torch", a->no_torch, "skip the PyTorch peer");
   sub->add_option("--torch-coretypes", a->torch_coretypes,

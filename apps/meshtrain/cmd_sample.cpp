@@ -1,4 +1,5 @@
 // meshtrain prepare (text -> byte-level token shard) and meshtrain sample (generate text from weights).
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ void add_prepare_command(CLI::App& app) {
   sub->add_option("--text", *text, "input text file")->required();
   sub->add_option("--out", *out, "output token shard (.bin)")->required();
   sub->callback([text, out] {
+    MT_CHECK_INPUT(!same_file(*text, *out), "--out ", *out, " is the same file as --text ", *text,
+                   ": writing it would destroy the input; choose another path");
+    check_output_path("--out", *out);
     std::string s = read_file(*text);
     MT_CHECK_INPUT(s.size() >= 2, *text, " has ", s.size(), " bytes; a token shard needs at least 2 tokens");
     std::vector<uint16_t> tokens(s.begin(), s.end());
@@ -42,16 +46,16 @@ void add_sample_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("sample", "generate text from GPT weights (byte-level tokens)");
   sub->add_option("--init", a->init, "safetensors weights")->required();
   sub->add_option("--prompt", a->prompt, "prompt text; each byte is one token")->capture_default_str();
-  sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "tokens to generate")->capture_default_str();
-  sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", a->opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(kNonNegativeInt);
+  sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str()->check(finite_non_negative("temperature"));
+  sub->add_option("--top-k", a->opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str()->check(kNonNegativeInt);
   sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
-  sub->add_option("--n-layer", a->shape.n_layer, "override/verify the file's n_layer");
-  sub->add_option("--n-head", a->shape.n_head, "n_head, when the file's metadata lacks it");
-  sub->add_option("--n-embd", a->shape.n_embd, "override/verify the file's n_embd");
-  sub->add_option("--vocab-size", a->shape.vocab_size, "override/verify the file's vocab_size");
-  sub->add_option("--n-positions", a->shape.n_positions, "override/verify the file's n_positions");
-  sub->add_option("--threads", a->threads, "threads")->capture_default_str();
+  sub->add_option("--n-layer", a->shape.n_layer, "override/verify the file's n_layer")->check(kPositiveInt);
+  sub->add_option("--n-head", a->shape.n_head, "n_head, when the file's metadata lacks it")->check(kPositiveInt);
+  sub->add_option("--n-embd", a->shape.n_embd, "override/verify the file's n_embd")->check(kPositiveInt);
+  sub->add_option("--vocab-size", a->shape.vocab_size, "override/verify the file's vocab_size")->check(kPositiveInt);
+  sub->add_option("--n-positions", a->shape.n_positions, "override/verify the file's n_positions")->check(kPositiveInt);
+  sub->add_option("--threads", a->threads, "threads")->capture_default_str()->check(kPositiveInt);
   sub->callback([a] {
     set_num_threads(a->threads);
     SafetensorsReader file(a->init);
@@ -62,8 +66,13 @@ void add_sample_command(CLI::App& app) {
     model::MoeOptions moe;
     moe.capacity_factor = 0;
     model::Gpt gpt(cfg, params, nullptr, {}, moe);
-    params.finalize();
+    checkpoint::check_tensors(file, params);  // before allocating what the metadata claims
+    params.finalize(true, false);             // no gradients: sampling does not train
     checkpoint::load_params(file, params);
+    for (const nn::Param& p : params.params())
+      for (size_t i = 0; i < p.numel; i++)
+        MT_CHECK_INPUT(std::isfinite(p.data[i]), a->init, ": tensor ", p.name, " holds a non-finite value (",
+                       p.data[i], ") at element ", i, "; the weights are unusable (a diverged run?)");
     std::vector<int32_t> prompt;
     for (unsigned char ch : a->prompt) {
       MT_CHECK_INPUT(ch < cfg.vocab_size, "prompt byte ", (int)ch, " is outside the model's vocabulary of ",

@@ -128,16 +128,16 @@ void add_simulate_command(CLI::App& app) {
   a->spec.name.clear();
   a->spec.stages = a->spec.micro_batches = 0;
   sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved");
-  sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)");
-  sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step");
+  sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)")->check(kPositiveInt);
+  sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step")->check(kPositiveInt);
   sub->add_option("--virtual-stages", a->spec.virtual_stages,
                   "V: model chunks per rank (interleaved needs >= 2, m a multiple of p)")
-      ->capture_default_str();
+      ->capture_default_str()->check(kPositiveInt);
   sub->add_option("--backward-ratio", a->cost.backward_ratio, "R: backward time / forward time")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_non_negative("backward ratio"));
   sub->add_option("--comm-cost", a->cost.comm,
                   "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_non_negative("message cost"));
   sub->add_option("--svg", a->svg, "write the swimlane diagram here (SVG)");
   sub->add_option("--from-summary", a->from_summary,
                   "replay a real run: the schedule, measured stage times and message latency of a "

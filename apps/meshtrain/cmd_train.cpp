@@ -20,12 +20,12 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--val-labels", c.val_labels, "MLP: IDX labels for --val-data");
   sub->add_option("--val-fraction", c.val_fraction, "MLP without --val-data: hold out this tail of --data")
       ->capture_default_str();
-  sub->add_option("--n-layer", c.gpt.n_layer, "GPT layers (default: from --init, else 4)");
-  sub->add_option("--n-head", c.gpt.n_head, "GPT attention heads (default: from --init, else 4)");
-  sub->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)");
-  sub->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)");
-  sub->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)");
-  sub->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")->delimiter(',')->capture_default_str();
+  sub->add_option("--n-layer", c.gpt.n_layer, "GPT layers (default: from --init, else 4)")->check(kPositiveInt);
+  sub->add_option("--n-head", c.gpt.n_head, "GPT attention heads (default: from --init, else 4)")->check(kPositiveInt);
+  sub->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)")->check(kPositiveInt);
+  sub->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)")->check(kPositiveInt);
+  sub->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)")->check(kPositiveInt);
+  sub->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")->delimiter(',')->capture_default_str()->check(kPositiveInt);
   sub->add_option("--batch-size", c.batch_size, "global batch: sequences (GPT) or examples (MLP) per step")
       ->capture_default_str();
   sub->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
@@ -51,13 +51,23 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")->capture_default_str();
   sub->add_option("--metrics", c.metrics, "write one JSON object per step to this file");
   sub->add_option("--save", c.save, "write the final weights to this safetensors file");
-  sub->add_option("--checkpoint-dir", c.checkpoint_dir, "directory for checkpoints");
+  sub->add_option("--checkpoint-dir", c.checkpoint_dir,
+                  "directory for checkpoints (one at the end; --save-every K for more); a fresh run refuses a "
+                  "directory holding another run's checkpoints");
+  sub->add_flag("--overwrite-checkpoints", c.overwrite_checkpoints,
+                "a fresh run deletes the checkpoints already in --checkpoint-dir instead of refusing");
   sub->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)");
   sub->add_option("--keep-checkpoints", c.keep_checkpoints, "keep the newest K checkpoints (0 = all)")
       ->capture_default_str();
   sub->add_option("--resume", c.resume, "continue from the newest checkpoint in this directory");
   sub->add_option("--stop-at-step", c.stop_at_step,
                   "stop this process after that many steps, writing a checkpoint (time-boxed jobs)");
+  sub->add_option("--divergence-factor", c.divergence_factor,
+                  "stop (naming the step and the last good checkpoint) when the loss stays above this x its running "
+                  "median (and median + 1) for --divergence-window steps in a row; 0 = off")
+      ->capture_default_str();
+  sub->add_option("--divergence-window", c.divergence_window, "consecutive high steps that count as divergence")
+      ->capture_default_str();
   sub->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps");
   sub->add_option("--eval-batches", c.eval_batches, "GPT: batches per evaluation")->capture_default_str();
   sub->add_option("--log-every", c.log_every, "progress line every K steps when stderr is not a terminal")
@@ -66,8 +76,8 @@ void add_train_command(CLI::App& app) {
   sub->add_flag("--quiet", *quiet, "no progress output");
   sub->add_option("--nproc", c.nproc, "worker processes on this host, over shared memory (under mpirun: ignored)")
       ->capture_default_str();
-  sub->add_option("--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)")->capture_default_str();
-  sub->add_option("--comm-timeout", c.comm_timeout, "seconds any communication may wait before failing")
+  sub->add_option("--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)")->capture_default_str()->check(CLI::IsMember({"auto", "shm", "mpi"}));
+  sub->add_option("--comm-timeout", c.comm_timeout, "seconds any communication may wait before failing (any value > 0; inf: wait forever)")
       ->capture_default_str();
   sub->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)");
   sub->add_option("--zero", c.zero,

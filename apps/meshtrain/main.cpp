@@ -5,6 +5,7 @@
 
 #include "apps/meshtrain/commands.h"
 #include "core/error.h"
+#include "tensor/buffer.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: parallel and distributed training of neural networks on CPUs"};
@@ -23,9 +24,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a subcommand that already reported its failure (e.g. a failed rank)
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (naming the flag); its exit codes (105-114) become the documented 1.
+    return app.exit(e) == 0 ? 0 : 1;
   } catch (const mt::Error& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    return 1;
+  } catch (const mt::OutOfMemory& e) {
+    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc& e) {
+    std::fprintf(stderr, "meshtrain: error: out of memory; reduce the model shape, --batch-size or --seq-len\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: unexpected error: %s\n", e.what());

@@ -1,9 +1,11 @@
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -67,15 +69,99 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
   set_latest(dir, name);
 
   if (keep > 0) {
-    std::vector<std::string> steps;
+    // Only steps up to this one (latest's target) compete for the `keep` places; newer ones stay.
+    std::vector<int64_t> older;
     for (auto& e : fs::directory_iterator(dir)) {
-      std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp.") == std::string::npos) steps.push_back(n);
+      const int64_t n = checkpoint_step(e.path().filename().string());
+      if (n >= 0 && n <= step && e.is_directory()) older.push_back(n);
     }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + keep < steps.size(); i++) fs::remove_all(fs::path(dir) / steps[i], ec);
+    std::sort(older.begin(), older.end(), std::greater<>());
+    for (size_t i = (size_t)keep; i < older.size(); i++) {
+      const fs::path victim = fs::path(dir) / step_name(older[i]);
+      const fs::path doomed = fs::path(dir) / (step_name(older[i]) + ".tmp.prune." + std::to_string(::getpid()));
+      fs::rename(victim, doomed, ec);
+      if (!ec) fs::remove_all(doomed, ec);
+    }
   }
   return final_path.string();
+}
+
+int64_t checkpoint_step(const std::string& name) {
+  if (name.size() <= 5 || name.rfind("step_", 0) != 0) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 5 + 18) return -1;
+  return std::stoll(name.substr(5));
+}
+
+namespace {
+std::string latest_target(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "latest", ec)) return "";
+  std::string name = read_file((dir / "latest").string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
+// The pid after the last ".tmp." of a temporary's name, or -1.
+pid_t temp_owner(const std::string& name) {
+  const size_t p = name.rfind(".tmp.");
+  if (p == std::string::npos) return -1;
+  std::string tail = name.substr(p + 5);
+  if (tail.rfind("prune.", 0) == 0) tail = tail.substr(6);
+  if (tail.empty() || tail.find_first_not_of("0123456789") != std::string::npos || tail.size() > 9) return -1;
+  return (pid_t)std::stol(tail);
+}
+}  // namespace
+
+void check_fresh_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<int64_t> steps;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t n = checkpoint_step(e.path().filename().string());
+    if (n >= 0) steps.push_back(n);
+  }
+  const std::string latest = latest_target(dir);
+  if (steps.empty() && latest.empty()) return;
+  std::sort(steps.begin(), steps.end());
+  std::string names;
+  for (size_t i = 0; i < steps.size() && i < 6; i++) names += (i ? ", " : "") + step_name(steps[i]);
+  if (steps.size() > 6) names += str(" and ", steps.size() - 6, " more");
+  throw InputError(str("--checkpoint-dir ", dir, " already holds checkpoints of another run (",
+                       names.empty() ? std::string("no step directories") : names,
+                       latest.empty() ? "" : "; latest -> " + latest,
+                       "): continue it with --resume ", dir, ", choose another --checkpoint-dir, or pass "
+                       "--overwrite-checkpoints to delete them"));
+}
+
+std::vector<std::string> clean_checkpoint_dir(const std::string& dir, bool overwrite) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::string latest = latest_target(dir);
+  std::vector<fs::path> doomed;
+  if (overwrite && fs::exists(fs::path(dir) / "latest", ec)) {  // first: never a latest naming a deleted step
+    fs::remove(fs::path(dir) / "latest", ec);
+    removed.push_back("latest");
+  }
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const pid_t owner = temp_owner(n);
+    const bool ours = n.rfind("step_", 0) == 0 || n.rfind("latest.tmp.", 0) == 0;
+    if (owner > 0 && ours) {
+      // A temporary of a live process (another job on this directory, or this one) is not ours to remove.
+      if (owner != ::getpid() && ::kill(owner, 0) == 0) continue;
+      doomed.push_back(e.path());
+    } else if (checkpoint_step(n) >= 0) {
+      const bool whole = fs::exists(e.path() / "model.safetensors") && fs::exists(e.path() / "optimizer.safetensors") &&
+                         fs::exists(e.path() / "state.json");
+      if (overwrite || (!whole && n != latest)) doomed.push_back(e.path());
+    }
+  }
+  for (const fs::path& p : doomed) {
+    fs::remove_all(p, ec);
+    removed.push_back(p.filename().string());
+  }
+  return removed;
 }
 
 void set_latest(const std::string& dir, const std::string& name) {
@@ -108,6 +194,7 @@ nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry&
   }
   MT_CHECK_INPUT(state.is_object() && state.contains("step") && state["step"].is_number_integer(), state_path,
                  ": missing integer field \"step\"");
+  MT_CHECK_INPUT(state["step"].get<int64_t>() >= 0, state_path, ": step ", state["step"].get<int64_t>(), " is negative");
   SafetensorsReader model((p / "model.safetensors").string());
   check_tensors(model, params);
   for (const nn::Param& prm : params.params()) {

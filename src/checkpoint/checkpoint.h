@@ -5,11 +5,15 @@
 //   DIR/latest                               the name of the newest complete checkpoint
 // A save writes into DIR/step_00000100.tmp.<pid>, fsyncs, renames the directory into place and only then
 // rewrites `latest` (atomically), so a crash at any point leaves the previous checkpoint intact and
-// `latest` pointing at a complete one. Older checkpoints beyond `keep` are removed after the switch.
+// `latest` pointing at a complete one. Older checkpoints beyond `keep` are removed after the switch, chosen
+// by step number (not name), never `latest`'s target or a newer step; each is first renamed to
+// step_N.tmp.prune.<pid> and then deleted, so a kill mid-prune leaves a temporary, not a half checkpoint.
+// Leftovers of killed saves and prunes are removed by clean_checkpoint_dir at the next start.
 #pragma once
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +33,19 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
                             const float* flat_params, const NamedFlat& flat_states,
                             const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
                             int keep);
+
+// Read-only check before a fresh (not resumed) run: `dir` must not hold another run's checkpoints (step_N
+// directories or `latest`), which pruning could mix with this run's. Throws InputError naming them and the
+// ways out (--resume, another directory, --overwrite-checkpoints).
+void check_fresh_checkpoint_dir(const std::string& dir);
+
+// Run once at start by rank 0: removes step_N.tmp.PID / latest.tmp.PID / *.tmp.prune.PID entries whose
+// process is gone, and step_N directories missing a file (a prune killed by an older meshtrain) other than
+// `latest`'s target; with `overwrite`, every checkpoint and `latest` as well. Returns the names removed.
+std::vector<std::string> clean_checkpoint_dir(const std::string& dir, bool overwrite);
+
+// Step N of a checkpoint directory name "step_00000012" (exactly "step_" and digits), else -1.
+int64_t checkpoint_step(const std::string& name);
 
 // The checkpoint to resume from: DIR/latest's target, or DIR itself when it holds a state.json.
 std::string resolve_checkpoint(const std::string& dir);

@@ -70,7 +70,8 @@ std::string describe_status(int st) {
   } catch (const std::exception& e) {
     // Record first (so that peers and our own queued operations stop waiting), then tear down.
     job.set_rank_error(r, e.what());
-    job.fail(r, e.what());
+    const auto* timeout = dynamic_cast<const CommTimeoutError*>(&e);
+    job.fail(r, e.what(), timeout ? timeout->waited_world_rank() : -1);
     std::fprintf(stderr, "rank %d: %s\n", r, e.what());
     code = 1;
     try {
@@ -134,6 +135,7 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
     if (job.failed(&fr, &fwhy) && fr >= 0) {  // a rank that threw recorded itself: that is the root cause
       res.failed_rank = fr;
       res.failure = fwhy;
+      res.waited_rank = job.waited_rank();
     } else {
       job.fail(r, why);
       res.failed_rank = r;
@@ -232,7 +234,11 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
   LaunchResult r = run_ranks(o, body);
   if (r.exit_code != 0) {
-    if (r.failed_rank >= 0) {
+    if (r.waited_rank >= 0) {  // the stalled rank first, then who noticed and in which operation
+      std::fprintf(stderr, "meshtrain: rank %d did not respond within --comm-timeout (stalled, dead, or not calling "
+                   "the operation): rank %d timed out waiting for it: %s\n", r.waited_rank, r.failed_rank,
+                   r.failure.c_str());
+    } else if (r.failed_rank >= 0) {
       std::fprintf(stderr, "meshtrain: rank %d failed: %s\n", r.failed_rank, r.failure.c_str());
     } else {
       std::fprintf(stderr, "meshtrain: %s\n", r.failure.c_str());

@@ -56,6 +56,7 @@ std::string resolve_backend(const LaunchOptions& o);
 struct LaunchResult {
   int exit_code = 0;             // 0 success; 1 a rank failed; 128+signal when interrupted
   int failed_rank = -1;          // world rank of the first failure
+  int waited_rank = -1;          // when that failure is a timeout: the world rank it waited for (shm)
   std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
   std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
   std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
@@ -63,7 +64,8 @@ struct LaunchResult {
 
 // Runs body on every rank and returns what happened, printing nothing itself (tests use it).
 LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
-// run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr; returns exit_code.
+// run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr (for a timeout: "meshtrain:
+// rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"); returns exit_code.
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 
 }  // namespace mt::comm

@@ -37,6 +37,17 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// A deadline passed while waiting for a peer: carries the world rank waited for, so the job's headline can
+// name the rank that stalled rather than the one that noticed.
+class CommTimeoutError : public CommError {
+ public:
+  CommTimeoutError(const std::string& msg, int waited_world_rank) : CommError(msg), waited_(waited_world_rank) {}
+  int waited_world_rank() const { return waited_; }
+
+ private:
+  int waited_;
+};
+
 // Training diverged (non-finite loss or gradient).
 class DivergedError : public Error {
  public:

@@ -2,6 +2,15 @@
 // Everything that meshtrain writes to disk (checkpoints, token shards, metrics summaries) goes through the
 // atomic path, so a crash or a full disk leaves either the old file or the new one at `path`, never a
 // half-written one. The price is one fsync of the file and one of its directory per write.
+// What the path is decides how it is written (git's lockfile discipline):
+//   regular file or new path  temp file beside it, fsync, rename over it, fsync the directory
+//   symlink (any depth)       followed: its final target is replaced atomically, the link stays
+//   character device, FIFO    written in place, no rename (`--metrics /dev/null`, `--out /dev/stdout`); a FIFO
+//                             with no reader is an error at once, not a wait
+//   directory, block device,  an mt::Error naming the path
+//   socket
+// Inputs are opened without blocking and must be regular files, so a FIFO or /dev/zero given as data is an
+// error at once rather than a hang or an unbounded read.
 // Format parsing lives elsewhere (checkpoint/, data/); this file knows only bytes.
 #pragma once
 
@@ -12,20 +21,39 @@
 namespace mt {
 
 // Writes bytes to `path` atomically: write to `path + ".tmp." + pid` in the same directory, fsync, rename over
-// `path`, fsync the directory. Throws mt::Error naming the path and strerror on failure; the temporary file is
+// `path`, fsync the directory (for a symlink: its target's path; a device or FIFO: in place, see above). Throws mt::Error naming the path and strerror on failure; the temporary file is
 // removed and whatever was at `path` before is left as it was.
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& contents);
 
-// The whole file. Throws mt::InputError "cannot open PATH: <strerror>" (or "cannot read ...").
+// The whole file. Throws mt::InputError "cannot open PATH: <strerror>" (or "cannot read ...", or "... is a
+// FIFO, not a regular file" for anything but a regular file, without blocking).
 std::string read_file(const std::string& path);
+
+// `path` with every symlink along the final component followed (a dangling link gives the path it names).
+// Throws mt::InputError on a link loop (more than 40 hops).
+std::string resolve_symlinks(const std::string& path);
+
+// "regular file", "directory", "FIFO", "character device", "block device", "socket", or "" when nothing is
+// at `path` (stat, following symlinks).
+std::string file_kind(const std::string& path);
+
+// Checks at start that `path` can be written as the output of `flag` (e.g. "--save"): its final target is not
+// a directory, block device or socket, and a regular or new file's directory exists and is writable.
+// Throws mt::InputError "--save DIR: is a directory" etc.
+void check_output_path(const std::string& flag, const std::string& path);
+
+// True when both paths name the same file (same device and inode), or, for a path that does not exist
+// yet, the same absolute location after symlinks are followed. Used to refuse an output equal to an input.
+bool same_file(const std::string& a, const std::string& b);
 
 // Streams a file into place with the same guarantee as write_file_atomic, for outputs too large to build in
 // memory first (a 500 MB checkpoint). Nothing appears at `path` until commit(); destroying an uncommitted
 // writer (an exception on the way) deletes the temporary file.
 class AtomicFileWriter {
  public:
-  explicit AtomicFileWriter(const std::string& path);  // creates the temporary file; throws mt::Error
+  // Creates the temporary file beside the final target (or opens a device/FIFO in place); throws mt::Error.
+  explicit AtomicFileWriter(const std::string& path);
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
@@ -38,15 +66,18 @@ class AtomicFileWriter {
   void discard() noexcept;
 
   std::string path_;
-  std::string tmp_path_;
+  std::string target_;    // path_ with symlinks followed: what the rename replaces
+  std::string tmp_path_;  // empty when writing in place
   int fd_ = -1;
   bool committed_ = false;
+  bool in_place_ = false;  // a character device or FIFO: no temp, no rename, no fsync
 };
 
 // A read-only private mapping of a whole file. The pages are loaded lazily by the kernel, so opening a
 // 500 MB checkpoint costs nothing until a tensor is read. If another process truncates the file while it is
-// mapped, touching the lost pages raises SIGBUS; meshtrain writes files by rename, so it never does this to
-// itself.
+// mapped, touching the lost pages raises SIGBUS; a handler installed with the first mapping turns that into
+// "meshtrain: error: FILE shrank ..." and exit 1 (only for addresses inside a live mapping; any other SIGBUS
+// keeps its default action). The handler costs nothing until a fault: the hot path reads memory as before.
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);  // throws mt::InputError "cannot open PATH: <strerror>"
@@ -67,5 +98,9 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// The SIGBUS table MappedFile uses (exposed for tests and other mappers).
+void register_mapping(const uint8_t* base, size_t size, const std::string& path);
+void unregister_mapping(const uint8_t* base) noexcept;
 
 }  // namespace mt

@@ -6,9 +6,26 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <utility>
 
 namespace mt {
+
+// A failed allocation that says its size: "cannot allocate 3.7 GB (...)". Still a std::bad_alloc.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(size_t bytes)
+      : bytes_(bytes),
+        msg_("cannot allocate " + std::to_string(bytes) + " bytes (" + std::to_string(bytes >> 20) +
+             " MiB) for one buffer: out of memory; reduce the model shape (--n-layer, --n-embd, --vocab-size, "
+             "--n-positions, --hidden), --batch-size or --seq-len") {}
+  size_t bytes() const { return bytes_; }
+  const char* what() const noexcept override { return msg_.c_str(); }
+
+ private:
+  size_t bytes_;
+  std::string msg_;
+};
 
 class AlignedBuffer {
  public:
@@ -33,7 +50,7 @@ class AlignedBuffer {
     if (count == 0) return;
     size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
     data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
-    if (!data_) throw std::bad_alloc();
+    if (!data_) throw OutOfMemory(std::exchange(size_, 0) * sizeof(float));
     std::memset(data_, 0, bytes);
   }
   void zero() {

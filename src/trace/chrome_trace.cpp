@@ -1,5 +1,9 @@
 #include "trace/chrome_trace.h"
 
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "core/fs.h"
@@ -41,6 +45,15 @@ void ChromeTrace::write_merged(const std::string& path, const std::vector<std::s
   }
   out += "\n]}\n";
   write_file_atomic(path, out);
+}
+
+std::string trace_part_path(const std::string& target, int rank) {
+  struct stat st;
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const std::string key = std::to_string((unsigned long long)st.st_dev) + "." + std::to_string((unsigned long long)st.st_ino);
+    return (std::filesystem::temp_directory_path() / ("meshtrain_trace." + key + ".rank" + std::to_string(rank))).string();
+  }
+  return target + ".rank" + std::to_string(rank);
 }
 
 }  // namespace mt::trace

@@ -58,4 +58,9 @@ class TraceScope {
   double t0_;
 };
 
+// Where rank r writes its events before rank 0 merges them into `target`: `target.rankR` beside a regular
+// (or new) target; for a device or FIFO target (--trace /dev/null) in the temp directory, named by the
+// target's device and inode, instead of creating files in /dev. Every rank computes the same names.
+std::string trace_part_path(const std::string& target, int rank);
+
 }  // namespace mt::trace

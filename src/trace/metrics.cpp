@@ -1,17 +1,43 @@
 #include "trace/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/fs.h"
 
 namespace mt::trace {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  MT_CHECK_INPUT(fd >= 0, "cannot open metrics file ", path, ": ",
+                 errno == ENXIO ? "no process is reading the FIFO" : std::strerror(errno));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  f_ = ::fdopen(fd, append ? "a" : "w");
+  if (!f_) ::close(fd);
   MT_CHECK_INPUT(f_, "cannot open metrics file ", path, ": ", std::strerror(errno));
+}
+
+MetricsWriter MetricsWriter::resume_at(const std::string& path, int64_t step) {
+  if (file_kind(path) == "regular file") {
+    std::string kept, all = read_file(path);
+    size_t pos = 0;
+    while (pos < all.size()) {
+      size_t end = all.find('\n', pos);
+      if (end == std::string::npos) break;  // a torn last line (the crash): dropped
+      const std::string line = all.substr(pos, end - pos);
+      pos = end + 1;
+      nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
+          row["step"].get<int64_t>() < step)
+        kept += line + "\n";
+    }
+    if (kept.size() != all.size()) write_file_atomic(path, kept);
+  }
+  return MetricsWriter(path, /*append=*/true);
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -40,10 +66,11 @@ std::string format_duration(double s) {
 }
 }  // namespace
 
-Progress::Progress(int64_t first_step, int64_t total_steps, int every, bool enabled)
+Progress::Progress(int64_t first_step, int64_t total_steps, int every, bool enabled, const char* unit)
     : first_(first_step),
       total_(total_steps),
       every_(every < 1 ? 1 : every),
+      unit_(unit),
       enabled_(enabled),
       tty_(isatty(STDERR_FILENO)),
       start_(std::chrono::steady_clock::now()) {}
@@ -56,9 +83,9 @@ void Progress::step(int64_t step, double loss, float lr, double tokens_per_s, co
   int64_t done = step + 1 - first_;
   double eta = done > 0 ? elapsed / done * (double)(total_ - step - 1) : -1;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | eta %s%s",
-                (long long)step + 1, (long long)total_, loss, lr, tokens_per_s, format_duration(eta).c_str(),
-                extra.c_str());
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.0f %s/s | eta %s%s",
+                (long long)step + 1, (long long)total_, loss, lr, tokens_per_s, unit_.c_str(),
+                format_duration(eta).c_str(), extra.c_str());
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s", buf);
     dirty_ = true;

@@ -15,8 +15,13 @@ namespace mt::trace {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // append = false truncates the file. Throws mt::InputError naming the path if it cannot be opened.
+  // append = false truncates the file. Throws mt::InputError naming the path if it cannot be opened. Opens
+  // without blocking, so a FIFO nobody reads is an error at once; devices (/dev/null) are written in place.
   MetricsWriter(const std::string& path, bool append);
+  // For a run resumed at `step`: rewrites the file (atomically, when it is a regular file) without the rows
+  // of steps >= step and of any torn last line, so that after a crash and resume it reads as one run; then
+  // appends. Costs one read and one write of the file at start.
+  static MetricsWriter resume_at(const std::string& path, int64_t step);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -38,7 +43,8 @@ class MetricsWriter {
 // terminal, one line every `every` steps (and the last) otherwise.
 class Progress {
  public:
-  Progress(int64_t first_step, int64_t total_steps, int every, bool enabled);
+  // unit: what the throughput counts ("tok" for GPT, "ex" for the MLP's examples).
+  Progress(int64_t first_step, int64_t total_steps, int every, bool enabled, const char* unit = "tok");
   void step(int64_t step, double loss, float lr, double tokens_per_s, const std::string& extra = "");
   void message(const std::string& line);  // a line of its own (eval results), not overwritten
   void finish();
@@ -46,6 +52,7 @@ class Progress {
  private:
   int64_t first_, total_;
   int every_;
+  std::string unit_;
   bool enabled_, tty_, dirty_ = false;
   std::chrono::steady_clock::time_point start_;
 };

@@ -17,9 +17,12 @@ Cadence Cadence::from(const TrainConfig& cfg, bool has_eval) {
 // ---- RunLog. ----
 
 RunLog::RunLog(const TrainConfig& cfg, bool lead, int64_t start, const std::string& item_name)
-    : progress_(start, cfg.steps, cfg.log_every, cfg.progress && lead),
+    : progress_(start, cfg.steps, cfg.log_every, cfg.progress && lead, item_name.c_str()),
       items_key_(item_name == "tok" ? "tokens_per_s" : "examples_per_s") {
-  if (lead && !cfg.metrics.empty()) metrics_ = trace::MetricsWriter(cfg.metrics, !cfg.resume.empty());
+  // On resume, rows from the resumed step on (written before a crash) are dropped: the file reads as one run.
+  if (lead && !cfg.metrics.empty())
+    metrics_ = cfg.resume.empty() ? trace::MetricsWriter(cfg.metrics, false)
+                                  : trace::MetricsWriter::resume_at(cfg.metrics, start);
 }
 
 void RunLog::step(const nlohmann::json& row, int64_t s, double loss, float lr, double items_per_s) {
@@ -71,6 +74,16 @@ int64_t Checkpointer::resume() {
   MT_CHECK_INPUT(st.value("optimizer", cfg_.optimizer) == cfg_.optimizer, path, " was trained with ",
                  st.value("optimizer", ""), " but --optimizer is ", cfg_.optimizer);
   MT_CHECK_INPUT(start <= cfg_.steps, path, " is at step ", start, ", beyond --steps ", cfg_.steps);
+  MT_CHECK_INPUT(start >= 0, path, ": state.json has a negative step ", start);
+  // A different batch, seed or data file continues the run, but not as the one saved: say so.
+  auto warn_if_changed = [&](const char* key, const char* flag, const nlohmann::json& now) {
+    if (mesh_.lead() && st.contains(key) && st[key] != now)
+      std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(), flag,
+                   st[key].dump().c_str(), now.dump().c_str());
+  };
+  warn_if_changed("batch_size", "--batch-size", cfg_.batch_size);
+  warn_if_changed("seed", "--seed", cfg_.seed);
+  warn_if_changed("data", "--data", cfg_.data);
   written_.push_back({start, path});
   return start;
 }
@@ -125,12 +138,12 @@ std::string Checkpointer::diverged_advice(int64_t s) {
 void write_trace(const std::string& path, const trace::ChromeTrace& tracer, const parallel::Mesh& mesh) {
   if (path.empty()) return;
   const int W = mesh.grid().world();
-  write_file_atomic(path + ".rank" + std::to_string(mesh.world_rank()), tracer.events_json());
+  write_file_atomic(trace::trace_part_path(path, mesh.world_rank()), tracer.events_json());
   if (mesh.world() && W > 1) mesh.world()->barrier();
   if (!mesh.lead()) return;
   std::vector<std::string> bodies;
   for (int r = 0; r < W; r++) {
-    const std::string part = path + ".rank" + std::to_string(r);
+    const std::string part = trace::trace_part_path(path, r);
     bodies.push_back(read_file(part));
     std::filesystem::remove(part);
   }

@@ -37,7 +37,7 @@ struct Cadence {
   bool eval_after(int64_t s) const { return eval && eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps); }
   bool save_after(int64_t s) const {
     return checkpoints && ((save_every > 0 && (s + 1) % save_every == 0) || stop_after(s) ||
-                           (s + 1 == steps && save_every > 0));
+                           s + 1 == steps);  // --checkpoint-dir alone: one checkpoint at the end
   }
   int64_t end() const { return stop_at > 0 ? std::min(stop_at, steps) : steps; }
 };

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
@@ -48,6 +49,9 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c), mesh(world, grid_of(c, world)), layout(c, mesh.grid().dp()), tail(c.grad_clip, lr_schedule(c)),
       straggler(Straggler::parse(c.straggler)) {
+  // Leftovers of killed saves go; another run's checkpoints are refused unless --overwrite-checkpoints.
+  if ((world ? world->rank() : 0) == 0 && !cfg.checkpoint_dir.empty())
+    checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);
   const parallel::MeshGrid& g = mesh.grid();
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
   if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
@@ -85,13 +89,17 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   cadence = Cadence::from(cfg, task->has_eval());
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
   // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.
-  if (ps)
+  if (ps) {
     tail.add_check(std::make_unique<NonFiniteCheck>());
-  else
-    tail.add_check(std::make_unique<NonFiniteCheck>(nullptr, [this](int64_t s) {
+    tail.add_check(std::make_unique<SpikeCheck>(cfg.divergence_factor, cfg.divergence_window));
+  } else {
+    auto advice = [this](int64_t s) {
       log->finish();
       return ckpt->diverged_advice(s);
-    }));
+    };
+    tail.add_check(std::make_unique<NonFiniteCheck>(nullptr, advice));
+    tail.add_check(std::make_unique<SpikeCheck>(cfg.divergence_factor, cfg.divergence_window, advice));
+  }
   announce();
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
 }

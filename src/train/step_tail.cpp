@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "train/divergence_guard.h"
 
 namespace mt::train {
 
@@ -10,8 +11,19 @@ void NonFiniteCheck::check(int64_t s, double loss, double norm) {
   if (std::isfinite(loss) && std::isfinite(norm)) return;
   const std::string advice = advice_ ? advice_(s) : std::string();
   throw DivergedError(str(!std::isfinite(loss) ? "loss" : "gradient norm", " is ", !std::isfinite(loss) ? loss : norm,
-                          " at ", where_ ? where_(s) : "step " + std::to_string(s), "; training stopped", advice,
+                          " at ", where_ ? where_(s) : "step " + std::to_string(s + 1), "; training stopped", advice,
                           " (try a lower --lr or --grad-clip)"));
+}
+
+SpikeCheck::SpikeCheck(double factor, int window, Text advice)
+    : guard_(std::make_unique<DivergenceGuard>(factor, window)), advice_(std::move(advice)) {}
+SpikeCheck::~SpikeCheck() = default;
+
+void SpikeCheck::check(int64_t s, double loss, double norm) {
+  if (!guard_->enabled() || !std::isfinite(loss)) return;
+  if (auto v = guard_->observe(s + 1, loss))
+    throw DivergedError(str(v->message, "; training stopped", advice_ ? advice_(v->first_step - 1) : std::string(),
+                            " (try a lower --lr)"));
 }
 
 void StepTail::check(int64_t s, double loss, double norm) const {

@@ -38,6 +38,21 @@ class NonFiniteCheck : public DivergenceCheck {
   Text where_, advice_;
 };
 
+// A finite loss that blew up (train/divergence_guard.h): `window` steps in a row above `factor` x its running
+// median. Steps are named 1-based as in the progress line; advice(s) as for NonFiniteCheck, with s the first
+// high step (0-based): checkpoints from before it hold good weights.
+class SpikeCheck : public DivergenceCheck {
+ public:
+  using Text = std::function<std::string(int64_t)>;
+  SpikeCheck(double factor, int window, Text advice = nullptr);
+  ~SpikeCheck() override;
+  void check(int64_t s, double loss, double norm) override;
+
+ private:
+  std::unique_ptr<class DivergenceGuard> guard_;
+  Text advice_;
+};
+
 class StepTail {
  public:
   StepTail(double grad_clip, const optim::LrSchedule& sched) : clip_(grad_clip), sched_(sched) {}

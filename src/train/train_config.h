@@ -56,8 +56,11 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t save_every = 0;
   int keep_checkpoints = 2;
+  bool overwrite_checkpoints = false;  // a fresh run may delete another run's checkpoints in checkpoint_dir
   std::string resume;
   int64_t stop_at_step = 0;  // stop this process after this many steps (time-boxed jobs, resume tests)
+  double divergence_factor = 10;  // stop when the loss is above this x its running median (0: off) ...
+  int divergence_window = 5;       // ... for this many steps in a row (train/divergence_guard.h)
   int64_t eval_every = 0;
   int eval_batches = 4;
   int log_every = 10;

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
 
@@ -135,6 +136,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 }
 
 int train_main(const TrainConfig& cfg) {
+  check_outputs(cfg);  // before any work: a bad --save fails now, not after the last step
   if (cfg.async == "hogwild") {  // threads of this process, not ranks
     MT_CHECK_INPUT(!comm::under_mpirun(), "--async hogwild runs threads of one process: do not start it under mpirun");
     report(cfg, run_hogwild(cfg));

@@ -13,8 +13,11 @@
 namespace mt::clitest {
 namespace {
 
+// --divergence-factor 0: these runs test the non-finite path; the finite blow-up guard, which would stop some
+// of them a few steps earlier, has its own tests (tests/cli/hardening_test.cpp, tests/unit).
 std::vector<std::string> tiny_run(const std::string& data) {
-  return concat({"train", "--data", data, "--seq-len", "16", "--batch-size", "4", "--quiet"}, tiny_gpt_flags());
+  return concat({"train", "--data", data, "--seq-len", "16", "--batch-size", "4", "--quiet", "--divergence-factor", "0"},
+                tiny_gpt_flags());
 }
 
 struct Divergence {
@@ -39,7 +42,8 @@ Divergence run_diverging(const std::string& shard, const std::string& ckpt_dir, 
     ADD_FAILURE() << "no \"<loss|gradient norm> is X at step N\" in stderr\n" << r.describe();
     return d;
   }
-  d.failing_step = std::stoll(m[2].str());
+  // The message numbers steps as the progress line does (from 1); failing_step is the 0-based index.
+  d.failing_step = std::stoll(m[2].str()) - 1;
   std::regex ckpt_re(R"(last good checkpoint is (\S+?)[ ,.;]*(\(|$))");
   if (std::regex_search(r.err, m, ckpt_re)) d.checkpoint = m[1].str();
   // Metrics: one row per completed step, none for the failing one, all finite.
@@ -133,7 +137,7 @@ TEST(Divergence, AdamWDivergingBeforeAnyCheckpointSaysSo) {
   EXPECT_EQ(r.exit_code, 1) << r.describe();
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"((loss|gradient norm) is \S+ at step (\d+))"))) << r.describe();
-  int64_t n = std::stoll(m[2].str());
+  int64_t n = std::stoll(m[2].str()) - 1;  // printed from 1, as in the progress line
   ASSERT_LT(n, 3) << "test premise: AdamW at lr 1e10 fails before the first save at step 4\n" << r.describe();
   EXPECT_TRUE(contains(r.err, "No checkpoint was written")) << r.describe();
   EXPECT_FALSE(fs::exists(ckpt + "/latest"));

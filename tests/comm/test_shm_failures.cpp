@@ -83,6 +83,7 @@ TEST(ShmFailure, StalledPeerHitsDeadline) {
   double took = seconds_since(t0);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(r.failed_rank, 0);
+  EXPECT_EQ(r.waited_rank, 1) << "the headline names the rank waited for";
   EXPECT_TRUE(contains(r.failure, "all_reduce #2") && contains(r.failure, "timed out after 1 s") &&
               contains(r.failure, "waiting for rank 1"))
       << r.failure;

@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -116,6 +120,75 @@ TEST(Fs, MappedFileSeesContents) {
   MappedFile empty(path);
   EXPECT_EQ(empty.size(), 0u);
   EXPECT_EQ(empty.data(), nullptr);
+}
+
+// What the path is decides how it is written (issue 13, point 1).
+TEST(Fs, SymlinkIsFollowedAndKept) {
+  ScratchDir dir;
+  const std::string target = dir.file("t.bin"), link = dir.file("l.bin");
+  write_file_atomic(target, "old");
+  std::filesystem::create_symlink("t.bin", link);
+  write_file_atomic(link, "new contents");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_file(target), "new contents");
+  EXPECT_EQ(dir.count_temp_files(), 0);
+  EXPECT_EQ(resolve_symlinks(link), dir.file("t.bin"));
+}
+
+TEST(Fs, DeviceAndFifoAreWrittenInPlace) {
+  ScratchDir dir;
+  const std::string null = dir.file("null"), fifo = dir.file("fifo");
+  if (mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod needs root";
+  write_file_atomic(null, "discarded");
+  EXPECT_EQ(file_kind(null), "character device");
+  EXPECT_EQ(dir.count_temp_files(), 0);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  try {
+    write_file_atomic(fifo, "x");
+    FAIL() << "a FIFO without a reader must fail at once";
+  } catch (const mt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no process is reading"), std::string::npos) << e.what();
+  }
+  int rd = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(rd, 0);
+  write_file_atomic(fifo, "through the pipe");
+  char buf[64] = {};
+  EXPECT_EQ(::read(rd, buf, sizeof buf), 16);
+  EXPECT_EQ(std::string(buf), "through the pipe");
+  ::close(rd);
+  EXPECT_EQ(file_kind(fifo), "FIFO");
+  EXPECT_TRUE(throws_input_error([&] { read_file(fifo); }, {fifo, "FIFO, not a regular file"}));
+  EXPECT_TRUE(throws_input_error([&] { MappedFile m(fifo); }, {fifo, "FIFO"}));
+}
+
+TEST(Fs, OutputChecksAndSameFile) {
+  ScratchDir dir;
+  const std::string a = dir.file("a"), link = dir.file("link");
+  write_file_atomic(a, "x");
+  std::filesystem::create_symlink(a, link);
+  EXPECT_TRUE(same_file(a, link));
+  EXPECT_TRUE(same_file(dir.file("new"), dir.file("./new")));
+  EXPECT_FALSE(same_file(a, dir.file("new")));
+  EXPECT_TRUE(throws_input_error([&] { check_output_path("--save", dir.path().string()); }, {"--save", "is a directory"}));
+  EXPECT_TRUE(throws_input_error([&] { check_output_path("--save", dir.file("no/x")); }, {"--save", "does not exist"}));
+  check_output_path("--save", a);
+  check_output_path("--save", dir.file("fresh"));
+}
+
+// A mapped file that shrinks: a message naming it and exit 1, not a bare SIGBUS.
+TEST(FsDeathTest, MappedFileTruncatedUnderneathNamesTheFile) {
+  ScratchDir dir;
+  const std::string path = dir.file("shrinks.bin");
+  write_file_atomic(path, std::string(3 * 4096, 'a'));
+  EXPECT_EXIT(
+      {
+        MappedFile m(path);
+        if (::truncate(path.c_str(), 10) != 0) std::_Exit(3);
+        volatile uint8_t x = m.data()[2 * 4096];
+        (void)x;
+        std::_Exit(4);
+      },
+      ::testing::ExitedWithCode(1), "shrinks.bin shrank");
 }
 
 }  // namespace

@@ -122,3 +122,20 @@ TEST(ParamRegistry, BlockedShardTakesTheSameSliceOfEachBlock) {
       EXPECT_EQ(p.data[r * 6 + j], full.get("w").data[r * 12 + cols[j]]);
     }
 }
+
+// A buffer that cannot be allocated says how many bytes it wanted (issue 13, point 7) and stays empty.
+TEST(AlignedBuffer, FailedAllocationNamesItsSize) {
+  mt::AlignedBuffer b(16);
+  const size_t count = size_t{1} << 61;  // 8 EiB: no host has it
+  try {
+    b.resize(count);
+    FAIL() << "allocated 8 EiB";
+  } catch (const mt::OutOfMemory& e) {
+    EXPECT_EQ(e.bytes(), count * sizeof(float));
+    EXPECT_NE(std::string(e.what()).find("cannot allocate " + std::to_string(count * sizeof(float)) + " bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(b.data(), nullptr);
+}

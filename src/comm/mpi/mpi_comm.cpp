@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/deadline.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -70,7 +71,7 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 }  // namespace
 
 void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what, MPI_Status* status) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto until = deadline_after<Clock>(timeout_s);
   int done = 0;
   for (int i = 0;; ++i) {
     check_mpi(MPI_Test(req, &done, status ? status : MPI_STATUS_IGNORE), "MPI_Test");

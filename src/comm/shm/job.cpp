@@ -56,6 +56,7 @@ Job::Job(int nranks, size_t arena_bytes) {
   block_->next_free.store(header_bytes());
   block_->next_group.store(1);
   block_->failed_rank.store(-1);
+  block_->waited_rank.store(-1);
 }
 
 Job::~Job() {
@@ -70,10 +71,11 @@ uint64_t Job::allocate(size_t bytes) {
   return off;
 }
 
-void Job::fail(int world_rank, const std::string& why) {
+void Job::fail(int world_rank, const std::string& why, int waited_rank) {
   // Only the first failure is recorded; its text is written before the rank is published.
   if (block_->failure_claim.exchange(1) != 0) return;
   copy_msg(block_->failure, why);
+  block_->waited_rank.store(waited_rank, std::memory_order_relaxed);
   block_->failed_rank.store(world_rank, std::memory_order_release);
 }
 

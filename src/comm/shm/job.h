@@ -33,6 +33,7 @@ struct JobBlock {
   std::atomic<int32_t> failure_claim;  // 0 until someone records a failure; the first claimant writes it
   std::atomic<int32_t> failed_rank;    // -1 while healthy; the world rank that failed first
   char failure[kErrorChars];          // why it failed (written before failed_rank is set)
+  std::atomic<int32_t> waited_rank;    // a timeout: the world rank the failed rank waited for; else -1
   int32_t pids[kMaxRanks];
   std::atomic<int32_t> exit_status[kMaxRanks];  // 0 while running; 1 + waitpid status once reaped
   char rank_error[kMaxRanks][kErrorChars];  // each worker's own last words, written before it exits
@@ -54,8 +55,10 @@ class Job {
 
   // The failure record, first failure wins: a worker that throws records itself, the supervisor records a
   // worker that died; waiting workers poll failed() and turn it into an error.
-  void fail(int world_rank, const std::string& why);
+  // waited_rank: for a timeout, the world rank that did not answer (the headline names it).
+  void fail(int world_rank, const std::string& why, int waited_rank = -1);
   bool failed(int* world_rank, std::string* why);
+  int waited_rank() const { return block_->waited_rank.load(std::memory_order_acquire); }
   void set_rank_error(int world_rank, const std::string& msg);
   std::string rank_error(int world_rank);
   // The supervisor marks each worker it reaps, so that a rank waiting for one that already ended (its body

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/deadline.h"
 #include "core/error.h"
 
 namespace mt::comm::shm {
@@ -260,8 +261,7 @@ bool P2P::test(Op& op) {
 }
 
 void P2P::wait(Op& op) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(op.timeout_s));
+  const auto until = deadline_after<Clock>(op.timeout_s);
   Signal& bell = L_.ctrl(me_).doorbell;
   for (;;) {
     uint32_t seen = bell.value.load(std::memory_order_acquire);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "comm/deadline.h"
 #include "comm/copy.h"
 #include "comm/reduce.h"
 #include "core/error.h"
@@ -108,8 +109,10 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
                               ") without taking part in this operation"));
   }
   if (Clock::now() > until) {
-    fail_wait(what, peer, str("timed out after ", timeout_s, " s waiting for ", peer_s,
-                              "; that rank is stalled, dead, or not calling this operation (--comm-timeout)"));
+    throw CommTimeoutError(str(what, " on group '", name(), "' (rank ", rank(), " of ", size(), "): timed out after ",
+                               timeout_s, " s waiting for ", peer_s,
+                               "; that rank is stalled, dead, or not calling this operation (--comm-timeout)"),
+                           world_ranks_[peer]);
   }
 }
 
@@ -178,7 +181,7 @@ void ShmCommunicator::check_descriptors(Ctx& c) {
 // ---- dispatch ----
 
 void ShmCommunicator::run_collective(const CollArgs& a) {
-  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.timeout_s));
+  auto until = deadline_after<Clock>(a.timeout_s);
   Ctx c{a, until, false, dtype_size(a.dtype)};
   OpDesc& d = L_.ctrl(rank()).desc[a.seq & 1];
   d.seq = a.seq;
@@ -499,7 +502,7 @@ std::unique_ptr<Communicator> ShmCommunicator::run_split(int colour, int key, co
   a.kind = OpKind::split;
   a.seq = seq;
   a.timeout_s = timeout_s;
-  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  auto until = deadline_after<Clock>(timeout_s);
   Ctx c{a, until, false, 1};
   OpDesc& d = L_.ctrl(rank()).desc[seq & 1];
   d = OpDesc{};
