@@ -1,4 +1,7 @@
 """Helpers shared by the benchmark scripts in bench/ (not a benchmark itself)."""
+import os
+import subprocess
+
 import numpy as np
 
 
@@ -9,3 +12,16 @@ def write_shard(path, n, vocab_size, seed=0):
     hdr[:3] = [20240520, 1, n]
     with open(path, "wb") as f:
         f.write(hdr.tobytes() + toks.tobytes())
+
+
+def prepare_text(meshtrain, work, data):
+    """Byte-level token shards of the first 90% (train) and the last 10% (validation) of tinyshakespeare."""
+    with open(os.path.join(data, "tinyshakespeare.txt"), "rb") as f:
+        text = f.read()
+    cut = len(text) * 9 // 10
+    for name, piece in (("train", text[:cut]), ("val", text[cut:])):
+        txt = os.path.join(work, name + ".txt")
+        with open(txt, "wb") as f:
+            f.write(piece)
+        subprocess.run([meshtrain, "prepare", "--text", txt, "--out", os.path.join(work, name + ".bin")],
+                       check=True, capture_output=True, timeout=120)

@@ -69,6 +69,8 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
+from bench_util import prepare_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SEED = 1337
@@ -144,19 +146,6 @@ def model_config(model, quick, work, data):
         desc = ("Optimizer control: the GPT above, same data and steps, trained with SGD and momentum (the optimizer "
                 "of the PowerSGD and top-k papers) instead of AdamW, for the methods whose goal GPT misses. " + desc)
     return dict(steps=steps, every=every, flags=flags, desc=desc, timeout=900)
-
-
-def prepare_text(meshtrain, work, data):
-    """Byte-level token shards of the first 90% (train) and the last 10% (validation) of tinyshakespeare."""
-    with open(os.path.join(data, "tinyshakespeare.txt"), "rb") as f:
-        text = f.read()
-    cut = len(text) * 9 // 10
-    for name, piece in (("train", text[:cut]), ("val", text[cut:])):
-        txt = os.path.join(work, name + ".txt")
-        with open(txt, "wb") as f:
-            f.write(piece)
-        subprocess.run([meshtrain, "prepare", "--text", txt, "--out", os.path.join(work, name + ".bin")],
-                       check=True, capture_output=True, timeout=120)
 
 
 def run_process(cmd, timeout, env):

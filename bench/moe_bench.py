@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from bench_util import write_shard
+from bench_util import prepare_text, write_shard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -138,19 +138,6 @@ def host_info(meshtrain):
                 meshtrain=meshtrain,
                 meshtrain_mtime=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(meshtrain).st_mtime)),
                 git_head=git("rev-parse", "HEAD"), git_status=git("status", "--short", "--untracked-files=no"))
-
-
-def prepare_text(meshtrain, work, data):
-    """Byte-level token shards of the first 90% (train) and the last 10% (validation) of tinyshakespeare."""
-    with open(os.path.join(data, "tinyshakespeare.txt"), "rb") as f:
-        text = f.read()
-    cut = len(text) * 9 // 10
-    for name, piece in (("train", text[:cut]), ("val", text[cut:])):
-        txt = os.path.join(work, name + ".txt")
-        with open(txt, "wb") as f:
-            f.write(piece)
-        subprocess.run([meshtrain, "prepare", "--text", txt, "--out", os.path.join(work, name + ".bin")],
-                       check=True, capture_output=True, timeout=120)
 
 
 def run(args, work, tag, flags, env):

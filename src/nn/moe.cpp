@@ -156,8 +156,7 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   float* o = store.get(mb, prefix_ + "o", (size_t)Al * C);
   size_t row = 0;
   for (int le = 0; le < Le; le++) {
-    int64_t n = 0;
-    for (int r = 0; r < P; r++) n += st.incoming[r * Le + le];
+    const int64_t n = st.rows_for(le, P);
     if (n == 0) continue;
     const Expert& w = local_[le];
     linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_);
@@ -222,8 +221,7 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
   const float* act = store.get(mb, prefix_ + "a", (size_t)Al * H);
   size_t row = 0;
   for (int le = 0; le < Le; le++) {
-    int64_t n = 0;
-    for (int r = 0; r < P; r++) n += st.incoming[r * Le + le];
+    const int64_t n = st.rows_for(le, P);
     if (n == 0) continue;
     const Expert& w = local_[le];
     float* dh_e = dh.data() + row * H;

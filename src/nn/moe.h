@@ -67,6 +67,13 @@ class MoeMlp {
     std::vector<int32_t> order;     // [A] t * K + k of each admitted pair, by expert, then group, then slot
     std::vector<int64_t> count;     // [E] admitted pairs per expert (this rank's tokens)
     std::vector<int64_t> incoming;  // [P * Le] rows from each source rank for each local expert
+    // Rows local expert le computes: its rows from every source rank.
+    int64_t rows_for(int le, int P) const {
+      const int Le = (int)incoming.size() / P;
+      int64_t n = 0;
+      for (int r = 0; r < P; r++) n += incoming[(size_t)r * Le + le];
+      return n;
+    }
   };
   const Routing& routing(ActivationStore& store, int mb) const { return store.object<State>(mb, prefix_ + "moe").routing; }
 

@@ -511,9 +511,16 @@ def random_init(cfg: GPTConfig, seed: int, std: float = 0.02, ln_noise: float = 
     """Weights N(0, std) (std_by_suffix overrides by name ending, e.g. {"c_fc.weight": 0.2}); LayerNorm
     weights 1 + N(0, ln_noise); biases N(0, bias_std): every parameter differs from its neutral value, so
     a mix-up of any two tensors or a skipped bias changes the result."""
+    return random_init_shapes(param_shapes(cfg), seed, std, ln_noise, bias_std, std_by_suffix)
+
+
+def random_init_shapes(shapes: Iterable[Tuple[str, Sequence[int]]], seed: int, std: float = 0.02,
+                       ln_noise: float = 0.1, bias_std: float = 0.02,
+                       std_by_suffix: Optional[Mapping[str, float]] = None) -> Dict[str, np.ndarray]:
+    """random_init over any (name, shape) list, drawn in its order (models with other tensors use it too)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in param_shapes(cfg):
+    for name, shape in shapes:
         noise = rng.standard_normal(shape)
         if name.startswith("ln_f.") or ".ln_" in name:
             out[name] = ((1.0 if name.endswith(".weight") else 0.0) + ln_noise * noise).astype(np.float32)

@@ -373,18 +373,7 @@ def moe_random_init(cfg: ref.GPTConfig, moe: MoEConfig, seed: int, std: float = 
                     bias_std: float = 0.02, std_by_suffix: Optional[Mapping[str, float]] = None
                     ) -> Dict[str, np.ndarray]:
     """As gpt_reference.random_init, over the MoE names (suffix overrides apply, e.g. "router.weight")."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in moe_param_shapes(cfg, moe):
-        noise = rng.standard_normal(shape)
-        if name.startswith("ln_f.") or ".ln_" in name:
-            out[name] = ((1.0 if name.endswith(".weight") else 0.0) + ln_noise * noise).astype(np.float32)
-        elif name.endswith(".bias"):
-            out[name] = (bias_std * noise).astype(np.float32)
-        else:
-            s = next((v for k, v in (std_by_suffix or {}).items() if name.endswith(k)), std)
-            out[name] = (s * noise).astype(np.float32)
-    return out
+    return ref.random_init_shapes(moe_param_shapes(cfg, moe), seed, std, ln_noise, bias_std, std_by_suffix)
 
 
 def moe_gpt_forward(p: Mapping[str, torch.Tensor], idx: torch.Tensor, cfg: ref.GPTConfig, moe: MoEConfig,

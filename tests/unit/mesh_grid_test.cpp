@@ -16,6 +16,17 @@ using mt::parallel::MeshGroup;
 
 namespace {
 
+// The InputError message of fn(), or "(no error)".
+template <class Fn>
+std::string message(Fn fn) {
+  try {
+    fn();
+  } catch (const mt::InputError& e) {
+    return std::string(e.what());
+  }
+  return std::string("(no error)");
+}
+
 struct Expect {
   int d, t, j;
 };
@@ -151,14 +162,6 @@ TEST(MeshGrid, ParameterServersAreTheLastRanks) {
 }
 
 TEST(MeshGrid, RejectsDegreesThatDoNotTileTheRanks) {
-  auto message = [](auto fn) {
-    try {
-      fn();
-    } catch (const mt::InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
   EXPECT_NE(message([] { MeshGrid(6, 0, 4, 1); }).find("not divisible by --tp 4 x --pp 1"), std::string::npos);
   EXPECT_NE(message([] { MeshGrid(8, 3, 2, 1); }).find("--dp 3 x --tp 2 x --pp 1 must equal the number of ranks"),
             std::string::npos);
@@ -196,14 +199,6 @@ TEST(MeshGrid, ExpertGroupsCutEachDataParallelGroupIntoRunsOfEp) {
         }
       }
   EXPECT_GT(checked, 200);
-  auto message = [](auto fn) {
-    try {
-      fn();
-    } catch (const mt::InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
   EXPECT_NE(message([] { MeshGrid(6, 0, 1, 1, 0, 4); }).find("--ep 4 does not divide the data-parallel degree 6"),
             std::string::npos);
   EXPECT_EQ(MeshGrid(8, 0, 2, 1, 0, 2).describe(), "data-parallel 4 (expert-parallel 2) x tensor-parallel 2 x pipeline 1");
