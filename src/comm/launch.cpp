@@ -234,17 +234,20 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
   LaunchResult r = run_ranks(o, body);
   if (r.exit_code != 0) {
-    if (r.waited_rank >= 0) {  // the stalled rank first, then who noticed and in which operation
-      std::fprintf(stderr, "meshtrain: rank %d did not respond within --comm-timeout (stalled, dead, or not calling "
-                   "the operation): rank %d timed out waiting for it: %s\n", r.waited_rank, r.failed_rank,
-                   r.failure.c_str());
-    } else if (r.failed_rank >= 0) {
-      std::fprintf(stderr, "meshtrain: rank %d failed: %s\n", r.failed_rank, r.failure.c_str());
-    } else {
-      std::fprintf(stderr, "meshtrain: %s\n", r.failure.c_str());
-    }
+    print_failure_headline(r.failed_rank, r.waited_rank, r.failure);
   }
   return r.exit_code;
+}
+
+void print_failure_headline(int failed_rank, int waited_rank, const std::string& failure) {
+  if (waited_rank >= 0) {  // the stalled rank first, then who noticed and in which operation
+    std::fprintf(stderr, "meshtrain: rank %d did not respond within --comm-timeout (stalled, dead, or not calling "
+                 "the operation): rank %d timed out waiting for it: %s\n", waited_rank, failed_rank, failure.c_str());
+  } else if (failed_rank >= 0) {
+    std::fprintf(stderr, "meshtrain: rank %d failed: %s\n", failed_rank, failure.c_str());
+  } else {
+    std::fprintf(stderr, "meshtrain: %s\n", failure.c_str());
+  }
 }
 
 }  // namespace mt::comm

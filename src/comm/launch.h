@@ -56,7 +56,7 @@ std::string resolve_backend(const LaunchOptions& o);
 struct LaunchResult {
   int exit_code = 0;             // 0 success; 1 a rank failed; 128+signal when interrupted
   int failed_rank = -1;          // world rank of the first failure
-  int waited_rank = -1;          // when that failure is a timeout: the world rank it waited for (shm)
+  int waited_rank = -1;          // when that failure is a timeout: the world rank it waited for
   std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
   std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
   std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
@@ -67,5 +67,8 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 // run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr (for a timeout: "meshtrain:
 // rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"); returns exit_code.
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
+// The one headline format for a failed job (both backends): waited_rank >= 0 for a timeout, failed_rank -1 when
+// no rank is to blame.
+void print_failure_headline(int failed_rank, int waited_rank, const std::string& failure);
 
 }  // namespace mt::comm

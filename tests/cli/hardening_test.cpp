@@ -436,6 +436,25 @@ TEST_F(Hardening, P11_TimeoutHeadlineNamesTheStalledRank) {
   EXPECT_TRUE(contains(headline, "--comm-timeout")) << headline;
 }
 
+#ifdef MESHTRAIN_MPIEXEC
+// The same headline under mpirun: the MPI backend exchanges collective descriptors point to point, so the rank
+// whose descriptor never came is known and named first.
+TEST_F(Hardening, P11_TimeoutHeadlineUnderMpirunNamesTheStalledRank) {
+  RunResult r = run_command(
+      concat({MESHTRAIN_MPIEXEC, "--oversubscribe", "--bind-to", "none", "-np", "2", meshtrain_bin()},
+             tiny(shard_, {"--steps", "3", "--backend", "mpi", "--straggler", "1:3000", "--comm-timeout", "1"})),
+      90);
+  EXPECT_NE(r.exit_code, 0) << r.describe();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"(meshtrain: (rank \d+)[^\n]*)"))) << r.describe();
+  const std::string headline = m[0].str();
+  EXPECT_EQ(m[1].str(), "rank 1") << headline;
+  EXPECT_TRUE(contains(headline, "rank 0 timed out waiting for it")) << headline;
+  EXPECT_TRUE(contains(headline, "world rank 1")) << headline;
+  EXPECT_TRUE(contains(headline, "--comm-timeout")) << headline;
+}
+#endif
+
 // ---- 12. the smaller defects
 TEST_F(Hardening, P12_SampleFlagsAndNanWeights) {
   const std::string init = dir_ / "init.safetensors";

@@ -70,16 +70,29 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 
 }  // namespace
 
-void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what, MPI_Status* status) {
+void wait_requests(int n, MPI_Request* reqs, double timeout_s, const std::function<std::string()>& what,
+                   const std::function<int()>& waited_world, MPI_Status* statuses) {
   const auto until = deadline_after<Clock>(timeout_s);
-  int done = 0;
+  std::vector<int> idx(static_cast<size_t>(n));
+  std::vector<MPI_Status> st(static_cast<size_t>(n));
+  int left = n;
   for (int i = 0;; ++i) {
-    check_mpi(MPI_Test(req, &done, status ? status : MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return;
-    if (i < 2000) continue;  // spin briefly: MPI progresses inside MPI_Test
+    int got = 0;
+    check_mpi(MPI_Testsome(n, reqs, &got, idx.data(), st.data()), "MPI_Testsome");
+    if (got == MPI_UNDEFINED) return;  // every request already complete (MPI_REQUEST_NULL)
+    for (int k = 0; k < got; ++k) {
+      if (statuses) statuses[idx[k]] = st[static_cast<size_t>(k)];
+    }
+    left -= got;
+    if (left == 0) return;
+    if (i < 2000) continue;  // spin briefly: MPI progresses inside MPI_Test*
     if (Clock::now() > until) {
-      throw CommError(str(what(), " timed out after ", timeout_s,
-                          " s (--comm-timeout); a peer is stalled, dead, or not calling this operation"));
+      const int w = waited_world ? waited_world() : -1;
+      const std::string msg = str(what(), " timed out after ", timeout_s, " s (--comm-timeout)",
+                                  w >= 0 ? str(" waiting for world rank ", w) : std::string(),
+                                  "; a peer is stalled, dead, or not calling this operation");
+      if (w >= 0) throw CommTimeoutError(msg, w);
+      throw CommError(msg);
     }
     if (i < 4000) {
       sched_yield();
@@ -88,6 +101,12 @@ void wait_request(MPI_Request* req, double timeout_s, const std::function<std::s
       nanosleep(&ts, nullptr);
     }
   }
+}
+
+void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what, MPI_Status* status,
+                  int waited_world) {
+  wait_requests(1, req, timeout_s, what, waited_world >= 0 ? std::function<int()>([=] { return waited_world; })
+                                                            : std::function<int()>(), status);
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
@@ -104,7 +123,23 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
           }(),
           std::move(name)) {
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(comm, &desc_comm_), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(desc_comm_, MPI_ERRORS_RETURN);
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(static_cast<size_t>(size()));
+  for (int p = 0; p < size(); ++p) ranks[p] = p;
+  world_of_.assign(ranks.size(), MPI_UNDEFINED);
+  MPI_Group_translate_ranks(mine, size(), ranks.data(), world, world_of_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+}
+
+int MpiCommunicator::world_rank_of(int p) const {
+  const int w = world_of_.at(static_cast<size_t>(p));
+  return w == MPI_UNDEFINED ? -1 : w;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -112,6 +147,7 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!finalized && desc_comm_ != MPI_COMM_NULL) MPI_Comm_free(&desc_comm_);
 }
 
 void MpiCommunicator::check_descriptor(const CollArgs& a) {
@@ -119,10 +155,32 @@ void MpiCommunicator::check_descriptor(const CollArgs& a) {
   uint64_t mine[4] = {a.seq, a.kind == OpKind::all_to_all_v ? 0 : a.count,
                       uint64_t(a.kind) | uint64_t(a.dtype) << 8 | uint64_t(reducing ? uint8_t(a.op) : 0) << 16,
                       uint64_t((a.kind == OpKind::broadcast || a.kind == OpKind::reduce) ? a.root : 0)};
-  std::vector<uint64_t> all(4 * size_t(size()));
-  MPI_Request req;
-  check_mpi(MPI_Iallgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, comm_, &req), "MPI_Iallgather");
-  wait_request(&req, a.timeout_s, [&] { return str(describe(a), " on group '", name(), "' (rank ", rank(), ")"); });
+  // Point-to-point on a private duplicate (not MPI_Iallgather) so a timeout knows which peers never arrived.
+  const int n = size(), me = rank();
+  std::vector<uint64_t> all(4 * size_t(n));
+  std::memcpy(&all[4 * size_t(me)], mine, sizeof mine);
+  std::vector<MPI_Request> reqs;  // receives first: reqs[0..n-2] are from the peers in rank order
+  std::vector<int> from;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    reqs.emplace_back();
+    from.push_back(p);
+    check_mpi(MPI_Irecv(&all[4 * size_t(p)], 4, MPI_UINT64_T, p, 0, desc_comm_, &reqs.back()), "MPI_Irecv");
+  }
+  const size_t nrecv = reqs.size();
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    reqs.emplace_back();
+    check_mpi(MPI_Isend(mine, 4, MPI_UINT64_T, p, 0, desc_comm_, &reqs.back()), "MPI_Isend");
+  }
+  auto missing = [&] {  // the first peer whose descriptor never came: the rank this one waited for
+    for (size_t k = 0; k < nrecv; ++k) {
+      if (reqs[k] != MPI_REQUEST_NULL) return world_rank_of(from[k]);
+    }
+    return -1;
+  };
+  wait_requests(static_cast<int>(reqs.size()), reqs.data(), a.timeout_s,
+                [&] { return str(describe(a), " on group '", name(), "' (rank ", me, ")"); }, missing, nullptr);
   for (int p = 0; p < size(); ++p) {
     const uint64_t* d = &all[4 * size_t(p)];
     if (std::memcmp(d, mine, sizeof mine) == 0) continue;
@@ -289,8 +347,8 @@ std::unique_ptr<Communicator> MpiCommunicator::run_split(int colour, int key, co
 namespace {
 class P2PState : public detail::RequestState {
  public:
-  P2PState(std::string what, size_t bytes, bool is_recv, double timeout_s)
-      : what_(std::move(what)), bytes_(bytes), is_recv_(is_recv), timeout_s_(timeout_s) {}
+  P2PState(std::string what, size_t bytes, bool is_recv, double timeout_s, int peer_world)
+      : what_(std::move(what)), bytes_(bytes), is_recv_(is_recv), timeout_s_(timeout_s), peer_world_(peer_world) {}
   MPI_Request req = MPI_REQUEST_NULL;
   bool test() override {
     if (done_) return true;
@@ -301,7 +359,7 @@ class P2PState : public detail::RequestState {
   }
   void wait() override {
     if (!done_) {
-      wait_request(&req, timeout_s_, [&] { return what_; }, &status_);
+      wait_request(&req, timeout_s_, [&] { return what_; }, &status_, peer_world_);
       done_ = true;
     }
     if (is_recv_) {
@@ -317,6 +375,7 @@ class P2PState : public detail::RequestState {
   size_t bytes_;
   bool is_recv_;
   double timeout_s_;
+  int peer_world_;
   bool done_ = false;
   MPI_Status status_{};
 };
@@ -325,7 +384,7 @@ class P2PState : public detail::RequestState {
 Request MpiCommunicator::start_send(const void* buf, size_t bytes, int peer, int tag) {
   auto st = std::make_shared<P2PState>(str("send(to rank ", peer, ", tag ", tag, ", ", bytes, " bytes) on group '",
                                            name(), "' (rank ", rank(), ")"),
-                                       bytes, false, timeout());
+                                       bytes, false, timeout(), world_rank_of(peer));
   MT_REQUIRE(CommError, bytes <= static_cast<size_t>(INT_MAX), "send of ", bytes, " bytes exceeds MPI's int counts");
   check_mpi(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &st->req), "MPI_Isend");
   return Request(st);
@@ -334,7 +393,7 @@ Request MpiCommunicator::start_send(const void* buf, size_t bytes, int peer, int
 Request MpiCommunicator::start_recv(void* buf, size_t bytes, int peer, int tag) {
   auto st = std::make_shared<P2PState>(str("recv(from rank ", peer, ", tag ", tag, ", ", bytes, " bytes) on group '",
                                            name(), "' (rank ", rank(), ")"),
-                                       bytes, true, timeout());
+                                       bytes, true, timeout(), world_rank_of(peer));
   MT_REQUIRE(CommError, bytes <= static_cast<size_t>(INT_MAX), "recv of ", bytes, " bytes exceeds MPI's int counts");
   check_mpi(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &st->req), "MPI_Irecv");
   return Request(st);
@@ -366,6 +425,10 @@ LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communica
     world.set_timeout(o.timeout_s);
     world.set_algorithm(o.algo);
     body(world);
+  } catch (const CommTimeoutError& e) {  // the same headline as the shm launcher: the stalled rank first
+    print_failure_headline(wr, e.waited_world_rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", wr, e.what());
     std::fflush(stderr);

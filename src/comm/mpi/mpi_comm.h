@@ -4,7 +4,7 @@
 // completed by polling MPI_Test against the deadline (MPI has no timed wait): a stalled peer becomes a
 // CommError instead of a hang.
 //
-// Before each collective the ranks all-gather a 32-byte descriptor (kind, count, dtype, op, root, #seq) so a
+// Before each collective the ranks exchange a 32-byte descriptor (kind, count, dtype, op, root, #seq) so a
 // mismatched call is reported on every rank rather than corrupting data: one extra small collective, paid
 // for clarity. bf16 is reduced by widening to float32, reducing float32 in MPI and rounding once (float32
 // accumulation, twice the bytes on the wire); bf16 data that is only moved travels as 16-bit words.
@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/launch.h"
@@ -40,14 +41,22 @@ class MpiCommunicator : public Communicator {
  private:
   void check_descriptor(const CollArgs& a);
   void run_reducing(const CollArgs& a);
+  int world_rank_of(int group_rank) const;  // -1 when not in MPI_COMM_WORLD's group
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm desc_comm_ = MPI_COMM_NULL;  // the descriptor exchange's own context (never matches user messages)
+  std::vector<int> world_of_;            // group rank -> world rank
 };
 
 // Initialises MPI if needed (MPI_THREAD_MULTIPLE; finalised at exit) and runs body with the world.
 LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communicator&)>& body);
-// Waits for an MPI request until `until`, then throws CommError with `what` (shared by the benchmark).
+// Waits for an MPI request until timeout_s has passed, then throws CommError with `what` (shared by the
+// benchmark); CommTimeoutError naming waited_world when the peer waited for is known.
 void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what,
-                  MPI_Status* status = nullptr);
+                  MPI_Status* status = nullptr, int waited_world = -1);
+// The same for n requests (completed ones become MPI_REQUEST_NULL); on timeout waited_world() names the world
+// rank waited for, or -1.
+void wait_requests(int n, MPI_Request* reqs, double timeout_s, const std::function<std::string()>& what,
+                   const std::function<int()>& waited_world, MPI_Status* statuses);
 
 }  // namespace mt::comm::mpi
