@@ -28,14 +28,16 @@ void ZeroStage::load_full_params(const float* full) {
   std::memcpy(b_.params.data(), full, sizeof(float) * b_.params.size());
 }
 
-void ZeroStage::load_full_state(const float* full, float* shard_state) {
-  take_shard(b_.ranges(), b_.n, b_.r, full, shard_state);
+void ZeroStage::load_full_state(const float* full, float* shard_state) { take_bucket_shards(full, shard_state); }
+
+void ZeroStage::take_bucket_shards(const float* full, float* shard) {
+  for (const Bucket* b : b_.buckets) std::memcpy(shard + b->pos, full + b->begin + b->so, sizeof(float) * b->sc);
 }
 
 void ZeroStage::gather_shards(const float* shard, float* full) {
   for (Bucket* b : b_.buckets) {
-    if (!b_.alone())
-      b_.dp->all_gather(shard + b->pos, full + b->begin, b->count, comm::DType::f32);
+    if (!b->alone())
+      b->comm->all_gather(shard + b->pos, full + b->begin, b->count, comm::DType::f32);
     else
       std::memcpy(full + b->begin, shard + b->pos, sizeof(float) * b->count);
   }
@@ -43,13 +45,14 @@ void ZeroStage::gather_shards(const float* shard, float* full) {
 
 void ZeroStage::all_gather_params() {
   // Every rank updated its slice of each bucket; gather the slices back into the full parameters.
-  if (b_.alone()) return;
   std::vector<comm::Request> reqs;
   const double t0 = trace::ChromeTrace::now_us();
   for (Bucket* b : b_.buckets) {
+    if (b->alone()) continue;
     float* base = b_.params.data() + b->begin;
-    reqs.push_back(b_.dp->iall_gather(base + b->so, base, b->count, comm::DType::f32));
+    reqs.push_back(b->comm->iall_gather(base + b->so, base, b->count, comm::DType::f32));
   }
+  if (reqs.empty()) return;
   comm::wait_all(reqs);
   if (b_.trace) b_.trace->add(trace::Track::comm, "all_gather parameters", "comm", t0, trace::ChromeTrace::now_us());
 }
@@ -67,11 +70,17 @@ class Stage0 : public ZeroStage {
   }
   size_t state_size() const override { return b_.params.size(); }
   void bucket_ready(Bucket& b) override {
-    if (!b_.last_micro || b_.alone()) return;
+    if (!b_.last_micro || b.alone()) return;
     float* g = b_.params.grad() + b.begin;
     b_.reduce(b, g, g, false, nullptr);
   }
   void reduce_all() override {
+    if (b_.has_experts) {  // two groups: bucket by bucket, each over its own
+      for (Bucket* b : b_.buckets)
+        if (!b->alone()) b_.reduce(*b, b_.params.grad() + b->begin, b_.params.grad() + b->begin, false, nullptr);
+      b_.finish();
+      return;
+    }
     if (b_.alone()) return;
     b_.dp->all_reduce(b_.params.grad(), b_.params.grad(), b_.params.size(), comm::DType::f32, comm::ReduceOp::sum);
   }
@@ -100,14 +109,14 @@ class Stage1 : public ZeroStage {
     segments_ = b_.shard_segments(false, false);
   }
   void bucket_ready(Bucket& b) override {
-    if (!b_.last_micro || b_.alone()) return;
+    if (!b_.last_micro || b.alone()) return;
     // In place: this rank's slice of the full gradient buffer receives the reduced slice.
     float* g = b_.params.grad() + b.begin;
     b_.reduce(b, g, g + b.so, true, nullptr);
   }
   void reduce_all() override {
-    if (b_.alone()) return;
     for (Bucket* b : b_.buckets) {
+      if (b->alone()) continue;
       float* g = b_.params.grad() + b->begin;
       b_.reduce(*b, g, g + b->so, true, nullptr);
     }
@@ -127,6 +136,7 @@ class Stage2 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
+    MT_ASSERT(!b_.has_experts, "ZeRO 2 and 3 keep every expert (Gpt without local_experts)");
     b_.params.finalize(true, false);
     shard_total_ = b_.build(true);
     gshard_.resize(shard_total_);
@@ -179,6 +189,7 @@ class Stage3 : public Stage2 {
  public:
   using Stage2::Stage2;
   void allocate() override {
+    MT_ASSERT(!b_.has_experts, "ZeRO 2 and 3 keep every expert (Gpt without local_experts)");
     b_.params.finalize(false, false);
     shard_total_ = b_.build(true);
     gshard_.resize(shard_total_);
