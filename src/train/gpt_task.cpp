@@ -18,7 +18,7 @@
 
 namespace mt::train {
 
-bool local_experts(const TrainConfig& cfg) { return cfg.model == "gpt" && cfg.moe.ep > 1 && cfg.zero <= 1; }
+bool local_experts(const TrainConfig& cfg) { return cfg.model == "gpt" && cfg.moe.ep > 1; }
 
 GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   model::MoeOptions moe;
@@ -28,8 +28,7 @@ GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   moe.aux_alpha = (float)cfg.moe.aux_loss;
   moe.z_beta = (float)cfg.moe.z_loss;
   moe.seed = cfg.seed;
-  // Experts held by their ranks only (their own gradient group, grad_sync.h) under ZeRO 0 and 1; ZeRO 2 and 3
-  // shard every expert over dp like the dense tensors (their buckets are one whole layer each).
+  // Experts held by their ranks only (their own gradient group, grad_sync.h).
   moe.local_experts = local_experts(cfg);
   return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
           cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};

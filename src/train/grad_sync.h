@@ -18,10 +18,10 @@
 // Every method owns a parallel::DataParallel engine over the registry (buckets, ZeRO allocation, hooks);
 // methods that exchange gradients themselves give it no group, so it reduces nothing.
 //
-// Expert parallelism with local experts (model::MoeOptions::local_experts, ZeRO 0 and 1): a rank's experts
-// are a parameter group of their own (nn::Param::expert), which the exact and pipeline engines reduce (or
-// ZeRO-1 shard) over the mesh's edp group, the dp / ep ranks holding replicas of the same experts, while
-// every other tensor is reduced over dp. Bytes per step for an MoE layer's experts: ZeRO 0 all-reduce of
+// Expert parallelism (model::MoeOptions::local_experts, --ep > 1): a rank's experts are a parameter group of
+// their own (nn::Param::expert), which the exact and pipeline engines reduce (ZeRO 1-3: reduce-scatter and
+// shard) over the mesh's edp group, the dp / ep ranks holding replicas of the same experts, while every
+// other tensor is reduced over dp. Bytes per step for an MoE layer's experts: ZeRO 0 all-reduce of
 // E / ep experts over dp / ep ranks, instead of all E over dp.
 #pragma once
 

@@ -110,7 +110,7 @@ struct MlpTaskConfig {
   static MlpTaskConfig from(const TrainConfig& cfg);
 };
 
-// Whether a rank registers only its experts (model::MoeOptions::local_experts): --ep > 1 with ZeRO 0 or 1.
+// Whether a rank registers only its experts (model::MoeOptions::local_experts): --ep > 1.
 // The same on every rank (pipeline stages without MoE blocks included), so files gather over ep everywhere.
 bool local_experts(const TrainConfig& cfg);
 

@@ -4,7 +4,8 @@
 // the checks are equalities: the reduced gradient (read back through a plain SGD step with lr 1 from zero
 // parameters, all-gathered as the stage does), the global norm (each expert element counted once over the
 // two places), and the optimizer's segments covering the dense elements once over the 4 ranks and each
-// place's expert elements once over its 2 (ZeRO 1; ZeRO 0: every rank all of its own).
+// place's expert elements once over its 2 (ZeRO 1-3; ZeRO 0: every rank all of its own). ZeRO 3 gathers each
+// group's buckets (dense and expert) around its hooks, as a model's use of them would.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,6 +55,10 @@ void run(int zero) {
     dp.begin_micro_batch(0, 1);
     for (int g = 2; g >= 0; g--) {
       dp.before_backward(g);
+      for (const mt::nn::Param& p : params.params())  // ZeRO 3: the group's parameters are gathered (zeros)
+        if (p.group == g)
+          for (size_t i = 0; i < p.numel; i++)
+            MT_REQUIRE(mt::Error, p.data && p.data[i] == 0.0f, p.name, " not gathered before backward");
       int t = 0;
       for (mt::nn::Param& p : params.params()) {
         if (p.group == g)
@@ -89,11 +94,13 @@ void run(int zero) {
                "zero ", zero, " rank ", r, ": grad norm^2 ", norm * norm, " vs ", want_sq);
     mt::optim::Sgd opt(dp.state_size(), {0.0f, 0.0f});
     dp.update(opt, 1.0f, 0);  // parameters = -reduced gradient, gathered back where the stage shards
+    std::vector<float> flat;
+    dp.full_params(flat);  // every stage: this rank's registry whole (ZeRO 3 gathers it)
     int t = 0;
     for (const mt::nn::Param& p : params.params()) {
       for (size_t i = 0; i < p.numel; i++)
-        MT_REQUIRE(mt::Error, p.data[i] == -want[t][i], "zero ", zero, " rank ", r, ": ", p.name, "[", i, "] = ",
-                   p.data[i], ", want ", -want[t][i]);
+        MT_REQUIRE(mt::Error, flat[p.offset + i] == -want[t][i], "zero ", zero, " rank ", r, ": ", p.name, "[", i,
+                   "] = ", flat[p.offset + i], ", want ", -want[t][i]);
       t++;
     }
     // Owned state: dense elements once over the 4 ranks, each place's experts once over its 2 ranks.
@@ -104,15 +111,12 @@ void run(int zero) {
     const float want_dense = zero ? dense : dense * kRanks, want_exp = zero ? experts * kEp : experts * kRanks;
     MT_REQUIRE(mt::Error, owned[0] == want_dense && owned[1] == want_exp, "zero ", zero, ": owned elements ",
                owned[0], " dense, ", owned[1], " expert; want ", want_dense, ", ", want_exp);
-    // Consolidation over dp: the flat buffer of this rank's registry, whole on every rank.
-    std::vector<float> flat;
-    dp.full_params(flat);
-    t = 0;
-    for (const mt::nn::Param& p : params.params()) {
-      for (size_t i = 0; i < p.numel; i++)
-        MT_REQUIRE(mt::Error, flat[p.offset + i] == -want[t][i], "full_params ", p.name, "[", i, "]");
-      t++;
-    }
+    // Loading whole parameters back keeps each rank's part: a second gather returns them unchanged.
+    for (float& v : flat) v = -v;
+    dp.load_full_params(flat.data());
+    std::vector<float> again;
+    dp.full_params(again);
+    MT_REQUIRE(mt::Error, again == flat, "zero ", zero, " rank ", r, ": load_full_params + full_params changed values");
   });
   EXPECT_EQ(res.exit_code, 0) << "zero " << zero << ": rank " << res.failed_rank << ": " << res.failure;
 }
@@ -121,3 +125,5 @@ void run(int zero) {
 
 TEST(ExpertGradGroup, Zero0ReducesExpertsOverTheirReplicasOnly) { run(0); }
 TEST(ExpertGradGroup, Zero1ShardsExpertsOverTheirReplicasOnly) { run(1); }
+TEST(ExpertGradGroup, Zero2ShardsExpertGradientsOverTheirReplicasOnly) { run(2); }
+TEST(ExpertGradGroup, Zero3ShardsExpertParametersOverTheirReplicasOnly) { run(3); }

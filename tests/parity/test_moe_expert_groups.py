@@ -1,4 +1,4 @@
-"""Experts as their own parameter group under --ep (ZeRO 0 and 1): a rank stores only its E / ep experts,
+"""Experts as their own parameter group under --ep (ZeRO 0-3): a rank stores only its E / ep experts,
 reduces their gradients over the dp / ep ranks holding the same experts, and files still hold every expert.
 
 Problem: the MoE GPT of test_moe_layouts.py (L=2, C=32, V=64, MoE block 1 with E=4 experts of width 32,
@@ -9,12 +9,13 @@ dense), X expert floats of the whole model (4 experts), a float is 4 bytes. Chec
   memory   the summary's per-rank param_bytes and grad_bytes: 4 (D + X) at dp4 ep1, 4 (D + X / 2) on every
            rank at dp4 ep2 (ZeRO 0: optimizer_bytes = 2 x param_bytes, AdamW m and v); at dp4 ep2 ZeRO 1
            the optimizer bytes of the 4 ranks add up to 8 (D + X) (each element's state on exactly one
-           rank: dense sharded over dp, experts over their 2 replicas).
+           rank: dense sharded over dp, experts over their 2 replicas); at dp4 ep2 ZeRO 3 the parameter bytes
+           of the 4 ranks add up to 4 (D + X) (each parameter element stored once).
   bytes    metrics comm_bytes (rank 0, per step, dp plus the expert group, nominal all-reduce bytes
            2 S (n-1)/n): ep1 reduces X over 4 ranks (6X bytes), ep2 X/2 over 2 (2X bytes), dense the same
            in both, so ep1 - ep2 = 4X bytes, within 64 bytes (the scalar all-reduces of loss and norm).
   clip     every step's loss (abs 1e-4) and grad_norm (rel 1e-4; step 0: rel 1e-5, same weights) at dp4 ep2
-           ZeRO 0 and 1 and dp2 ep2 equal the single-process run's: a norm that counted each expert once
+           ZeRO 0, 1 and 3 and dp2 ep2 equal the single-process run's: a norm that counted each expert once
            per rank (or missed the other ranks' experts) is off by >= 5% here and clips differently.
   files    a dp4 ep2 ZeRO 1 run saves a checkpoint at step 3 (--stop-at-step 3). Resumed with --steps 3 (no
            step left) at ep1 (one process) and at dp4 ep2 ZeRO 0, both --save files are byte-identical and
@@ -119,6 +120,7 @@ def main() -> None:
     ep1, ep1_sum, _ = rn.run("dp4_ep1", ["--nproc", 4], 3)
     ep2, ep2_sum, _ = rn.run("dp4_ep2", ["--nproc", 4, "--ep", 2], 3)
     z1, z1_sum, _ = rn.run("dp4_ep2_z1", ["--nproc", 4, "--ep", 2, "--zero", 1], 3)
+    z3, z3_sum, _ = rn.run("dp4_ep2_z3", ["--nproc", 4, "--ep", 2, "--zero", 3], 3)
     d2, _, _ = rn.run("dp2_ep2", ["--nproc", 2, "--ep", 2], 3)
     if single is None:
         checks.fatal("the single-process run failed: nothing to compare against")
@@ -145,6 +147,11 @@ def main() -> None:
         checks.check(opt == 8 * (D + X), f"dp4 ep2 ZeRO 1: optimizer bytes of the 4 ranks add up to {opt}, "
                      f"want {8 * (D + X)} (every element's m and v once)")
 
+    if z3_sum is not None:
+        total = sum(r["param_bytes"] for r in z3_sum["ranks"])
+        checks.check(total == 4 * (D + X), f"dp4 ep2 ZeRO 3: parameter bytes of the 4 ranks add up to {total}, "
+                     f"want {4 * (D + X)} (every element once)")
+
     # Bytes on the gradient groups.
     if ep1 is not None and ep2 is not None:
         for s in range(3):
@@ -154,7 +161,7 @@ def main() -> None:
         print(f"  comm_bytes per step (rank 0): ep1 {ep1[0]['comm_bytes']}, ep2 {ep2[0]['comm_bytes']}")
 
     # Clipping and the trajectory.
-    for tag, got in (("dp4_ep1", ep1), ("dp4_ep2", ep2), ("dp4_ep2_z1", z1), ("dp2_ep2", d2)):
+    for tag, got in (("dp4_ep1", ep1), ("dp4_ep2", ep2), ("dp4_ep2_z1", z1), ("dp4_ep2_z3", z3), ("dp2_ep2", d2)):
         if got is not None:
             same_steps(f"{tag} vs single", got, single, checks, 1e-4, 1e-4)
 

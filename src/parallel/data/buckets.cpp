@@ -72,7 +72,6 @@ size_t BucketSet::build(bool one_group_each) {
     pieces.push_back({p.group, p.expert, p.offset, p.offset + p.numel});
   }
   const size_t limit = std::max<size_t>(1, (size_t)(opt.bucket_mb * 1048576.0 / sizeof(float)));
-  bucket_of.assign(G, -1);
   group_buckets.assign(G, {});
   // Pieces in descending flat order: the order backward finishes them (a model registers its layers in
   // forward order), and consecutive pieces tile the buffer, so every bucket is one flat range. (A pipeline
@@ -91,7 +90,6 @@ size_t BucketSet::build(bool one_group_each) {
     }
     cur->g_lo = pc.group;
     cur->groups++;
-    bucket_of[pc.group] = (int)buckets.size();
     group_buckets[pc.group].push_back((int)buckets.size());
     const size_t size = hi - pc.begin;
     const bool last = k + 1 == pieces.size() || pieces[k + 1].expert != cur->expert;

@@ -97,7 +97,6 @@ class BucketSet {
   int en = 1, er = 0;             // the expert-replica group's size and this rank's place in it
   bool has_experts = false;       // the registry holds expert tensors
   std::vector<Bucket*> buckets;   // in backward order
-  std::vector<int> bucket_of;     // group -> bucket index (of its first piece when it has two)
   std::vector<std::vector<int>> group_buckets;  // group -> every bucket holding a piece of it
   trace::ChromeTrace* trace = nullptr;
   bool last_micro = true;

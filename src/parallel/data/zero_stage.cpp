@@ -136,7 +136,6 @@ class Stage2 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    MT_ASSERT(!b_.has_experts, "ZeRO 2 and 3 keep every expert (Gpt without local_experts)");
     b_.params.finalize(true, false);
     shard_total_ = b_.build(true);
     gshard_.resize(shard_total_);
@@ -146,22 +145,24 @@ class Stage2 : public ZeroStage {
   // The previous micro-batch's buckets must be reduced and freed before they are rewritten.
   void begin_micro_batch() override { b_.finish(); }
   void before_backward(int g) override {
-    Bucket& b = *b_.buckets[b_.bucket_of[g]];
-    if (b.grad.size() == 0) {
-      b.grad = b_.acquire(b.count);
-      b_.bind_grad(b, b.grad.data());
+    for (int i : b_.group_buckets[g]) {
+      Bucket& b = *b_.buckets[i];
+      if (b.grad.size() == 0) {
+        b.grad = b_.acquire(b.count);
+        b_.bind_grad(b, b.grad.data());
+      }
     }
   }
   void bucket_ready(Bucket& b) override {
     float* acc = gshard_.data() + b.pos;
     Bucket* bp = &b;
-    const size_t n = b_.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
+    const size_t n = b.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
     auto accumulate = [this, bp, acc, n](const float* g) {
       for (size_t i = 0; i < n; i++) acc[i] += g[i];
       b_.bind_grad(*bp, nullptr);
       b_.give_back(bp->grad);
     };
-    if (b_.alone()) {  // one rank: its gradients are the reduced ones
+    if (b.alone()) {  // one rank: its gradients are the reduced ones
       accumulate(b.grad.data());
       return;
     }
@@ -189,7 +190,6 @@ class Stage3 : public Stage2 {
  public:
   using Stage2::Stage2;
   void allocate() override {
-    MT_ASSERT(!b_.has_experts, "ZeRO 2 and 3 keep every expert (Gpt without local_experts)");
     b_.params.finalize(false, false);
     shard_total_ = b_.build(true);
     gshard_.resize(shard_total_);
@@ -202,25 +202,30 @@ class Stage3 : public Stage2 {
       AlignedBuffer tmp(b->count);
       b_.bind_data(*b, tmp.data());
       for (nn::Param& p : b_.params.params())
-        if (b_.bucket_of[p.group] == b->index) fill(p);
+        if (p.offset >= b->begin && p.offset < b->begin + b->count) fill(p);
       std::memcpy(pshard_.data() + b->pos, tmp.data() + b->so, sizeof(float) * b->sc);
       b_.bind_data(*b, nullptr);
     }
   }
+  // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
-    ensure_gathered(*b_.buckets[b_.bucket_of[g]]);
+    each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Prefetch the next group in forward order while this one computes.
-    if (g + 1 < (int)b_.bucket_of.size() && b_.bucket_of[g + 1] >= 0) start_gather(*b_.buckets[b_.bucket_of[g + 1]]);
+    if (g + 1 < (int)b_.group_buckets.size()) each(g + 1, [&](Bucket& b) { start_gather(b); });
   }
-  void after_forward(int g) override { release(*b_.buckets[b_.bucket_of[g]]); }
+  void after_forward(int g) override {
+    each(g, [&](Bucket& b) { release(b); });
+  }
   void before_backward(int g) override {
-    ensure_gathered(*b_.buckets[b_.bucket_of[g]]);
+    each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
     // it is gathered by then and start_gather skips it).
-    if (g >= 1 && b_.bucket_of[g - 1] >= 0) start_gather(*b_.buckets[b_.bucket_of[g - 1]]);
+    if (g >= 1) each(g - 1, [&](Bucket& b) { start_gather(b); });
     Stage2::before_backward(g);
   }
-  void after_backward(int g) override { release(*b_.buckets[b_.bucket_of[g]]); }
+  void after_backward(int g) override {
+    each(g, [&](Bucket& b) { release(b); });
+  }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
     // A gathered copy or a prefetch in flight would hold the parameters from before this update.
     for (Bucket* b : b_.buckets) {
@@ -237,15 +242,19 @@ class Stage3 : public Stage2 {
     out.resize(b_.params.size());
     gather_shards(pshard_.data(), out.data());
   }
-  void load_full_params(const float* full) override { take_shard(b_.ranges(), b_.n, b_.r, full, pshard_.data()); }
+  void load_full_params(const float* full) override { take_bucket_shards(full, pshard_.data()); }
   size_t param_bytes() const override { return shard_total_ * sizeof(float); }
 
  private:
+  template <class Fn>
+  void each(int g, Fn fn) {
+    for (int i : b_.group_buckets[g]) fn(*b_.buckets[i]);
+  }
   void start_gather(Bucket& b) {
     if (b.gathered || b.gather.valid()) return;
     if (b.data.size() != b.count) b.data = b_.acquire(b.count);
-    if (!b_.alone())
-      b.gather = b_.dp->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
+    if (!b.alone())
+      b.gather = b.comm->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
     else
       std::memcpy(b.data.data(), pshard_.data() + b.pos, sizeof(float) * b.count);
   }

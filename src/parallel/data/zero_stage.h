@@ -13,7 +13,7 @@
 //                                                              prefetched, and they are freed after use
 //
 // Each bucket is reduced and sharded over its own group (buckets.h): dp, or the expert-replica group for
-// this rank's experts (stages 0 and 1 only).
+// this rank's experts.
 //
 // Stages 0 and 1 reduce only after the last micro-batch (gradients accumulate locally first); stages 2 and 3
 // reduce-scatter every micro-batch and accumulate their shard.
