@@ -46,7 +46,7 @@ CLI::Option* add_enum_option(CLI::App* app, const std::string& flag, E& value, c
       },
       help);
   o->type_name(type_name);
-  if (show_default) o->default_str(train::name(value));
+  if (show_default) o->default_str(train::flag_name(value));
   return o;
 }
 

@@ -254,9 +254,6 @@ const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, in
   return rows_.gather(local, sp_scratch(store, "sp_gather", (size_t)N * C), N, C);
 }
 
-void Gpt::scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C) {
-  rows_.reduce(full, local, N, C);
-}
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
                     float dscale, nn::ParamHooks* hooks, const float* stage_input) {
@@ -309,7 +306,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
-    gemm(false, true, N, Vl, C, 1.0f, gather_rows(store, lnf, N, C), C, wte_->data, C, 0.0f, logits, Vl);
+    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->data,
+                                      N, C, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
   }
@@ -357,9 +355,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dfull, C);
-  scatter_rows(store, dfull, dln, N, C);  // each rank holds its vocabulary rows' share of dlnf
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, gather_rows(store, lnf, N, C), C, 1.0f, wte_->grad, C);
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad, dlogits, lnf, wte_->data, N, C, Vl);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
   if (sp_) {

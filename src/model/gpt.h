@@ -157,10 +157,8 @@ class Gpt {
                     int B, int T, int mb);
   // A scratch buffer of the store under sequence parallelism (shared by all micro-batches), else null.
   float* sp_scratch(nn::ActivationStore& store, const char* name, size_t count);
-  // The paired collectives of nn::TpRows with their scratch from the store: all N rows of a row-split tensor,
-  // and this rank's rows of the sum over the group of full (full is clobbered).
+  // All N rows of a row-split tensor (nn::TpRows::gather with its scratch from the store): the MoE input.
   const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
-  void scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C);
   GptConfig cfg_;
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;

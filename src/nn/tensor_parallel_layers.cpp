@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "nn/layers.h"
+#include "tensor/blas.h"
 
 namespace mt::nn {
 
@@ -121,6 +122,20 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
     const float* r = residual + (size_t)n * C;
     for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
   }
+}
+
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+                                   int N, int C, int Vl) {
+  gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl);
+}
+
+void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, float* dwte,
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl) {
+  // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
+  float* partial = rows.sequence_parallel() ? dx_full : dx;
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C);
+  rows.reduce(partial, dx, N, C);
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, 1.0f, dwte, C);
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

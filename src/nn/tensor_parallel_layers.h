@@ -89,6 +89,16 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, float* dW, float* db,
                                   const float* dout, const float* inp, const float* W, int N, int Cin, int C);
 
+// Vocabulary-parallel logits of the tied head: a column-parallel product with W = wte^T, this rank holding
+// vocabulary rows [v0, v1) of wte[V, C] (Vl = v1 - v0): logits[N, Vl] = f(x) wte[v0:v1]^T, x[Nr, C]. x_full: N x C
+// scratch under SP (else unused). The logits are never gathered: the vocabulary-parallel loss reads them as they are.
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+                                   int N, int C, int Vl);
+// dx[Nr, C] = my rows of the group sum of dlogits wte[v0:v1] (dx_full: N x C scratch under SP), then
+// dwte[Vl, C] += dlogits^T f(x).
+void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, float* dwte,
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl);
+
 // Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns
 // (zeros for other tokens). e: N x C scratch under SP (else out itself).
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

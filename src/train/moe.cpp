@@ -21,7 +21,7 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
                         : aux_loss != unset.aux_loss                  ? "--moe-aux-loss"
                         : z_loss != unset.z_loss                      ? "--moe-z-loss"
                                                                       : nullptr;
-    MT_CHECK_INPUT(!given, given ? given : "", " is an MoE flag, for --model gpt (the ", name(cfg.model),
+    MT_CHECK_INPUT(!given, given ? given : "", " is an MoE flag, for --model gpt (the ", flag_name(cfg.model),
                    " model has no experts)");
   }
   MT_CHECK_INPUT(g.moe_every >= 0, "--moe-every must be >= 0, got ", g.moe_every);

@@ -90,7 +90,7 @@ void check_layout(const TrainConfig& c) {
   MT_CHECK_INPUT(c.nproc >= 1, "--nproc must be >= 1, got ", c.nproc);
   MT_CHECK_INPUT(c.tp >= 1, "--tp must be >= 1, got ", c.tp);
   MT_CHECK_INPUT(c.pp >= 1, "--pp must be >= 1, got ", c.pp);
-  MT_CHECK_INPUT(c.schedule == ScheduleKind::unset || c.pp > 1, "--schedule ", name(c.schedule), " needs --pp > 1");
+  MT_CHECK_INPUT(c.schedule == ScheduleKind::unset || c.pp > 1, "--schedule ", flag_name(c.schedule), " needs --pp > 1");
   MT_CHECK_INPUT(c.stage_layers.empty() || c.pp > 1, "--stage-layers needs --pp > 1");
   MT_CHECK_INPUT(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
   if (c.pp > 1) {
@@ -113,7 +113,7 @@ void check_async(const TrainConfig& c, int world_size) {
                  "--servers and --staleness need --async ps");
   if (async != AsyncMode::off) {
     MT_CHECK_INPUT(c.zero == 0 && c.tp == 1 && c.pp == 1 && !c.compress.enabled() && c.local_sgd == 0, "--async ",
-                   name(async),
+                   flag_name(async),
                    " works with plain data parallelism only (no --zero, --tp, --pp, --compress, --local-sgd)");
   }
   if (async == AsyncMode::ps) {

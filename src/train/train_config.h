@@ -14,7 +14,7 @@
 namespace mt::train {
 
 // Flags whose value is one of a few names hold an enum: the CLI maps the name once (apps/meshtrain
-// add_enum_option), and name() gives it back for messages, checkpoints and the summary. A value outside the
+// add_enum_option), and flag_name() gives it back for messages, checkpoints and the summary. A value outside the
 // table (AsyncMode::off, ScheduleKind::unset) is the flag not given and has no spelling.
 enum class ModelKind { gpt, mlp };
 enum class OptimizerKind { adamw, sgd };
@@ -50,7 +50,7 @@ constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPol
 
 // The flag spelling of v ("" for the not-given value).
 template <class E>
-constexpr const char* name(E v) {
+constexpr const char* flag_name(E v) {
   for (const FlagValue<E>& f : flag_values(E{}))
     if (f.value == v) return f.name;
   return "";

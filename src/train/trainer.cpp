@@ -144,7 +144,7 @@ int train_main(const TrainConfig& cfg) {
   }
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;
-  lo.backend = name(cfg.backend);
+  lo.backend = flag_name(cfg.backend);
   lo.timeout_s = cfg.comm_timeout;
   if (cfg.nproc == 1 && !comm::under_mpirun() && cfg.backend != BackendKind::mpi) {
     report(cfg, run_training(cfg, nullptr));

@@ -286,3 +286,43 @@ TEST(TensorParallelLayers, RowParallelLinearEqualsTheWholeLinear) {
       });
     }
 }
+
+TEST(TensorParallelLayers, VocabParallelLogitsEqualTheWholeHead) {
+  // The tied head over an uneven vocabulary split (10 rows over 3 and 4 ranks): logits = x wte^T, dx = dlogits
+  // wte (summed over the group), dwte += dlogits^T x (accumulated onto a non-zero start).
+  const int N = 12, C = 3, V = 10;
+  const std::vector<float> x = ints((size_t)N * C, 7, 5, -2), wte = ints((size_t)V * C, 3, 7, -3),
+                           dlogits = ints((size_t)N * V, 5, 9, -4), dwte0 = ints((size_t)V * C, 2, 3, 0);
+  std::vector<float> logits(N * V, 0.0f), dx(N * C, 0.0f), dwte = dwte0;  // written out as plain loops
+  for (int n = 0; n < N; n++)
+    for (int v = 0; v < V; v++)
+      for (int c = 0; c < C; c++) {
+        logits[n * V + v] += x[n * C + c] * wte[v * C + c];
+        dx[n * C + c] += dlogits[n * V + v] * wte[v * C + c];
+        dwte[v * C + c] += dlogits[n * V + v] * x[n * C + c];
+      }
+  for (int S : {1, 2, 3, 4})
+    for (bool sp : {false, true}) {
+      const int Nr = sp && S > 1 ? N / S : N;
+      run_ranks(S, [&](mt::nn::TensorParallelOps& tp, int r) {
+        mt::nn::TpRows rows(&tp, sp);
+        const mt::comm::Shard sh = mt::comm::shard_of(V, S, r);
+        const int v0 = (int)sh.offset, Vl = (int)sh.count, n0 = Nr == N ? 0 : r * Nr;
+        std::vector<float> x_l(x.begin() + n0 * C, x.begin() + (n0 + Nr) * C),
+            wte_l(wte.begin() + v0 * C, wte.begin() + (v0 + Vl) * C),
+            dwte_l(dwte0.begin() + v0 * C, dwte0.begin() + (v0 + Vl) * C), dlogits_l(N * Vl);
+        for (int n = 0; n < N; n++)
+          for (int j = 0; j < Vl; j++) dlogits_l[n * Vl + j] = dlogits[n * V + v0 + j];
+        std::vector<float> x_full(N * C), dx_full(N * C), logits_l(N * Vl), dx_l(Nr * C);
+        mt::nn::vocab_parallel_logits_forward(rows, x_full.data(), logits_l.data(), x_l.data(), wte_l.data(), N, C,
+                                              Vl);
+        for (int n = 0; n < N; n++)
+          for (int j = 0; j < Vl; j++)
+            EXPECT_EQ(logits_l[n * Vl + j], logits[n * V + v0 + j]) << "S " << S << " sp " << sp;
+        mt::nn::vocab_parallel_logits_backward(rows, x_full.data(), dx_full.data(), dx_l.data(), dwte_l.data(),
+                                               dlogits_l.data(), x_l.data(), wte_l.data(), N, C, Vl);
+        for (int i = 0; i < Nr * C; i++) EXPECT_EQ(dx_l[i], dx[n0 * C + i]) << "S " << S << " sp " << sp;
+        for (int i = 0; i < Vl * C; i++) EXPECT_EQ(dwte_l[i], dwte[v0 * C + i]) << "S " << S << " sp " << sp;
+      });
+    }
+}
