@@ -8,157 +8,209 @@
 
 namespace mt::cli {
 
+namespace {
+
+// The model, its shape and its data.
+void add_model_flags(CLI::App* s, train::TrainConfig& c) {
+  add_enum_option(s, "--model", c.model, "gpt | mlp", true);
+  s->add_option("--init", c.init, "safetensors weights to start from (Hugging Face GPT-2 names)");
+  s->add_option("--data", c.data, "GPT: llm.c token shard (.bin); MLP: IDX images");
+  s->add_option("--labels", c.labels, "MLP: IDX labels for --data");
+  s->add_option("--val-data", c.val_data, "held-out data: token shard (GPT) or IDX images (MLP)");
+  s->add_option("--val-labels", c.val_labels, "MLP: IDX labels for --val-data");
+  s->add_option("--val-fraction", c.val_fraction, "MLP without --val-data: hold out this tail of --data")
+      ->capture_default_str();
+  s->add_option("--n-layer", c.gpt.n_layer, "GPT layers (default: from --init, else 4)")->check(kPositiveInt);
+  s->add_option("--n-head", c.gpt.n_head, "GPT attention heads (default: from --init, else 4)")->check(kPositiveInt);
+  s->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)")->check(kPositiveInt);
+  s->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)")
+      ->check(kPositiveInt);
+  s->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)")
+      ->check(kPositiveInt);
+  s->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(kPositiveInt);
+  s->add_option("--batch-size", c.batch_size, "global batch: sequences (GPT) or examples (MLP) per step")
+      ->capture_default_str();
+  s->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
+  s->add_option("--micro-batch-size", c.micro_batch_size,
+                "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)");
+  s->add_flag("--recompute", c.recompute,
+              "GPT: keep only each block's input and recompute the block during backward (less activation memory, "
+              "about one more forward of compute; same results)");
+}
+
+// Steps, optimizer and learning-rate schedule.
+void add_optimizer_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
+  add_enum_option(s, "--optimizer", c.optimizer, "adamw | sgd (with momentum)", true);
+  s->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
+  s->add_option("--min-lr", c.min_lr, "final learning rate of the cosine decay (default lr/10)");
+  s->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
+  s->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  s->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  s->add_option("--eps", c.eps, "AdamW epsilon")->capture_default_str();
+  s->add_option("--weight-decay", c.weight_decay, "decoupled weight decay on tensors with >= 2 dims")
+      ->capture_default_str();
+  s->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  s->add_option("--grad-clip", c.grad_clip, "clip the global gradient L2 norm to this (<= 0: off)")
+      ->capture_default_str();
+  s->add_option("--seed", c.seed, "seed of the counter-based initializer")->capture_default_str();
+  s->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")->capture_default_str();
+}
+
+// Metrics, weights, checkpoints, divergence stop, evaluation and progress.
+void add_output_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option("--metrics", c.metrics, "write one JSON object per step to this file");
+  s->add_option("--save", c.save, "write the final weights to this safetensors file");
+  s->add_option("--checkpoint-dir", c.checkpoint_dir,
+                "directory for checkpoints (one at the end; --save-every K for more); a fresh run refuses a "
+                "directory holding another run's checkpoints");
+  s->add_flag("--overwrite-checkpoints", c.overwrite_checkpoints,
+              "a fresh run deletes the checkpoints already in --checkpoint-dir instead of refusing");
+  s->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)");
+  s->add_option("--keep-checkpoints", c.keep_checkpoints, "keep the newest K checkpoints (0 = all)")
+      ->capture_default_str();
+  s->add_option("--resume", c.resume, "continue from the newest checkpoint in this directory");
+  s->add_option("--stop-at-step", c.stop_at_step,
+                "stop this process after that many steps, writing a checkpoint (time-boxed jobs)");
+  s->add_option("--divergence-factor", c.divergence_factor,
+                "stop (naming the step and the last good checkpoint) when the loss stays above this x its running "
+                "median (and median + 1) for --divergence-window steps in a row; 0 = off")
+      ->capture_default_str();
+  s->add_option("--divergence-window", c.divergence_window, "consecutive high steps that count as divergence")
+      ->capture_default_str();
+  s->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps");
+  s->add_option("--eval-batches", c.eval_batches, "GPT: batches per evaluation")->capture_default_str();
+  s->add_option("--log-every", c.log_every, "progress line every K steps when stderr is not a terminal")
+      ->capture_default_str();
+}
+
+// Processes, backend and the data-parallel reduction.
+void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option("--nproc", c.nproc, "worker processes on this host, over shared memory (under mpirun: ignored)")
+      ->capture_default_str();
+  add_enum_option(s, "--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)", true,
+                  "TEXT:{auto,shm,mpi}");
+  s->add_option("--comm-timeout", c.comm_timeout,
+                "seconds any communication may wait before failing (any value > 0; inf: wait forever)")
+      ->capture_default_str();
+  s->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)");
+  s->add_option("--zero", c.zero, "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
+      ->capture_default_str();
+  s->add_option("--bucket-mb", c.bucket_mb, "gradient bucket size for overlapped reduction")->capture_default_str();
+  add_enum_option(s, "--grad-comm-dtype", c.grad_comm_dtype,
+                  "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)", true);
+}
+
+// Methods that change the math: compressed exchange, Local SGD, asynchronous training.
+void add_method_flags(CLI::App* s, train::TrainConfig& c) {
+  // Communication-efficient data parallelism: these change the math (not reproductions of the exact run).
+  s->add_option_function<std::string>(
+      "--compress", [&c](const std::string& v) { c.compress = compress::parse_compress_spec(v); },
+      "CHANGES THE MATH. Compressed gradient exchange (dp > 1, ZeRO 0): topk:RATIO | randk:RATIO "
+      "(sparse, error feedback) | qsgd:BITS | nuqsgd:BITS (unbiased stochastic quantization, bit-packed) | "
+      "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback)");
+  s->add_flag("--compress-adaptive", c.compress_adaptive,
+              "CHANGES THE MATH. Accordion: per layer, the light setting (4x entries / +4 bits / 4x rank / "
+              "exact) while the gradient norm changes fast (critical regime), the chosen one otherwise");
+  s->add_option("--compress-adaptive-every", c.compress_adaptive_every, "Accordion: steps per decision")
+      ->capture_default_str();
+  s->add_option("--compress-adaptive-eta", c.compress_adaptive_eta,
+                "Accordion: relative change of the gradient norm that marks a critical regime")
+      ->capture_default_str();
+  s->add_option("--local-sgd", c.local_sgd,
+                "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
+                "steps (dp > 1, ZeRO 0)");
+  s->add_option("--local-sgd-warmup", c.local_sgd_warmup,
+                "exact data parallelism for the first K steps, local steps after (post-local SGD)");
+  s->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
+  add_enum_option(s, "--async", c.async,
+                  "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
+                  "slices of the parameters and optimizer state and apply updates, the others compute gradients "
+                  "and push/pull; hogwild: --nproc threads of one process update shared parameters without "
+                  "locks (MLP, SGD)",
+                  false);
+  s->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes; default 1)");
+  s->add_option("--staleness", c.staleness,
+                "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
+                "exact data parallelism)")
+      ->capture_default_str();
+  s->add_option("--straggler", c.straggler,
+                "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "
+                "experiments with --async)");
+}
+
+// Tensor, sequence and pipeline parallelism.
+void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option("--tp", c.tp,
+                "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
+                "embedding and loss); ranks = dp x tp x pp, tensor fastest, then data, then pipeline")
+      ->capture_default_str();
+  s->add_flag("--sequence-parallel", c.sequence_parallel,
+              "with --tp: split the residual stream, LayerNorms and "
+              "embedding sums by token rows over the tensor-parallel group (all-gather / reduce-scatter instead of "
+              "all-reduce; less activation memory)");
+  s->add_option("--pp", c.pp,
+                "pipeline-parallel degree: the blocks split into stages balanced by estimated "
+                "cost (or --stage-layers); with --dp, --tp and --zero 0 or 1")
+      ->capture_default_str();
+  s->add_option("--stage-layers", c.stage_layers,
+                "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "
+                "entries summing to n_layer; default: balanced by estimated cost)")
+      ->delimiter(',');
+  add_enum_option(s, "--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved", false);
+  s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
+}
+
+// Mixture of experts (GPT): the shape (saved in the weights' metadata) and how tokens are routed.
+void add_moe_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option("--moe-every", c.gpt.moe_every,
+                "GPT: the MLP of blocks K-1, 2K-1, ... becomes --experts expert MLPs behind a router (0: dense)");
+  s->add_option("--experts", c.gpt.experts, "MoE: experts per MoE block (E)");
+  s->add_option("--moe-top-k", c.gpt.moe_top_k, "MoE: experts per token, 1 (Switch) or 2 (GShard) (default 1)");
+  s->add_option("--expert-hidden", c.gpt.expert_hidden, "MoE: hidden width of an expert (default 4 x n_embd)");
+  s->add_option("--capacity-factor", c.moe.capacity_factor,
+                "MoE: each expert admits ceil(F x k x group tokens / E) tokens of a routing group, first choices "
+                "first; the rest are dropped (pass through the residual). 0: dropless")
+      ->capture_default_str();
+  s->add_option("--moe-group-windows", c.moe.group_windows,
+                "MoE: tokens are routed (and capacity counted) in groups of G consecutive windows of the global "
+                "batch; G must divide the micro-batch")
+      ->capture_default_str();
+  add_enum_option(s, "--moe-second-policy", c.moe.second_policy,
+                  "MoE top-2: all (always keep the second choice) | random (keep it when 2 x its gate > u)", true);
+  s->add_option("--moe-aux-loss", c.moe.aux_loss,
+                "MoE: alpha of the load-balancing loss E sum_i f_i P_i (mean over groups, per MoE block)")
+      ->capture_default_str();
+  s->add_option("--moe-z-loss", c.moe.z_loss, "MoE: beta of the router z-loss mean(logsumexp(logits)^2)")
+      ->capture_default_str();
+  s->add_option("--ep", c.moe.ep,
+                "MoE: expert-parallel degree: each MoE block's experts split over ep ranks of the data-parallel "
+                "group, tokens sent to their experts and back by all-to-all (ep divides dp and --experts); a rank "
+                "stores only its experts, their gradients reduced over the dp/ep ranks holding the same ones")
+      ->capture_default_str();
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<train::TrainConfig>();
   CLI::App* sub = app.add_subcommand("train", "train a GPT or an MLP");
   auto& c = *cfg;
-  sub->add_option("--model", c.model, "gpt | mlp")->capture_default_str();
-  sub->add_option("--init", c.init, "safetensors weights to start from (Hugging Face GPT-2 names)");
-  sub->add_option("--data", c.data, "GPT: llm.c token shard (.bin); MLP: IDX images");
-  sub->add_option("--labels", c.labels, "MLP: IDX labels for --data");
-  sub->add_option("--val-data", c.val_data, "held-out data: token shard (GPT) or IDX images (MLP)");
-  sub->add_option("--val-labels", c.val_labels, "MLP: IDX labels for --val-data");
-  sub->add_option("--val-fraction", c.val_fraction, "MLP without --val-data: hold out this tail of --data")
-      ->capture_default_str();
-  sub->add_option("--n-layer", c.gpt.n_layer, "GPT layers (default: from --init, else 4)")->check(kPositiveInt);
-  sub->add_option("--n-head", c.gpt.n_head, "GPT attention heads (default: from --init, else 4)")->check(kPositiveInt);
-  sub->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)")->check(kPositiveInt);
-  sub->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)")->check(kPositiveInt);
-  sub->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)")->check(kPositiveInt);
-  sub->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")->delimiter(',')->capture_default_str()->check(kPositiveInt);
-  sub->add_option("--batch-size", c.batch_size, "global batch: sequences (GPT) or examples (MLP) per step")
-      ->capture_default_str();
-  sub->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
-  sub->add_option("--micro-batch-size", c.micro_batch_size,
-                  "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)");
-  sub->add_flag("--recompute", c.recompute,
-                "GPT: keep only each block's input and recompute the block during backward (less activation memory, "
-                "about one more forward of compute; same results)");
-  sub->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
-  sub->add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")->capture_default_str();
-  sub->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
-  sub->add_option("--min-lr", c.min_lr, "final learning rate of the cosine decay (default lr/10)");
-  sub->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
-  sub->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
-  sub->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
-  sub->add_option("--eps", c.eps, "AdamW epsilon")->capture_default_str();
-  sub->add_option("--weight-decay", c.weight_decay, "decoupled weight decay on tensors with >= 2 dims")
-      ->capture_default_str();
-  sub->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
-  sub->add_option("--grad-clip", c.grad_clip, "clip the global gradient L2 norm to this (<= 0: off)")
-      ->capture_default_str();
-  sub->add_option("--seed", c.seed, "seed of the counter-based initializer")->capture_default_str();
-  sub->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")->capture_default_str();
-  sub->add_option("--metrics", c.metrics, "write one JSON object per step to this file");
-  sub->add_option("--save", c.save, "write the final weights to this safetensors file");
-  sub->add_option("--checkpoint-dir", c.checkpoint_dir,
-                  "directory for checkpoints (one at the end; --save-every K for more); a fresh run refuses a "
-                  "directory holding another run's checkpoints");
-  sub->add_flag("--overwrite-checkpoints", c.overwrite_checkpoints,
-                "a fresh run deletes the checkpoints already in --checkpoint-dir instead of refusing");
-  sub->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)");
-  sub->add_option("--keep-checkpoints", c.keep_checkpoints, "keep the newest K checkpoints (0 = all)")
-      ->capture_default_str();
-  sub->add_option("--resume", c.resume, "continue from the newest checkpoint in this directory");
-  sub->add_option("--stop-at-step", c.stop_at_step,
-                  "stop this process after that many steps, writing a checkpoint (time-boxed jobs)");
-  sub->add_option("--divergence-factor", c.divergence_factor,
-                  "stop (naming the step and the last good checkpoint) when the loss stays above this x its running "
-                  "median (and median + 1) for --divergence-window steps in a row; 0 = off")
-      ->capture_default_str();
-  sub->add_option("--divergence-window", c.divergence_window, "consecutive high steps that count as divergence")
-      ->capture_default_str();
-  sub->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps");
-  sub->add_option("--eval-batches", c.eval_batches, "GPT: batches per evaluation")->capture_default_str();
-  sub->add_option("--log-every", c.log_every, "progress line every K steps when stderr is not a terminal")
-      ->capture_default_str();
+  // --help lists the flags in this order.
+  add_model_flags(sub, c);
+  add_optimizer_flags(sub, c);
+  add_output_flags(sub, c);
   auto quiet = std::make_shared<bool>(false);
   sub->add_flag("--quiet", *quiet, "no progress output");
-  sub->add_option("--nproc", c.nproc, "worker processes on this host, over shared memory (under mpirun: ignored)")
-      ->capture_default_str();
-  sub->add_option("--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)")->capture_default_str()->check(CLI::IsMember({"auto", "shm", "mpi"}));
-  sub->add_option("--comm-timeout", c.comm_timeout, "seconds any communication may wait before failing (any value > 0; inf: wait forever)")
-      ->capture_default_str();
-  sub->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)");
-  sub->add_option("--zero", c.zero,
-                  "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
-      ->capture_default_str();
-  sub->add_option("--bucket-mb", c.bucket_mb, "gradient bucket size for overlapped reduction")->capture_default_str();
-  sub->add_option("--grad-comm-dtype", c.grad_comm_dtype,
-                  "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)")
-      ->capture_default_str();
-  // Communication-efficient data parallelism: these change the math (not reproductions of the exact run).
-  sub->add_option("--compress", c.compress,
-                  "CHANGES THE MATH. Compressed gradient exchange (dp > 1, ZeRO 0): topk:RATIO | randk:RATIO "
-                  "(sparse, error feedback) | qsgd:BITS | nuqsgd:BITS (unbiased stochastic quantization, bit-packed) | "
-                  "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback)");
-  sub->add_flag("--compress-adaptive", c.compress_adaptive,
-                "CHANGES THE MATH. Accordion: per layer, the light setting (4x entries / +4 bits / 4x rank / "
-                "exact) while the gradient norm changes fast (critical regime), the chosen one otherwise");
-  sub->add_option("--compress-adaptive-every", c.compress_adaptive_every, "Accordion: steps per decision")
-      ->capture_default_str();
-  sub->add_option("--compress-adaptive-eta", c.compress_adaptive_eta,
-                  "Accordion: relative change of the gradient norm that marks a critical regime")
-      ->capture_default_str();
-  sub->add_option("--local-sgd", c.local_sgd,
-                  "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
-                  "steps (dp > 1, ZeRO 0)");
-  sub->add_option("--local-sgd-warmup", c.local_sgd_warmup,
-                  "exact data parallelism for the first K steps, local steps after (post-local SGD)");
-  sub->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
-  sub->add_option("--async", c.async,
-                  "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
-                  "slices of the parameters and optimizer state and apply updates, the others compute gradients "
-                  "and push/pull; hogwild: --nproc threads of one process update shared parameters without "
-                  "locks (MLP, SGD)");
-  sub->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes; default 1)");
-  sub->add_option("--staleness", c.staleness,
-                  "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
-                  "exact data parallelism)")->capture_default_str();
-  sub->add_option("--straggler", c.straggler,
-                  "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "
-                  "experiments with --async)");
+  add_launch_flags(sub, c);
+  add_method_flags(sub, c);
   sub->add_option("--trace", c.trace, "write a Chrome trace (open in Perfetto): per-rank compute and comm tracks");
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
-  sub->add_option("--tp", c.tp, "tensor-parallel degree (Megatron-style GPT blocks, vocabulary-parallel "
-                  "embedding and loss); ranks = dp x tp x pp, tensor fastest, then data, then pipeline")
-      ->capture_default_str();
-  sub->add_flag("--sequence-parallel", c.sequence_parallel, "with --tp: split the residual stream, LayerNorms and "
-                "embedding sums by token rows over the tensor-parallel group (all-gather / reduce-scatter instead of "
-                "all-reduce; less activation memory)");
-  sub->add_option("--pp", c.pp, "pipeline-parallel degree: the blocks split into stages balanced by estimated "
-                  "cost (or --stage-layers); with --dp, --tp and --zero 0 or 1")->capture_default_str();
-  sub->add_option("--stage-layers", c.stage_layers, "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "
-                  "entries summing to n_layer; default: balanced by estimated cost)")->delimiter(',');
-  sub->add_option("--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved");
-  sub->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
-  // Mixture of experts (GPT): the shape (saved in the weights' metadata) and how tokens are routed.
-  sub->add_option("--moe-every", c.gpt.moe_every,
-                  "GPT: the MLP of blocks K-1, 2K-1, ... becomes --experts expert MLPs behind a router (0: dense)");
-  sub->add_option("--experts", c.gpt.experts, "MoE: experts per MoE block (E)");
-  sub->add_option("--moe-top-k", c.gpt.moe_top_k, "MoE: experts per token, 1 (Switch) or 2 (GShard) (default 1)");
-  sub->add_option("--expert-hidden", c.gpt.expert_hidden, "MoE: hidden width of an expert (default 4 x n_embd)");
-  sub->add_option("--capacity-factor", c.moe.capacity_factor,
-                  "MoE: each expert admits ceil(F x k x group tokens / E) tokens of a routing group, first choices "
-                  "first; the rest are dropped (pass through the residual). 0: dropless")
-      ->capture_default_str();
-  sub->add_option("--moe-group-windows", c.moe.group_windows,
-                  "MoE: tokens are routed (and capacity counted) in groups of G consecutive windows of the global "
-                  "batch; G must divide the micro-batch")
-      ->capture_default_str();
-  sub->add_option("--moe-second-policy", c.moe.second_policy,
-                  "MoE top-2: all (always keep the second choice) | random (keep it when 2 x its gate > u)")
-      ->capture_default_str();
-  sub->add_option("--moe-aux-loss", c.moe.aux_loss,
-                  "MoE: alpha of the load-balancing loss E sum_i f_i P_i (mean over groups, per MoE block)")
-      ->capture_default_str();
-  sub->add_option("--moe-z-loss", c.moe.z_loss, "MoE: beta of the router z-loss mean(logsumexp(logits)^2)")
-      ->capture_default_str();
-  sub->add_option("--ep", c.moe.ep,
-                  "MoE: expert-parallel degree: each MoE block's experts split over ep ranks of the data-parallel "
-                  "group, tokens sent to their experts and back by all-to-all (ep divides dp and --experts); a rank "
-                  "stores only its experts, their gradients reduced over the dp/ep ranks holding the same ones")
-      ->capture_default_str();
+  add_model_parallel_flags(sub, c);
+  add_moe_flags(sub, c);
   sub->callback([cfg, quiet] {
     cfg->progress = !*quiet;
     int rc = train::train_main(*cfg);

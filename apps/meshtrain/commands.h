@@ -6,6 +6,9 @@
 #include <cmath>
 #include <string>
 
+#include "core/error.h"
+#include "train/train_config.h"
+
 namespace mt::cli {
 
 // A finite number >= 0, with the quantity named in the message ("--comm-cost: message cost must be >= 0, got
@@ -20,6 +23,33 @@ inline CLI::Validator finite_non_negative(const std::string& what) {
       },
       "FINITE >= 0");
 }
+// A flag whose value is one of a few names, held as the enum E (train/train_config.h lists the names in
+// flag_values): mapped once, while parsing. A bad value is an InputError naming the flag, the value and the
+// choices ("meshtrain: error: --model must be one of gpt, mlp; got 'x'"), exit 1. --help shows type_name
+// (TEXT; "TEXT:{auto,shm,mpi}" spells the choices out as CLI::IsMember would) and, when show_default, the
+// current value's name as the default.
+template <class E>
+CLI::Option* add_enum_option(CLI::App* app, const std::string& flag, E& value, const std::string& help,
+                             bool show_default, const std::string& type_name = "TEXT") {
+  CLI::Option* o = app->add_option_function<std::string>(
+      flag,
+      [&value, flag](const std::string& s) {
+        std::string choices;
+        for (const auto& f : train::flag_values(E{})) {
+          if (s == f.name) {
+            value = f.value;
+            return;
+          }
+          choices += (choices.empty() ? "" : ", ") + std::string(f.name);
+        }
+        MT_CHECK_INPUT(false, flag, " must be one of ", choices, "; got '", s, "'");
+      },
+      help);
+  o->type_name(type_name);
+  if (show_default) o->default_str(train::flag_name(value));
+  return o;
+}
+
 // Whole numbers >= 1 (CLI::PositiveNumber's message prints DBL_MAX as its bound).
 inline const CLI::Range kPositiveInt(1, 2147483647);
 inline const CLI::Range kNonNegativeInt(0, 2147483647);

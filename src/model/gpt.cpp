@@ -184,9 +184,11 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), Nr);
   float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), Nr);
   nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
-  nn::linear_forward(qkv, gather_rows(store, ln1, N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+  float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
+  float* partial = sp_scratch(store, "sp_full", (size_t)N * C);
+  nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
   nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
-  row_parallel_forward(store, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
+  nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
   nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
   if (moe_[l]) {
     moe_forward(store, smb, l, ln2, res2, res3, B, T, mb);
@@ -194,9 +196,10 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   }
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
   float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-  nn::linear_forward(fch, gather_rows(store, ln2, N, C), p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
-  row_parallel_forward(store, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs, C);
+  nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs,
+                                  C);
 }
 
 namespace {
@@ -244,13 +247,14 @@ void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* 
 
 int Gpt::rows_here(int N) const { return rows_.rows_here(N); }
 
-const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, int N, int C) {
-  return rows_.gather(local, sp_ ? store.get(kScratchMb, "sp_gather", (size_t)N * C) : nullptr, N, C);
+float* Gpt::sp_scratch(nn::ActivationStore& store, const char* name, size_t count) {
+  return sp_ ? store.get(kScratchMb, name, count) : nullptr;
 }
 
-void Gpt::scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C) {
-  rows_.reduce(full, local, N, C);
+const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, int N, int C) {
+  return rows_.gather(local, sp_scratch(store, "sp_gather", (size_t)N * C), N, C);
 }
+
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
                     float dscale, nn::ParamHooks* hooks, const float* stage_input) {
@@ -303,7 +307,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
-    gemm(false, true, N, Vl, C, 1.0f, gather_rows(store, lnf, N, C), C, wte_->data, C, 0.0f, logits, Vl);
+    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->data,
+                                      N, C, Vl);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
   }
@@ -339,10 +344,11 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   float* dfch = store.get(kScratch, "dfch", (size_t)N * 4 * Cs);
   // Sequence parallelism: this micro-batch's part of the replicated LayerNorm gradients, summed over the group.
   float* dlnp = sp_ ? store.get(kScratch, "sp_dln_params", (size_t)4 * C) : nullptr;
-  // The gradient of the residual stream over all N rows (the row-parallel products' output gradient).
-  auto dres_all = [&]() -> const float* {
-    return rows_.gather(dres, sp_ ? store.get(kScratch, "sp_dres_full", (size_t)N * C) : nullptr, N, C);
-  };
+  // Under SP: all N rows of the residual stream's gradient (the row-parallel products' output gradient) and of
+  // the column-parallel products' input (dfull holds the group sum of their input gradient), rebuilt in each use.
+  float* dres_full = sp_scratch(store, "sp_dres_full", (size_t)N * C);
+  float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
+  auto dres_all = [&]() -> const float* { return rows_.gather(dres, dres_full, N, C); };
 
   if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
   if (last_stage()) {
@@ -350,9 +356,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte_->data, C, 0.0f, dfull, C);
-  scatter_rows(store, dfull, dln, N, C);  // each rank holds its vocabulary rows' share of dlnf
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, gather_rows(store, lnf, N, C), C, 1.0f, wte_->grad, C);
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad, dlogits, lnf, wte_->data, N, C, Vl);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
   if (sp_) {
@@ -398,21 +402,20 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
       const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-      nn::linear_backward(dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres_all(), fch_gelu, p.fcproj_w->data, N,
-                          4 * Cs, C);
+      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu,
+                                       p.fcproj_w->data, N, 4 * Cs, C);
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-      nn::linear_backward(dfull, p.fc_w->grad, p.fc_b->grad, dfch, gather_rows(store, ln2, N, C), p.fc_w->data, N, C,
-                          4 * Cs);
-      scatter_rows(store, dfull, dln, N, C);  // column-parallel: the input gradient is a sum over the group
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2,
+                                          p.fc_w->data, N, C, 4 * Cs);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::linear_backward(datty, p.attproj_w->grad, p.attproj_b->grad, dres_all(), atty, p.attproj_w->data, N, Cs, C);
+    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty,
+                                     p.attproj_w->data, N, Cs, C);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
-    nn::linear_backward(dfull, p.qkv_w->grad, p.qkv_b->grad, dqkv, gather_rows(store, ln1, N, C), p.qkv_w->data, N,
-                        C, 3 * Cs);
-    scatter_rows(store, dfull, dln, N, C);
+    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1,
+                                        p.qkv_w->data, N, C, 3 * Cs);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
@@ -437,12 +440,6 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     nn::embedding_backward(wpe_->grad, dres, pos, N, C);
   }
   hk.after_backward(0);
-}
-
-void Gpt::row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W,
-                               const float* b, const float* residual, int N, int Cin, int C) {
-  float* partial = sp_ ? store.get(kScratchMb, "sp_full", (size_t)N * C) : nullptr;
-  nn::row_parallel_linear_forward(rows_, partial, out, inp, W, b, residual, N, Cin, C);
 }
 
 void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* out) {

@@ -75,8 +75,9 @@ class Gpt {
   //   attn.c_proj and mlp.c_proj row-parallel: W[my rows, :], bias replicated (added after the sum);
   //   wte vocabulary-parallel: rows shard_of(V, S, r) (uneven when S does not divide V: nothing padded);
   //   wpe and LayerNorms replicated.
-  // Per block half, forward: column GEMM, local math, row GEMM, all-reduce of the [N, C] partial sums;
-  // backward: the mirror image, all-reduce of the column GEMM's input gradient.
+  // Per block half, forward: column-parallel linear, local math, row-parallel linear (all-reduce of the [N, C]
+  // partial sums); backward: the mirror image, all-reduce of the column-parallel input gradient (the nn parts
+  // of nn/tensor_parallel_layers.h hold the collectives).
   // MoE blocks: the router and the experts are replicated over the tensor-parallel group (every tp rank
   // routes all N rows of the micro-batch, gathered under sequence parallelism); their computation is split
   // over the expert-parallel group in moe.ep (each rank runs E / ep experts on the tokens sent to it). With
@@ -158,12 +159,10 @@ class Gpt {
                    int B, int T, int mb);
   void moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* dres_all, float* dln,
                     int B, int T, int mb);
-  void row_parallel_forward(nn::ActivationStore& store, float* out, const float* inp, const float* W, const float* b,
-                            const float* residual, int N, int Cin, int C);
-  // The paired collectives of nn::TpRows with their scratch from the store: all N rows of a row-split tensor,
-  // and this rank's rows of the sum over the group of full (full is clobbered).
+  // A scratch buffer of the store under sequence parallelism (shared by all micro-batches), else null.
+  float* sp_scratch(nn::ActivationStore& store, const char* name, size_t count);
+  // All N rows of a row-split tensor (nn::TpRows::gather with its scratch from the store): the MoE input.
   const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
-  void scatter_rows(nn::ActivationStore& store, float* full, float* local, int N, int C);
   GptConfig cfg_;
   nn::ParamRegistry& params_;
   nn::TensorParallelOps* tp_ = nullptr;

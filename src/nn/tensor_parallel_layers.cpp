@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "nn/layers.h"
+#include "tensor/blas.h"
 
 namespace mt::nn {
 
@@ -35,6 +36,13 @@ void TpRows::sum(float* buf, size_t n) const {
   if (size() > 1) tp_->all_reduce_sum(buf, n);
 }
 
+void TpRows::all_gather(const float* local, float* full, size_t count) const {
+  if (size() > 1)
+    tp_->all_gather(local, full, count);
+  else
+    std::memcpy(full, local, sizeof(float) * count);
+}
+
 void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*>> parts, size_t count) {
   // Each rank computed the gradient from its rows only: add the parts over the group (only this
   // micro-batch's contribution, which the caller computed into `parts`' temporaries, so earlier micro-batches
@@ -57,6 +65,45 @@ void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*
   }
 }
 
+void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
+                                    const float* b, int N, int Cin, int Cl) {
+  linear_forward(out, rows.gather(inp, inp_full, N, Cin), W, b, N, Cin, Cl);
+}
+
+void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, float* dW,
+                                     float* db, const float* dout, const float* inp, const float* W, int N, int Cin,
+                                     int Cl) {
+  // Each rank's dinp is the part of the input gradient flowing through its columns: the whole is their sum.
+  float* partial = rows.sequence_parallel() ? dinp_full : dinp;
+  linear_backward(partial, dW, db, dout, rows.gather(inp, inp_full, N, Cin), W, N, Cin, Cl);
+  rows.reduce(partial, dinp, N, Cin);
+}
+
+void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks) {
+  MT_ASSERT(blocks >= 1 && Cl % blocks == 0, "gather_columns: ", Cl, " columns in ", blocks, " blocks");
+  const int S = rows.size(), w = Cl / blocks;
+  rows.all_gather(part, parts, (size_t)S * N * Cl);
+  for (int q = 0; q < S; q++)
+    for (int n = 0; n < N; n++)
+      for (int k = 0; k < blocks; k++)
+        std::memcpy(whole + (size_t)n * S * Cl + (size_t)k * S * w + (size_t)q * w,
+                    parts + ((size_t)q * N + n) * Cl + (size_t)k * w, sizeof(float) * w);
+}
+
+void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N, int Cl, int blocks) {
+  MT_ASSERT(blocks >= 1 && Cl % blocks == 0, "split_columns: ", Cl, " columns in ", blocks, " blocks");
+  const int S = rows.size(), r = rows.rank(), w = Cl / blocks;
+  for (int n = 0; n < N; n++)
+    for (int k = 0; k < blocks; k++)
+      std::memcpy(dpart + (size_t)n * Cl + (size_t)k * w, dwhole + (size_t)n * S * Cl + (size_t)k * S * w + (size_t)r * w,
+                  sizeof(float) * w);
+}
+
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, float* dW, float* db,
+                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C) {
+  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C);
+}
+
 void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
                                  const float* b, const float* residual, int N, int Cin, int C) {
   if (rows.size() == 1) {
@@ -75,6 +122,20 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
     const float* r = residual + (size_t)n * C;
     for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
   }
+}
+
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+                                   int N, int C, int Vl) {
+  gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl);
+}
+
+void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, float* dwte,
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl) {
+  // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
+  float* partial = rows.sequence_parallel() ? dx_full : dx;
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C);
+  rows.reduce(partial, dx, N, C);
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, 1.0f, dwte, C);
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

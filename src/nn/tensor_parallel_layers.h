@@ -10,6 +10,16 @@
 //                    else all-reduce) -- the row-parallel product's output; backward pair: gather
 //   TpRows::sum_replicated   SP only: a replicated parameter's gradient computed from my rows, summed
 //
+// The linear layers split W[Cin, Cout] over the group (Megatron-LM's ColumnParallelLinear / RowParallelLinear):
+//   column-parallel  rank r holds Cl = Cout / S output columns: W[Cin, Cl], b[Cl]
+//     forward   out[N, Cl]  = f(inp) W + b       f = gather: the identity, or all-gather of the Nr rows (SP)
+//     backward  dinp[Nr, Cin] = g(dout W^T)      g = reduce: all-reduce, or reduce-scatter (SP)
+//               dW += f(inp)^T dout, db += column sums of dout (local: each rank owns its columns)
+//   row-parallel     rank r holds Cl = Cin / S input rows: W[Cl, C], b[C] replicated
+//     forward   out[Nr, C]  = g(inp W) + b (+ residual)
+//     backward  dinp[N, Cl] = f(dout) W^T, dW += inp^T f(dout), db += column sums of f(dout)
+//   Composed (column then row, as in a transformer block) the pair costs one g forward and one g backward.
+//
 // Cost per call, bytes per rank: gather and reduce move (S - 1) / S x N x C x 4 under SP (all-gather /
 // reduce-scatter), an all-reduce 2 (S - 1) / S x N x C x 4 without. The vocabulary-parallel loss all-reduces
 // 3 N floats (max, sum of exponentials, target logit); the logits are never gathered.
@@ -41,6 +51,8 @@ class TpRows {
   void reduce(float* full, float* local, int N, int C) const;
   // In-place all-reduce (no-op without tensor parallelism).
   void sum(float* buf, size_t n) const;
+  // full[count] = every rank's local[count / S] in rank order, with or without SP (a copy when S is 1).
+  void all_gather(const float* local, float* full, size_t count) const;
   // Adds to each parameter's gradient the group sum of its part (first min(numel, count) elements).
   void sum_replicated(std::initializer_list<std::pair<Param*, const float*>> parts, size_t count = SIZE_MAX);
 
@@ -50,10 +62,42 @@ class TpRows {
   std::vector<float> tmp_;
 };
 
+// Column-parallel linear (Megatron's ColumnParallelLinear), this rank's Cl output columns of W[Cin, S Cl] (a
+// fused weight such as q|k|v holds the same share of each of its blocks; the product does not care).
+// inp[Nr, Cin] (this rank's rows under SP, else all N); out[N, Cl]. inp_full: N x Cin scratch under SP (the
+// gathered input, rebuilt in backward rather than kept), else unused (may be null).
+void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
+                                    const float* b, int N, int Cin, int Cl);
+// dinp[Nr, Cin] = this rank's rows of the group sum of dout[N, Cl] W^T; dW[Cin, Cl] and db[Cl] accumulate.
+// dinp_full: N x Cin scratch under SP (else the sum is formed in dinp).
+void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, float* dW,
+                                     float* db, const float* dout, const float* inp, const float* W, int N, int Cin,
+                                     int Cl);
+// Megatron's optional gather_output: whole[N, S Cl] on every rank from each rank's part[N, Cl] in the full
+// weight's column order (`blocks` equal blocks per part, e.g. 3 for q|k|v: block k of rank q lands at columns
+// k S w + q w, w = Cl / blocks). parts: S x N x Cl scratch. Cost: an all-gather of N Cl floats per rank.
+void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks = 1);
+// Its backward pair: dpart[N, Cl] = this rank's columns of dwhole[N, S Cl] (no communication).
+void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N, int Cl, int blocks = 1);
+
 // Row-parallel linear (Megatron's RowParallelLinear): out[Nr, C] = residual + b + my rows of the group sum
 // of inp[N, Cin] W[Cin, C] (each rank holds Cin of the full input width). partial: N x C scratch under SP.
 void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
                                  const float* b, const float* residual, int N, int Cin, int C);
+// dinp[N, Cin] = f(dout) W^T, dW[Cin, C] += inp^T f(dout), db[C] += column sums of f(dout), f(dout) = all N rows
+// of dout[Nr, C] (dout_full: N x C scratch under SP, else unused). No reduction: every rank sees all rows.
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, float* dW, float* db,
+                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C);
+
+// Vocabulary-parallel logits of the tied head: a column-parallel product with W = wte^T, this rank holding
+// vocabulary rows [v0, v1) of wte[V, C] (Vl = v1 - v0): logits[N, Vl] = f(x) wte[v0:v1]^T, x[Nr, C]. x_full: N x C
+// scratch under SP (else unused). The logits are never gathered: the vocabulary-parallel loss reads them as they are.
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+                                   int N, int C, int Vl);
+// dx[Nr, C] = my rows of the group sum of dlogits wte[v0:v1] (dx_full: N x C scratch under SP), then
+// dwte[Vl, C] += dlogits^T f(x).
+void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, float* dwte,
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl);
 
 // Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns
 // (zeros for other tokens). e: N x C scratch under SP (else out itself).

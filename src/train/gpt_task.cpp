@@ -18,13 +18,13 @@
 
 namespace mt::train {
 
-bool local_experts(const TrainConfig& cfg) { return cfg.model == "gpt" && cfg.moe.ep > 1; }
+bool local_experts(const TrainConfig& cfg) { return cfg.model == ModelKind::gpt && cfg.moe.ep > 1; }
 
 GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   model::MoeOptions moe;
   moe.capacity_factor = cfg.moe.capacity_factor;
   moe.group_windows = cfg.moe.group_windows;
-  moe.second = cfg.moe.second_policy == "random" ? nn::SecondPolicy::random : nn::SecondPolicy::all;
+  moe.second = cfg.moe.second_policy;
   moe.aux_alpha = (float)cfg.moe.aux_loss;
   moe.z_beta = (float)cfg.moe.z_loss;
   moe.seed = cfg.seed;

@@ -9,15 +9,15 @@ namespace mt::train {
 
 SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   SyncOptions o;
-  o.compress = compress::parse_compress_spec(cfg.compress);
-  o.method = cfg.async == "ps"        ? SyncMethod::parameter_server
+  o.compress = cfg.compress;
+  o.method = cfg.async == AsyncMode::ps ? SyncMethod::parameter_server
              : cfg.pp > 1             ? SyncMethod::pipeline
              : o.compress.enabled()   ? SyncMethod::compressed
              : cfg.local_sgd > 0      ? SyncMethod::local_sgd
                                       : SyncMethod::exact;
   o.engine.zero = cfg.zero;
   o.engine.bucket_mb = cfg.bucket_mb;
-  o.engine.grad_dtype = cfg.grad_comm_dtype == "bf16" ? comm::DType::bf16 : comm::DType::f32;
+  o.engine.grad_dtype = cfg.grad_comm_dtype == GradCommDtype::bf16 ? comm::DType::bf16 : comm::DType::f32;
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;

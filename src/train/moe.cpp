@@ -9,9 +9,9 @@ namespace mt::train {
 void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
   const model::GptConfig& g = cfg.gpt;
   const bool moe_model = g.moe_every > 0 || !cfg.init.empty();  // --init may hold an MoE model
-  MT_CHECK_INPUT(cfg.model == "gpt" || (g.moe_every == 0 && g.experts == 0 && ep == 1),
+  MT_CHECK_INPUT(cfg.model == ModelKind::gpt || (g.moe_every == 0 && g.experts == 0 && ep == 1),
                  "--moe-every, --experts and --ep are for --model gpt (the MLP has no experts)");
-  if (cfg.model != "gpt") {  // a routing flag away from its default on a model without a router (an explicit
+  if (cfg.model != ModelKind::gpt) {  // a routing flag away from its default on a model without a router (an explicit
     const MoeFlags unset;    // default value cannot be told apart from an absent flag and passes)
     const char* given = g.moe_top_k != 0                              ? "--moe-top-k"
                         : g.expert_hidden != 0                        ? "--expert-hidden"
@@ -21,7 +21,7 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
                         : aux_loss != unset.aux_loss                  ? "--moe-aux-loss"
                         : z_loss != unset.z_loss                      ? "--moe-z-loss"
                                                                       : nullptr;
-    MT_CHECK_INPUT(!given, given ? given : "", " is an MoE flag, for --model gpt (the ", cfg.model,
+    MT_CHECK_INPUT(!given, given ? given : "", " is an MoE flag, for --model gpt (the ", flag_name(cfg.model),
                    " model has no experts)");
   }
   MT_CHECK_INPUT(g.moe_every >= 0, "--moe-every must be >= 0, got ", g.moe_every);
@@ -36,8 +36,6 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
   MT_CHECK_INPUT(std::isfinite(capacity_factor) && capacity_factor >= 0, "--capacity-factor must be >= 0 (0: ",
                  "dropless), got ", capacity_factor);
   MT_CHECK_INPUT(group_windows >= 1, "--moe-group-windows must be >= 1, got ", group_windows);
-  MT_CHECK_INPUT(second_policy == "all" || second_policy == "random", "--moe-second-policy must be all or random, ",
-                 "got '", second_policy, "'");
   MT_CHECK_INPUT(std::isfinite(aux_loss) && aux_loss >= 0, "--moe-aux-loss must be >= 0, got ", aux_loss);
   MT_CHECK_INPUT(std::isfinite(z_loss) && z_loss >= 0, "--moe-z-loss must be >= 0, got ", z_loss);
   MT_CHECK_INPUT(ep >= 1, "--ep must be >= 1, got ", ep);
@@ -51,7 +49,7 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
     MT_CHECK_INPUT(mb % group_windows == 0, "--moe-group-windows ", group_windows, " must divide the windows of a ",
                    "micro-batch (", mb, ": ", cfg.micro_batch_size > 0 ? "--micro-batch-size" : "--batch-size / dp",
                    "): a routing group may not span micro-batches or ranks");
-    MT_CHECK_INPUT(cfg.async.empty() && cfg.compress.empty() && cfg.local_sgd == 0,
+    MT_CHECK_INPUT(cfg.async == AsyncMode::off && !cfg.compress.enabled() && cfg.local_sgd == 0,
                    "an MoE model trains with synchronous data parallelism (no --async, --compress, --local-sgd)");
   }
 }

@@ -69,10 +69,11 @@ int64_t Checkpointer::resume() {
   nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs);
   state_.load(whole.data(), states);
   const int64_t start = st["step"].get<int64_t>();
-  MT_CHECK_INPUT(st.value("model", cfg_.model) == cfg_.model, path, " holds a ", st.value("model", ""),
-                 " model but --model is ", cfg_.model);
-  MT_CHECK_INPUT(st.value("optimizer", cfg_.optimizer) == cfg_.optimizer, path, " was trained with ",
-                 st.value("optimizer", ""), " but --optimizer is ", cfg_.optimizer);
+  const std::string model = flag_name(cfg_.model), optimizer = flag_name(cfg_.optimizer);
+  MT_CHECK_INPUT(st.value("model", model) == model, path, " holds a ", st.value("model", ""), " model but --model is ",
+                 model);
+  MT_CHECK_INPUT(st.value("optimizer", optimizer) == optimizer, path, " was trained with ", st.value("optimizer", ""),
+                 " but --optimizer is ", optimizer);
   MT_CHECK_INPUT(start <= cfg_.steps, path, " is at step ", start, ", beyond --steps ", cfg_.steps);
   MT_CHECK_INPUT(start >= 0, path, ": state.json has a negative step ", start);
   // A different batch, seed or data file continues the run, but not as the one saved: say so.
@@ -96,7 +97,7 @@ void Checkpointer::save(int64_t next_step) {
   checkpoint::NamedFlat named;
   for (auto& [name, buf] : states) named.push_back({name, buf.data()});
   const parallel::MeshGrid& g = mesh_.grid();
-  nlohmann::json st = {{"step", next_step},         {"model", cfg_.model},      {"optimizer", cfg_.optimizer},
+  nlohmann::json st = {{"step", next_step},         {"model", flag_name(cfg_.model)}, {"optimizer", flag_name(cfg_.optimizer)},
                        {"seed", cfg_.seed},          {"batch_size", cfg_.batch_size},
                        {"seq_len", cfg_.seq_len},    {"data", cfg_.data},
                        {"data_position", next_step * items_per_step_},

@@ -23,7 +23,7 @@ void Straggler::pause(int me) const {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n) {
-  if (cfg.optimizer == "sgd")
+  if (cfg.optimizer == OptimizerKind::sgd)
     return std::make_unique<optim::Sgd>(n, optim::SgdConfig{(float)cfg.momentum, (float)cfg.weight_decay});
   return std::make_unique<optim::AdamW>(
       n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
@@ -36,7 +36,7 @@ optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
 namespace {
 
 parallel::MeshGrid grid_of(const TrainConfig& cfg, comm::Communicator* world) {
-  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == "ps" ? cfg.ps_servers() : 0,
+  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == AsyncMode::ps ? cfg.ps_servers() : 0,
                             cfg.moe.ep);
 }
 
@@ -56,7 +56,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
   if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
   if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
-  task = cfg.model == "gpt" ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
+  task = cfg.model == ModelKind::gpt ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
                                             g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
                             : make_mlp_task(MlpTaskConfig::from(cfg), layout);
   nn::ParamRegistry& params = task->params();
@@ -68,7 +68,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   sync->engine().initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
-  const bool ps = cfg.async == "ps";
+  const bool ps = cfg.async == AsyncMode::ps;
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0

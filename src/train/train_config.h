@@ -3,19 +3,65 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "model/gpt.h"
+#include "nn/moe_router.h"
+#include "parallel/compress/spec.h"
 
 namespace mt::train {
+
+// Flags whose value is one of a few names hold an enum: the CLI maps the name once (apps/meshtrain
+// add_enum_option), and flag_name() gives it back for messages, checkpoints and the summary. A value outside the
+// table (AsyncMode::off, ScheduleKind::unset) is the flag not given and has no spelling.
+enum class ModelKind { gpt, mlp };
+enum class OptimizerKind { adamw, sgd };
+enum class AsyncMode { off, ps, hogwild };
+enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
+enum class GradCommDtype { f32, bf16 };
+enum class ScheduleKind { unset, gpipe, one_f_one_b, interleaved };  // unset: 1f1b with --pp > 1
+
+template <class E>
+struct FlagValue {
+  const char* name;
+  E value;
+};
+inline constexpr FlagValue<ModelKind> kModelValues[] = {{"gpt", ModelKind::gpt}, {"mlp", ModelKind::mlp}};
+inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {{"adamw", OptimizerKind::adamw},
+                                                                {"sgd", OptimizerKind::sgd}};
+inline constexpr FlagValue<AsyncMode> kAsyncValues[] = {{"ps", AsyncMode::ps}, {"hogwild", AsyncMode::hogwild}};
+inline constexpr FlagValue<BackendKind> kBackendValues[] = {
+    {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};
+inline constexpr FlagValue<GradCommDtype> kGradCommDtypeValues[] = {{"f32", GradCommDtype::f32},
+                                                                    {"bf16", GradCommDtype::bf16}};
+inline constexpr FlagValue<ScheduleKind> kScheduleValues[] = {
+    {"gpipe", ScheduleKind::gpipe}, {"1f1b", ScheduleKind::one_f_one_b}, {"interleaved", ScheduleKind::interleaved}};
+inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
+                                                                      {"random", nn::SecondPolicy::random}};
+constexpr std::span<const FlagValue<ModelKind>> flag_values(ModelKind) { return kModelValues; }
+constexpr std::span<const FlagValue<OptimizerKind>> flag_values(OptimizerKind) { return kOptimizerValues; }
+constexpr std::span<const FlagValue<AsyncMode>> flag_values(AsyncMode) { return kAsyncValues; }
+constexpr std::span<const FlagValue<BackendKind>> flag_values(BackendKind) { return kBackendValues; }
+constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) { return kGradCommDtypeValues; }
+constexpr std::span<const FlagValue<ScheduleKind>> flag_values(ScheduleKind) { return kScheduleValues; }
+constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
+
+// The flag spelling of v ("" for the not-given value).
+template <class E>
+constexpr const char* flag_name(E v) {
+  for (const FlagValue<E>& f : flag_values(E{}))
+    if (f.value == v) return f.name;
+  return "";
+}
 
 // Mixture-of-experts routing while training (the model's MoE shape is in TrainConfig::gpt: moe_every,
 // experts, moe_top_k, expert_hidden). nn/moe_router.h has the semantics.
 struct MoeFlags {
   double capacity_factor = 1.25;     // F: ceil(F k group_tokens / E) slots per expert and group; 0 = dropless
   int group_windows = 1;             // G: routing groups of G consecutive windows of the global batch
-  std::string second_policy = "all";  // all | random (GShard: keep the second choice when 2 g2 > u)
+  nn::SecondPolicy second_policy = nn::SecondPolicy::all;  // GShard's random: keep the second choice when 2 g2 > u
   double aux_loss = 0.01;            // alpha of the load-balancing loss
   double z_loss = 0.0;               // beta of the router z-loss
   int ep = 1;                        // expert-parallel degree: experts split over ep ranks of each dp group
@@ -24,7 +70,7 @@ struct MoeFlags {
 };
 
 struct TrainConfig {
-  std::string model = "gpt";  // gpt | mlp
+  ModelKind model = ModelKind::gpt;
   // GPT shape: 0 = take from --init's metadata/tensors, else the defaults in resolve().
   model::GptConfig gpt{0, 0, 0, 0, 0, 0, 0, 0, 0};  // moe_top_k 0: not given (1)
   MoeFlags moe;
@@ -43,7 +89,7 @@ struct TrainConfig {
   bool recompute = false;    // GPT: keep only each block's input; recompute the block in backward
   bool sequence_parallel = false;  // GPT with --tp: split the residual stream's token rows over the group
   int64_t steps = 100;
-  std::string optimizer = "adamw";  // adamw | sgd
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double lr = 3e-4, min_lr = -1;    // min_lr < 0: lr / 10
   int64_t warmup_steps = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0, momentum = 0.9;
@@ -68,30 +114,29 @@ struct TrainConfig {
 
   // Parallel layout. dp = 0: all ranks are data-parallel (world / (tp * pp)).
   int nproc = 1, dp = 0, tp = 1, pp = 1, zero = 0;
-  std::string schedule;  // gpipe | 1f1b | interleaved (default 1f1b with --pp > 1)
+  ScheduleKind schedule = ScheduleKind::unset;
   int virtual_stages = 1;
   std::vector<int> stage_layers;  // blocks per global stage (--stage-layers 2,3,3); empty: balanced by cost
-  std::string backend = "auto";  // auto | shm | mpi
+  BackendKind backend = BackendKind::automatic;
   double comm_timeout = 300;
   double bucket_mb = 8;
-  std::string grad_comm_dtype = "f32";  // f32 | bf16 (changes the math)
+  GradCommDtype grad_comm_dtype = GradCommDtype::f32;  // bf16 changes the math
   // Communication-efficient data parallelism (change the math; dp > 1, ZeRO 0, no tp/pp):
-  std::string compress;            // topk:R | randk:R | qsgd:B | nuqsgd:B | powersgd:R | sign (parallel/compress)
+  compress::CompressSpec compress;  // --compress topk:R | randk:R | qsgd:B | nuqsgd:B | powersgd:R | sign, parsed
   bool compress_adaptive = false;  // Accordion: light setting in critical regimes
   int compress_adaptive_every = 10;
   double compress_adaptive_eta = 0.5;
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
   int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
   bool local_sgd_state = false;    // also average the optimizer state at each sync
-  // Asynchronous data parallelism (changes the math unless staleness 0): "" | "ps" | "hogwild"
-  std::string async;
+  AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute
                                    // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest
   std::string straggler;           // "RANK:MS": that rank sleeps MS ms in every step (emulates a slow worker)
   // Workers (ranks computing gradients): the ranks minus the parameter servers.
   int ps_servers() const { return servers > 0 ? servers : 1; }
-  int workers(int world_size) const { return async == "ps" ? world_size - ps_servers() : world_size; }
+  int workers(int world_size) const { return async == AsyncMode::ps ? world_size - ps_servers() : world_size; }
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
 

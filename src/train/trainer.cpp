@@ -91,7 +91,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
 void report(const TrainConfig& cfg, const TrainSummary& s) {
   if (!cfg.progress || s.steps_run == 0) return;
   std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
-               s.items_per_s, cfg.model == "gpt" ? "tokens" : "examples");
+               s.items_per_s, cfg.model == ModelKind::gpt ? "tokens" : "examples");
   if (s.ranks.size() > 1 || cfg.zero > 0) {
     std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB; activations: measured peak)\n", "rank", "params",
                  "grads", "optimizer", "transient", "activations", "peak RSS");
@@ -111,7 +111,7 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
 
 // The parent's checks of what needs the model's shape (one message, not one per rank).
 void check_shape_flags(const TrainConfig& cfg) {
-  if (cfg.model != "gpt" || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
+  if (cfg.model != ModelKind::gpt || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
   std::optional<SafetensorsReader> init;
   if (!cfg.init.empty()) init.emplace(cfg.init);
   const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
@@ -128,7 +128,7 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   set_num_threads(cfg.threads);
   Run run(cfg, world);
   nlohmann::json ps_section;
-  if (cfg.async == "ps")
+  if (cfg.async == AsyncMode::ps)
     ps_section = run_parameter_server(run);
   else
     run_steps(run);
@@ -137,16 +137,16 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
 
 int train_main(const TrainConfig& cfg) {
   check_outputs(cfg);  // before any work: a bad --save fails now, not after the last step
-  if (cfg.async == "hogwild") {  // threads of this process, not ranks
+  if (cfg.async == AsyncMode::hogwild) {  // threads of this process, not ranks
     MT_CHECK_INPUT(!comm::under_mpirun(), "--async hogwild runs threads of one process: do not start it under mpirun");
     report(cfg, run_hogwild(cfg));
     return 0;
   }
   comm::LaunchOptions lo;
   lo.nproc = cfg.nproc;
-  lo.backend = cfg.backend;
+  lo.backend = flag_name(cfg.backend);
   lo.timeout_s = cfg.comm_timeout;
-  if (cfg.nproc == 1 && !comm::under_mpirun() && cfg.backend != "mpi") {
+  if (cfg.nproc == 1 && !comm::under_mpirun() && cfg.backend != BackendKind::mpi) {
     report(cfg, run_training(cfg, nullptr));
     return 0;
   }

@@ -210,6 +210,34 @@ TEST_F(BadInput, UnknownModel) {
   EXPECT_ERR_HAS(r, "transformerxl");
 }
 
+// Mode flags are mapped to enums once, when parsed: a bad value fails there, naming the flag, the value and
+// every choice, with exit 1 and before any work.
+TEST_F(BadInput, ModeFlagsNameTheirChoices) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> flags = {
+      {"--model", {"gpt", "mlp"}},
+      {"--optimizer", {"adamw", "sgd"}},
+      {"--async", {"ps", "hogwild"}},
+      {"--schedule", {"gpipe", "1f1b", "interleaved"}},
+      {"--backend", {"auto", "shm", "mpi"}},
+      {"--grad-comm-dtype", {"f32", "bf16"}},
+      {"--moe-second-policy", {"all", "random"}},
+  };
+  for (const auto& [flag, choices] : flags) {
+    RunResult r = run_meshtrain(gpt_args(good_shard_, {flag, "nosuch"}));
+    expect_error(r);
+    EXPECT_ERR_HAS(r, flag);
+    EXPECT_ERR_HAS(r, "'nosuch'");
+    for (const std::string& c : choices) EXPECT_ERR_HAS(r, c);
+  }
+  // The spellings still parse (a value valid for the flag but not this run fails later, naming the flag).
+  RunResult ok = run_meshtrain(gpt_args(good_shard_, {"--optimizer", "sgd", "--grad-comm-dtype", "bf16",
+                                                      "--backend", "shm", "--moe-second-policy", "random"}));
+  EXPECT_EQ(ok.exit_code, 0) << ok.describe();
+  RunResult pp = run_meshtrain(gpt_args(good_shard_, {"--schedule", "interleaved"}));
+  expect_error(pp);
+  EXPECT_ERR_HAS(pp, "--schedule interleaved needs --pp > 1");
+}
+
 TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
   RunResult r = run_meshtrain({"train", "--data",    good_shard_, "--n-layer",    "2",  "--n-head",
                                "2",     "--n-embd",  "32",        "--vocab-size", "64", "--n-positions",
