@@ -137,7 +137,8 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
                 "exact data parallelism)")
       ->capture_default_str();
-  s->add_option("--straggler", c.straggler,
+  s->add_option_function<std::string>(
+      "--straggler", [&c](const std::string& v) { c.straggler = train::Straggler::parse(v); },
                 "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "
                 "experiments with --async)");
 }

@@ -78,7 +78,7 @@ void work(Shared& sh, int w) {
   const size_t n = params.size();
   const std::vector<optim::Segment> segs = optim::segments_of(params);
   const optim::SgdConfig sgd{(float)cfg.momentum, (float)cfg.weight_decay};
-  const Straggler straggler = Straggler::parse(cfg.straggler);
+  const Straggler& straggler = cfg.straggler;
   StepTail tail(cfg.grad_clip, lr_schedule(cfg));
   tail.add_check(std::make_unique<NonFiniteCheck>([w](int64_t s) { return str("worker ", w, "'s step ", s); }));
   const BatchShare share = sh.layout.share(w);

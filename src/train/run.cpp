@@ -13,11 +13,6 @@
 
 namespace mt::train {
 
-Straggler Straggler::parse(const std::string& flag) {
-  if (flag.empty()) return {};
-  return {std::stoi(flag), std::stoi(flag.substr(flag.find(':') + 1))};
-}
-
 void Straggler::pause(int me) const {
   if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
@@ -48,7 +43,7 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 
 Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c), mesh(world, grid_of(c, world)), layout(c, mesh.grid().dp()), tail(c.grad_clip, lr_schedule(c)),
-      straggler(Straggler::parse(c.straggler)) {
+      straggler(c.straggler) {
   // Leftovers of killed saves go; another run's checkpoints are refused unless --overwrite-checkpoints.
   if ((world ? world->rank() : 0) == 0 && !cfg.checkpoint_dir.empty())
     checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);

@@ -29,13 +29,6 @@
 
 namespace mt::train {
 
-// --straggler RANK:MS, parsed once: that rank (or Hogwild worker) sleeps MS ms in every step.
-struct Straggler {
-  int rank = -1, ms = 0;
-  static Straggler parse(const std::string& flag);
-  void pause(int me) const;
-};
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n);
 optim::LrSchedule lr_schedule(const TrainConfig& cfg);
 

@@ -14,6 +14,15 @@
 
 namespace mt::train {
 
+Straggler Straggler::parse(const std::string& flag) {
+  const size_t colon = flag.find(':');
+  const bool ok = colon != std::string::npos && colon > 0 && colon + 1 < flag.size() && colon <= 9 &&
+                  flag.size() - colon - 1 <= 9 && flag.find_first_not_of("0123456789:") == std::string::npos &&
+                  flag.find(':', colon + 1) == std::string::npos;
+  MT_CHECK_INPUT(ok, "--straggler must be RANK:MS with non-negative integers (e.g. 1:50), got '", flag, "'");
+  return {std::stoi(flag.substr(0, colon)), std::stoi(flag.substr(colon + 1))};
+}
+
 namespace {
 double host_memory_bytes() {
   struct sysinfo si {};
@@ -129,15 +138,8 @@ void check_async(const TrainConfig& c, int world_size) {
     MT_CHECK_INPUT(c.backend != BackendKind::mpi,
                    "--async hogwild runs threads of one process (shared memory), not --backend mpi");
   }
-  const std::string& straggler = c.straggler;
-  if (!straggler.empty()) {
-    const size_t colon = straggler.find(':');
-    MT_CHECK_INPUT(colon != std::string::npos && colon > 0 && colon + 1 < straggler.size() &&
-                       straggler.find_first_not_of("0123456789:") == std::string::npos,
-                   "--straggler must be RANK:MS (e.g. 1:50), got '", straggler, "'");
-    MT_CHECK_INPUT(std::stoi(straggler.substr(0, colon)) < world_size, "--straggler rank ", straggler.substr(0, colon),
-                   " does not exist: there are ", world_size, " ranks");
-  }
+  MT_CHECK_INPUT(c.straggler.rank < world_size, "--straggler rank ", c.straggler.rank,
+                 " does not exist: there are ", world_size, " ranks");
 }
 
 // Communication-efficient data parallelism (compressed exchange, Local SGD) over d data-parallel ranks.

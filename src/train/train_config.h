@@ -16,6 +16,14 @@ namespace mt::train {
 // Flags whose value is one of a few names hold an enum: the CLI maps the name once (apps/meshtrain
 // add_enum_option), and flag_name() gives it back for messages, checkpoints and the summary. A value outside the
 // table (AsyncMode::off, ScheduleKind::unset) is the flag not given and has no spelling.
+// --straggler RANK:MS, parsed once at the CLI: that rank (or Hogwild worker) sleeps MS ms in every step.
+struct Straggler {
+  int rank = -1, ms = 0;  // rank -1: none
+  // Throws InputError naming --straggler unless flag is RANK:MS with non-negative integers.
+  static Straggler parse(const std::string& flag);
+  void pause(int me) const;  // sleeps when me == rank (src/train/run.cpp)
+};
+
 enum class ModelKind { gpt, mlp };
 enum class OptimizerKind { adamw, sgd };
 enum class AsyncMode { off, ps, hogwild };
@@ -133,7 +141,7 @@ struct TrainConfig {
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute
                                    // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest
-  std::string straggler;           // "RANK:MS": that rank sleeps MS ms in every step (emulates a slow worker)
+  Straggler straggler;             // --straggler RANK:MS (emulates a slow worker)
   // Workers (ranks computing gradients): the ranks minus the parameter servers.
   int ps_servers() const { return servers > 0 ? servers : 1; }
   int workers(int world_size) const { return async == AsyncMode::ps ? world_size - ps_servers() : world_size; }

@@ -1,5 +1,6 @@
 // Bad input to `meshtrain train`: every case must exit with status 1 (an error, not a crash) and print a
 // message on stderr that names what is at fault (file, tensor, token, flag) with the offending values.
+#include <chrono>
 #include <regex>
 
 #include "tests/cli/cli_test_util.h"
@@ -236,6 +237,25 @@ TEST_F(BadInput, ModeFlagsNameTheirChoices) {
   RunResult pp = run_meshtrain(gpt_args(good_shard_, {"--schedule", "interleaved"}));
   expect_error(pp);
   EXPECT_ERR_HAS(pp, "--schedule interleaved needs --pp > 1");
+}
+
+// --straggler is parsed once at the CLI into (rank, ms): a malformed value or a rank outside the job is an error
+// naming the flag before anything runs; a good one slows its rank (the step takes at least MS).
+TEST_F(BadInput, StragglerParsedOnceAndChecked) {
+  for (const std::string v : {"x", "1:", ":5", "1:2:3", "-1:5", "1:-5", "99999999999:1", "1:5ms"}) {
+    RunResult r = run_meshtrain(gpt_args(good_shard_, {"--straggler", v}));
+    expect_error(r);
+    EXPECT_ERR_HAS(r, "--straggler");
+    EXPECT_ERR_HAS(r, "'" + v + "'");
+  }
+  RunResult far = run_meshtrain(gpt_args(good_shard_, {"--straggler", "3:5", "--nproc", "2"}));
+  expect_error(far);
+  EXPECT_ERR_HAS(far, "--straggler rank 3 does not exist");
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult ok = run_meshtrain(gpt_args(good_shard_, {"--straggler", "0:400"}));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(ok.exit_code, 0) << ok.describe();
+  EXPECT_GE(s, 0.4) << "rank 0 should have slept 400 ms in its step";
 }
 
 TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
