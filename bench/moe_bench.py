@@ -11,8 +11,10 @@ Models (byte-level vocabulary, 256 tokens; every other block an MoE block: --moe
 
 1. Throughput: width 256, 4 layers, 4 heads, context 128, global batch 16 x 128 tokens, --threads 1 per process:
      dense nproc 1, dense nproc 2 (dp=2: the plain data-parallel peer), moe ep=1 on 1 process, moe ep=2 on 2
-     processes (dp=2), moe ep=1 on 2 processes (dp=2, every rank computes all experts on its own tokens), moe
-     ep=2 on 2 processes with ZeRO 1 (each rank updates half of the parameters: every rank holds all experts).
+     processes (dp=2: each rank stores, computes and updates its 4 experts; their gradients need no
+     reduction at dp = ep), moe ep=1 on 2 processes (dp=2, every rank computes all experts on its own tokens),
+     moe ep=2 on 2 processes with ZeRO 1 (the dense tensors' optimizer state split over the 2 ranks too).
+   Rank 0's parameter bytes (--summary) are printed beside each run.
    The data is uniformly random bytes (bench_util.write_shard), so the routing stays near even (the dropped
    fraction is printed); on real text an untrained router sends most bytes to a few experts.
    tokens/s of a run = global tokens / median step_time_s of rank 0 over the steps after --warmup; the
@@ -182,7 +184,8 @@ def speed_one(args, work, tag, flags, nproc, env):
                 tokens_per_s=tokens / med, a2a_share=statistics.mean(a2a) if a2a else 0.0,
                 a2a_bytes_per_rank=statistics.mean(a2a_bytes) if a2a_bytes else 0.0,
                 dropped=statistics.mean(r.get("moe_dropped", 0.0) for r in meas), params=summary.get("params"),
-                comm_bytes=statistics.mean(r.get("comm_bytes", 0) for r in meas))
+                comm_bytes=statistics.mean(r.get("comm_bytes", 0) for r in meas),
+                param_bytes_rank0=summary["ranks"][0]["param_bytes"])
 
 
 def spread(xs):
@@ -207,6 +210,7 @@ def run_speed(args, work, env):
                         a2a_share=spread([r["a2a_share"] for r in runs]),
                         cores_used=spread([r["cores_used"] for r in runs]),
                         a2a_bytes_per_rank=runs[0]["a2a_bytes_per_rank"], comm_bytes=runs[0]["comm_bytes"],
+                        param_bytes_rank0=runs[0].get("param_bytes_rank0"),
                         dropped=statistics.mean(r["dropped"] for r in runs), params=runs[0]["params"], runs=runs)
     ratio = lambda a, b: spread([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(per[a], per[b])])
     # Tokens per CPU-second of the run's processes, 2 processes against 1, times 2: the ratio on 2 dedicated
@@ -343,8 +347,9 @@ def table_md(parts):
                 f"process, {args.steps} steps of which the first {args.warmup} are warm-up; tokens/s from the median "
                 f"step time of each run; {args.repeats} repeats in rotated order: median (min-max).", "",
                 "| run | tokens/s | all-to-all share of step time | all-to-all bytes sent / rank / step | "
-                "gradient sync bytes (metrics' comm_bytes) / step | dropped | cores obtained |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "gradient sync bytes (metrics' comm_bytes) / step | parameter bytes on rank 0 | dropped | "
+                "cores obtained |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for tag in (c[1] for c in speed_configs()):
             s = speed[tag]
             t, a = s["tokens_per_s"], s["a2a_share"]
@@ -355,8 +360,10 @@ def table_md(parts):
             c = s["cores_used"]
             dropped = f"{100 * s['dropped']:.1f}%" if moe else "—"
             cb = f"{s['comm_bytes'] / 1e6:.2f} MB" if s["nproc"] > 1 else "—"
+            pb = s.get("param_bytes_rank0")
+            pb = f"{pb / 1e6:.2f} MB" if pb else "—"
             out.append(f"| {s['label']} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {a2a} | {b} | {cb} | "
-                       f"{dropped} | {c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f}) |")
+                       f"{pb} | {dropped} | {c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f}) |")
         out += ["", "| ratio (per repeat) | median | min-max |", "| --- | ---: | ---: |"]
         for k, r in speed["ratios"].items():
             out.append(f"| {k} | {r['median']:.2f}x | {r['min']:.2f}-{r['max']:.2f}x |")

@@ -156,7 +156,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--ep", c.moe.ep,
                   "MoE: expert-parallel degree: each MoE block's experts split over ep ranks of the data-parallel "
-                  "group, tokens sent to their experts and back by all-to-all (ep divides dp and --experts)")
+                  "group, tokens sent to their experts and back by all-to-all (ep divides dp and --experts); a rank "
+                  "stores only its experts, their gradients reduced over the dp/ep ranks holding the same ones")
       ->capture_default_str();
   sub->callback([cfg, quiet] {
     cfg->progress = !*quiet;

@@ -119,10 +119,11 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
     if (cfg.is_moe(l)) {
       lp.fc_w = lp.fc_b = lp.fcproj_w = lp.fcproj_b = nullptr;
       const nn::RouterConfig rc{cfg.experts, cfg.moe_top_k, moe.capacity_factor, 0, moe.second};
-      // Every expert is registered on every rank (the registry, ZeRO and files stay layout-independent); a
-      // rank computes only its experts, and the data-parallel reduction adds each expert's gradient from the
+      // A rank computes only its experts. Local experts: it registers only those (flagged, reduced over their
+      // replicas); else every expert, and the data-parallel reduction adds each expert's gradient from the
       // ranks that computed it (the others add exact zeros).
-      moe_[l] = std::make_unique<nn::MoeMlp>(rc, l, (int)C, cfg.moe_hidden(), h + "mlp.", params, g, moe.ep, true);
+      const bool all = !(moe.local_experts && moe.ep && moe.ep->size() > 1);
+      moe_[l] = std::make_unique<nn::MoeMlp>(rc, l, (int)C, cfg.moe_hidden(), h + "mlp.", params, g, moe.ep, all);
     } else {
       lp.fc_w = &params.add(h + "mlp.c_fc.weight", {C, 4 * C}, col(4 * Cs, 1), g);
       lp.fc_b = &params.add(h + "mlp.c_fc.bias", {4 * C}, vec(4 * Cs, 1), g);

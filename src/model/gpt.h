@@ -53,6 +53,9 @@ struct MoeOptions {
   float aux_alpha = 0.01f, z_beta = 0.0f;
   uint64_t seed = 0;                    // the run's seed (random second-choice draws)
   nn::ExpertParallelOps* ep = nullptr;  // the expert-parallel group (null: every expert here)
+  // Register only this rank's E / ep experts, flagged nn::Param::expert (their gradients and optimizer state
+  // live on their replicas only); false: every rank registers every expert. Needs ep of size > 1.
+  bool local_experts = false;
 };
 
 // A pipeline stage of the model: blocks [begin, end) (end -1: n_layer), stage `index` of `count`; the first
@@ -76,8 +79,9 @@ class Gpt {
   // backward: the mirror image, all-reduce of the column GEMM's input gradient.
   // MoE blocks: the router and the experts are replicated over the tensor-parallel group (every tp rank
   // routes all N rows of the micro-batch, gathered under sequence parallelism); their computation is split
-  // over the expert-parallel group in moe.ep (each rank runs E / ep experts on the tokens sent to it), while
-  // every rank keeps all experts' parameters (sharded by ZeRO like any other).
+  // over the expert-parallel group in moe.ep (each rank runs E / ep experts on the tokens sent to it). With
+  // moe.local_experts a rank registers only those experts; else it keeps all experts' parameters (sharded by
+  // ZeRO like any other) and the others' gradients stay exact zeros.
   Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps* tp = nullptr, StageRange stage = {},
       const MoeOptions& moe = {});
 

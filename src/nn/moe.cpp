@@ -31,6 +31,7 @@ MoeMlp::MoeMlp(const RouterConfig& rc, int layer, int C, int hidden, const std::
     const std::string n = prefix + "experts." + std::to_string(e) + ".";
     const Expert x{&params.add(n + "c_fc.weight", {C, hidden}, {}, group), &params.add(n + "c_fc.bias", {hidden}, {}, group),
                    &params.add(n + "c_proj.weight", {hidden, C}, {}, group), &params.add(n + "c_proj.bias", {C}, {}, group)};
+    if (!register_all) x.fc_w->expert = x.fc_b->expert = x.proj_w->expert = x.proj_b->expert = true;
     if (e >= e0_ && e < e1_) local_.push_back(x);
   }
   stats_.reset(rc.experts);

@@ -45,8 +45,9 @@ struct MoeStats {
 
 class MoeMlp {
  public:
-  // Registers the router and this rank's experts under `prefix` (e.g. "h.1.mlp.") in parameter group `group`;
-  // with register_all, every expert (the others stay unused here: their gradients are exact zeros, so a
+  // Registers the router and this rank's experts under `prefix` (e.g. "h.1.mlp.") in parameter group `group`,
+  // the experts flagged Param::expert (their gradients reduce over the expert's replicas only); with
+  // register_all, every expert, unflagged (the others stay unused here: their gradients are exact zeros, so a
   // data-parallel sum over ranks adds up each expert's gradient from the ranks that computed it).
   MoeMlp(const RouterConfig& rc, int layer, int C, int hidden, const std::string& prefix, ParamRegistry& params,
          int group, ExpertParallelOps* ep = nullptr, bool register_all = false);

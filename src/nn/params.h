@@ -32,6 +32,10 @@ struct Param {
   size_t numel = 0;   // local element count
   bool decay = false; // weight decay applies (tensors of 2 or more dimensions)
   int group = 0;       // the model's parameter group (a layer); groups are contiguous in the flat buffers
+  // One of this rank's experts (nn/moe.h, local experts only): held by the ranks at this place of every
+  // expert-parallel run, so its gradient is reduced over those replicas, not over the whole data-parallel
+  // group. Within a group, expert tensors come after the others.
+  bool expert = false;
   float* data = nullptr;
   float* grad = nullptr;
 

@@ -67,13 +67,14 @@ void PsSource::load_state(const float* flat, float* shard) {
 // ---- Tensor-parallel shards and pipeline stages. ----
 
 StateConsolidator::StateConsolidator(const nn::ParamRegistry& local, const nn::ParamRegistry& full,
-                                     ReplicaPlace place, comm::Communicator* replica)
-    : local_(local), full_(full), place_(place), replica_(replica) {}
+                                     ReplicaPlace place, comm::Communicator* replica, comm::Communicator* experts)
+    : local_(local), full_(full), place_(place), replica_(replica), experts_(experts) {}
 
 void StateConsolidator::contribute(const float* local, float* whole) const {
   for (const nn::Param& p : local_.params()) {
     const nn::Param& f = full_.get(p.name);
     if (p.name == "wte.weight" && !place_.tied) continue;  // the last stage's tied copy
+    if (!p.expert && !place_.dense) continue;              // ep rank 0 has the same
     if (p.shard.axis < 0) {
       if (place_.replicated) std::memcpy(whole + f.offset, local + p.offset, sizeof(float) * p.numel);
     } else {
@@ -93,8 +94,8 @@ void StateConsolidator::extract(const float* whole, float* local) const {
 void StateConsolidator::to_whole(const float* local, std::vector<float>& whole) const {
   whole.assign(full_.size(), 0.0f);
   contribute(local, whole.data());
-  if (replica_)
-    replica_->all_reduce(whole.data(), whole.data(), whole.size(), comm::DType::f32, comm::ReduceOp::sum);
+  for (comm::Communicator* c : {replica_, experts_})
+    if (c) c->all_reduce(whole.data(), whole.data(), whole.size(), comm::DType::f32, comm::ReduceOp::sum);
 }
 
 // ---- Both. ----

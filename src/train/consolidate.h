@@ -9,10 +9,13 @@
 //      contributes the elements it has a say on (tensor-parallel shards by their full index; a replicated
 //      tensor from tp rank 0; the tied embedding from the first pipeline stage) and the contributions are
 //      summed over the replica group (tp x pp ranks of one model); every other element contributes zero,
-//      so the sum is exact.
+//      so the sum is exact. With local experts (nn::Param::expert) a model's experts are spread over the
+//      ranks of an ep run: each contributes its experts, only ep rank 0 the other tensors, and the sum goes
+//      on over the ep group, so the file is the same whatever the ep degree.
 //
-// Cost of a gather: ZeRO all-gathers Psi floats per dp rank, then one all-reduce of the whole model (4 x
-// full size bytes) over the replica group. A scatter is local (every rank reads the whole file).
+// Cost of a gather: ZeRO all-gathers Psi floats per dp rank (per expert-replica rank for experts), then one
+// all-reduce of the whole model (4 x full size bytes) over the replica group (and one more over the ep
+// group with local experts). A scatter is local (every rank reads the whole file).
 #pragma once
 
 #include <functional>
@@ -76,13 +79,15 @@ class PsSource : public FlatSource {
 struct ReplicaPlace {
   bool replicated = true;  // tensors with no shard axis: tp rank 0 only
   bool tied = true;        // "wte.weight": the first pipeline stage's copy only
+  bool dense = true;       // every tensor but local experts: ep rank 0 only (when experts are local)
 };
 
 class StateConsolidator {
  public:
-  // local: this rank's finalized registry; full: the same model declared whole (finalized).
+  // local: this rank's finalized registry; full: the same model declared whole (finalized). experts: the
+  // ep group when local holds local experts (the ranks holding the model's other experts), else null.
   StateConsolidator(const nn::ParamRegistry& local, const nn::ParamRegistry& full, ReplicaPlace place,
-                    comm::Communicator* replica);
+                    comm::Communicator* replica, comm::Communicator* experts = nullptr);
   size_t whole_size() const { return full_.size(); }
   size_t local_size() const { return local_.size(); }
   const nn::ParamRegistry& full() const { return full_; }
@@ -91,7 +96,7 @@ class StateConsolidator {
   void contribute(const float* local, float* whole) const;
   // Pure. extract: local (local.size() floats) = this rank's elements of whole.
   void extract(const float* whole, float* local) const;
-  // Collective over the replica group: whole = the sum of every member's contribution.
+  // Collective over the replica group (then the ep group): whole = the sum of every member's contribution.
   void to_whole(const float* local, std::vector<float>& whole) const;
 
  private:
@@ -99,6 +104,7 @@ class StateConsolidator {
   const nn::ParamRegistry& full_;
   ReplicaPlace place_;
   comm::Communicator* replica_;
+  comm::Communicator* experts_;
 };
 
 // Whole parameters and optimizer state of the run (both stages above; collective over the layout).

@@ -18,6 +18,8 @@
 
 namespace mt::train {
 
+bool local_experts(const TrainConfig& cfg) { return cfg.model == "gpt" && cfg.moe.ep > 1; }
+
 GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   model::MoeOptions moe;
   moe.capacity_factor = cfg.moe.capacity_factor;
@@ -26,6 +28,8 @@ GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   moe.aux_alpha = (float)cfg.moe.aux_loss;
   moe.z_beta = (float)cfg.moe.z_loss;
   moe.seed = cfg.seed;
+  // Experts held by their ranks only (their own gradient group, grad_sync.h).
+  moe.local_experts = local_experts(cfg);
   return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
           cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};
 }

@@ -27,8 +27,9 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
 }
 
 GradSync::GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::Communicator* engine_group,
-                   const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer)
-    : mesh_(mesh), params_(params), engine_(params, engine_group, o), tracer_(tracer) {
+                   const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer,
+                   comm::Communicator* expert_group)
+    : mesh_(mesh), params_(params), engine_(params, engine_group, o, expert_group), tracer_(tracer) {
   if (tracer_->enabled()) engine_.set_trace(tracer_);
   // Each element of the model counted once in the norm: tensors replicated over the tensor-parallel group
   // count on its rank 0 only, and the last pipeline stage's copy of the tied wte not at all (the first
@@ -44,6 +45,13 @@ StepHooks GradSync::hooks() {
   h.params = &engine_;
   h.micro_batch = [this](int i, int n) { engine_.begin_micro_batch(i, n); };
   return h;
+}
+
+uint64_t GradSync::bytes_sent() const {
+  uint64_t n = 0;
+  for (comm::Communicator* c : {mesh_.dp(), engine_.expert_group()})
+    if (c) n += c->counters().total_sent();
+  return n;
 }
 
 double GradSync::global_loss(double sum) const {
@@ -65,7 +73,7 @@ namespace {
 class ExactSync : public GradSync {
  public:
   ExactSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, m.dp(), o.engine, t) {}
+      : GradSync(m, p, m.dp(), o.engine, t, m.edp()) {}
   void reduce(int64_t) override { engine_.finish_backward(); }
 };
 
@@ -73,7 +81,7 @@ class ExactSync : public GradSync {
 class PipelineSync : public GradSync {
  public:
   PipelineSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, m.dp(), o.engine, t), zero_(o.engine.zero) {
+      : GradSync(m, p, m.dp(), o.engine, t, m.edp()), zero_(o.engine.zero) {
     const int j = m.coord().pp, P = m.grid().pp();
     if (j == 0 || j == P - 1) tied_ = p.find("wte.weight");
   }

@@ -17,6 +17,12 @@
 //
 // Every method owns a parallel::DataParallel engine over the registry (buckets, ZeRO allocation, hooks);
 // methods that exchange gradients themselves give it no group, so it reduces nothing.
+//
+// Expert parallelism (model::MoeOptions::local_experts, --ep > 1): a rank's experts are a parameter group of
+// their own (nn::Param::expert), which the exact and pipeline engines reduce (ZeRO 1-3: reduce-scatter and
+// shard) over the mesh's edp group, the dp / ep ranks holding replicas of the same experts, while every
+// other tensor is reduced over dp. Bytes per step for an MoE layer's experts: ZeRO 0 all-reduce of
+// E / ep experts over dp / ep ranks, instead of all E over dp.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +70,8 @@ class GradSync {
   virtual double global_loss(double local_sum) const;
   // Global gradient norm, each element of the model counted once (collective).
   double grad_norm();
+  // Bytes this rank has sent on the groups gradients are reduced over (dp and the expert group) so far.
+  uint64_t bytes_sent() const;
   void scale(float factor) { engine_.scale_grads(factor); }
   virtual void update(optim::Optimizer& opt, float lr, int64_t s) { engine_.update(opt, lr, s); }
   // Method-specific fields of the step's metrics row.
@@ -72,8 +80,11 @@ class GradSync {
   virtual void before_gather(optim::Optimizer& opt) {}
 
  protected:
+  // engine_group: what the engine reduces over (null: nothing); expert_group: where it reduces expert
+  // tensors (the mesh's edp group, for the methods that reduce experts).
   GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::Communicator* engine_group,
-           const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer);
+           const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer,
+           comm::Communicator* expert_group = nullptr);
   const parallel::Mesh& mesh_;
   nn::ParamRegistry& params_;
   parallel::DataParallel engine_;

@@ -78,8 +78,11 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     source = std::make_unique<PsSource>(*world, sync->engine(), psl, params.size(), mesh.world_rank());
   else
     source = engine_source(sync->engine());
-  const ReplicaPlace place{mesh.coord().tp == 0, mesh.coord().pp == 0};
-  state = std::make_unique<Consolidation>(StateConsolidator(params, full, place, mesh.replica()), *source, *opt);
+  // Local experts (--ep > 1): files gather over the ep group too, on every rank alike.
+  comm::Communicator* ep_files = local_experts(cfg) ? mesh.ep() : nullptr;
+  const ReplicaPlace place{mesh.coord().tp == 0, mesh.coord().pp == 0, !ep_files || ep_files->rank() == 0};
+  state = std::make_unique<Consolidation>(StateConsolidator(params, full, place, mesh.replica(), ep_files), *source,
+                                          *opt);
   state->set_before_gather([this] { sync->before_gather(*opt); });
   items_per_step = (int64_t)layout.global_batch() * task->items_per_window();
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);

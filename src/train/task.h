@@ -110,6 +110,10 @@ struct MlpTaskConfig {
   static MlpTaskConfig from(const TrainConfig& cfg);
 };
 
+// Whether a rank registers only its experts (model::MoeOptions::local_experts): --ep > 1.
+// The same on every rank (pipeline stages without MoE blocks included), so files gather over ep everywhere.
+bool local_experts(const TrainConfig& cfg);
+
 // The GPT shape training uses: from --init's metadata and tensors (init non-null), else the flags with
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init);

@@ -29,10 +29,10 @@ void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
   const BatchShare share = r.layout.share(r.mesh.coord().dp);
-  comm::Communicator* dp = r.mesh.dp();  // bytes sent on it: what communication-efficient methods are judged by
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
     const auto t0 = StepClock::now();
-    const uint64_t sent0 = dp ? dp->counters().total_sent() : 0;
+    // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
+    const uint64_t sent0 = sync.bytes_sent();
     sync.begin_step();
     const double loss_sum = r.executor->run(s, share, hooks);
     r.straggler.pause(r.mesh.world_rank());
@@ -52,7 +52,7 @@ void run_steps(Run& r) {
     } else if (auto* ps = r.executor->stats()) {
       *ps = {};  // the first step allocates: time the others
     }
-    const uint64_t sent = dp ? dp->counters().total_sent() - sent0 : 0;
+    const uint64_t sent = sync.bytes_sent() - sent0;
     r.comm_bytes_total += sent;
     nlohmann::json row = {{"step", s},         {"loss", loss},          {"lr", lr},
                           {"grad_norm", norm}, {r.log->items_key(), ips}, {"step_time_s", dt},

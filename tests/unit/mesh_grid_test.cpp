@@ -3,6 +3,7 @@
 // the set of ranks agreeing on the coordinates the group fixes, ordered by the coordinates it varies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -202,4 +203,39 @@ TEST(MeshGrid, ExpertGroupsCutEachDataParallelGroupIntoRunsOfEp) {
   EXPECT_NE(message([] { MeshGrid(6, 0, 1, 1, 0, 4); }).find("--ep 4 does not divide the data-parallel degree 6"),
             std::string::npos);
   EXPECT_EQ(MeshGrid(8, 0, 2, 1, 0, 2).describe(), "data-parallel 4 (expert-parallel 2) x tensor-parallel 2 x pipeline 1");
+}
+
+TEST(MeshGrid, ExpertReplicaGroupsJoinTheSamePlaceOfEveryEpRun) {
+  // The edp group of rank (d, t, j): the ranks (d', t, j) with d' % ep = d % ep (they hold the same experts),
+  // ordered by d', the rank's place d / ep; built only when it has more than one rank. Its members and the
+  // ep group's meet only in the rank itself, and together they tile the dp group.
+  int checked = 0;
+  for (int world = 1; world <= 16; world++)
+    for (int tp = 1; tp <= world; tp++)
+      for (int pp = 1; pp <= world; pp++) {
+        if (world % (tp * pp)) continue;
+        const int dp = world / (tp * pp);
+        for (int ep = 1; ep <= dp; ep++) {
+          if (dp % ep) continue;
+          const MeshGrid g(world, 0, tp, pp, 0, ep);
+          EXPECT_EQ(g.builds(MeshGroup::edp), ep > 1 && dp > ep) << dp << " " << ep;
+          const std::vector<Expect> ranks = enumerate_ranks(dp, tp, pp);
+          for (int r = 0; r < world; r++) {
+            std::vector<int> want;
+            for (int q = 0; q < world; q++)
+              if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d % ep == ranks[r].d % ep)
+                want.push_back(q);
+            ASSERT_EQ(g.members(MeshGroup::edp, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
+            EXPECT_EQ((int)want.size(), dp / ep);
+            EXPECT_EQ(want[ranks[r].d / ep], r);
+            const std::vector<int> run = g.members(MeshGroup::ep, r);
+            int common = 0;
+            for (int q : run) common += (int)std::count(want.begin(), want.end(), q);
+            EXPECT_EQ(common, 1);
+            checked++;
+          }
+        }
+      }
+  EXPECT_GT(checked, 200);
+  EXPECT_STREQ(mt::parallel::group_name(MeshGroup::edp), "edp");
 }

@@ -16,14 +16,20 @@ struct BucketSet::Pending {
   AlignedBuffer tmp;  // a reduce-scatter into a temporary shard
 };
 
-BucketSet::BucketSet(nn::ParamRegistry& p, comm::Communicator* d, const DataParallelOptions& o)
-    : params(p), dp(d), opt(o) {
+BucketSet::BucketSet(nn::ParamRegistry& p, comm::Communicator* d, const DataParallelOptions& o,
+                     comm::Communicator* e)
+    : params(p), dp(d), opt(o), experts(e) {
   MT_CHECK_INPUT(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", o.zero);
   MT_CHECK_INPUT(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   if (dp) {
     n = dp->size();
     r = dp->rank();
   }
+  if (experts) {
+    en = experts->size();
+    er = experts->rank();
+  }
+  for (const nn::Param& q : p.params()) has_experts = has_experts || q.expert;
 }
 
 BucketSet::~BucketSet() {
@@ -49,43 +55,59 @@ void BucketSet::quiesce() {
 
 size_t BucketSet::build(bool one_group_each) {
   const int G = params.num_groups();
-  std::vector<size_t> gb(G, SIZE_MAX), ge(G, 0);
+  // Pieces: each group's other tensors, then its expert tensors (one contiguous flat range each).
+  struct Piece {
+    int group;
+    bool expert;
+    size_t begin, end;
+  };
+  std::vector<Piece> pieces;
   for (const nn::Param& p : params.params()) {
-    gb[p.group] = std::min(gb[p.group], p.offset);
-    ge[p.group] = std::max(ge[p.group], p.offset + p.numel);
+    if (!pieces.empty() && pieces.back().group == p.group && pieces.back().expert == p.expert) {
+      pieces.back().end = p.offset + p.numel;
+      continue;
+    }
+    MT_ASSERT(pieces.empty() || pieces.back().group != p.group || p.expert,
+              "expert tensors must come last in their group: ", p.name);
+    pieces.push_back({p.group, p.expert, p.offset, p.offset + p.numel});
   }
   const size_t limit = std::max<size_t>(1, (size_t)(opt.bucket_mb * 1048576.0 / sizeof(float)));
-  bucket_of.assign(G, -1);
-  // Groups in descending flat order: the order backward finishes them (a model registers its layers in
-  // forward order), and consecutive groups tile the buffer, so every bucket is one flat range. (A pipeline
-  // stage's tied wte copy is registered last though its group id is 0: order by offset, not by id.)
-  std::vector<int> order;
-  for (int g = 0; g < G; g++)
-    if (gb[g] != SIZE_MAX) order.push_back(g);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return gb[a] > gb[b]; });
+  group_buckets.assign(G, {});
+  // Pieces in descending flat order: the order backward finishes them (a model registers its layers in
+  // forward order), and consecutive pieces tile the buffer, so every bucket is one flat range. (A pipeline
+  // stage's tied wte copy is registered last though its group id is 0: order by offset, not by id.) Expert
+  // pieces never share a bucket with other tensors.
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin > b.begin; });
   Bucket* cur = nullptr;
-  for (size_t k = 0; k < order.size(); k++) {
-    const int g = order[k];
+  size_t hi = 0;
+  for (size_t k = 0; k < pieces.size(); k++) {
+    const Piece& pc = pieces[k];
     if (!cur) {
       cur = new Bucket;
-      cur->g_hi = g;
+      cur->g_hi = pc.group;
+      cur->expert = pc.expert;
+      hi = pc.end;
     }
-    cur->g_lo = g;
+    cur->g_lo = pc.group;
     cur->groups++;
-    bucket_of[g] = (int)buckets.size();
-    const size_t size = ge[cur->g_hi] - gb[g];
-    if (one_group_each || size >= limit || k + 1 == order.size()) {
-      cur->begin = gb[g];
+    group_buckets[pc.group].push_back((int)buckets.size());
+    const size_t size = hi - pc.begin;
+    const bool last = k + 1 == pieces.size() || pieces[k + 1].expert != cur->expert;
+    if (one_group_each || size >= limit || last) {
+      cur->begin = pc.begin;
       cur->count = size;
       cur->index = (int)buckets.size();
       buckets.push_back(cur);
       cur = nullptr;
     }
   }
-  // This rank's shard of each bucket, packed in bucket order.
+  // Each bucket's group, and this rank's shard of it, packed in bucket order.
   size_t pos = 0;
   for (Bucket* b : buckets) {
-    const comm::Shard s = comm::shard_of(b->count, n, r);
+    b->comm = b->expert ? experts : dp;
+    b->n = b->expert ? en : n;
+    b->r = b->expert ? er : r;
+    const comm::Shard s = comm::shard_of(b->count, b->n, b->r);
     b->so = s.offset;
     b->sc = s.count;
     b->pos = pos;
@@ -119,12 +141,12 @@ std::vector<optim::Segment> BucketSet::shard_segments(bool params_packed, bool g
 
 void BucketSet::bind_data(Bucket& b, float* base) {
   for (nn::Param& p : params.params())
-    if (bucket_of[p.group] == b.index) p.data = base ? base + (p.offset - b.begin) : nullptr;
+    if (p.offset >= b.begin && p.offset < b.begin + b.count) p.data = base ? base + (p.offset - b.begin) : nullptr;
 }
 
 void BucketSet::bind_grad(Bucket& b, float* base) {
   for (nn::Param& p : params.params())
-    if (bucket_of[p.group] == b.index) p.grad = base ? base + (p.offset - b.begin) : nullptr;
+    if (p.offset >= b.begin && p.offset < b.begin + b.count) p.grad = base ? base + (p.offset - b.begin) : nullptr;
 }
 
 AlignedBuffer BucketSet::acquire(size_t count) {
@@ -162,7 +184,7 @@ void BucketSet::reduce(Bucket& b, const float* send, float* recv, bool scatter,
   if (trace && trace->enabled()) {
     p->t_issue = trace::ChromeTrace::now_us();
     p->what = str(scatter ? "reduce_scatter " : "all_reduce ", group_name(b.g_lo),
-                  b.g_hi != b.g_lo ? ".." + group_name(b.g_hi) : std::string(), " (",
+                  b.g_hi != b.g_lo ? ".." + group_name(b.g_hi) : std::string(), b.expert ? " experts (edp, " : " (",
                   (double)b.count * (opt.grad_dtype == comm::DType::f32 ? 4 : 2) / 1048576.0, " MB)");
   }
   if (!recv) {
@@ -172,15 +194,15 @@ void BucketSet::reduce(Bucket& b, const float* send, float* recv, bool scatter,
   const size_t count = b.count, out = scatter ? b.sc : count;
   std::function<void()> widen;
   if (opt.grad_dtype == comm::DType::f32) {
-    p->req = scatter ? dp->ireduce_scatter(send, recv, count, comm::DType::f32, comm::ReduceOp::sum)
-                     : dp->iall_reduce(send, recv, count, comm::DType::f32, comm::ReduceOp::sum);
+    p->req = scatter ? b.comm->ireduce_scatter(send, recv, count, comm::DType::f32, comm::ReduceOp::sum)
+                     : b.comm->iall_reduce(send, recv, count, comm::DType::f32, comm::ReduceOp::sum);
   } else {
     // bf16 on the wire: round the gradients to bf16, reduce (f32 accumulation inside comm), widen back.
     auto s16 = std::make_shared<std::vector<comm::bf16_t>>(count);
     auto r16 = std::make_shared<std::vector<comm::bf16_t>>(out);
     for (size_t i = 0; i < count; i++) (*s16)[i] = comm::f32_to_bf16(send[i]);
-    p->req = scatter ? dp->ireduce_scatter(s16->data(), r16->data(), count, comm::DType::bf16, comm::ReduceOp::sum)
-                     : dp->iall_reduce(s16->data(), r16->data(), count, comm::DType::bf16, comm::ReduceOp::sum);
+    p->req = scatter ? b.comm->ireduce_scatter(s16->data(), r16->data(), count, comm::DType::bf16, comm::ReduceOp::sum)
+                     : b.comm->iall_reduce(s16->data(), r16->data(), count, comm::DType::bf16, comm::ReduceOp::sum);
     widen = [s16, r16, recv, out] {
       for (size_t i = 0; i < out; i++) recv[i] = comm::bf16_to_f32((*r16)[i]);
     };

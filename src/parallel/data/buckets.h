@@ -6,6 +6,10 @@
 // buffer of about --bucket-mb (or one group each, to bound transient memory); rank r owns the same slice
 // comm::shard_of(count, N, r) of every bucket, packed in bucket order (zero_shards.h).
 //
+// Expert tensors (nn::Param::expert: this rank's experts, held by the dp / ep ranks of its expert-replica
+// group) form buckets of their own, reduced and sharded over that group (N' = dp / ep ranks, rank r'), so a
+// group with experts is two pieces: its other tensors, then its experts, each in its own bucket.
+//
 // Reductions are issued in bucket-readiness order, the same on every rank (the hooks fire in the same order),
 // complete in issue order, and run their completion (bf16 widening, shard accumulation, buffer release)
 // when waited for.
@@ -34,7 +38,11 @@ struct DataParallelOptions {
 struct Bucket {
   int index = 0;                  // in BucketSet::buckets
   int g_lo = 0, g_hi = 0;         // first and last group in flat order (for names)
-  int groups = 0;                 // non-empty groups in the bucket
+  int groups = 0;                 // non-empty groups (pieces of groups) in the bucket
+  bool expert = false;            // expert tensors: reduced over the expert-replica group
+  comm::Communicator* comm = nullptr;  // the group it is reduced and sharded over (null: this rank alone)
+  int n = 1, r = 0;               // that group's size and this rank's place in it
+  bool alone() const { return n == 1; }
   size_t begin = 0, count = 0;    // flat range
   size_t so = 0, sc = 0;          // this rank's shard within the bucket: [begin + so, begin + so + sc)
   size_t pos = 0;                 // where that shard starts in the packed shard buffers
@@ -47,7 +55,9 @@ struct Bucket {
 
 class BucketSet {
  public:
-  BucketSet(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt);
+  // experts: the expert-replica group of the registry's expert tensors (null: one rank holds them).
+  BucketSet(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt,
+            comm::Communicator* experts = nullptr);
   ~BucketSet();  // waits for whatever is still in flight
   // Waits (ignoring errors) for every reduction and gather still in flight; their buffers may then be freed.
   void quiesce();
@@ -62,13 +72,13 @@ class BucketSet {
   // side is the packed shard, the parameter and gradient sides the flat buffer or the packed shard.
   std::vector<optim::Segment> shard_segments(bool params_packed, bool grads_packed) const;
 
-  bool alone() const { return !dp || n == 1; }  // no communication
+  bool alone() const { return !dp || n == 1; }  // no communication over dp
   void bind_data(Bucket& b, float* base);
   void bind_grad(Bucket& b, float* base);
   AlignedBuffer acquire(size_t count);  // zeroed, from the pool when one of that size is free
   void give_back(AlignedBuffer& buf);
 
-  // Starts reducing bucket b's gradients send[b.count] over dp, in the options' dtype: all-reduce into recv
+  // Starts reducing bucket b's gradients send[b.count] over b.comm, in the options' dtype: all-reduce into recv
   // (scatter false) or reduce-scatter of this rank's shard into recv (scatter true; recv null: into a
   // temporary of b.sc floats). then(recv or the temporary) runs once it completed.
   void reduce(Bucket& b, const float* send, float* recv, bool scatter, std::function<void(const float*)> then);
@@ -83,8 +93,11 @@ class BucketSet {
   comm::Communicator* dp;
   DataParallelOptions opt;
   int n = 1, r = 0;
+  comm::Communicator* experts;
+  int en = 1, er = 0;             // the expert-replica group's size and this rank's place in it
+  bool has_experts = false;       // the registry holds expert tensors
   std::vector<Bucket*> buckets;   // in backward order
-  std::vector<int> bucket_of;     // group -> bucket index
+  std::vector<std::vector<int>> group_buckets;  // group -> every bucket holding a piece of it
   trace::ChromeTrace* trace = nullptr;
   bool last_micro = true;
   size_t pooled_bytes = 0;        // everything acquire() ever allocated (live or in the pool)

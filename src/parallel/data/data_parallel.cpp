@@ -7,8 +7,9 @@
 
 namespace mt::parallel {
 
-DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt)
-    : b_(params, dp, opt), stage_(make_zero_stage(opt.zero, b_)) {
+DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt,
+                           comm::Communicator* experts)
+    : b_(params, dp, opt, experts), stage_(make_zero_stage(opt.zero, b_)) {
   stage_->allocate();
   group_t0_.assign(params.num_groups(), 0.0);
 }
@@ -32,12 +33,18 @@ void DataParallel::reduce_all() { stage_->reduce_all(); }
 std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged) {
   const float* g = stage_->grad_base();
   double total = 0, part = 0;
+  // Each element counted once over the dp group: a sharded stage's owned slices tile every tensor over its
+  // bucket's group; replicated gradients with experts present count on rank 0 of their group (dp, or the
+  // expert's replicas), so that the experts, which differ between places of an ep run, add up over dp.
+  const bool sum_dp = !b_.alone() && (stage_->sharded() || b_.has_experts);
+  const auto& all = b_.params.params();
   for (const optim::Segment& sg : stage_->segments()) {
+    if (sum_dp && !stage_->sharded() && (all[sg.tensor].expert ? b_.er : b_.r) != 0) continue;
     double n = optim::global_norm(g + sg.grad, sg.count);
     total += n * n;
     if (!flagged.empty() && flagged[sg.tensor]) part += n * n;
   }
-  if (stage_->sharded() && !b_.alone()) {
+  if (sum_dp) {
     // Owned slices add up over the group (float32 partial sums: ~1e-7 relative on the norm).
     float v[2] = {(float)total, (float)part};
     b_.dp->all_reduce(v, v, 2, comm::DType::f32, comm::ReduceOp::sum);
@@ -84,9 +91,10 @@ void DataParallel::after_backward(int g) {
     b_.poll();
   }
   stage_->after_backward(g);
-  Bucket& b = *b_.buckets[b_.bucket_of[g]];
-  if (--b.pending > 0) return;
-  stage_->bucket_ready(b);
+  for (int i : b_.group_buckets[g]) {
+    Bucket& b = *b_.buckets[i];
+    if (--b.pending == 0) stage_->bucket_ready(b);
+  }
 }
 
 // ---- Consolidation. ----

@@ -28,8 +28,10 @@ namespace mt::parallel {
 class DataParallel : public nn::ParamHooks {
  public:
   // `params` is declared but not finalized; this finalizes it with the stage's allocation. dp may be null
-  // (one rank, no communication).
-  DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt);
+  // (one rank, no communication). experts: the group over which the registry's expert tensors
+  // (nn::Param::expert) are reduced, their replicas within dp (null: this rank holds the only copy).
+  DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, const DataParallelOptions& opt,
+               comm::Communicator* experts = nullptr);
   // Waits for whatever is in flight before the stage's shard buffers go.
   ~DataParallel() override { b_.quiesce(); }
 
@@ -40,6 +42,7 @@ class DataParallel : public nn::ParamHooks {
   int zero() const { return b_.opt.zero; }
   int ranks() const { return b_.n; }
   int rank() const { return b_.r; }
+  comm::Communicator* expert_group() const { return b_.experts; }
 
   // Initializes every parameter: fill(p) writes p's full tensor into p.data; this rank keeps its part.
   void initialize(const std::function<void(nn::Param&)>& fill);
@@ -58,7 +61,8 @@ class DataParallel : public nn::ParamHooks {
   void reduce_all();
   // Global L2 norm of the reduced gradient, each parameter element counted once.
   double grad_norm();
-  // Sum of squares of the reduced gradient over the whole data-parallel group, and the part of it that
+  // Sum of squares of the reduced gradient over the whole data-parallel group (each expert, held by dp / ep
+  // of its ranks, once), and the part of it that
   // falls on the parameters flagged (by registry index; e.g. those replicated across tensor-parallel peers).
   std::pair<double, double> grad_sq(const std::vector<bool>& flagged);
   void scale_grads(float factor);

@@ -28,14 +28,16 @@ void ZeroStage::load_full_params(const float* full) {
   std::memcpy(b_.params.data(), full, sizeof(float) * b_.params.size());
 }
 
-void ZeroStage::load_full_state(const float* full, float* shard_state) {
-  take_shard(b_.ranges(), b_.n, b_.r, full, shard_state);
+void ZeroStage::load_full_state(const float* full, float* shard_state) { take_bucket_shards(full, shard_state); }
+
+void ZeroStage::take_bucket_shards(const float* full, float* shard) {
+  for (const Bucket* b : b_.buckets) std::memcpy(shard + b->pos, full + b->begin + b->so, sizeof(float) * b->sc);
 }
 
 void ZeroStage::gather_shards(const float* shard, float* full) {
   for (Bucket* b : b_.buckets) {
-    if (!b_.alone())
-      b_.dp->all_gather(shard + b->pos, full + b->begin, b->count, comm::DType::f32);
+    if (!b->alone())
+      b->comm->all_gather(shard + b->pos, full + b->begin, b->count, comm::DType::f32);
     else
       std::memcpy(full + b->begin, shard + b->pos, sizeof(float) * b->count);
   }
@@ -43,13 +45,14 @@ void ZeroStage::gather_shards(const float* shard, float* full) {
 
 void ZeroStage::all_gather_params() {
   // Every rank updated its slice of each bucket; gather the slices back into the full parameters.
-  if (b_.alone()) return;
   std::vector<comm::Request> reqs;
   const double t0 = trace::ChromeTrace::now_us();
   for (Bucket* b : b_.buckets) {
+    if (b->alone()) continue;
     float* base = b_.params.data() + b->begin;
-    reqs.push_back(b_.dp->iall_gather(base + b->so, base, b->count, comm::DType::f32));
+    reqs.push_back(b->comm->iall_gather(base + b->so, base, b->count, comm::DType::f32));
   }
+  if (reqs.empty()) return;
   comm::wait_all(reqs);
   if (b_.trace) b_.trace->add(trace::Track::comm, "all_gather parameters", "comm", t0, trace::ChromeTrace::now_us());
 }
@@ -67,11 +70,17 @@ class Stage0 : public ZeroStage {
   }
   size_t state_size() const override { return b_.params.size(); }
   void bucket_ready(Bucket& b) override {
-    if (!b_.last_micro || b_.alone()) return;
+    if (!b_.last_micro || b.alone()) return;
     float* g = b_.params.grad() + b.begin;
     b_.reduce(b, g, g, false, nullptr);
   }
   void reduce_all() override {
+    if (b_.has_experts) {  // two groups: bucket by bucket, each over its own
+      for (Bucket* b : b_.buckets)
+        if (!b->alone()) b_.reduce(*b, b_.params.grad() + b->begin, b_.params.grad() + b->begin, false, nullptr);
+      b_.finish();
+      return;
+    }
     if (b_.alone()) return;
     b_.dp->all_reduce(b_.params.grad(), b_.params.grad(), b_.params.size(), comm::DType::f32, comm::ReduceOp::sum);
   }
@@ -100,14 +109,14 @@ class Stage1 : public ZeroStage {
     segments_ = b_.shard_segments(false, false);
   }
   void bucket_ready(Bucket& b) override {
-    if (!b_.last_micro || b_.alone()) return;
+    if (!b_.last_micro || b.alone()) return;
     // In place: this rank's slice of the full gradient buffer receives the reduced slice.
     float* g = b_.params.grad() + b.begin;
     b_.reduce(b, g, g + b.so, true, nullptr);
   }
   void reduce_all() override {
-    if (b_.alone()) return;
     for (Bucket* b : b_.buckets) {
+      if (b->alone()) continue;
       float* g = b_.params.grad() + b->begin;
       b_.reduce(*b, g, g + b->so, true, nullptr);
     }
@@ -136,22 +145,24 @@ class Stage2 : public ZeroStage {
   // The previous micro-batch's buckets must be reduced and freed before they are rewritten.
   void begin_micro_batch() override { b_.finish(); }
   void before_backward(int g) override {
-    Bucket& b = *b_.buckets[b_.bucket_of[g]];
-    if (b.grad.size() == 0) {
-      b.grad = b_.acquire(b.count);
-      b_.bind_grad(b, b.grad.data());
+    for (int i : b_.group_buckets[g]) {
+      Bucket& b = *b_.buckets[i];
+      if (b.grad.size() == 0) {
+        b.grad = b_.acquire(b.count);
+        b_.bind_grad(b, b.grad.data());
+      }
     }
   }
   void bucket_ready(Bucket& b) override {
     float* acc = gshard_.data() + b.pos;
     Bucket* bp = &b;
-    const size_t n = b_.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
+    const size_t n = b.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
     auto accumulate = [this, bp, acc, n](const float* g) {
       for (size_t i = 0; i < n; i++) acc[i] += g[i];
       b_.bind_grad(*bp, nullptr);
       b_.give_back(bp->grad);
     };
-    if (b_.alone()) {  // one rank: its gradients are the reduced ones
+    if (b.alone()) {  // one rank: its gradients are the reduced ones
       accumulate(b.grad.data());
       return;
     }
@@ -191,25 +202,30 @@ class Stage3 : public Stage2 {
       AlignedBuffer tmp(b->count);
       b_.bind_data(*b, tmp.data());
       for (nn::Param& p : b_.params.params())
-        if (b_.bucket_of[p.group] == b->index) fill(p);
+        if (p.offset >= b->begin && p.offset < b->begin + b->count) fill(p);
       std::memcpy(pshard_.data() + b->pos, tmp.data() + b->so, sizeof(float) * b->sc);
       b_.bind_data(*b, nullptr);
     }
   }
+  // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
-    ensure_gathered(*b_.buckets[b_.bucket_of[g]]);
+    each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Prefetch the next group in forward order while this one computes.
-    if (g + 1 < (int)b_.bucket_of.size() && b_.bucket_of[g + 1] >= 0) start_gather(*b_.buckets[b_.bucket_of[g + 1]]);
+    if (g + 1 < (int)b_.group_buckets.size()) each(g + 1, [&](Bucket& b) { start_gather(b); });
   }
-  void after_forward(int g) override { release(*b_.buckets[b_.bucket_of[g]]); }
+  void after_forward(int g) override {
+    each(g, [&](Bucket& b) { release(b); });
+  }
   void before_backward(int g) override {
-    ensure_gathered(*b_.buckets[b_.bucket_of[g]]);
+    each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
     // it is gathered by then and start_gather skips it).
-    if (g >= 1 && b_.bucket_of[g - 1] >= 0) start_gather(*b_.buckets[b_.bucket_of[g - 1]]);
+    if (g >= 1) each(g - 1, [&](Bucket& b) { start_gather(b); });
     Stage2::before_backward(g);
   }
-  void after_backward(int g) override { release(*b_.buckets[b_.bucket_of[g]]); }
+  void after_backward(int g) override {
+    each(g, [&](Bucket& b) { release(b); });
+  }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
     // A gathered copy or a prefetch in flight would hold the parameters from before this update.
     for (Bucket* b : b_.buckets) {
@@ -226,15 +242,19 @@ class Stage3 : public Stage2 {
     out.resize(b_.params.size());
     gather_shards(pshard_.data(), out.data());
   }
-  void load_full_params(const float* full) override { take_shard(b_.ranges(), b_.n, b_.r, full, pshard_.data()); }
+  void load_full_params(const float* full) override { take_bucket_shards(full, pshard_.data()); }
   size_t param_bytes() const override { return shard_total_ * sizeof(float); }
 
  private:
+  template <class Fn>
+  void each(int g, Fn fn) {
+    for (int i : b_.group_buckets[g]) fn(*b_.buckets[i]);
+  }
   void start_gather(Bucket& b) {
     if (b.gathered || b.gather.valid()) return;
     if (b.data.size() != b.count) b.data = b_.acquire(b.count);
-    if (!b_.alone())
-      b.gather = b_.dp->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
+    if (!b.alone())
+      b.gather = b.comm->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
     else
       std::memcpy(b.data.data(), pshard_.data() + b.pos, sizeof(float) * b.count);
   }

@@ -12,6 +12,9 @@
 //                        (+ 1-2 gathered groups)               gathered before each use, the next group is
 //                                                              prefetched, and they are freed after use
 //
+// Each bucket is reduced and sharded over its own group (buckets.h): dp, or the expert-replica group for
+// this rank's experts.
+//
 // Stages 0 and 1 reduce only after the last micro-batch (gradients accumulate locally first); stages 2 and 3
 // reduce-scatter every micro-batch and accumulate their shard.
 #pragma once
@@ -66,6 +69,7 @@ class ZeroStage {
 
  protected:
   void gather_shards(const float* shard, float* full);  // all-gather of each bucket's shards (copy alone)
+  void take_bucket_shards(const float* full, float* shard);  // this rank's slice of each bucket, packed
   void all_gather_params();                               // stages 1, 2: after the update
   BucketSet& b_;
   std::vector<optim::Segment> segments_;

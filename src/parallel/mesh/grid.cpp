@@ -15,6 +15,7 @@ const char* group_name(MeshGroup g) {
     case MeshGroup::tie: return "tie";
     case MeshGroup::side: return "ps";
     case MeshGroup::ep: return "ep";
+    case MeshGroup::edp: return "edp";
   }
   return "?";
 }
@@ -52,6 +53,7 @@ bool MeshGrid::builds(MeshGroup g) const {
     case MeshGroup::tie: return pp_ > 1;
     case MeshGroup::side: return servers_ > 0;
     case MeshGroup::ep: return ep_ > 1;
+    case MeshGroup::edp: return ep_ > 1 && dp_ / ep_ > 1;
   }
   return false;
 }
@@ -68,6 +70,7 @@ GroupKey MeshGrid::key(MeshGroup g, int r) const {
     case MeshGroup::tie:
       return {c.pp == 0 || c.pp == pp_ - 1 ? c.dp * tp_ + c.tp : -1, c.pp};
     case MeshGroup::ep: return {(c.pp * tp_ + c.tp) * (dp_ / ep_) + c.dp / ep_, c.dp % ep_};
+    case MeshGroup::edp: return {(c.pp * tp_ + c.tp) * ep_ + c.dp % ep_, c.dp / ep_};
     case MeshGroup::side: break;
   }
   return {};

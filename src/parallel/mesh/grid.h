@@ -16,9 +16,11 @@
 //   tie           (d, t, 0) and (d, t, pp-1), pp > 1     j                   tied embedding's gradient
 //   side          workers or servers                     world rank          parameter-server split
 //   ep            (d', t, j) with d' / ep = d / ep       d % ep              MoE token dispatch/combine
+//   edp           (d', t, j) with d' % ep = d % ep       d / ep              expert gradients (replicas)
 //
 // The expert dimension subdivides dp: each data-parallel group is cut into dp / ep runs of ep consecutive
-// ranks; a run holds every expert once (parallel/expert).
+// ranks; a run holds every expert once (parallel/expert). The ranks at the same place of every run hold the
+// same experts: their edp group (dp / ep ranks) is where those experts' gradients are reduced.
 #pragma once
 
 #include <string>
@@ -26,8 +28,8 @@
 
 namespace mt::parallel {
 
-enum class MeshGroup { tp, dp, pp, replica, tie, side, ep };
-constexpr int kMeshGroups = 7;
+enum class MeshGroup { tp, dp, pp, replica, tie, side, ep, edp };
+constexpr int kMeshGroups = 8;
 const char* group_name(MeshGroup g);
 
 struct MeshCoord {
@@ -60,7 +62,8 @@ class MeshGrid {
   int world_rank(const MeshCoord& c) const;  // c must be a worker's coordinate
 
   // Whether this layout builds the group at all (a group of one rank everywhere is not built; tp, dp, pp
-  // and replica groups exist when their dimension (or tp * pp for dp/replica) exceeds 1; side with servers).
+  // and replica groups exist when their dimension (or tp * pp for dp/replica) exceeds 1; side with servers;
+  // ep with ep > 1; edp with ep > 1 and dp / ep > 1).
   bool builds(MeshGroup g) const;
   GroupKey key(MeshGroup g, int world_rank) const;
   // World ranks of world_rank's group g in group-rank order (empty: not a member). O(W).

@@ -13,7 +13,7 @@ Mesh::Mesh(comm::Communicator* world, const MeshGrid& grid)
             world ? world->size() : 1);
   // Fixed order on every rank: splits are collectives over the world.
   for (MeshGroup g : {MeshGroup::side, MeshGroup::tp, MeshGroup::dp, MeshGroup::replica, MeshGroup::pp,
-                      MeshGroup::tie, MeshGroup::ep}) {
+                      MeshGroup::tie, MeshGroup::ep, MeshGroup::edp}) {
     if (!grid_.builds(g)) continue;
     const GroupKey k = grid_.key(g, rank_);
     const std::string name = g == MeshGroup::side ? (coord_.server ? "ps.servers" : "ps.workers") : group_name(g);

@@ -32,6 +32,7 @@ class Mesh {
   comm::Communicator* pp() const { return group(MeshGroup::pp); }
   comm::Communicator* replica() const { return group(MeshGroup::replica); }
   comm::Communicator* ep() const { return group(MeshGroup::ep); }
+  comm::Communicator* edp() const { return group(MeshGroup::edp); }
 
   // Sums a few doubles over group g (as float32, what comm reduces); no-op without the group.
   void sum(MeshGroup g, double* v, int n) const;
