@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "comm/shm/job.h"
 #include "tests/comm/comm_checks.h"
@@ -44,10 +45,11 @@ TEST_P(ShmWorld, PointToPoint) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorld, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
 
-// Above kStreamMinBytes the copy-out uses streaming stores: check that path too (8.8 MB, 2 ranks).
+// Above kStreamMinBytes the copy-out uses streaming stores: check that path too (17.6 MB, 2 ranks).
 TEST(ShmLarge, StreamingCopyOut) {
+  static_assert(4'400'003 * 4 > kStreamMinBytes);
   expect_ok(run_ranks(shm_opts(2), [](Communicator& w) {
-    const size_t n = 2'200'003;
+    const size_t n = 4'400'003;
     check_all_reduce(w, n, DType::f32, ReduceOp::sum, false);
     check_all_gather(w, n, DType::f32, false);
     w.set_algorithm(Algo::rs_ag);
