@@ -2,10 +2,12 @@
 // small machines), sizes 0, 1, a prime and a few MB, both dtypes; sub-groups running at the same time;
 // non-blocking operations; counters.
 #include <gtest/gtest.h>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <thread>
 
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "comm/shm/job.h"
 #include "tests/comm/comm_checks.h"
@@ -43,14 +45,45 @@ TEST_P(ShmWorld, PointToPoint) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorld, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
 
-// Above kStreamMinBytes the copy-out uses streaming stores: check that path too (8.8 MB, 2 ranks).
+// Above kStreamMinBytes the copy-out uses streaming stores: check that path too (17.6 MB, 2 ranks).
 TEST(ShmLarge, StreamingCopyOut) {
+  static_assert(4'400'003 * 4 > kStreamMinBytes);
   expect_ok(run_ranks(shm_opts(2), [](Communicator& w) {
-    const size_t n = 2'200'003;
+    const size_t n = 4'400'003;
     check_all_reduce(w, n, DType::f32, ReduceOp::sum, false);
     check_all_gather(w, n, DType::f32, false);
     w.set_algorithm(Algo::rs_ag);
     check_reduce(w, n, DType::f32, ReduceOp::sum, 1);
+  }));
+}
+
+// With MESHTRAIN_SHM_CMA=0 broadcasts of 64 KB and more take the staged pipeline instead of the single-copy
+// path (which the tests above take): check it against the reference too.
+TEST(ShmLarge, StagedBroadcastWithoutCma) {
+  setenv("MESHTRAIN_SHM_CMA", "0", 1);
+  LaunchResult res = run_ranks(shm_opts(3), [](Communicator& w) {
+    for (size_t s : {size_t{20'000}, size_t{600'003}}) {
+      for (int root = 0; root < w.size(); ++root) check_broadcast(w, s, DType::f32, root);
+      check_broadcast(w, s, DType::bf16, 1);
+    }
+  });
+  unsetenv("MESHTRAIN_SHM_CMA");
+  expect_ok(res);
+}
+
+// Many one-chunk collectives in a row: the writers' slot offsets rotate and wrap (claim_slot), with shards
+// and all_to_all_v blocks of different sizes on different ranks; every result against the reference.
+TEST(ShmSlots, RotatingOffsetsStayConsistent) {
+  expect_ok(run_ranks(shm_opts(3), [](Communicator& w) {
+    for (int rep = 0; rep < 40; ++rep) {
+      const size_t s = 1000 + size_t(rep) * 1777;  // 4..290 KB of f32
+      check_all_gather(w, s, DType::f32, rep % 2 == 0);
+      check_reduce_scatter(w, s, DType::f32, ReduceOp::sum, false);
+      check_all_reduce(w, s, DType::f32, ReduceOp::sum, false);
+      check_all_to_all(w, s / 3 + 1, DType::f32, false);
+      check_all_to_all_v(w, s / 9 + 1, DType::f32);
+      check_broadcast(w, s / 4, DType::bf16, rep % 3);
+    }
   }));
 }
 

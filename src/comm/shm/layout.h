@@ -34,6 +34,10 @@ struct alignas(64) RankCtrl {
   OpDesc desc[2];   // by seq parity: a peer can be at most one collective ahead
   int32_t world_rank;
   int32_t pid;
+  uint64_t slot_off[kNumBuf];     // where in its slot b this rank's data of the current use starts
+  uint64_t slot_stride[kNumBuf];  // all_to_all_v: this rank's piece stride in slot b
+  uint64_t cma_addr;   // single-copy broadcast: the root's buffer, in the root's address space
+  int32_t cma_failed;  // single-copy broadcast: this rank's process_vm_readv failed (1) or not (0)
 };
 
 struct ChannelCtrl {

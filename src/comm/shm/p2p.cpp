@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/copy.h"
 #include "comm/deadline.h"
 #include "core/error.h"
 
@@ -19,13 +20,13 @@ static_assert(sizeof(WireHeader) == 16);
 
 void ring_write(char* ring, size_t cap, uint64_t pos, const void* src, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
-  std::memcpy(ring + at, src, first);
-  if (len > first) std::memcpy(ring, static_cast<const char*>(src) + first, len - first);
+  copy_bytes(ring + at, src, first, false);
+  if (len > first) copy_bytes(ring, static_cast<const char*>(src) + first, len - first, false);
 }
 void ring_read(const char* ring, size_t cap, uint64_t pos, void* dst, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
-  std::memcpy(dst, ring + at, first);
-  if (len > first) std::memcpy(static_cast<char*>(dst) + first, ring, len - first);
+  copy_bytes(dst, ring + at, first, false);
+  if (len > first) copy_bytes(static_cast<char*>(dst) + first, ring, len - first, false);
 }
 }  // namespace
 

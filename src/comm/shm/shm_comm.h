@@ -16,7 +16,7 @@
 //   all_gather                    1 step per chunk of B of my shard: copy my shard in (S/n), arrive, copy it
 //                                 send -> recv while the peers arrive (skipped in place), then copy the n-1
 //                                 other shards out. steps ceil(S/(nB)); copies S + S/n (in place: S).
-//   broadcast                     1 step per chunk: root copies in, the others copy out; the two slots
+//   broadcast (staged, see below)  1 step per chunk: root copies in, the others copy out; the two slots
 //                                 pipeline it, so the time is about one copy of S + C plus the steps.
 //                                 Chunks C ~ sqrt(S * 16 KB) in [16 KB, B] (see broadcast_chunk_elems);
 //                                 messages up to 32 KB in one step. copies: S on every rank.
@@ -30,12 +30,17 @@
 //                                 line per peer exchange it in a step of its own first).
 // Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above.
 //
-// Why staging and not a direct read of the peer's buffer (process_vm_readv, "CMA", which OpenMPI's vader
-// uses for messages above 4 KB): a CMA read pins the peer's pages and copies in the kernel, once per call. On
-// the AMD EPYC KVM host of this work, 1 thread, it moved 4-6 GB/s from 64 KB to 4 MB and 1.3-2.3 GB/s from
-// 16 MB up, against 17-24 GB/s and 3.8-6.9 GB/s for memcpy of the same sizes (4 KB: 4.2 us against 0.1 us), so
-// the staged copy-in/copy-out (1.5 copies at memcpy speed, both ranks copying at once) is faster there.
-// On a host where CMA runs near memcpy speed, a CMA all_gather would copy S instead of S + S/n.
+// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for broadcasts
+// of kCmaBroadcastMinBytes and more: the others read the head of the root's buffer while the root writes the
+// tail into theirs (broadcast_cma). A CMA copy pins the remote pages and copies in the kernel: on the AMD EPYC
+// KVM host of this work, 1 thread, 11-13 GB/s from 64 KB to 8 MB and 6.8 GB/s at 32 MB, against 40-55 and
+// 13 GB/s for memcpy. That beats the staged broadcast (~9 GB/s: its copy-out reads lines the root has just
+// written), but not the symmetric collectives, where every rank copies in and out at once through slots that
+// stay in cache (all_gather 1-4 MB: ~30 GB/s algbw staged). Where the kernel refuses CMA (ptrace rules,
+// seccomp) every rank falls back to staging after the first failed broadcast; MESHTRAIN_SHM_CMA=0 turns it off.
+//
+// Slot offsets rotate (claim_slot): one-chunk uses of a slot start where the last use ended, so a writer does
+// not overwrite lines that a peer has just read (and still holds in its L2).
 #pragma once
 
 #include <memory>
@@ -50,6 +55,8 @@
 namespace mt::comm::shm {
 
 constexpr size_t kDirectMaxBytes = 32 * 1024;
+// Broadcasts of at least this many bytes use the single-copy (CMA) path when the kernel allows it.
+constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -86,6 +93,13 @@ class ShmCommunicator : public Communicator {
   void wait_step(Ctx& c, int peer, uint32_t step);
   int acquire_buf(Ctx& c);
   void release_buf(int b);
+  // The writer's side of slot b for a use of `footprint` bytes: uses that fill at most half the slot start
+  // where the previous use of b ended (wrapping), and the offset is published in RankCtrl::slot_off for
+  // readers. Why: a line a peer has just read sits in that peer's L2, and overwriting it costs a
+  // cross-core invalidation per line; measured on this work's EPYC host, all_gather 128 KB went from 10.1 to
+  // 5.7 us with the rotation. peer_slot(p, b) is where rank p's data is (p may be this rank).
+  char* claim_slot(int b, size_t footprint);
+  char* peer_slot(int p, int b) const { return L_.slot(p, b) + L_.ctrl(p).slot_off[b]; }
   void check_descriptors(Ctx& c);
   [[noreturn]] void fail_wait(const std::string& what, int peer, const std::string& reason);
   // Throws CommError when the wait on `peer` must end: a recorded failure, the deadline, or the peer has
@@ -99,6 +113,9 @@ class ShmCommunicator : public Communicator {
   void reduce_scatter(Ctx& c);
   void all_gather(Ctx& c);
   void broadcast(Ctx& c);
+  // Single copy: peers read the root's buffer with process_vm_readv. Returns false (on every rank alike)
+  // when some rank could not, and the staged broadcast must run instead.
+  bool broadcast_cma(Ctx& c);
   void all_to_all(Ctx& c);
   void all_to_all_v(Ctx& c);
   void barrier(Ctx& c);
@@ -112,6 +129,8 @@ class ShmCommunicator : public Communicator {
   uint32_t step_ = 0;
   int next_buf_ = 0;
   uint32_t release_[kNumBuf] = {};
+  size_t cursor_[kNumBuf] = {};
+  bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
   std::unique_ptr<P2P> p2p_;
 };
 
