@@ -252,8 +252,10 @@ def main() -> None:
         print(f"  MLP loss first/last 10 steps: serial {s_head:.3f} -> {s_tail:.3f}, hogwild W=2 {head:.3f} -> "
               f"{tail:.3f}; val accuracy serial {serial[-1].get('val_accuracy')}, W=2 {hw2[-1].get('val_accuracy')}")
         checks.check(s_head - s_tail > 0.5, f"test setup: the serial MLP does not train ({s_head:.3f} -> {s_tail:.3f})")
-        checks.check(head - tail >= 0.5 * (s_head - s_tail), f"hogwild W=2: loss {head:.3f} -> {tail:.3f} falls less "
-                     f"than half as much as the serial run's {s_head:.3f} -> {s_tail:.3f}")
+        # Measured from the common start (same init, so the serial run's first steps): W=2's own first rows are
+        # taken after however many updates the other worker made meanwhile, which depends on scheduling.
+        checks.check(s_head - tail >= 0.5 * (s_head - s_tail), f"hogwild W=2: loss falls to {tail:.3f} (its first "
+                     f"rows {head:.3f}), less than half as far as the serial run's {s_head:.3f} -> {s_tail:.3f}")
         acc = hw2[-1].get("val_accuracy", 0)
         checks.check(acc >= 0.5, f"hogwild W=2: validation accuracy {acc} (chance is 0.1; serial "
                      f"{serial[-1].get('val_accuracy')})")
