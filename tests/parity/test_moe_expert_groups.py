@@ -42,24 +42,14 @@ import gpt_reference as ref  # noqa: E402
 import moe_reference as mr  # noqa: E402
 from dp_common import failure_text, remove_stale, run_group  # noqa: E402
 from parity_harness import Checks, parse_args, read_metrics, rel_diff  # noqa: E402
-from test_gpt_parity import INIT_STD, markov_tokens  # noqa: E402
+import test_moe_layouts as layouts  # noqa: E402
+from test_moe_layouts import B, CFG, E, G, HX, SEED_RUN, T  # noqa: E402  (the model, data and init are shared)
 
-CFG = ref.GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
-B, T, G, E, HX = 8, 16, 2, 4, 32
-STD = {**INIT_STD, "router.weight": 0.5}
-SEED_INIT, SEED_DATA, SEED_RUN, N_TOKENS = 1, 2, 1234, 3001
 CLIP = 0.5
 
 
-class Runner:
-    def __init__(self, args, checks: Checks):
-        self.args, self.checks, self.wd = args, checks, args.workdir
-        self.moe = mr.MoEConfig(moe_every=2, experts=E, moe_top_k=2, expert_hidden=HX)
-        self.data = os.path.join(self.wd, "data.bin")
-        ref.write_shard(self.data, markov_tokens(N_TOKENS, CFG.vocab_size, SEED_DATA))
-        self.init = os.path.join(self.wd, "init.safetensors")
-        ref.write_safetensors(self.init, mr.moe_random_init(CFG, self.moe, SEED_INIT, std_by_suffix=STD),
-                              mr.moe_metadata(CFG, self.moe))
+class Runner(layouts.Runner):
+    """The layout test's set-up (same model, data and init); its own run(), which also reads the summary."""
 
     def run(self, tag, flags, steps, first=0, save=True, upto=None):
         """Runs; returns (metrics of steps first..(upto or steps)-1, summary dict, --save path) or Nones."""

@@ -41,6 +41,25 @@ std::vector<Expect> enumerate_ranks(int dp, int tp, int pp) {
   return ranks;
 }
 
+// Calls fn(grid, ranks, world, dp, tp, pp, ep) for every dp x tp x pp layout of 1-16 ranks and every ep dividing
+// dp; returns how many layouts it visited.
+template <class Fn>
+int for_each_ep_layout(Fn fn) {
+  int layouts = 0;
+  for (int world = 1; world <= 16; world++)
+    for (int tp = 1; tp <= world; tp++)
+      for (int pp = 1; pp <= world; pp++) {
+        if (world % (tp * pp)) continue;
+        const int dp = world / (tp * pp);
+        for (int ep = 1; ep <= dp; ep++) {
+          if (dp % ep) continue;
+          fn(MeshGrid(world, 0, tp, pp, 0, ep), enumerate_ranks(dp, tp, pp), world, dp, tp, pp, ep);
+          layouts++;
+        }
+      }
+  return layouts;
+}
+
 // Brute force: ranks of the same group as `me`, sorted by the in-group order.
 std::vector<int> brute_members(const std::vector<Expect>& r, MeshGroup g, int me, int pp) {
   std::vector<std::pair<int, int>> keyed;
@@ -178,27 +197,19 @@ TEST(MeshGrid, ExpertGroupsCutEachDataParallelGroupIntoRunsOfEp) {
   // For every layout of 1-16 ranks and every ep dividing dp: the ep group of rank (d, t, j) is the ranks
   // (d', t, j) with d' / ep = d / ep, ordered by d', and the rank's place in it is d % ep.
   int checked = 0;
-  for (int world = 1; world <= 16; world++)
-    for (int tp = 1; tp <= world; tp++)
-      for (int pp = 1; pp <= world; pp++) {
-        if (world % (tp * pp)) continue;
-        const int dp = world / (tp * pp);
-        for (int ep = 1; ep <= dp; ep++) {
-          if (dp % ep) continue;
-          const MeshGrid g(world, 0, tp, pp, 0, ep);
-          EXPECT_EQ(g.builds(MeshGroup::ep), ep > 1);
-          const std::vector<Expect> ranks = enumerate_ranks(dp, tp, pp);
-          for (int r = 0; r < world; r++) {
-            std::vector<int> want;
-            for (int q = 0; q < world; q++)
-              if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d / ep == ranks[r].d / ep)
-                want.push_back(q);  // ascending q is ascending d' within fixed (t, j)
-            ASSERT_EQ(g.members(MeshGroup::ep, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
-            EXPECT_EQ(want[ranks[r].d % ep], r);
-            checked++;
-          }
-        }
-      }
+  for_each_ep_layout([&](const MeshGrid& g, const std::vector<Expect>& ranks, int world, int dp, int tp, int pp,
+                         int ep) {
+    EXPECT_EQ(g.builds(MeshGroup::ep), ep > 1);
+    for (int r = 0; r < world; r++) {
+      std::vector<int> want;
+      for (int q = 0; q < world; q++)
+        if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d / ep == ranks[r].d / ep)
+          want.push_back(q);  // ascending q is ascending d' within fixed (t, j)
+      ASSERT_EQ(g.members(MeshGroup::ep, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
+      EXPECT_EQ(want[ranks[r].d % ep], r);
+      checked++;
+    }
+  });
   EXPECT_GT(checked, 200);
   EXPECT_NE(message([] { MeshGrid(6, 0, 1, 1, 0, 4); }).find("--ep 4 does not divide the data-parallel degree 6"),
             std::string::npos);
@@ -210,32 +221,24 @@ TEST(MeshGrid, ExpertReplicaGroupsJoinTheSamePlaceOfEveryEpRun) {
   // ordered by d', the rank's place d / ep; built only when it has more than one rank. Its members and the
   // ep group's meet only in the rank itself, and together they tile the dp group.
   int checked = 0;
-  for (int world = 1; world <= 16; world++)
-    for (int tp = 1; tp <= world; tp++)
-      for (int pp = 1; pp <= world; pp++) {
-        if (world % (tp * pp)) continue;
-        const int dp = world / (tp * pp);
-        for (int ep = 1; ep <= dp; ep++) {
-          if (dp % ep) continue;
-          const MeshGrid g(world, 0, tp, pp, 0, ep);
-          EXPECT_EQ(g.builds(MeshGroup::edp), ep > 1 && dp > ep) << dp << " " << ep;
-          const std::vector<Expect> ranks = enumerate_ranks(dp, tp, pp);
-          for (int r = 0; r < world; r++) {
-            std::vector<int> want;
-            for (int q = 0; q < world; q++)
-              if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d % ep == ranks[r].d % ep)
-                want.push_back(q);
-            ASSERT_EQ(g.members(MeshGroup::edp, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
-            EXPECT_EQ((int)want.size(), dp / ep);
-            EXPECT_EQ(want[ranks[r].d / ep], r);
-            const std::vector<int> run = g.members(MeshGroup::ep, r);
-            int common = 0;
-            for (int q : run) common += (int)std::count(want.begin(), want.end(), q);
-            EXPECT_EQ(common, 1);
-            checked++;
-          }
-        }
-      }
+  for_each_ep_layout([&](const MeshGrid& g, const std::vector<Expect>& ranks, int world, int dp, int tp, int pp,
+                         int ep) {
+    EXPECT_EQ(g.builds(MeshGroup::edp), ep > 1 && dp > ep) << dp << " " << ep;
+    for (int r = 0; r < world; r++) {
+      std::vector<int> want;
+      for (int q = 0; q < world; q++)
+        if (ranks[q].t == ranks[r].t && ranks[q].j == ranks[r].j && ranks[q].d % ep == ranks[r].d % ep)
+          want.push_back(q);
+      ASSERT_EQ(g.members(MeshGroup::edp, r), want) << dp << "x" << tp << "x" << pp << " ep " << ep << " rank " << r;
+      EXPECT_EQ((int)want.size(), dp / ep);
+      EXPECT_EQ(want[ranks[r].d / ep], r);
+      const std::vector<int> run = g.members(MeshGroup::ep, r);
+      int common = 0;
+      for (int q : run) common += (int)std::count(want.begin(), want.end(), q);
+      EXPECT_EQ(common, 1);
+      checked++;
+    }
+  });
   EXPECT_GT(checked, 200);
   EXPECT_STREQ(mt::parallel::group_name(MeshGroup::edp), "edp");
 }
