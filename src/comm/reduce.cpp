@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/copy.h"
 #include "core/error.h"
 
 namespace mt::comm {
@@ -38,27 +39,28 @@ inline void combine(float* __restrict acc, const void* src, size_t k, DType t, R
   }
 }
 
-inline void store(void* dst, float* __restrict acc, size_t k, DType t, ReduceOp op, int divisor) {
+inline void store(void* dst, float* __restrict acc, size_t k, DType t, ReduceOp op, int divisor, bool stream) {
   if (op == ReduceOp::avg) {
     const float d = static_cast<float>(divisor);
     for (size_t i = 0; i < k; ++i) acc[i] = acc[i] / d;
   }
   if (t == DType::f32) {
-    std::memcpy(dst, acc, k * 4);
+    copy_bytes(dst, acc, k * 4, stream);
   } else {
-    bf16_t* __restrict o = static_cast<bf16_t*>(dst);
+    alignas(64) bf16_t o[kBlock];
     for (size_t i = 0; i < k; ++i) o[i] = f32_to_bf16(acc[i]);
+    copy_bytes(dst, o, k * sizeof(bf16_t), stream);
   }
 }
 
 }  // namespace
 
 void reduce_into(void* dst, const void* const* srcs, int nsrc, size_t count, DType dtype, ReduceOp op,
-                 int divisor) {
+                 int divisor, bool stream) {
   MT_ASSERT(nsrc >= 1, "nsrc=", nsrc);
   const size_t es = dtype_size(dtype);
   // Two f32 sources and no division: one fused pass, no accumulator round trip (the hot 2-rank case).
-  if (dtype == DType::f32 && nsrc == 2 && op == ReduceOp::sum) {
+  if (dtype == DType::f32 && nsrc == 2 && op == ReduceOp::sum && !stream) {
     const float* a = static_cast<const float*>(srcs[0]);
     const float* b = static_cast<const float*>(srcs[1]);
     float* o = static_cast<float*>(dst);
@@ -70,7 +72,7 @@ void reduce_into(void* dst, const void* const* srcs, int nsrc, size_t count, DTy
     const size_t k = std::min(kBlock, count - off);
     load(acc, static_cast<const char*>(srcs[0]) + off * es, k, dtype);
     for (int s = 1; s < nsrc; ++s) combine(acc, static_cast<const char*>(srcs[s]) + off * es, k, dtype, op);
-    store(static_cast<char*>(dst) + off * es, acc, k, dtype, op, divisor);
+    store(static_cast<char*>(dst) + off * es, acc, k, dtype, op, divisor, stream);
   }
 }
 

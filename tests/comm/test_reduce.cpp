@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/reduce.h"
 
 namespace mt::comm {
@@ -51,6 +52,14 @@ TEST(ReduceInto, MatchesReferenceBitForBit) {
         ptrs[0] = first.data();
         reduce_into(first.data(), ptrs.data(), nsrc, n, t, op, nsrc);
         EXPECT_EQ(first, ref) << "in place " << dtype_name(t) << " " << reduce_op_name(op);
+        // Streaming stores (the shm slot path), into a destination at an odd offset so the vector loop's
+        // unaligned head and tail are both taken.
+        ptrs[0] = in[0].data();
+        std::vector<char> streamed(n * e + 3 * e);
+        reduce_into(streamed.data() + 3 * e, ptrs.data(), nsrc, n, t, op, nsrc, /*stream=*/true);
+        stream_fence();
+        EXPECT_EQ(std::vector<char>(streamed.begin() + 3 * e, streamed.end()), ref)
+            << "streamed " << dtype_name(t) << " " << reduce_op_name(op) << " nsrc=" << nsrc;
       }
     }
   }

@@ -20,8 +20,8 @@ static_assert(sizeof(WireHeader) == 16);
 
 void ring_write(char* ring, size_t cap, uint64_t pos, const void* src, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
-  copy_bytes(ring + at, src, first, false);
-  if (len > first) copy_bytes(ring, static_cast<const char*>(src) + first, len - first, false);
+  copy_in(ring + at, src, first);
+  if (len > first) copy_in(ring, static_cast<const char*>(src) + first, len - first);
 }
 void ring_read(const char* ring, size_t cap, uint64_t pos, void* dst, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
@@ -172,6 +172,7 @@ void P2P::progress_send(int peer) {
     if (k) ring_write(ring, cap, head, op.buf + op.done, k);
     head += k;
     op.done += k;
+    stream_fence();  // ring_write streams (copy_in); order it before the head the reader acquires
     ch.head.store(head, std::memory_order_release);
     wrote = true;
     if (op.done < op.bytes) break;

@@ -242,7 +242,7 @@ void ShmCommunicator::all_reduce_direct(Ctx& c) {
     const size_t off = t * C, k = clamp_len(a.count, off, C);
     int b = acquire_buf(c);
     char* mine = claim_slot(b, k * c.e);
-    if (k) copy_bytes(mine, static_cast<const char*>(a.send) + off * c.e, k * c.e, false);
+    if (k) copy_in(mine, static_cast<const char*>(a.send) + off * c.e, k * c.e);
     sync(c);
     if (writes && k) {
       for (int p = 0; p < n; ++p) srcs[p] = peer_slot(p, b);
@@ -272,7 +272,7 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_in(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
     }
     sync(c);
     Shard s = shard_of(a.count, n, r);
@@ -280,7 +280,7 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = peer_slot(p, b) + r * pb;
       srcs[r] = send + (s.offset + t * pc) * c.e;
-      reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n);
+      reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n, /*stream=*/true);
     }
     sync(c);
     if (all || r == a.root) {
@@ -310,7 +310,7 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
     for (int q = 0; q < n; ++q) {
       Shard s = shard_of(a.count, n, q);
       size_t k = clamp_len(s.count, t * pc, pc);
-      if (k && q != r) copy_bytes(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_in(mine + q * pb, send + (s.offset + t * pc) * c.e, k * c.e);
     }
     sync(c);
     size_t k = clamp_len(mine_s.count, t * pc, pc);
@@ -337,7 +337,7 @@ void ShmCommunicator::all_gather(Ctx& c) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
     char* mine = claim_slot(b, k * c.e);
-    if (k) copy_bytes(mine, send + t * C * c.e, k * c.e, false);
+    if (k) copy_in(mine, send + t * C * c.e, k * c.e);
     arrive();
     // My own shard goes straight from send to recv while the peers are still writing their slots.
     if (k && !in_place) copy_bytes(recv + (own.offset + t * C) * c.e, send + t * C * c.e, k * c.e, stream);
@@ -428,7 +428,7 @@ void ShmCommunicator::broadcast(Ctx& c) {
     size_t k = clamp_len(a.count, t * C, C);
     if (r == a.root) {
       char* mine = claim_slot(b, k * c.e);
-      if (k) copy_bytes(mine, buf + t * C * c.e, k * c.e, false);
+      if (k) copy_in(mine, buf + t * C * c.e, k * c.e);
     }
     sync(c);
     if (r != a.root && k) copy_bytes(buf + t * C * c.e, peer_slot(a.root, b), k * c.e, stream);
@@ -456,7 +456,7 @@ void ShmCommunicator::all_to_all(Ctx& c) {
     size_t k = clamp_len(K, t * pc, pc);
     char* mine = claim_slot(b, size_t(std::max(n - 1, 1)) * pb);
     for (int q = 0; q < n && k; ++q) {
-      if (q != r) copy_bytes(mine + piece_index(r, q) * pb, send + (q * K + t * pc) * c.e, k * c.e, false);
+      if (q != r) copy_in(mine + piece_index(r, q) * pb, send + (q * K + t * pc) * c.e, k * c.e);
     }
     arrive();
     // My own block goes straight from send to recv (in place it is already there) while peers catch up.
@@ -552,7 +552,7 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     if (inline_counts && t == 0) std::memcpy(row_at(r, b), row.data(), row_bytes);
     for (int q = 0; q < n; ++q) {
       size_t k = clamp_len(a.send_counts[q], t * pc, pc);
-      if (k && q != r) copy_bytes(mine + head + piece_index(r, q) * pb, send + (soff[q] + t * pc) * c.e, k * c.e, false);
+      if (k && q != r) copy_in(mine + head + piece_index(r, q) * pb, send + (soff[q] + t * pc) * c.e, k * c.e);
     }
     arrive();
     if (inline_counts && t == 0) copy_own();
@@ -578,7 +578,7 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
 void ShmCommunicator::exchange(Ctx& c, const void* mine, size_t bytes, void* all) {
   MT_ASSERT(bytes <= L_.slot_bytes, "exchange of ", bytes, " bytes exceeds a slot");
   int b = acquire_buf(c);
-  std::memcpy(L_.slot(rank(), b), mine, bytes);
+  copy_in(L_.slot(rank(), b), mine, bytes);
   sync(c);
   for (int p = 0; p < size(); ++p) std::memcpy(static_cast<char*>(all) + p * bytes, L_.slot(p, b), bytes);
   release_buf(b);

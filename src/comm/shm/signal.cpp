@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "comm/copy.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define MT_CPU_RELAX() _mm_pause()
@@ -43,12 +45,16 @@ SpinPolicy spin_policy_for(int ranks_on_host) {
   return {300, 2000};
 }
 
+// Publishing fences first: data written with streaming stores (comm/copy.h copy_in) is not ordered
+// before the counter by the seq_cst store alone.
 void signal_store(Signal& s, uint32_t v) {
+  stream_fence();
   s.value.store(v, std::memory_order_seq_cst);
   if (s.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.value);
 }
 
 void signal_bump(Signal& s) {
+  stream_fence();
   s.value.fetch_add(1, std::memory_order_seq_cst);
   if (s.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.value);
 }
