@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/launch.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "nn/params.h"
 #include "parallel/compress/codec.h"
 #include "parallel/compress/exchange.h"
 #include "tensor/blas.h"
+#include "shm_ranks.h"
 
 namespace {
 
@@ -59,13 +59,7 @@ void run_on(int nranks, const std::string& what, const std::function<void(mt::co
     }
     return;
   }
-  mt::comm::LaunchOptions lo;
-  lo.nproc = nranks;
-  lo.backend = "shm";
-  lo.timeout_s = 60;
-  auto res = mt::comm::run_ranks(lo, [&](mt::comm::Communicator& world) {
-    // One thread: an OpenMP pool of the parent does not survive the fork.
-    mt::set_num_threads(1);
+  auto res = mt::test::run_shm_ranks(nranks, [&](mt::comm::Communicator& world) {
     body(&world);
   });
   EXPECT_EQ(res.exit_code, 0) << what << " (" << nranks << " ranks): rank " << res.failed_rank << ": " << res.failure;

@@ -7,13 +7,13 @@
 #include <cmath>
 #include <vector>
 
-#include "comm/launch.h"
 #include "core/error.h"
 #include "model/gpt.h"
 #include "nn/activation_store.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
+#include "shm_ranks.h"
 
 namespace {
 
@@ -57,14 +57,7 @@ Reference serial() {
 }
 
 void run_layout(int nranks, int zero, bool micro_batched, const Reference& ref) {
-  mt::comm::LaunchOptions lo;
-  lo.nproc = nranks;
-  lo.backend = "shm";
-  lo.timeout_s = 60;
-  auto res = mt::comm::run_ranks(lo, [&](mt::comm::Communicator& world) {
-    // One thread: the parent's OpenMP pool (used by serial()) does not survive the fork, and libgomp would
-    // wait for it forever in a multi-threaded region.
-    mt::set_num_threads(1);
+  auto res = mt::test::run_shm_ranks(nranks, [&](mt::comm::Communicator& world) {
     mt::nn::ParamRegistry params;
     mt::model::Gpt gpt(kCfg, params);
     mt::parallel::DataParallel dp(params, &world, {zero, 0.004 /* MB: several buckets */, mt::comm::DType::f32});

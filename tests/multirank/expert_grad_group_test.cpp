@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/launch.h"
 #include "core/error.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
+#include "shm_ranks.h"
 
 namespace {
 
@@ -37,12 +37,7 @@ const std::vector<Layout> kTensors = {
     {"h.0.experts.w", 1, 10, true}, {"h.0.experts.b", 1, 3, true}, {"ln_f", 2, 4, false}};
 
 void run(int zero) {
-  mt::comm::LaunchOptions lo;
-  lo.nproc = kRanks;
-  lo.backend = "shm";
-  lo.timeout_s = 60;
-  auto res = mt::comm::run_ranks(lo, [&](mt::comm::Communicator& world) {
-    mt::set_num_threads(1);
+  auto res = mt::test::run_shm_ranks(kRanks, [&](mt::comm::Communicator& world) {
     const int r = world.rank(), place = r % kEp;
     std::unique_ptr<mt::comm::Communicator> edp = world.split(place, r / kEp, "edp");
     mt::nn::ParamRegistry params;

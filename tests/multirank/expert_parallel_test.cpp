@@ -11,13 +11,13 @@
 #include <functional>
 #include <vector>
 
-#include "comm/launch.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "nn/activation_store.h"
 #include "nn/moe.h"
 #include "parallel/expert/ep_ops.h"
 #include "tensor/blas.h"
+#include "shm_ranks.h"
 
 namespace {
 
@@ -76,12 +76,7 @@ void run(int P, const mt::nn::RouterConfig& rc, bool forced) {
   const Result ref = one_process(rc, forced);
   mt::nn::ParamRegistry names;  // the one-process layer's parameter names, to find a rank's in it
   mt::nn::MoeMlp all(rc, 0, kC, kH, "h.0.mlp.", names, 0);
-  mt::comm::LaunchOptions lo;
-  lo.nproc = P;
-  lo.backend = "shm";
-  lo.timeout_s = 60;
-  auto res = mt::comm::run_ranks(lo, [&](mt::comm::Communicator& world) {
-    mt::set_num_threads(1);  // the parent's OpenMP pool does not survive the fork
+  auto res = mt::test::run_shm_ranks(P, [&](mt::comm::Communicator& world) {
     mt::parallel::CommExpertParallelOps ep(world);
     mt::nn::ParamRegistry params;
     mt::nn::MoeMlp moe(rc, 0, kC, kH, "h.0.mlp.", params, 0, &ep);

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "comm/launch.h"
 #include "core/error.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
+#include "shm_ranks.h"
 
 namespace {
 
@@ -95,11 +95,7 @@ struct ToyRunner : mt::pipeline::StageRunner {
 void run_one(const mt::pipeline::ScheduleSpec& spec) {
   const int S = spec.stages * spec.virtual_stages;
   const auto want = serial(S, spec.micro_batches);
-  mt::comm::LaunchOptions lo;
-  lo.nproc = spec.stages;
-  lo.backend = "shm";
-  lo.timeout_s = 30;
-  auto res = mt::comm::run_ranks(lo, [&](mt::comm::Communicator& world) {
+  auto res = mt::test::run_shm_ranks(spec.stages, [&](mt::comm::Communicator& world) {
     auto lists = mt::pipeline::make_schedule(spec);
     ToyRunner r(spec.stages, world.rank(), S);
     mt::pipeline::PipelineStats st;
@@ -113,7 +109,7 @@ void run_one(const mt::pipeline::ScheduleSpec& spec) {
       MT_REQUIRE(mt::Error, got.first == want[s].first && got.second == want[s].second, "stage ", s, ": gradients (",
                  got.first, ", ", got.second, ") vs serial (", want[s].first, ", ", want[s].second, ")");
     }
-  });
+  }, 30);
   EXPECT_EQ(res.exit_code, 0) << spec.name << " P=" << spec.stages << " M=" << spec.micro_batches
                               << " V=" << spec.virtual_stages << ": rank " << res.failed_rank << ": " << res.failure;
 }
