@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "apps/meshtrain/commands.h"
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "core/error.h"
 #ifdef MESHTRAIN_HAVE_MPI
@@ -63,7 +64,26 @@ struct BenchConfig {
   bool check = true;
   bool mpi_peer = true;
   bool mpi_native = false;  // internal: this process is the OpenMPI peer under mpirun
+  std::string stores = "auto";
 };
+
+// --stores: how copies into shared memory are stored (comm/copy.h CopyInPolicy); several give one row each
+// per size, measured back to back, so the modes are compared in the same minute of a drifting host.
+constexpr int kStoresAuto = 0, kStoresOrdinary = 1, kStoresStreaming = 2;
+constexpr const char* kStoresNames[] = {"auto", "ord", "nt"};
+std::vector<int> parse_stores(const std::string& list) {
+  std::vector<int> modes;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item == "auto") modes.push_back(kStoresAuto);
+    else if (item == "ordinary") modes.push_back(kStoresOrdinary);
+    else if (item == "streaming") modes.push_back(kStoresStreaming);
+    else MT_CHECK_INPUT(false, "--stores: '", item, "' is not one of auto, ordinary, streaming");
+  }
+  MT_CHECK_INPUT(!modes.empty(), "--stores is empty: give auto, ordinary and/or streaming");
+  return modes;
+}
 
 size_t parse_bytes(const std::string& s) {
   char* end = nullptr;
@@ -110,6 +130,8 @@ struct Row {
   double time_us;
   int ok;  // 1 correct, 0 wrong, -1 not checked
   int algo;
+  int nt_pct;  // share of rank 0's copies into shared memory made with streaming stores (comm/copy.h), -1 none
+  int stores;  // kStoresAuto / kStoresOrdinary / kStoresStreaming
 };
 constexpr int kMaxRows = 512;
 struct Results {
@@ -210,6 +232,8 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
     w.all_reduce(&f, &f, 1, DType::f32, ReduceOp::max);
     return double(f);
   };
+  const std::vector<int> store_modes = parse_stores(cfg.stores);
+  comm::CopyInPolicy auto_stores = comm::copy_in_policy();  // --stores auto keeps its state across rows
   for (OpKind k : parse_ops(cfg.ops)) {
     for (size_t bytes : sizes) {
       const size_t count = bytes / e;
@@ -218,9 +242,7 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
         for (int q = 0; q < n; ++q) {
           for (size_t i = 0; i < cpr; ++i) set(send, q * cpr + i, a2a_pattern(r, q, n, i));
         }
-      } else if (k == OpKind::broadcast) {
-        for (size_t i = 0; i < count; ++i) set(recv, i, r == 0 ? pattern(0, i) : -1.f);
-      } else {
+      } else if (k != OpKind::broadcast) {
         for (size_t i = 0; i < count; ++i) set(send, i, pattern(r, i));
       }
       comm::Shard own = comm::shard_of(count, n, r);
@@ -237,35 +259,48 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
           default: w.all_gather(send.data() + own.offset * e, recv.data(), count, t); break;
         }
       };
-      double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
-      int ok = -1;
-      if (cfg.check) {
-        ok = 1;
-        const float tri = float(n * (n + 1) / 2);
-        size_t m = k == OpKind::reduce_scatter ? own.count : is_a2a(k) ? cpr * n : count;
-        for (size_t i = 0; i < m && ok; ++i) {
-          size_t gi = k == OpKind::reduce_scatter ? own.offset + i : i;
-          float want = tri + float(n) * float(gi % 7);
-          if (k == OpKind::all_gather) {
-            int owner = 0;
-            while (owner + 1 < n && comm::shard_of(count, n, owner + 1).offset <= gi) ++owner;
-            want = pattern(owner, gi);
-          } else if (k == OpKind::broadcast) {
-            want = pattern(0, i);
-          } else if (is_a2a(k)) {
-            want = a2a_pattern(int(i / cpr), r, n, i % cpr);
-          }
-          if (get(i) != want) ok = 0;
+      for (int mode : store_modes) {
+        // Outputs start wrong (NaN; broadcast: -1 off the root), so a row checks its own calls only.
+        std::fill(recv.begin(), recv.end(), char(0xFF));
+        if (k == OpKind::broadcast) {
+          for (size_t i = 0; i < count; ++i) set(recv, i, r == 0 ? pattern(0, i) : -1.f);
         }
-        float bad = ok ? 0.f : 1.f;
-        w.all_reduce(&bad, &bad, 1, DType::f32, ReduceOp::max);
-        ok = bad == 0.f ? 1 : 0;
-      }
-      if (r == 0 && out->nrows < kMaxRows) {
-        comm::Algo a = w.algorithm();
-        if (a == comm::Algo::automatic) a = bytes <= 32 * 1024 || n == 1 ? comm::Algo::direct : comm::Algo::rs_ag;
-        if (k != OpKind::all_reduce) a = comm::Algo::automatic;
-        out->rows[out->nrows++] = Row{int(k), bytes, moved_bytes(k, bytes, e, n), us, ok, int(a)};
+        comm::CopyInPolicy& stores = comm::copy_in_policy();
+        stores = mode == kStoresAuto ? auto_stores : comm::CopyInPolicy::fixed(mode == kStoresStreaming);
+        const int64_t nt0 = stores.streamed_copies(), ord0 = stores.ordinary_copies();
+        double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
+        const int64_t nt = stores.streamed_copies() - nt0, all = nt + stores.ordinary_copies() - ord0;
+        if (mode == kStoresAuto) auto_stores = stores;
+        int ok = -1;
+        if (cfg.check) {
+          ok = 1;
+          const float tri = float(n * (n + 1) / 2);
+          size_t m = k == OpKind::reduce_scatter ? own.count : is_a2a(k) ? cpr * n : count;
+          for (size_t i = 0; i < m && ok; ++i) {
+            size_t gi = k == OpKind::reduce_scatter ? own.offset + i : i;
+            float want = tri + float(n) * float(gi % 7);
+            if (k == OpKind::all_gather) {
+              int owner = 0;
+              while (owner + 1 < n && comm::shard_of(count, n, owner + 1).offset <= gi) ++owner;
+              want = pattern(owner, gi);
+            } else if (k == OpKind::broadcast) {
+              want = pattern(0, i);
+            } else if (is_a2a(k)) {
+              want = a2a_pattern(int(i / cpr), r, n, i % cpr);
+            }
+            if (get(i) != want) ok = 0;
+          }
+          float bad = ok ? 0.f : 1.f;
+          w.all_reduce(&bad, &bad, 1, DType::f32, ReduceOp::max);
+          ok = bad == 0.f ? 1 : 0;
+        }
+        if (r == 0 && out->nrows < kMaxRows) {
+          comm::Algo a = w.algorithm();
+          if (a == comm::Algo::automatic) a = bytes <= 32 * 1024 || n == 1 ? comm::Algo::direct : comm::Algo::rs_ag;
+          if (k != OpKind::all_reduce) a = comm::Algo::automatic;
+          out->rows[out->nrows++] =
+              Row{int(k), bytes, moved_bytes(k, bytes, e, n), us, ok, int(a), all ? int(100 * nt / all) : -1, mode};
+        }
       }
     }
   }
@@ -323,7 +358,10 @@ int run_native_mpi(const BenchConfig& cfg) {
             break;
         }
       };
+      const comm::CopyInPolicy& stores = comm::copy_in_policy();
+      const int64_t nt0 = stores.streamed_copies(), ord0 = stores.ordinary_copies();
       double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
+      const int64_t nt = stores.streamed_copies() - nt0, all = nt + stores.ordinary_copies() - ord0;
       if (r == 0) std::printf("native %s %zu %.3f\n", comm::op_kind_name(k), bytes, us);
     }
   }
@@ -387,6 +425,8 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
   std::printf("# time = slowest rank's mean per call in its fastest batch (batches of ~%.0f ms or 1 call, %d..%d per "
               "size), best of %d round(s)\n", kBatchSeconds * 1e3, kMinBatches, kMaxBatches, cfg.rounds);
   std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
+  std::printf("# stores = how copies into shared memory were stored (--stores: auto = chosen at run time from the "
+              "measured rate of ordinary stores, ord, nt = streaming); nt%% = share of rank 0's copies streamed\n");
   if (!note.empty()) std::printf("# note: %s\n", note.c_str());
   int last_op = -1;
   for (int i = 0; i < res.nrows; ++i) {
@@ -395,8 +435,9 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
     if (row.op != last_op) {
       last_op = row.op;
       std::printf("#\n# %s\n", comm::op_kind_name(k));
-      std::printf("# %12s %11s %5s %7s %10s %8s %8s %6s %10s %8s %6s %8s\n", "size(B)", "count", "type", "algo",
-                  "time(us)", "algbw", "busbw", "check", "mpi(us)", "mpibus", "ratio", "bus/mcpy");
+      std::printf("# %12s %11s %5s %7s %10s %8s %8s %6s %10s %8s %6s %8s %6s %4s\n", "size(B)", "count", "type",
+                  "algo", "time(us)", "algbw", "busbw", "check", "mpi(us)", "mpibus", "ratio", "bus/mcpy", "stores",
+                  "nt%");
     }
     const double algbw = double(row.moved) / (row.time_us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(k, n);
@@ -409,13 +450,14 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
       mpi_bus = str(std::fixed, std::setprecision(2), mbus);
       ratio = str(std::fixed, std::setprecision(2), busbw / mbus);
     }
-    std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f\n", (unsigned long long)row.bytes,
+    const std::string nt = row.nt_pct < 0 ? "-" : std::to_string(row.nt_pct);
+    std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f %6s %4s\n", (unsigned long long)row.bytes,
                 (unsigned long long)(row.bytes / comm::dtype_size(comm::parse_dtype(cfg.dtype.c_str()))),
                 cfg.dtype.c_str(),
                 backend == "mpi" ? "mpi" : k == OpKind::all_reduce ? comm::algo_name(comm::Algo(row.algo)) : "-",
                 row.time_us,
                 algbw, busbw, check, mpi_us.c_str(), mpi_bus.c_str(), ratio.c_str(),
-                memcpy_bw > 0 ? busbw / memcpy_bw : 0.0);
+                memcpy_bw > 0 ? busbw / memcpy_bw : 0.0, kStoresNames[row.stores], nt.c_str());
   }
   std::fflush(stdout);
 }
@@ -430,6 +472,7 @@ int run_bench(BenchConfig cfg) {
   cfg.launch.algo = comm::parse_algo(cfg.algo.c_str());
   comm::parse_dtype(cfg.dtype.c_str());
   parse_ops(cfg.ops);
+  parse_stores(cfg.stores);
   MT_CHECK_INPUT(cfg.rounds >= 1 && cfg.rounds <= 100, "--rounds ", cfg.rounds, " is out of range 1..100");
   MT_CHECK_INPUT(cfg.seconds_per_size > 0, "--seconds-per-size ", cfg.seconds_per_size, " must be > 0");
   MT_CHECK_INPUT(parse_bytes(cfg.min_bytes) <= parse_bytes(cfg.max_bytes), "--min-bytes ", cfg.min_bytes,
@@ -461,7 +504,10 @@ int run_bench(BenchConfig cfg) {
       best = *res;
     } else {
       for (int i = 0; i < best.nrows && i < res->nrows; ++i) {
-        best.rows[i].time_us = std::min(best.rows[i].time_us, res->rows[i].time_us);
+        if (res->rows[i].time_us < best.rows[i].time_us) {
+          best.rows[i].time_us = res->rows[i].time_us;
+          best.rows[i].nt_pct = res->rows[i].nt_pct;
+        }
         if (res->rows[i].ok == 0) best.rows[i].ok = 0;
       }
     }
@@ -502,6 +548,10 @@ void add_bench_comm_command(CLI::App& bench) {
   sub->add_option("--rounds", cfg->rounds, "alternate our run and OpenMPI's this many times; best time per row")
       ->capture_default_str();
   sub->add_flag("!--no-check", cfg->check, "skip checking results");
+  sub->add_option("--stores", cfg->stores,
+                  "stores of copies into shared memory, comma-separated: auto (chosen at run time) | ordinary | "
+                  "streaming; several give one row each per size")
+      ->capture_default_str();
   sub->add_flag("!--no-mpi-peer", cfg->mpi_peer, "do not run OpenMPI's collectives for comparison");
   sub->add_flag("--mpi-native", cfg->mpi_native, "internal: time OpenMPI's own collectives (run under mpirun)")
       ->group("");

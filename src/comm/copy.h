@@ -8,17 +8,20 @@
 // into the cache first (no read-for-ownership), which cuts DRAM traffic of a copy from 3 passes to 2 when
 // the output does not fit in cache anyway. Small outputs stay cached for the caller.
 //
-// Copies INTO shared memory (collective slots, p2p rings) always stream (copy_in). Those lines were last
-// read by the peer, so each sits in the peer core's cache, and an ordinary store must first take the line
-// from it (read-for-ownership and invalidation). On the EPYC KVM host of this work that costs ~10x in a
-// regime that comes and goes (the vCPUs' placement on the host, apparently: two threads of one process
-// show it as much as two processes): writing 1 MB that the other core had read took 425-580 us with
-// ordinary or AVX-512 stores or prefetchw, 38-39 us with streaming stores, and 32 KB 17.4 us vs 0.9 us,
-// 8 MB 3.0 ms vs 0.34 ms; the peer's copy-out was the same either way. OpenMPI's reductions, which also
-// copy into shared fragments, slow down the same way; its single-copy (CMA) all-gather does not.
+// Copies INTO shared memory (collective slots, p2p rings) go through copy_in, which picks ordinary or
+// streaming stores at run time. Those lines were last read by the peer, so each sits in the peer core's
+// cache and an ordinary store must first take it from there (read-for-ownership). On the EPYC KVM host of
+// this work the cost of that comes in three regimes that change every few minutes (the vCPUs' placement on
+// the host, apparently; two threads of one process see it as much as two processes). Copy-in + the peer's
+// copy-out of 1 MB, ordinary vs streaming stores: fast 21+23 us vs 42+45; medium 73-93+22 vs 37+40; slow
+// 445-580+43 vs 38+43 (32 KB: fast 0.6+0.6 vs 1.6+3.0, slow 13.5+2.3 vs 0.8+2.3). Streaming stores skip
+// the read-for-ownership but leave the data in DRAM, so the peer reads it from there. OpenMPI's reductions,
+// which also copy into shared fragments, slow down the same way. CopyInPolicy times ordinary-store copies
+// against the in-cache copy rate of this core and streams while they run far below it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mt::comm {
 
@@ -33,9 +36,55 @@ constexpr size_t kCopyLoopMinBytes = 1024;
 // dst[0..n) = src[0..n) (no overlap); `stream` selects non-temporal stores. Call stream_fence() before the
 // data is handed to another thread or process.
 void copy_bytes(void* dst, const void* src, size_t n, bool stream);
-// Copy into memory that another core reads next (slots, rings): streaming stores from kCopyLoopMinBytes.
-// The signal that publishes the data (shm::signal_store / signal_bump) fences them.
-inline void copy_in(void* shared_dst, const void* src, size_t n) { copy_bytes(shared_dst, src, n, true); }
 void stream_fence();
+
+// Chooses the stores of copies into shared memory from measured rates (bytes per second). Ordinary stores
+// while they run at >= to_stream_rate; below it twice in a row, streaming, with every kProbeEvery-th copy
+// of at least kMeasureMinBytes starting with kProbeBytes of ordinary stores as a probe, back to ordinary
+// when a probe runs at >= to_ordinary_rate. Copies under kMeasureMinBytes are not timed (clock cost and
+// resolution) and take the current mode. Not thread-safe: each thread has its own (copy_in_policy).
+class CopyInPolicy {
+ public:
+  static constexpr size_t kMeasureMinBytes = 16 * 1024;
+  static constexpr size_t kProbeBytes = 16 * 1024;
+  static constexpr int kProbeEvery = 64;
+
+  CopyInPolicy(double to_stream_rate, double to_ordinary_rate)
+      : to_stream_(to_stream_rate), to_ordinary_(to_ordinary_rate) {}
+  // Always one kind of stores, never timed.
+  static CopyInPolicy fixed(bool stream);
+
+  struct Plan {
+    bool stream = false;     // stores for the bytes after the probe
+    size_t timed_bytes = 0;  // leading bytes to copy with ordinary stores, time, and report to observe()
+  };
+  Plan plan(size_t n);
+  void observe(size_t bytes, double seconds);
+
+  bool streaming() const { return stream_; }
+  int64_t switches() const { return switches_; }
+  int64_t streamed_copies() const { return streamed_; }
+  int64_t ordinary_copies() const { return ordinary_; }
+
+ private:
+  double to_stream_, to_ordinary_;
+  bool fixed_ = false;
+  bool stream_ = false;
+  int slow_in_a_row_ = 0;
+  int since_probe_ = 0;
+  int64_t switches_ = 0, streamed_ = 0, ordinary_ = 0;
+};
+
+// The calling thread's policy (the p2p progress thread has its own): thresholds from this core's in-cache
+// copy rate R (measured once, 256 KB private to private, best of several): stream below R/6, back to
+// ordinary above R/4. On the EPYC host R ~56 GB/s, so ~9 and ~14 GB/s: the break-even of ordinary stores
+// (their copy-in rate r, plus the peer's copy-out from cache) against streaming (plus the peer's copy-out
+// from DRAM) is r ~17 GB/s for 1 MB and ~8 GB/s for 32 KB, where DRAM latency weighs more; fast-regime
+// copies of 16-32 KB measure 12-36 GB/s, slow ones 2-3. MESHTRAIN_SHM_STREAM=0|1 fixes the mode.
+CopyInPolicy& copy_in_policy();
+
+// Copy into memory that another core reads next (slots, rings), with the stores copy_in_policy() picks.
+// The signal that publishes the data (shm::signal_store / signal_bump) fences streaming stores.
+void copy_in(void* shared_dst, const void* src, size_t n, CopyInPolicy& policy = copy_in_policy());
 
 }  // namespace mt::comm

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -48,6 +50,39 @@ TEST(BenchCommCli, RejectsBadFlags) {
   out.clear();
   EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --rounds 0", &out), 1);
   EXPECT_NE(out.find("--rounds 0 is out of range"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --stores auto,sideways", &out), 1);
+  EXPECT_NE(out.find("--stores: 'sideways' is not one of auto, ordinary, streaming"), std::string::npos) << out;
+}
+
+// --stores with several modes: one checked row per mode and size, in the order given, each labelled; the
+// fixed modes report all (nt) or none (ord) of rank 0's copies into shared memory as streamed.
+TEST(BenchCommCli, StoresGiveOneCheckedRowPerMode) {
+  std::string out;
+  int rc = run(std::string(MESHTRAIN_BIN) +
+                   " bench comm --nproc 2 --ops all_gather --min-bytes 64K --max-bytes 128K --seconds-per-size 0.01"
+                   " --no-mpi-peer --stores streaming,ordinary,auto",
+               &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
+  std::vector<std::vector<std::string>> rows;
+  size_t at = 0;
+  while ((at = out.find("\n ", at)) != std::string::npos) {
+    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+    std::vector<std::string> cols;
+    for (std::string c; line >> c;) cols.push_back(c);
+    if (cols.size() == 14) rows.push_back(cols);
+    ++at;
+  }
+  ASSERT_EQ(rows.size(), 6u) << out;
+  const char* want[] = {"nt", "ord", "auto"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i][0], i < 3 ? "65536" : "131072") << out;
+    EXPECT_EQ(rows[i][7], "ok") << out;
+    EXPECT_EQ(rows[i][12], want[i % 3]) << out;
+    if (i % 3 == 0) EXPECT_EQ(rows[i][13], "100") << out;
+    if (i % 3 == 1) EXPECT_EQ(rows[i][13], "0") << out;
+  }
 }
 
 }  // namespace

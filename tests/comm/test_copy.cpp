@@ -1,8 +1,10 @@
 // copy_bytes against a byte-by-byte expectation: every length around the vector loop's edges, every
 // source/destination misalignment within a cache line, ordinary and streaming stores; the bytes either side
-// of the destination range must stay untouched.
+// of the destination range must stay untouched. CopyInPolicy's choice of stores for copies into shared
+// memory, driven by made-up rates (no timing), and copy_in's bytes through every kind of plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -49,6 +51,100 @@ TEST(CopyBytes, EveryLengthAndAlignmentAroundTheLoopEdges) {
 
 TEST(CopyBytes, LargeStreamedCopy) {
   for (bool stream : {false, true}) check_copy((size_t{9} << 20) + 37, 16, 5, stream);
+}
+
+constexpr double kGB = 1e9;
+constexpr size_t kBig = CopyInPolicy::kMeasureMinBytes;
+
+// Seconds that `bytes` take at `gbps`.
+double at(size_t bytes, double gbps) { return double(bytes) / (gbps * kGB); }
+
+TEST(CopyInPolicy, StreamsAfterTwoSlowCopiesInARowAndProbesItsWayBack) {
+  CopyInPolicy p(16 * kGB, 25 * kGB);
+  // Ordinary: every measured copy is timed whole.
+  CopyInPolicy::Plan plan = p.plan(kBig);
+  EXPECT_FALSE(plan.stream);
+  EXPECT_EQ(plan.timed_bytes, kBig);
+  // One slow copy (a preemption, a page fault) is not enough; a fast one resets the count.
+  p.observe(kBig, at(kBig, 2));
+  EXPECT_FALSE(p.streaming());
+  p.observe(kBig, at(kBig, 50));
+  p.observe(kBig, at(kBig, 2));
+  EXPECT_FALSE(p.streaming());
+  p.observe(kBig, at(kBig, 15.9));
+  EXPECT_TRUE(p.streaming());
+  EXPECT_EQ(p.switches(), 1);
+  // Streaming: untimed except every kProbeEvery-th measured copy, whose first kProbeBytes are the probe.
+  const size_t n = 4 * CopyInPolicy::kProbeBytes;
+  for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) {
+    plan = p.plan(n);
+    EXPECT_TRUE(plan.stream);
+    EXPECT_EQ(plan.timed_bytes, 0u) << "copy " << i;
+  }
+  plan = p.plan(n);
+  EXPECT_TRUE(plan.stream);
+  EXPECT_EQ(plan.timed_bytes, CopyInPolicy::kProbeBytes);
+  p.observe(plan.timed_bytes, at(plan.timed_bytes, 20));  // between the thresholds: stay
+  EXPECT_TRUE(p.streaming());
+  for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) EXPECT_EQ(p.plan(n).timed_bytes, 0u);
+  plan = p.plan(kBig);  // a probe never exceeds the copy
+  EXPECT_EQ(plan.timed_bytes, std::min(kBig, CopyInPolicy::kProbeBytes));
+  p.observe(plan.timed_bytes, at(plan.timed_bytes, 26));
+  EXPECT_FALSE(p.streaming());
+  EXPECT_EQ(p.switches(), 2);
+  EXPECT_EQ(p.streamed_copies(), 2 * CopyInPolicy::kProbeEvery);
+  EXPECT_EQ(p.ordinary_copies(), 1);
+}
+
+TEST(CopyInPolicy, SmallCopiesAreNotTimedAndTakeTheCurrentMode) {
+  CopyInPolicy p(16 * kGB, 25 * kGB);
+  EXPECT_EQ(p.plan(kBig - 1).timed_bytes, 0u);
+  EXPECT_FALSE(p.plan(kBig - 1).stream);
+  p.observe(kBig, at(kBig, 1));
+  p.observe(kBig, at(kBig, 1));
+  ASSERT_TRUE(p.streaming());
+  for (int i = 0; i < 3 * CopyInPolicy::kProbeEvery; ++i) {
+    CopyInPolicy::Plan plan = p.plan(100);
+    EXPECT_TRUE(plan.stream);
+    EXPECT_EQ(plan.timed_bytes, 0u);
+  }
+}
+
+TEST(CopyInPolicy, FixedNeverTimesNorSwitches) {
+  for (bool stream : {false, true}) {
+    CopyInPolicy p = CopyInPolicy::fixed(stream);
+    for (int i = 0; i < 2 * CopyInPolicy::kProbeEvery; ++i) {
+      CopyInPolicy::Plan plan = p.plan(kBig * 4);
+      EXPECT_EQ(plan.stream, stream);
+      EXPECT_EQ(plan.timed_bytes, 0u);
+      p.observe(kBig, at(kBig, stream ? 1000 : 0.001));
+    }
+    EXPECT_EQ(p.streaming(), stream);
+    EXPECT_EQ(p.switches(), 0);
+  }
+}
+
+// copy_in's bytes are right whichever plan a copy gets: ordinary and timed, streamed, or probe + streamed
+// (the probe's ordinary head and the streamed rest meet at an arbitrary offset).
+TEST(CopyIn, EveryPlanCopiesTheBytes) {
+  // Thresholds no copy reaches: the first two copies are ordinary and timed, then the policy streams for
+  // good, with a probe (ordinary head, streamed rest) every kProbeEvery-th copy.
+  CopyInPolicy p(1e30, 1e30);
+  const size_t n = CopyInPolicy::kProbeBytes + 4099;
+  std::vector<uint8_t> src(n + 3), dst(n + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = src_byte(i);
+  const int calls = 2 * CopyInPolicy::kProbeEvery + 4;  // two probes among them
+  for (int call = 0; call < calls; ++call) {
+    std::fill(dst.begin(), dst.end(), 0xEE);
+    copy_in(dst.data() + 5, src.data() + 3, n, p);
+    stream_fence();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[5 + i], src_byte(i + 3)) << "call " << call << " byte " << i;
+    for (size_t i = 0; i < 5; ++i) ASSERT_EQ(dst[i], 0xEE);
+    for (size_t i = 5 + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE);
+  }
+  EXPECT_TRUE(p.streaming());
+  EXPECT_EQ(p.ordinary_copies(), 2);
+  EXPECT_EQ(p.streamed_copies(), calls - 2);
 }
 
 }  // namespace

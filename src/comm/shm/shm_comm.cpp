@@ -280,14 +280,21 @@ void ShmCommunicator::all_reduce_rs_ag(Ctx& c) {
     if (k) {
       for (int p = 0; p < n; ++p) srcs[p] = peer_slot(p, b) + r * pb;
       srcs[r] = send + (s.offset + t * pc) * c.e;
-      reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n, /*stream=*/true);
+      if (all || r == a.root) {
+        // Reduced straight into my output (it stays in my cache); the peers get a copy in my slot.
+        char* out = recv + (s.offset + t * pc) * c.e;
+        reduce_into(out, srcs.data(), n, k, a.dtype, a.op, n);
+        if (all) copy_in(mine + r * pb, out, k * c.e);
+      } else {
+        reduce_into(mine + r * pb, srcs.data(), n, k, a.dtype, a.op, n, copy_in_policy().streaming());
+      }
     }
     sync(c);
     if (all || r == a.root) {
       for (int q = 0; q < n; ++q) {
         Shard sq = shard_of(a.count, n, q);
         size_t kq = clamp_len(sq.count, t * pc, pc);
-        if (kq) copy_bytes(recv + (sq.offset + t * pc) * c.e, peer_slot(q, b) + q * pb, kq * c.e, stream);
+        if (kq && q != r) copy_bytes(recv + (sq.offset + t * pc) * c.e, peer_slot(q, b) + q * pb, kq * c.e, stream);
       }
     }
     release_buf(b);
