@@ -92,10 +92,10 @@ CopyInPolicy CopyInPolicy::fixed(bool stream) {
 CopyInPolicy::Plan CopyInPolicy::plan(size_t n) {
   Plan p;
   p.stream = stream_;
-  if (!fixed_ && n >= kMeasureMinBytes) {
-    if (!stream_) {
+  if (!fixed_) {
+    if (!stream_ && n >= kMeasureMinBytes) {
       p.timed_bytes = n;
-    } else if (++since_probe_ >= kProbeEvery) {
+    } else if (n >= kProbeMinBytes && ++since_probe_ >= kProbeEvery) {
       since_probe_ = 0;
       p.timed_bytes = std::min(n, kProbeBytes);
     }

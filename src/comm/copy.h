@@ -38,14 +38,16 @@ constexpr size_t kCopyLoopMinBytes = 1024;
 void copy_bytes(void* dst, const void* src, size_t n, bool stream);
 void stream_fence();
 
-// Chooses the stores of copies into shared memory from measured rates (bytes per second). Ordinary stores
-// while they run at >= to_stream_rate; below it twice in a row, streaming, with every kProbeEvery-th copy
-// of at least kMeasureMinBytes starting with kProbeBytes of ordinary stores as a probe, back to ordinary
-// when a probe runs at >= to_ordinary_rate. Copies under kMeasureMinBytes are not timed (clock cost and
-// resolution) and take the current mode. Not thread-safe: each thread has its own (copy_in_policy).
+// Chooses the stores of copies into shared memory from measured rates (bytes per second). While ordinary,
+// every copy of at least kMeasureMinBytes is timed, and two in a row below to_stream_rate switch to
+// streaming. In either mode every kProbeEvery-th copy of at least kProbeMinBytes starts with a probe: its
+// first kProbeBytes (at most) copied with ordinary stores and timed; while streaming, a probe at
+// to_ordinary_rate or more switches back. Smaller copies are never timed (the clock's cost and resolution)
+// and take the current mode. Not thread-safe: each thread has its own (copy_in_policy).
 class CopyInPolicy {
  public:
   static constexpr size_t kMeasureMinBytes = 16 * 1024;
+  static constexpr size_t kProbeMinBytes = 4 * 1024;
   static constexpr size_t kProbeBytes = 16 * 1024;
   static constexpr int kProbeEvery = 64;
 

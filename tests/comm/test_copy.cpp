@@ -96,18 +96,32 @@ TEST(CopyInPolicy, StreamsAfterTwoSlowCopiesInARowAndProbesItsWayBack) {
   EXPECT_EQ(p.ordinary_copies(), 1);
 }
 
-TEST(CopyInPolicy, SmallCopiesAreNotTimedAndTakeTheCurrentMode) {
+// Copies under kProbeMinBytes are never timed; those under kMeasureMinBytes only as every kProbeEvery-th
+// probe, in both modes, so a run of small messages still finds its way back from streaming.
+TEST(CopyInPolicy, SmallCopiesAreOnlyProbed) {
   CopyInPolicy p(16 * kGB, 25 * kGB);
-  EXPECT_EQ(p.plan(kBig - 1).timed_bytes, 0u);
-  EXPECT_FALSE(p.plan(kBig - 1).stream);
-  p.observe(kBig, at(kBig, 1));
-  p.observe(kBig, at(kBig, 1));
+  const size_t small = CopyInPolicy::kProbeMinBytes, tiny = small - 1;
+  for (int i = 0; i < 3 * CopyInPolicy::kProbeEvery; ++i) EXPECT_EQ(p.plan(tiny).timed_bytes, 0u);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) {
+      CopyInPolicy::Plan plan = p.plan(small);
+      EXPECT_FALSE(plan.stream);
+      EXPECT_EQ(plan.timed_bytes, 0u);
+    }
+    EXPECT_EQ(p.plan(small).timed_bytes, small);
+    p.observe(small, at(small, 1));  // slow: twice in a row switches
+  }
   ASSERT_TRUE(p.streaming());
   for (int i = 0; i < 3 * CopyInPolicy::kProbeEvery; ++i) {
-    CopyInPolicy::Plan plan = p.plan(100);
+    CopyInPolicy::Plan plan = p.plan(tiny);
     EXPECT_TRUE(plan.stream);
     EXPECT_EQ(plan.timed_bytes, 0u);
   }
+  for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) EXPECT_EQ(p.plan(small).timed_bytes, 0u);
+  CopyInPolicy::Plan probe = p.plan(small);
+  EXPECT_EQ(probe.timed_bytes, small);
+  p.observe(small, at(small, 30));
+  EXPECT_FALSE(p.streaming());
 }
 
 TEST(CopyInPolicy, FixedNeverTimesNorSwitches) {
