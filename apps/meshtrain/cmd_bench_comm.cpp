@@ -369,10 +369,7 @@ int run_native_mpi(const BenchConfig& cfg) {
             break;
         }
       };
-      const comm::CopyInPolicy& stores = comm::copy_in_policy();
-      const int64_t nt0 = stores.streamed_copies(), ord0 = stores.ordinary_copies();
       double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
-      const int64_t nt = stores.streamed_copies() - nt0, all = nt + stores.ordinary_copies() - ord0;
       if (r == 0) std::printf("native %s %zu %.3f\n", comm::op_kind_name(k), bytes, us);
     }
   }

@@ -46,10 +46,13 @@ inline void store(void* dst, float* __restrict acc, size_t k, DType t, ReduceOp 
   }
   if (t == DType::f32) {
     copy_bytes(dst, acc, k * 4, stream);
+  } else if (!stream) {
+    bf16_t* __restrict o = static_cast<bf16_t*>(dst);
+    for (size_t i = 0; i < k; ++i) o[i] = f32_to_bf16(acc[i]);
   } else {
     alignas(64) bf16_t o[kBlock];
     for (size_t i = 0; i < k; ++i) o[i] = f32_to_bf16(acc[i]);
-    copy_bytes(dst, o, k * sizeof(bf16_t), stream);
+    copy_bytes(dst, o, k * sizeof(bf16_t), true);
   }
 }
 
