@@ -100,7 +100,7 @@ CopyInPolicy::Plan CopyInPolicy::plan(size_t n) {
       p.timed_bytes = std::min(n, kProbeBytes);
     }
   }
-  ++(p.stream ? streamed_ : ordinary_);
+  if (n >= kCopyLoopMinBytes) ++(p.stream ? streamed_ : ordinary_);  // smaller ones are memcpy either way
   return p;
 }
 

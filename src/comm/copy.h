@@ -65,6 +65,7 @@ class CopyInPolicy {
 
   bool streaming() const { return stream_; }
   int64_t switches() const { return switches_; }
+  // Copies of at least kCopyLoopMinBytes planned with each kind of stores (below that, memcpy either way).
   int64_t streamed_copies() const { return streamed_; }
   int64_t ordinary_copies() const { return ordinary_; }
 

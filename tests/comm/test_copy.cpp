@@ -117,6 +117,11 @@ TEST(CopyInPolicy, SmallCopiesAreOnlyProbed) {
     EXPECT_TRUE(plan.stream);
     EXPECT_EQ(plan.timed_bytes, 0u);
   }
+  // Copies below the vector loop's size are memcpy whatever the mode: not counted as either kind.
+  const int64_t streamed = p.streamed_copies(), ordinary = p.ordinary_copies();
+  p.plan(kCopyLoopMinBytes - 1);
+  EXPECT_EQ(p.streamed_copies(), streamed);
+  EXPECT_EQ(p.ordinary_copies(), ordinary);
   for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) EXPECT_EQ(p.plan(small).timed_bytes, 0u);
   CopyInPolicy::Plan probe = p.plan(small);
   EXPECT_EQ(probe.timed_bytes, small);
