@@ -246,6 +246,9 @@ void ShmCommunicator::all_reduce_direct(Ctx& c) {
     sync(c);
     if (writes && k) {
       for (int p = 0; p < n; ++p) srcs[p] = peer_slot(p, b);
+      // My own part from send (in my cache), not from my slot (which streaming stores left in DRAM); the
+      // same values in the same order, so every rank still gets the same bits.
+      srcs[r] = static_cast<const char*>(a.send) + off * c.e;
       reduce_into(static_cast<char*>(a.recv) + off * c.e, srcs.data(), n, k, a.dtype, a.op, n);
     }
     release_buf(b);
