@@ -91,7 +91,7 @@ CopyInPolicy CopyInPolicy::fixed(bool stream) {
 
 CopyInPolicy::Plan CopyInPolicy::plan(size_t n) {
   Plan p;
-  p.stream = stream_;
+  p.stream = stream_ && (fixed_ || n >= kProbeMinBytes);
   if (!fixed_) {
     if (!stream_ && n >= kMeasureMinBytes) {
       p.timed_bytes = n;

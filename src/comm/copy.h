@@ -42,8 +42,10 @@ void stream_fence();
 // every copy of at least kMeasureMinBytes is timed, and two in a row below to_stream_rate switch to
 // streaming. In either mode every kProbeEvery-th copy of at least kProbeMinBytes starts with a probe: its
 // first kProbeBytes (at most) copied with ordinary stores and timed; while streaming, a probe at
-// to_ordinary_rate or more switches back. Smaller copies are never timed (the clock's cost and resolution)
-// and take the current mode. Not thread-safe: each thread has its own (copy_in_policy).
+// to_ordinary_rate or more switches back. Copies under kProbeMinBytes are never timed (the clock's cost and
+// resolution), so they could not find their way back from streaming; they use ordinary stores in both modes
+// (2 KB pieces, a 4 KB all-gather or all-to-all: 1.4 us either way in the slow regime, 0.4 against 0.9 us
+// streamed in the fast one). Not thread-safe: each thread has its own (copy_in_policy).
 class CopyInPolicy {
  public:
   static constexpr size_t kMeasureMinBytes = 16 * 1024;

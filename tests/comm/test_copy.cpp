@@ -96,8 +96,8 @@ TEST(CopyInPolicy, StreamsAfterTwoSlowCopiesInARowAndProbesItsWayBack) {
   EXPECT_EQ(p.ordinary_copies(), 1);
 }
 
-// Copies under kProbeMinBytes are never timed; those under kMeasureMinBytes only as every kProbeEvery-th
-// probe, in both modes, so a run of small messages still finds its way back from streaming.
+// Copies under kProbeMinBytes are never timed and never streamed; those under kMeasureMinBytes are timed only
+// as every kProbeEvery-th probe, in both modes, so a run of small messages still finds its way back.
 TEST(CopyInPolicy, SmallCopiesAreOnlyProbed) {
   CopyInPolicy p(16 * kGB, 25 * kGB);
   const size_t small = CopyInPolicy::kProbeMinBytes, tiny = small - 1;
@@ -114,7 +114,7 @@ TEST(CopyInPolicy, SmallCopiesAreOnlyProbed) {
   ASSERT_TRUE(p.streaming());
   for (int i = 0; i < 3 * CopyInPolicy::kProbeEvery; ++i) {
     CopyInPolicy::Plan plan = p.plan(tiny);
-    EXPECT_TRUE(plan.stream);
+    EXPECT_FALSE(plan.stream) << "below kProbeMinBytes: ordinary stores even while streaming";
     EXPECT_EQ(plan.timed_bytes, 0u);
   }
   // Copies below the vector loop's size are memcpy whatever the mode: not counted as either kind.
@@ -122,7 +122,11 @@ TEST(CopyInPolicy, SmallCopiesAreOnlyProbed) {
   p.plan(kCopyLoopMinBytes - 1);
   EXPECT_EQ(p.streamed_copies(), streamed);
   EXPECT_EQ(p.ordinary_copies(), ordinary);
-  for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) EXPECT_EQ(p.plan(small).timed_bytes, 0u);
+  for (int i = 1; i < CopyInPolicy::kProbeEvery; ++i) {
+    CopyInPolicy::Plan plan = p.plan(small);
+    EXPECT_TRUE(plan.stream);
+    EXPECT_EQ(plan.timed_bytes, 0u);
+  }
   CopyInPolicy::Plan probe = p.plan(small);
   EXPECT_EQ(probe.timed_bytes, small);
   p.observe(small, at(small, 30));
