@@ -258,8 +258,7 @@ const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, in
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
                     float dscale, nn::ParamHooks* hooks, const float* stage_input) {
-  nn::ParamHooks none;
-  nn::ParamHooks& hk = hooks ? *hooks : none;
+  nn::GroupHooks hk(params_, hooks);
   const int S = tp_size();
   const int C = cfg_.n_embd, L = cfg_.n_layer, Vl = (int)(v1_ - v0_);
   const int N = B * T, Nr = rows_here(N), n0 = sp_ ? tp_->rank() * Nr : 0;
@@ -328,8 +327,7 @@ const float* Gpt::stage_input_grad(nn::ActivationStore& store, int B, int T) {
 }
 
 void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout) {
-  nn::ParamHooks none;
-  nn::ParamHooks& hk = hooks ? *hooks : none;
+  nn::GroupHooks hk(params_, hooks);
   const int S = tp_size();
   const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
   const int N = B * T, Nr = rows_here(N);
@@ -356,7 +354,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad, dlogits, lnf, wte_->data, N, C, Vl);
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->data, N, C, Vl);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
   if (sp_) {
@@ -365,7 +363,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
                            store.get(mb, "lnf_rstd", Nr), Nr, C);
     rows_.sum_replicated({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
   } else {
-    nn::layernorm_backward(dres, lnf_w_->grad, lnf_b_->grad, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
+    nn::layernorm_backward(dres, lnf_w_->grad_out(), lnf_b_->grad_out(), dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
                            store.get(mb, "lnf_rstd", N), N, C);
   }
   hk.after_backward(L + 1);
@@ -391,10 +389,11 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
     const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
     if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
-    float* d_ln2_w = sp_ ? dlnp : p.ln2_w->grad;
-    float* d_ln2_b = sp_ ? dlnp + C : p.ln2_b->grad;
-    float* d_ln1_w = sp_ ? dlnp + 2 * C : p.ln1_w->grad;
-    float* d_ln1_b = sp_ ? dlnp + 3 * C : p.ln1_b->grad;
+    // Under SP the LayerNorm parameters' gradients of this micro-batch go to dlnp first (summed over the group).
+    const nn::GradOut d_ln2_w = sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
+    const nn::GradOut d_ln2_b = sp_ ? nn::GradOut(dlnp + C) : p.ln2_b->grad_out();
+    const nn::GradOut d_ln1_w = sp_ ? nn::GradOut(dlnp + 2 * C) : p.ln1_w->grad_out();
+    const nn::GradOut d_ln1_b = sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
 
     if (moe_[l]) {
       moe_backward(store, smb, l, ln2, dres_all(), dln, B, T, mb);
@@ -402,33 +401,33 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
       const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad, p.fcproj_b->grad, dres, fch_gelu,
+      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres, fch_gelu,
                                        p.fcproj_w->data, N, 4 * Cs, C);
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad, p.fc_b->grad, dfch, ln2,
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch, ln2,
                                           p.fc_w->data, N, C, 4 * Cs);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad, p.attproj_b->grad, dres, atty,
+    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres, atty,
                                      p.attproj_w->data, N, Cs, C);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
-    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad, p.qkv_b->grad, dqkv, ln1,
+    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv, ln1,
                                         p.qkv_w->data, N, C, 3 * Cs);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
-      rows_.sum_replicated({{p.ln2_w, d_ln2_w}, {p.ln2_b, d_ln2_b}, {p.ln1_w, d_ln1_w}, {p.ln1_b, d_ln1_b}});
+      rows_.sum_replicated({{p.ln2_w, dlnp}, {p.ln2_b, dlnp + C}, {p.ln1_w, dlnp + 2 * C}, {p.ln1_b, dlnp + 3 * C}});
     hk.after_backward(1 + l);
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
   const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", Nr));
   if (S == 1) {
-    nn::embedding_backward(wte_->grad, dres, ids, N, C);
+    nn::embedding_backward(wte_->grad_acc(), dres, ids, N, C);
   } else {
-    nn::vocab_parallel_embedding_backward(wte_->grad, dres_all(), ids, v0_, v1_, N, C);
+    nn::vocab_parallel_embedding_backward(wte_->grad_acc(), dres_all(), ids, v0_, v1_, N, C);
   }
   if (sp_) {
     // Positions: T rows of wpe at most are touched; sum this micro-batch's part over the group.
@@ -437,7 +436,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     nn::embedding_backward(dwpe, dres, pos, Nr, C);
     rows_.sum_replicated({{wpe_, dwpe}}, (size_t)T * C);
   } else {
-    nn::embedding_backward(wpe_->grad, dres, pos, N, C);
+    nn::embedding_backward(wpe_->grad_acc(), dres, pos, N, C);
   }
   hk.after_backward(0);
 }

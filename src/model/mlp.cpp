@@ -64,8 +64,7 @@ std::string act(size_t i) { return "a" + std::to_string(i); }
 
 double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const int32_t* labels, int N, float dscale,
                     nn::ParamHooks* hooks) {
-  nn::ParamHooks none;
-  nn::ParamHooks& hk = hooks ? *hooks : none;
+  nn::GroupHooks hk(params_, hooks);
   auto w = widths();
   // a0 = input (copied: backward needs it after the caller's batch buffer is reused), a{i+1} = layer i out.
   float* a = store.get(mb, act(0), (size_t)N * w[0]);
@@ -85,8 +84,7 @@ double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const in
 }
 
 void Mlp::backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* hooks) {
-  nn::ParamHooks none;
-  nn::ParamHooks& hk = hooks ? *hooks : none;
+  nn::GroupHooks hk(params_, hooks);
   auto w = widths();
   const size_t L = w_.size();
   size_t widest = 0;
@@ -97,7 +95,7 @@ void Mlp::backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* ho
   for (size_t i = L; i-- > 0;) {
     const float* in = store.get(mb, act(i), (size_t)N * w[i]);
     hk.before_backward((int)i);
-    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad, b_[i]->grad, g, in, w_[i]->data, N, w[i], w[i + 1]);
+    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad_out(), b_[i]->grad_out(), g, in, w_[i]->data, N, w[i], w[i + 1]);
     hk.after_backward((int)i);
     if (i > 0) {
       nn::relu_backward(g2, in, g2, (size_t)N * w[i]);

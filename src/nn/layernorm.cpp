@@ -73,8 +73,10 @@ void layernorm_backward_rows(float* dinp, float* dw, float* db, const float* dou
 }
 }  // namespace
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward(float* dinp, GradOut dw_out, GradOut db_out, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  float* dw = dw_out.accumulator(C);
+  float* db = db_out.accumulator(C);
   if (num_threads() <= 1) {  // one pass: input and parameter gradients together
     layernorm_backward_rows(dinp, dw, db, dout, inp, w, mean, rstd, 0, N, C, true);
     return;

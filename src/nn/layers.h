@@ -3,12 +3,15 @@
 //
 // Legend: N rows (B*T tokens or batch examples), C input channels, OC output channels, B batch, T time,
 // H heads, hs = C/H head size, V vocabulary. All buffers float32, contiguous, row-major.
-// Backward conventions: parameter gradients (dW, db, ...) are always accumulated (+=), so micro-batches
-// add up; input gradients are overwritten unless the function says "accumulated".
+// Backward conventions: parameter gradients (dW, db, ...) are GradOuts (grad_out.h): added to (+=), so
+// micro-batches add up, or written when the GradOut says it is the step's first write; input gradients are
+// overwritten unless the function says "accumulated".
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "nn/grad_out.h"
 
 namespace mt::nn {
 
@@ -16,9 +19,9 @@ namespace mt::nn {
 // null; residual may alias out. Fusing the residual add saves one pass and one [N,OC] buffer.
 void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
                     const float* residual = nullptr);
-// dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] += inp^T dout;
-// db[OC] += column sums of dout (db may be null).
-void linear_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp, const float* W, int N,
+// dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] (+)= inp^T dout;
+// db[OC] (+)= column sums of dout (db may be null).
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
                      int C, int OC, bool accumulate_dinp = false);
 
 // Embedding lookup: out[N,C] (+)= table[ids[n], :]. Each id must be < rows of table (checked by callers
@@ -30,8 +33,8 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // LayerNorm over the last axis, eps 1e-5: out[N,C], mean[N], rstd[N] saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
                        int C);
-// dinp[N,C] accumulated (+=: LayerNorm sits on the residual stream); dw, db accumulated.
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+// dinp[N,C] accumulated (+=: LayerNorm sits on the residual stream); dw, db (+)=.
+void layernorm_backward(float* dinp, GradOut dw, GradOut db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int N, int C);
 
 // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out and inp may alias.

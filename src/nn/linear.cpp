@@ -18,11 +18,11 @@ void linear_forward(float* out, const float* inp, const float* W, const float* b
   gemm(false, false, N, OC, C, 1.0f, inp, C, W, OC, residual ? 1.0f : 0.0f, out, OC);
 }
 
-void linear_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp, const float* W, int N,
-                     int C, int OC, bool accumulate_dinp) {
+void linear_backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const float* inp, const float* W,
+                     int N, int C, int OC, bool accumulate_dinp) {
   if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
-  gemm(true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dW, OC);
-  if (db) {
+  gemm(true, false, C, OC, N, 1.0f, inp, C, dout, OC, dW.beta(), dW.data, OC);
+  if (float* db = db_out.accumulator(OC)) {
     for (int n = 0; n < N; n++) {
       const float* d = dout + (size_t)n * OC;
 #pragma omp simd

@@ -226,10 +226,10 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
     if (n == 0) continue;
     const Expert& w = local_[le];
     float* dh_e = dh.data() + row * H;
-    linear_backward(dh_e, w.proj_w->grad, w.proj_b->grad, dout.data() + row * C, act + row * H, w.proj_w->data,
+    linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), dout.data() + row * C, act + row * H, w.proj_w->data,
                     (int)n, H_, C_);
     gelu_backward(dh_e, h + row * H, dh_e, (size_t)n * H);
-    linear_backward(dxin.data() + row * C, w.fc_w->grad, w.fc_b->grad, dh_e, xin + row * C, w.fc_w->data, (int)n,
+    linear_backward(dxin.data() + row * C, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data, (int)n,
                     C_, H_);
     row += (size_t)n;
   }
@@ -238,7 +238,7 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
   // Router, then the experts' input gradients on top.
   float* dlogits = store.get(mb, prefix_ + "logits", (size_t)N * E);  // logits are not needed any more
   route_backward(dlogits, R, dgate.data(), aux_scale, z_scale);
-  linear_backward(dx, router_->grad, nullptr, dlogits, x, router_->data, N, C_, E);
+  linear_backward(dx, router_->grad_out(), nullptr, dlogits, x, router_->data, N, C_, E);
   for (int64_t a = 0; a < A; a++) {
     float* d = dx + (size_t)(st.order[a] / K) * C;
     const float* s = &dxs[a * C];

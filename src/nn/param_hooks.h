@@ -9,6 +9,8 @@
 // micro-batch are complete.
 #pragma once
 
+#include "nn/params.h"
+
 namespace mt::nn {
 
 class ParamHooks {
@@ -18,6 +20,26 @@ class ParamHooks {
   virtual void after_forward(int group) {}
   virtual void before_backward(int group) {}
   virtual void after_backward(int group) {}
+};
+
+// What a model's forward and backward call: the run's hooks (or none), plus the registry's gradient
+// bookkeeping: when group g's backward ends, the gradients of g that no kernel wrote this step are zeroed
+// (ParamRegistry::settle_grads) before the hooks hear that they are final.
+class GroupHooks {
+ public:
+  GroupHooks(ParamRegistry& params, ParamHooks* hooks) : params_(params), hooks_(hooks ? hooks : &none_) {}
+  void before_forward(int g) { hooks_->before_forward(g); }
+  void after_forward(int g) { hooks_->after_forward(g); }
+  void before_backward(int g) { hooks_->before_backward(g); }
+  void after_backward(int g) {
+    params_.settle_grads(g);
+    hooks_->after_backward(g);
+  }
+
+ private:
+  ParamRegistry& params_;
+  ParamHooks none_;
+  ParamHooks* hooks_;
 };
 
 }  // namespace mt::nn

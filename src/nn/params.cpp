@@ -1,5 +1,10 @@
 #include "nn/params.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -56,7 +61,62 @@ void ParamRegistry::finalize(bool allocate_data, bool allocate_grad) {
     p.data = allocate_data ? data_.data() + p.offset : nullptr;
     p.grad = allocate_grad ? grad_.data() + p.offset : nullptr;
   }
+  group_first_.assign(num_groups() + 1, params_.size());
+  for (size_t i = params_.size(); i-- > 0;) group_first_[params_[i].group] = i;
+  for (int g = num_groups(); g-- > 0;) group_first_[g] = std::min(group_first_[g], group_first_[g + 1]);
   finalized_ = true;
+}
+
+void ParamRegistry::zero_grad() {
+  grad_.zero();
+  for (Param& p : params_) p.grad_fresh = false;
+}
+
+namespace {
+// The NaN that MESHTRAIN_CHECK_GRAD_WRITES fills unwritten gradients with. x86 arithmetic passes a NaN
+// operand's payload on, so a sum that started from it still carries it; a NaN of a diverged step does not.
+constexpr uint32_t kUnwritten = 0x7fcdead5u;
+bool is_unwritten(float x) { return (std::bit_cast<uint32_t>(x) & 0x7fffffffu) == kUnwritten; }
+}  // namespace
+
+ParamRegistry::ParamRegistry() {
+  const char* v = std::getenv("MESHTRAIN_CHECK_GRAD_WRITES");
+  check_ = v && *v && std::strcmp(v, "0") != 0;
+}
+
+void ParamRegistry::begin_grads(size_t begin, size_t count) {
+  const size_t end = count > total_ - begin ? total_ : begin + count;
+  const bool poison = check_;
+  for (Param& p : params_) {
+    if (p.offset + p.numel <= begin || p.offset >= end || p.numel == 0) continue;
+    MT_ASSERT(p.offset >= begin && p.offset + p.numel <= end, "begin_grads: [", begin, ", ", end,
+              ") cuts tensor ", p.name);
+    MT_ASSERT(p.grad, "begin_grads: ", p.name, " has no gradient buffer bound");
+    p.grad_fresh = true;
+    if (poison) std::fill(p.grad, p.grad + p.numel, std::bit_cast<float>(kUnwritten));
+  }
+}
+
+void ParamRegistry::settle_grads(int group) {
+  MT_ASSERT(finalized_ && group >= 0 && group < num_groups(), "settle_grads: no group ", group);
+  const bool check = check_;
+  for (size_t i = group_first_[group]; i < group_first_[group + 1]; i++) {
+    Param& p = params_[i];
+    if (p.grad_fresh) {
+      if (check)
+        for (size_t j = 0; j < p.numel; j++)
+          MT_ASSERT(is_unwritten(p.grad[j]), "MESHTRAIN_CHECK_GRAD_WRITES: ", p.name, " [", j,
+                    "] was written without grad_out/grad_acc this step: settling would zero it");
+      std::memset(p.grad, 0, sizeof(float) * p.numel);
+      p.grad_fresh = false;
+      continue;
+    }
+    if (!check || !p.grad) continue;
+    for (size_t j = 0; j < p.numel; j++)
+      MT_ASSERT(!is_unwritten(p.grad[j]), "MESHTRAIN_CHECK_GRAD_WRITES: the gradient of ", p.name, " [", j,
+                "] still holds the unwritten marker after its group's backward: a kernel added to it (or left it) ",
+                "before anything wrote it this step");
+  }
 }
 
 int ParamRegistry::num_groups() const { return params_.empty() ? 0 : params_.back().group + 1; }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/grad_out.h"
 #include "tensor/buffer.h"
 
 namespace mt::nn {
@@ -38,13 +39,25 @@ struct Param {
   bool expert = false;
   float* data = nullptr;
   float* grad = nullptr;
+  // The gradient holds no value yet this step (ParamRegistry::begin_grads): its first writer overwrites it.
+  bool grad_fresh = false;
 
   // Index into the full tensor of local element i (row-major in both).
   int64_t full_index(size_t i) const;
+  // For a kernel that writes the whole gradient (a weight-gradient GEMM, a column sum): the destination, set
+  // to overwrite if this is the step's first write. Counts as written.
+  GradOut grad_out() {
+    GradOut o(grad, grad_fresh);
+    grad_fresh = false;
+    return o;
+  }
+  // For code that adds to part of the gradient (an embedding's scatter): zeroed first if it holds no value yet.
+  float* grad_acc() { return grad_out().accumulator(numel); }
 };
 
 class ParamRegistry {
  public:
+  ParamRegistry();
   // Declares a parameter; buffers exist only after finalize().
   Param& add(const std::string& name, std::vector<int64_t> full_shape, Shard shard = {}, int group = 0);
   // Allocates the flat buffers (zeroed) and points every Param at its slice. ZeRO leaves out the full
@@ -63,7 +76,21 @@ class ParamRegistry {
   float* data() { return data_.data(); }
   float* grad() { return grad_.data(); }
   size_t size() const { return total_; }
-  void zero_grad() { grad_.zero(); }
+  // Zeroes the gradient buffer (and forgets begin_grads: every write adds).
+  void zero_grad();
+  // Gradients of a new step (or of a fresh buffer that a ZeRO stage bound): instead of zeroing, mark the
+  // tensors whose gradients lie in flat range [begin, begin + count) (all of them by default) as holding no
+  // value; the first backward write of each overwrites it (GradOut), and settle_grads zeroes those that no
+  // kernel wrote. With MESHTRAIN_CHECK_GRAD_WRITES=1 the marked gradients are filled with a NaN of a payload of
+  // its own (additions carry it on), and settle_grads fails where it finds it: a kernel added to a gradient
+  // nothing had written this step (tests set it; it costs the zeroing pass it replaces, and a scan).
+  void begin_grads(size_t begin = 0, size_t count = SIZE_MAX);
+  // Group g's backward is over (nn::GroupHooks calls it): zero the gradients of g that nothing wrote (an expert
+  // that received no token), so every gradient holds its value before it is reduced or read.
+  void settle_grads(int group);
+  // Whether this registry checks (default: MESHTRAIN_CHECK_GRAD_WRITES set and not 0).
+  bool check_grad_writes() const { return check_; }
+  void set_check_grad_writes(bool on) { check_ = on; }
 
   // Initializers, drawn per element from the counter-based generator keyed by (seed, name, full index), so
   // any shard draws exactly its part of the full tensor.
@@ -73,9 +100,11 @@ class ParamRegistry {
  private:
   std::deque<Param> params_;  // deque: Param addresses stay valid as more are added
   std::map<std::string, size_t> index_;
+  std::vector<size_t> group_first_;  // group -> index of its first parameter (size num_groups() + 1)
   AlignedBuffer data_, grad_;
   size_t total_ = 0;
   bool finalized_ = false;
+  bool check_;
 };
 
 }  // namespace mt::nn

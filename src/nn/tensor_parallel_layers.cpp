@@ -60,7 +60,8 @@ void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*
   off = 0;
   for (auto& [p, g] : parts) {
     const size_t n = std::min(p->numel, count);
-    for (size_t i = 0; i < n; i++) p->grad[i] += tmp_[off + i];
+    float* d = p->grad_acc();
+    for (size_t i = 0; i < n; i++) d[i] += tmp_[off + i];
     off += n;
   }
 }
@@ -70,8 +71,8 @@ void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* 
   linear_forward(out, rows.gather(inp, inp_full, N, Cin), W, b, N, Cin, Cl);
 }
 
-void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, float* dW,
-                                     float* db, const float* dout, const float* inp, const float* W, int N, int Cin,
+void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
+                                     GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
                                      int Cl) {
   // Each rank's dinp is the part of the input gradient flowing through its columns: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dinp_full : dinp;
@@ -99,7 +100,7 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
                   sizeof(float) * w);
 }
 
-void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, float* dW, float* db,
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
                                   const float* dout, const float* inp, const float* W, int N, int Cin, int C) {
   linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C);
 }
@@ -129,13 +130,13 @@ void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* log
   gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl);
 }
 
-void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, float* dwte,
+void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
                                     const float* dlogits, const float* x, const float* wte, int N, int C, int Vl) {
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
   gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C);
   rows.reduce(partial, dx, N, C);
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, 1.0f, dwte, C);
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C);
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

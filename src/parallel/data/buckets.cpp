@@ -154,7 +154,6 @@ AlignedBuffer BucketSet::acquire(size_t count) {
     if (pool_[i].size() == count) {
       AlignedBuffer b = std::move(pool_[i]);
       pool_.erase(pool_.begin() + i);
-      b.zero();
       return b;
     }
   }

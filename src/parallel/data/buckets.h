@@ -75,7 +75,7 @@ class BucketSet {
   bool alone() const { return !dp || n == 1; }  // no communication over dp
   void bind_data(Bucket& b, float* base);
   void bind_grad(Bucket& b, float* base);
-  AlignedBuffer acquire(size_t count);  // zeroed, from the pool when one of that size is free
+  AlignedBuffer acquire(size_t count);  // from the pool when one of that size is free; contents undefined
   void give_back(AlignedBuffer& buf);
 
   // Starts reducing bucket b's gradients send[b.count] over b.comm, in the options' dtype: all-reduce into recv

@@ -150,6 +150,7 @@ class Stage2 : public ZeroStage {
       if (b.grad.size() == 0) {
         b.grad = b_.acquire(b.count);
         b_.bind_grad(b, b.grad.data());
+        b_.params.begin_grads(b.begin, b.count);  // a recycled buffer: the first writes overwrite
       }
     }
   }

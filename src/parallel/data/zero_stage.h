@@ -40,7 +40,7 @@ class ZeroStage {
   // fill(p) writes p's full tensor into p.data; this rank keeps its part.
   virtual void initialize(const std::function<void(nn::Param&)>& fill);
 
-  virtual void begin_step() { b_.params.zero_grad(); }
+  virtual void begin_step() { b_.params.begin_grads(); }  // first writes overwrite: no zeroing pass
   virtual void begin_micro_batch() {}
   // Hooks around group g (bucket b), before DataParallel's own bookkeeping.
   virtual void before_forward(int g) {}
