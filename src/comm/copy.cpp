@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/env.h"
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -141,9 +143,7 @@ double in_cache_copy_rate() {
 }
 
 CopyInPolicy make_policy() {
-  if (const char* env = std::getenv("MESHTRAIN_SHM_STREAM")) {
-    if (env[0] == '0' || env[0] == '1') return CopyInPolicy::fixed(env[0] == '1');
-  }
+  if (auto fixed = env_flag("MESHTRAIN_SHM_STREAM")) return CopyInPolicy::fixed(*fixed);
   const double r = in_cache_copy_rate();
   return CopyInPolicy(r / 6, r / 4);
 }

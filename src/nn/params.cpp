@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -79,10 +80,7 @@ constexpr uint32_t kUnwritten = 0x7fcdead5u;
 bool is_unwritten(float x) { return (std::bit_cast<uint32_t>(x) & 0x7fffffffu) == kUnwritten; }
 }  // namespace
 
-ParamRegistry::ParamRegistry() {
-  const char* v = std::getenv("MESHTRAIN_CHECK_GRAD_WRITES");
-  check_ = v && *v && std::strcmp(v, "0") != 0;
-}
+ParamRegistry::ParamRegistry() : check_(env_flag("MESHTRAIN_CHECK_GRAD_WRITES").value_or(false)) {}
 
 void ParamRegistry::begin_grads(size_t begin, size_t count) {
   const size_t end = count > total_ - begin ? total_ : begin + count;

@@ -88,7 +88,7 @@ class ParamRegistry {
   // Group g's backward is over (nn::GroupHooks calls it): zero the gradients of g that nothing wrote (an expert
   // that received no token), so every gradient holds its value before it is reduced or read.
   void settle_grads(int group);
-  // Whether this registry checks (default: MESHTRAIN_CHECK_GRAD_WRITES set and not 0).
+  // Whether this registry checks (default: MESHTRAIN_CHECK_GRAD_WRITES=1; a value other than 0 or 1 throws).
   bool check_grad_writes() const { return check_; }
   void set_check_grad_writes(bool on) { check_ = on; }
 

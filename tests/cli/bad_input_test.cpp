@@ -330,6 +330,40 @@ TEST_F(BadMlpInput, ImageLabelCountMismatch) {
   EXPECT_ERR_MATCHES(r, R"(\b19\b)");
 }
 
+// The MESHTRAIN_* environment variables are parsed strictly (core/env.h): a value that is not one of the
+// accepted forms stops the run with the variable's name instead of being read as the default.
+TEST_F(BadInput, EnvironmentVariablesWithBadValuesAreNamed) {
+  struct Case {
+    const char* name;
+    const char* value;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {
+      {"MESHTRAIN_SHM_STREAM", "yes", {"--nproc", "2"}},
+      {"MESHTRAIN_SHM_CMA", "off", {"--nproc", "2"}},
+      {"MESHTRAIN_SHM_SPIN", "300", {"--nproc", "2"}},
+      {"MESHTRAIN_SHM_SPIN", "300,-1", {"--nproc", "2"}},
+      {"MESHTRAIN_CHECK_GRAD_WRITES", "2", {}},
+  };
+  for (const Case& c : cases) {
+    ::setenv(c.name, c.value, 1);
+    RunResult r = run_meshtrain(gpt_args(good_shard_, c.flags));
+    ::unsetenv(c.name);
+    SCOPED_TRACE(std::string(c.name) + "=" + c.value);
+    EXPECT_FALSE(r.timed_out) << r.describe();
+    EXPECT_EQ(r.term_signal, 0) << r.describe();
+    EXPECT_EQ(r.exit_code, 1) << r.describe();
+    EXPECT_ERR_HAS(r, std::string(c.name) + "=" + c.value);
+  }
+  // Positive control: the accepted values run.
+  ::setenv("MESHTRAIN_SHM_STREAM", "1", 1);
+  ::setenv("MESHTRAIN_SHM_SPIN", "50,500", 1);
+  ::setenv("MESHTRAIN_CHECK_GRAD_WRITES", "1", 1);
+  RunResult ok = run_meshtrain(gpt_args(good_shard_, {"--nproc", "2"}));
+  for (const char* n : {"MESHTRAIN_SHM_STREAM", "MESHTRAIN_SHM_SPIN", "MESHTRAIN_CHECK_GRAD_WRITES"}) ::unsetenv(n);
+  EXPECT_EQ(ok.exit_code, 0) << ok.describe();
+}
+
 TEST_F(BadMlpInput, LabelNotBelowTenClasses) {
   std::string img = dir_ / "img.idx", lab = dir_ / "lab.idx";
   write_images(img, 20);

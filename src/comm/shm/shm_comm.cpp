@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "comm/deadline.h"
+#include "core/env.h"
 #include "comm/copy.h"
 #include "comm/reduce.h"
 #include "core/error.h"
@@ -74,7 +75,8 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   L_.slot_bytes = h.slot_bytes;
   L_.chan_bytes = h.chan_bytes;
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
-  if (const char* cma = std::getenv("MESHTRAIN_SHM_CMA")) cma_ = std::string(cma) != "0";
+  cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
+  env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
   p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until,

@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "comm/copy.h"
+#include "core/env.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,11 +35,8 @@ void futex_wake_all(std::atomic<uint32_t>* addr) {
 }  // namespace
 
 SpinPolicy spin_policy_for(int ranks_on_host) {
-  // MESHTRAIN_SHM_SPIN="spins,yields" overrides (tuning on a given machine).
-  if (const char* env = std::getenv("MESHTRAIN_SHM_SPIN")) {
-    SpinPolicy p;
-    if (std::sscanf(env, "%d,%d", &p.spin_us, &p.yield_us) == 2) return p;
-  }
+  // MESHTRAIN_SHM_SPIN="spin_us,yield_us" overrides (tuning on a given machine).
+  if (auto v = env_int_pair("MESHTRAIN_SHM_SPIN")) return {v->first, v->second};
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1) cores = 1;
   if (ranks_on_host > cores) return {2, 200};
