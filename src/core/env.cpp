@@ -16,6 +16,16 @@ std::optional<bool> env_flag(const char* name) {
   return s == "1";
 }
 
+std::optional<long> env_int(const char* name, long lo, long hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  long x = 0;
+  int used = 0;
+  const bool ok = std::sscanf(v, "%ld%n", &x, &used) == 1 && v[used] == '\0' && x >= lo && x <= hi;
+  MT_CHECK_INPUT(ok, name, "=", v, " is not valid: it takes an integer from ", lo, " to ", hi);
+  return x;
+}
+
 std::optional<std::pair<int, int>> env_int_pair(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return std::nullopt;

@@ -10,6 +10,8 @@ namespace mt {
 
 // A switch that takes 0 or 1: nullopt when unset or empty.
 std::optional<bool> env_flag(const char* name);
+// An integer in [lo, hi]: nullopt when unset or empty.
+std::optional<long> env_int(const char* name, long lo, long hi);
 // Two non-negative integers "a,b" (MESHTRAIN_SHM_SPIN="spin_us,yield_us"): nullopt when unset or empty.
 std::optional<std::pair<int, int>> env_int_pair(const char* name);
 

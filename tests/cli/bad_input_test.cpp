@@ -343,6 +343,7 @@ TEST_F(BadInput, EnvironmentVariablesWithBadValuesAreNamed) {
       {"MESHTRAIN_SHM_CMA", "off", {"--nproc", "2"}},
       {"MESHTRAIN_SHM_SPIN", "300", {"--nproc", "2"}},
       {"MESHTRAIN_SHM_SPIN", "300,-1", {"--nproc", "2"}},
+      {"MESHTRAIN_SHM_SLOT_KB", "64k", {"--nproc", "2"}},
       {"MESHTRAIN_CHECK_GRAD_WRITES", "2", {}},
   };
   for (const Case& c : cases) {

@@ -31,6 +31,17 @@ TEST(EnvFlag, UnsetEmptyZeroOneAndAnythingElse) {
   ::unsetenv(kVar);
 }
 
+TEST(EnvInt, AnIntegerInRangeOnly) {
+  ::setenv(kVar, "64", 1);
+  EXPECT_EQ(mt::env_int(kVar, 4, 65536), std::optional<long>(64));
+  for (const char* bad : {"64abc", "3", "65537", "x", "6 4"}) {
+    ::setenv(kVar, bad, 1);
+    EXPECT_THROW(mt::env_int(kVar, 4, 65536), mt::InputError) << bad;
+  }
+  ::unsetenv(kVar);
+  EXPECT_FALSE(mt::env_int(kVar, 4, 65536).has_value());
+}
+
 TEST(EnvIntPair, TwoNonNegativeIntegersOnly) {
   ::unsetenv(kVar);
   EXPECT_FALSE(mt::env_int_pair(kVar).has_value());

@@ -23,11 +23,7 @@ namespace {
 constexpr uint64_t kRegionMagic = 0x6d74677270726567ull;
 
 size_t slot_bytes_from_env() {
-  if (const char* s = std::getenv("MESHTRAIN_SHM_SLOT_KB")) {
-    long kb = std::atol(s);
-    MT_REQUIRE(InputError, kb >= 4 && kb <= 65536, "MESHTRAIN_SHM_SLOT_KB=", s, " is out of range 4..65536");
-    return static_cast<size_t>(kb) * 1024;
-  }
+  if (auto kb = env_int("MESHTRAIN_SHM_SLOT_KB", 4, 65536)) return static_cast<size_t>(*kb) * 1024;
   return kDefaultSlotBytes;
 }
 
