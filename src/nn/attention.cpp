@@ -45,9 +45,7 @@ void for_each_head(int BH, F&& body) {
 // copies ("control flow in loop"), the one that runs on a single thread (4.5 of 11.7 ms of a gpt-bench
 // layer's attention forward).
 [[gnu::noinline]] void softmax_row(float* __restrict row, int n, int T) {
-  float mx = row[0];
-#pragma omp simd reduction(max : mx)
-  for (int j = 1; j < n; j++) mx = std::max(mx, row[j]);
+  const float mx = max_of(row, n);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int j = 0; j < n; j++) {

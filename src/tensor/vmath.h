@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace mt {
 
@@ -28,6 +29,25 @@ inline float fast_exp(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   return p * std::bit_cast<float>((ni + 127) << 23);
+}
+
+// The largest of x[0..n), n >= 1, sixteen lanes at a time (GCC's vector extension: vmaxps-class code on any
+// x86 ISA). GCC 12 leaves an `omp simd reduction(max)` loop scalar in some of its copies (vmaxss, a 4-cycle
+// chain per element). A NaN element loses every comparison, so NaNs are skipped as std::max skips them.
+inline float max_of(const float* x, int n) {
+  typedef float v16 __attribute__((vector_size(64)));
+  v16 m;
+  for (int l = 0; l < 16; l++) m[l] = x[0];
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    v16 v;
+    std::memcpy(&v, x + j, sizeof(v));
+    m = m < v ? v : m;
+  }
+  float mx = m[0];
+  for (int l = 1; l < 16; l++) mx = mx < m[l] ? m[l] : mx;
+  for (; j < n; j++) mx = mx < x[j] ? x[j] : mx;
+  return mx;
 }
 
 // tanh(z) = 1 - 2 / (exp(2z) + 1); absolute error ~1e-7, which is what GELU's (1 + tanh) needs.

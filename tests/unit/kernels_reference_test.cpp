@@ -4,6 +4,7 @@
 // reassociate sums and use a polynomial exp/tanh within ~2 ulp of libm); each is stated where used.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "nn/reference.h"
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
+#include "tensor/vmath.h"
 #include "tests/unit/gradcheck.h"
 
 using mt::testing::randn;
@@ -115,6 +117,25 @@ INSTANTIATE_TEST_SUITE_P(Threads, KernelsTest, ::testing::Values(1, 2));
 
 // Clipping fused into the update: a step with scale_next_grads(f) on g is bit-identical to a step on the
 // float32 product g * f, and the scale applies to that one step only.
+TEST(VectorMath, MaxOfIsTheLargestElementAtEveryLengthAndPosition) {
+  // Lengths around the 16-lane blocks, the maximum in the blocks, in the tail and at 0; negative values
+  // only (a start at 0 would hide a lane initialized to 0).
+  for (int n = 1; n <= 70; n++) {
+    auto x = randn(n, n, "max_of");
+    for (float& v : x) v = -1.0f - std::fabs(v);
+    for (int at : {0, n / 2, n - 1}) {
+      std::vector<float> y = x;
+      y[at] = -0.5f;
+      EXPECT_EQ(mt::max_of(y.data(), n), -0.5f) << "n " << n << " max at " << at;
+      EXPECT_EQ(mt::max_of(y.data(), n), *std::max_element(y.begin(), y.end())) << n;
+    }
+  }
+  std::vector<float> z(33, -2.0f);
+  z[20] = std::nanf("");
+  z[31] = 3.0f;
+  EXPECT_EQ(mt::max_of(z.data(), 33), 3.0f) << "a NaN after the first element is skipped, as std::max skips it";
+}
+
 TEST(OptimizerFusedScale, AdamWAndSgdEqualPrescaledGradients) {
   const size_t n = 203;
   auto p0 = randn(n, 13, "p"), g = randn(n, 14, "g");
