@@ -26,18 +26,6 @@ namespace {
   return mx + std::log(sum);
 }
 
-// x[j] = exp(x[j] - mx) for the whole row; returns their sum.
-[[gnu::noinline]] float exp_in_place(float* __restrict x, int V, float mx) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < V; j++) {
-    const float e = fast_exp(x[j] - mx);
-    x[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
 [[gnu::noinline]] void scale_in_place(float* __restrict x, int V, float f) {
 #pragma omp simd
   for (int j = 0; j < V; j++) x[j] *= f;
@@ -51,7 +39,7 @@ double softmax_cross_entropy(float* logits, const int32_t* targets, int N, int V
     float* x = logits + (size_t)n * V;
     const float mx = row_max(x, V);
     const float xt = x[targets[n]];
-    const float sum = exp_in_place(x, V, mx);
+    const float sum = exp_sum_in_place(x, V, mx);
     const float loss = mx + std::log(sum) - xt;
     if (losses) losses[n] = loss;
     total += loss;

@@ -50,6 +50,19 @@ inline float max_of(const float* x, int n) {
   return mx;
 }
 
+// x[j] = exp(x[j] - shift) for j < n; returns their sum (a softmax's numerators and denominator). Out of line:
+// inlined into an OpenMP region or a lambda's loop copy GCC 12 has left such loops scalar.
+[[gnu::noinline]] inline float exp_sum_in_place(float* __restrict x, int n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; j++) {
+    const float e = fast_exp(x[j] - shift);
+    x[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
 // tanh(z) = 1 - 2 / (exp(2z) + 1); absolute error ~1e-7, which is what GELU's (1 + tanh) needs.
 inline float fast_tanh(float z) { return 1.0f - 2.0f / (fast_exp(2.0f * z) + 1.0f); }
 
