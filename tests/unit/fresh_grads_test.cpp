@@ -83,12 +83,14 @@ TEST(FreshGrads, GradOutFromAPlainPointerAdds) {
 }
 
 TEST(FreshGradsDeathTest, RangeThatCutsATensorIsABug) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the OpenMP pool of earlier tests has threads
   ParamRegistry r;
   three_tensors(r);
   EXPECT_DEATH(r.begin_grads(1, 4), "cuts tensor a");
 }
 
 TEST(FreshGradsDeathTest, CheckModeCatchesAKernelThatAddsToAnUnwrittenGradient) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the OpenMP pool of earlier tests has threads
   // It takes the GradOut (overwrite) but adds anyway: the marker NaN survives the sum.
   ParamRegistry r;
   r.set_check_grad_writes(true);
@@ -101,6 +103,7 @@ TEST(FreshGradsDeathTest, CheckModeCatchesAKernelThatAddsToAnUnwrittenGradient) 
 }
 
 TEST(FreshGradsDeathTest, CheckModeCatchesAWriteThatBypassesTheProtocol) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the OpenMP pool of earlier tests has threads
   // A write through the raw pointer leaves the tensor marked unwritten: settling would zero what it wrote.
   ParamRegistry r;
   r.set_check_grad_writes(true);
