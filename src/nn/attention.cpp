@@ -5,7 +5,8 @@
 // the dense work. Per (b, h), forward:
 //   S[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T      softmax over j <= t (entries j > t are zero)
 //   y[r0:r1]       = P[r0:r1, 0:r1] v[0:r1]
-// backward (dP, dS in a T x T scratch per thread):
+// backward (dP, dS in a kTile x T scratch per thread; tiles from the last, whose dk, dv products write all T
+// rows, to the first, whose products add):
 //   dP = dy v^T;  dS = P * (dP - rowsum(P * dP)) * scale
 //   dq[r0:r1] = dS k[0:r1];  dk[0:r1] += dS^T q[r0:r1];  dv[0:r1] += P^T dy[r0:r1]
 // With several threads the (b, h) pairs are split across threads (GEMMs inside run single-threaded: 64-row
@@ -103,18 +104,17 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dv = dq + 2 * C;
     const float* P = att + (size_t)bh * T * T;
     const float* dy = dout + (size_t)b * T * C + h * hs;
-    for (int t = 0; t < T; t++) {  // dk, dv are accumulated block by block
-      std::memset(dk + (size_t)t * C3, 0, sizeof(float) * hs);
-      std::memset(dv + (size_t)t * C3, 0, sizeof(float) * hs);
-    }
     float* dS = thread_scratch((size_t)kTile * T);
-    for (int r0 = 0; r0 < T; r0 += kTile) {
-      int r1 = std::min(T, r0 + kTile), m = r1 - r0;
+    // dk and dv add up over the tiles. The last tile's keys are all T rows, so tiles run last to first: the
+    // first one computed writes dk and dv whole (beta 0), the others add, and nothing has to be zeroed first.
+    for (int r0 = (T - 1) / kTile * kTile; r0 >= 0; r0 -= kTile) {
+      const int r1 = std::min(T, r0 + kTile), m = r1 - r0;
+      const float beta = r1 == T ? 0.0f : 1.0f;
       gemm(false, true, m, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS, T);
       for (int i = 0; i < m; i++) softmax_backward_row(dS + (size_t)i * T, P + (size_t)(r0 + i) * T, r0 + i + 1, r1, scale);
       gemm(false, false, m, hs, r1, 1.0f, dS, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
-      gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, 1.0f, dk, C3);
-      gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, 1.0f, dv, C3);
+      gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, beta, dk, C3);
+      gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, beta, dv, C3);
     }
   });
 }
