@@ -363,8 +363,8 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
                            store.get(mb, "lnf_rstd", Nr), Nr, C);
     rows_.sum_replicated({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
   } else {
-    nn::layernorm_backward(dres, lnf_w_->grad_out(), lnf_b_->grad_out(), dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", N),
-                           store.get(mb, "lnf_rstd", N), N, C);
+    nn::layernorm_backward(dres, lnf_w_->grad_out(), lnf_b_->grad_out(), dln, xL, lnf_w_->data,
+                           store.get(mb, "lnf_mean", N), store.get(mb, "lnf_rstd", N), N, C);
   }
   hk.after_backward(L + 1);
   } else {
@@ -401,20 +401,20 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
       const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres, fch_gelu,
-                                       p.fcproj_w->data, N, 4 * Cs, C);
+      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+                                       fch_gelu, p.fcproj_w->data, N, 4 * Cs, C);
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch, ln2,
-                                          p.fc_w->data, N, C, 4 * Cs);
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+                                          ln2, p.fc_w->data, N, C, 4 * Cs);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres, atty,
-                                     p.attproj_w->data, N, Cs, C);
+    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
+                                     atty, p.attproj_w->data, N, Cs, C);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
-    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv, ln1,
-                                        p.qkv_w->data, N, C, 3 * Cs);
+    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+                                        ln1, p.qkv_w->data, N, C, 3 * Cs);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)

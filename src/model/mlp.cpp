@@ -95,7 +95,8 @@ void Mlp::backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* ho
   for (size_t i = L; i-- > 0;) {
     const float* in = store.get(mb, act(i), (size_t)N * w[i]);
     hk.before_backward((int)i);
-    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad_out(), b_[i]->grad_out(), g, in, w_[i]->data, N, w[i], w[i + 1]);
+    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad_out(), b_[i]->grad_out(), g, in, w_[i]->data, N, w[i],
+                        w[i + 1]);
     hk.after_backward((int)i);
     if (i > 0) {
       nn::relu_backward(g2, in, g2, (size_t)N * w[i]);

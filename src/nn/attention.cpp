@@ -53,8 +53,7 @@ void for_each_head(int BH, F&& body) {
 }
 
 // d[0..n) = p * (d - <p, d>) * scale (the softmax's backward for one query row), d[n..m) = 0.
-[[gnu::noinline]] void softmax_backward_row(float* __restrict d, const float* __restrict p, int n, int m,
-                                            float scale) {
+[[gnu::noinline]] void softmax_backward_row(float* __restrict d, const float* __restrict p, int n, int m, float scale) {
   float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
   for (int j = 0; j < n; j++) dot += p[j] * d[j];
@@ -111,7 +110,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const int r1 = std::min(T, r0 + kTile), m = r1 - r0;
       const float beta = r1 == T ? 0.0f : 1.0f;
       gemm(false, true, m, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS, T);
-      for (int i = 0; i < m; i++) softmax_backward_row(dS + (size_t)i * T, P + (size_t)(r0 + i) * T, r0 + i + 1, r1, scale);
+      for (int i = 0; i < m; i++)
+        softmax_backward_row(dS + (size_t)i * T, P + (size_t)(r0 + i) * T, r0 + i + 1, r1, scale);
       gemm(false, false, m, hs, r1, 1.0f, dS, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
       gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, beta, dk, C3);
       gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, beta, dv, C3);

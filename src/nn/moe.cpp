@@ -226,11 +226,11 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
     if (n == 0) continue;
     const Expert& w = local_[le];
     float* dh_e = dh.data() + row * H;
-    linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), dout.data() + row * C, act + row * H, w.proj_w->data,
-                    (int)n, H_, C_);
+    linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), dout.data() + row * C, act + row * H,
+                    w.proj_w->data, (int)n, H_, C_);
     gelu_backward(dh_e, h + row * H, dh_e, (size_t)n * H);
-    linear_backward(dxin.data() + row * C, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data, (int)n,
-                    C_, H_);
+    linear_backward(dxin.data() + row * C, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data,
+                    (int)n, C_, H_);
     row += (size_t)n;
   }
   std::vector<float> dxs((size_t)A * C);

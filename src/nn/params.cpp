@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/env.h"
@@ -84,24 +83,22 @@ ParamRegistry::ParamRegistry() : check_(env_flag("MESHTRAIN_CHECK_GRAD_WRITES").
 
 void ParamRegistry::begin_grads(size_t begin, size_t count) {
   const size_t end = count > total_ - begin ? total_ : begin + count;
-  const bool poison = check_;
   for (Param& p : params_) {
     if (p.offset + p.numel <= begin || p.offset >= end || p.numel == 0) continue;
-    MT_ASSERT(p.offset >= begin && p.offset + p.numel <= end, "begin_grads: [", begin, ", ", end,
-              ") cuts tensor ", p.name);
+    MT_ASSERT(p.offset >= begin && p.offset + p.numel <= end, "begin_grads: [", begin, ", ", end, ") cuts tensor ",
+              p.name);
     MT_ASSERT(p.grad, "begin_grads: ", p.name, " has no gradient buffer bound");
     p.grad_fresh = true;
-    if (poison) std::fill(p.grad, p.grad + p.numel, std::bit_cast<float>(kUnwritten));
+    if (check_) std::fill(p.grad, p.grad + p.numel, std::bit_cast<float>(kUnwritten));
   }
 }
 
 void ParamRegistry::settle_grads(int group) {
   MT_ASSERT(finalized_ && group >= 0 && group < num_groups(), "settle_grads: no group ", group);
-  const bool check = check_;
   for (size_t i = group_first_[group]; i < group_first_[group + 1]; i++) {
     Param& p = params_[i];
     if (p.grad_fresh) {
-      if (check)
+      if (check_)
         for (size_t j = 0; j < p.numel; j++)
           MT_ASSERT(is_unwritten(p.grad[j]), "MESHTRAIN_CHECK_GRAD_WRITES: ", p.name, " [", j,
                     "] was written without grad_out/grad_acc this step: settling would zero it");
@@ -109,7 +106,7 @@ void ParamRegistry::settle_grads(int group) {
       p.grad_fresh = false;
       continue;
     }
-    if (!check || !p.grad) continue;
+    if (!check_ || !p.grad) continue;
     for (size_t j = 0; j < p.numel; j++)
       MT_ASSERT(!is_unwritten(p.grad[j]), "MESHTRAIN_CHECK_GRAD_WRITES: the gradient of ", p.name, " [", j,
                 "] still holds the unwritten marker after its group's backward: a kernel added to it (or left it) ",

@@ -11,10 +11,10 @@
 #include <cstring>
 #include <numeric>
 
-#include "comm/deadline.h"
-#include "core/env.h"
 #include "comm/copy.h"
+#include "comm/deadline.h"
 #include "comm/reduce.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace mt::comm::shm {
