@@ -4,19 +4,36 @@
 // blas_onednn.cpp and blas_openblas.cpp hold one each; this header is all the rest of meshtrain sees.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace mt {
+
+// The precision of a product's inputs, chosen per call (a model's products follow --precision; other products,
+// such as PowerSGD's, stay float32). bf16: A and B are rounded to bfloat16 (nearest even, tensor/bf16.h),
+// multiplied exactly and accumulated in float32; alpha, beta, the bias and C stay float32. Native on a CPU
+// with bf16 dot-product instructions (oneDNN's avx512_core_bf16 or AMX kernels), else emulated: the inputs
+// are rounded into float32 copies and multiplied by the float32 kernel (the same math, no speed gain).
+enum class Precision { fp32, bf16 };
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, op = transpose when trans_* is true.
 // lda/ldb/ldc are the row strides of A, B, C as stored. Safe to call from inside an OpenMP parallel region
 // (each call then runs on the calling thread only).
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc);
+          int ldb, float beta, float* C, int ldc, Precision prec = Precision::fp32);
 
 // C[M,N] = A[M,K] B[K,N] + bias[N] (+ C when accumulate): the bias is added by the product's kernel as it
 // writes C (one pass over C instead of two). A, B, C contiguous.
-void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate);
+void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
+               Precision prec = Precision::fp32);
+
+// Whether Precision::bf16 products run on bf16 instructions here: the oneDNN backend on a CPU whose ISA has
+// them, unless MESHTRAIN_BF16_EMULATE=1 (strict 0|1) or set_bf16_emulation(true) forces the emulated path.
+bool bf16_native();
+// "avx512_core_bf16" or "avx512_core_amx" (native), or "emulated": for the run's first line.
+std::string bf16_kernel_name();
+// Tests: force the emulated path (true), forbid forcing it (false), or back to MESHTRAIN_BF16_EMULATE (nullopt).
+void set_bf16_emulation(std::optional<bool> force);
 
 // Threads used by the GEMM library and by meshtrain's own OpenMP loops in this process.
 void set_num_threads(int n);
@@ -30,7 +47,7 @@ struct GemmKernel {
   std::string isa_detail;  // the library's own name for it ("avx512_core_bf16", "Cooperlake")
 };
 GemmKernel gemm_kernel();
-// One line: "oneDNN 2.6.3 (OpenMP) matmul brg:avx512_core, ISA avx512 (avx512_core_bf16)".
+// One line: "oneDNN 2.6.3 (OpenMP) matmul brg:avx512_core, ISA avx512 (avx512_core_bf16), bf16: avx512_core_bf16".
 std::string gemm_kernel_line();
 
 }  // namespace mt

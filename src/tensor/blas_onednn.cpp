@@ -8,6 +8,11 @@
 // (kernel JIT, blocking plan), executing a cached one adds ~2 us to the product. A training run meets a
 // few dozen shapes, so the cache stays small. Scratchpads are owned by the caller (one per thread), so one
 // primitive may run on several threads at once.
+//
+// Precision::bf16 on a CPU with bf16 instructions: A and B are packed into this thread's bf16 copies (as
+// stored, row stride = stored columns; one pass over each, threaded when large) and a matmul with bf16 sources
+// and weights and float32 destination, bias, scales and sum multiplies them (vdpbf16ps: exact products of bf16
+// pairs, float32 accumulation). Elsewhere, or when forced, the emulated path of gemm_bf16.cpp.
 #include <dnnl.hpp>
 #include <omp.h>
 
@@ -20,7 +25,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
+#include "tensor/gemm_bf16.h"
 
 namespace mt {
 
@@ -31,7 +38,7 @@ using dnnl::memory;
 int g_threads = 1;
 
 struct Key {
-  bool ta, tb, bias, in_parallel;
+  bool ta, tb, bias, in_parallel, bf16;
   int M, N, K, lda, ldb, ldc, threads;
   uint32_t alpha, beta;  // bit patterns
   bool operator==(const Key&) const = default;
@@ -40,8 +47,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = 0;
-    for (uint64_t v : {(uint64_t)k.ta, (uint64_t)k.tb, (uint64_t)k.bias, (uint64_t)k.in_parallel, (uint64_t)k.M,
-                       (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.lda, (uint64_t)k.ldb, (uint64_t)k.ldc,
+    for (uint64_t v : {(uint64_t)k.ta, (uint64_t)k.tb, (uint64_t)k.bias, (uint64_t)k.in_parallel, (uint64_t)k.bf16,
+                       (uint64_t)k.M, (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.lda, (uint64_t)k.ldb, (uint64_t)k.ldc,
                        (uint64_t)k.threads, (uint64_t)k.alpha, (uint64_t)k.beta})
       h = (h ^ v) * 0x100000001b3ull;
     return h;
@@ -65,14 +72,15 @@ std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> g_cache;  // entries ne
 std::vector<std::string> g_impls;                                  // distinct kernel names, first use first
 
 // op(A)[M,K] of a row-major A with row stride ld: transposed storage reads it with strides {1, ld}.
-memory::desc matrix(int rows, int cols, int ld, bool trans) {
-  return memory::desc({rows, cols}, memory::data_type::f32, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
+memory::desc matrix(int rows, int cols, int ld, bool trans, memory::data_type dt = memory::data_type::f32) {
+  return memory::desc({rows, cols}, dt, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
 std::unique_ptr<Entry> create(const Key& k, float alpha, float beta) {
   auto e = std::make_unique<Entry>();
-  e->a = matrix(k.M, k.K, k.lda, k.ta);
-  e->b = matrix(k.K, k.N, k.ldb, k.tb);
+  const memory::data_type in = k.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  e->a = matrix(k.M, k.K, k.lda, k.ta, in);
+  e->b = matrix(k.K, k.N, k.ldb, k.tb, in);
   e->c = matrix(k.M, k.N, k.ldc, false);
   if (k.bias) e->bias = memory::desc({1, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
   dnnl::primitive_attr attr;
@@ -91,9 +99,9 @@ std::unique_ptr<Entry> create(const Key& k, float alpha, float beta) {
     e->impl = pd.impl_info_str();
     e->prim = dnnl::matmul(pd);
   } catch (const dnnl::error& err) {
-    throw Error(str("oneDNN cannot make a matmul for ", k.ta ? "A^T" : "A", "[", k.M, "x", k.K, "] ",
-                    k.tb ? "B^T" : "B", "[", k.K, "x", k.N, "] (lda ", k.lda, ", ldb ", k.ldb, ", ldc ", k.ldc,
-                    "): ", err.what()));
+    throw Error(str("oneDNN cannot make a ", k.bf16 ? "bf16" : "f32", " matmul for ", k.ta ? "A^T" : "A", "[", k.M, "x",
+                    k.K, "] ", k.tb ? "B^T" : "B", "[", k.K, "x", k.N, "] (lda ", k.lda, ", ldb ", k.ldb, ", ldc ",
+                    k.ldc, "): ", err.what()));
   }
   return e;
 }
@@ -109,7 +117,7 @@ const Entry& lookup(const Key& k, float alpha, float beta) {
   return *g_cache.emplace(k, std::move(e)).first->second;
 }
 
-void execute(const Entry& e, const float* A, const float* B, const float* bias, float* C) {
+void execute(const Entry& e, const void* A, const void* B, const float* bias, float* C) {
   thread_local dnnl::stream stream(cpu_engine());
   // This thread's scratchpad, page-aligned (oneDNN's kernels may use aligned vector stores in it).
   thread_local std::unique_ptr<uint8_t, decltype(&std::free)> scratch(nullptr, &std::free);
@@ -120,22 +128,48 @@ void execute(const Entry& e, const float* A, const float* B, const float* bias, 
     MT_REQUIRE(Error, scratch, "cannot allocate ", scratch_size, " bytes of GEMM scratchpad");
   }
   dnnl::engine& eng = cpu_engine();
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.a, eng, const_cast<float*>(A))},
-                                       {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<float*>(B))},
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.a, eng, const_cast<void*>(A))},
+                                       {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<void*>(B))},
                                        {DNNL_ARG_DST, memory(e.c, eng, C)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(e.bias, eng, const_cast<float*>(bias)));
   if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.get()));
   e.prim.execute(stream, args);
 }
 
-Key make_key(bool ta, bool tb, bool bias, int M, int N, int K, int lda, int ldb, int ldc, float alpha, float beta) {
+Key make_key(bool ta, bool tb, bool bias, int M, int N, int K, int lda, int ldb, int ldc, float alpha, float beta,
+             bool bf16 = false) {
   const bool par = omp_in_parallel();
   // oneDNN sizes its work split by omp_get_max_threads() when a primitive is made and runs that many threads:
   // keep it equal to meshtrain's count on this thread (the OpenMP default is every core, and a process
   // forked from one whose OpenMP pool is up cannot start a team of more than one thread).
   if (!par && omp_get_max_threads() != g_threads) omp_set_num_threads(g_threads);
-  return Key{ta, tb, bias, par, M, N, K, lda, ldb, ldc, par ? 1 : g_threads, std::bit_cast<uint32_t>(alpha),
+  return Key{ta,
+             tb,
+             bias,
+             par,
+             bf16,
+             M,
+             N,
+             K,
+             lda,
+             ldb,
+             ldc,
+             par ? 1 : g_threads,
+             std::bit_cast<uint32_t>(alpha),
              std::bit_cast<uint32_t>(beta)};
+}
+
+// The rows x cols matrix at src (row stride ld) as contiguous bf16 in this thread's buffer `slot` (0: A, 1: B).
+const uint16_t* packed_bf16(int slot, const float* src, int rows, int cols, int ld) {
+  thread_local std::vector<uint16_t> buf[2];
+  std::vector<uint16_t>& b = buf[slot];
+  if (b.size() < (size_t)rows * cols) b.resize((size_t)rows * cols);
+  pack_bf16(src, rows, cols, ld, b.data());
+  return b.data();
+}
+
+bool isa_has(dnnl::cpu_isa isa, dnnl::cpu_isa want) {
+  return (static_cast<unsigned>(isa) & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
 }
 
 // C = beta * C (+ bias): the product of an empty K.
@@ -165,18 +199,50 @@ const char* isa_name(dnnl::cpu_isa isa) {
 
 }  // namespace
 
+namespace detail {
+
+bool bf16_isa_native() {
+  static const bool native = isa_has(dnnl::get_effective_cpu_isa(), dnnl::cpu_isa::avx512_core_bf16);
+  return native;
+}
+
+std::string bf16_isa_name() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa_has(isa, dnnl::cpu_isa::avx512_core_amx) ? "avx512_core_amx" : "avx512_core_bf16";
+}
+
+}  // namespace detail
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc) {
+          int ldb, float beta, float* C, int ldc, Precision prec) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, nullptr, C, ldc);
+  if (prec == Precision::bf16) {
+    if (!bf16_native())
+      return detail::gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    // Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
+    const int ac = trans_a ? M : K, bc = trans_b ? K : N;
+    const uint16_t* a = packed_bf16(0, A, trans_a ? K : M, ac, lda);
+    const uint16_t* b = packed_bf16(1, B, trans_b ? N : K, bc, ldb);
+    const Entry& e = lookup(make_key(trans_a, trans_b, false, M, N, K, ac, bc, ldc, alpha, beta, true), alpha, beta);
+    return execute(e, a, b, nullptr, C);
+  }
   const Entry& e = lookup(make_key(trans_a, trans_b, false, M, N, K, lda, ldb, ldc, alpha, beta), alpha, beta);
   execute(e, A, B, nullptr, C);
 }
 
-void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate) {
+void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
+               Precision prec) {
   if (M == 0 || N == 0) return;
   const float beta = accumulate ? 1.0f : 0.0f;
   if (K == 0) return scale_only(M, N, beta, bias, C, N);
+  if (prec == Precision::bf16) {
+    if (!bf16_native()) return detail::gemm_bias_bf16_emulated(M, N, K, A, B, bias, C, accumulate);
+    const uint16_t* a = packed_bf16(0, A, M, K, K);
+    const uint16_t* b = packed_bf16(1, B, K, N, N);
+    const Entry& e = lookup(make_key(false, false, true, M, N, K, K, N, N, 1.0f, beta, true), 1.0f, beta);
+    return execute(e, a, b, bias, C);
+  }
   const Entry& e = lookup(make_key(false, false, true, M, N, K, K, N, N, 1.0f, beta), 1.0f, beta);
   execute(e, A, B, bias, C);
 }
@@ -202,7 +268,8 @@ GemmKernel gemm_kernel() {
     for (const std::string& s : g_impls) k.impl += (k.impl.empty() ? "" : ", ") + s;
   }
   if (k.impl.empty()) {  // nothing multiplied yet: the kernel a square product of this thread count gets
-    Key probe{false, false, false, false, 256, 256, 256, 256, 256, 256, g_threads, std::bit_cast<uint32_t>(1.0f), 0};
+    Key probe{false, false, false, false, false, 256, 256, 256, 256, 256, 256, g_threads, std::bit_cast<uint32_t>(1.0f),
+              0};
     k.impl = create(probe, 1.0f, 0.0f)->impl;
   }
   k.isa_detail = isa_name(dnnl::get_effective_cpu_isa());
@@ -213,7 +280,7 @@ GemmKernel gemm_kernel() {
 
 std::string gemm_kernel_line() {
   GemmKernel k = gemm_kernel();
-  return str(k.library, " matmul ", k.impl, ", ISA ", k.isa, " (", k.isa_detail, ")");
+  return str(k.library, " matmul ", k.impl, ", ISA ", k.isa, " (", k.isa_detail, "), bf16: ", bf16_kernel_name());
 }
 
 }  // namespace mt

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tensor/gemm_bf16.h"
 
 namespace mt {
 
@@ -27,9 +28,19 @@ void gemm_serial(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
 
 }  // namespace
 
+namespace detail {
+
+// CBLAS has no bf16 product: Precision::bf16 always takes the emulated path.
+bool bf16_isa_native() { return false; }
+std::string bf16_isa_name() { return "emulated"; }
+
+}  // namespace detail
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc) {
+          int ldb, float beta, float* C, int ldc, Precision prec) {
   if (M == 0 || N == 0) return;
+  if (prec == Precision::bf16)
+    return detail::gemm_bf16_emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const int nt = g_threads;
   // Below ~1 MFLOP per thread, or inside a parallel region (attention heads), one thread does it all.
   if (nt <= 1 || omp_in_parallel() || (double)M * N * K < 1e6 * nt || M < 16 * nt) {
@@ -51,8 +62,10 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   }
 }
 
-void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate) {
-  // CBLAS has no epilogue: write (or add) the bias first, then accumulate the product on top (beta = 1).
+void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
+               Precision prec) {
+  if (prec == Precision::bf16) return detail::gemm_bias_bf16_emulated(M, N, K, A, B, bias, C, accumulate);
+    // CBLAS has no epilogue: write (or add) the bias first, then accumulate the product on top (beta = 1).
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < M; i++) {
     float* c = C + (size_t)i * N;
@@ -97,7 +110,7 @@ GemmKernel gemm_kernel() {
 
 std::string gemm_kernel_line() {
   GemmKernel k = gemm_kernel();
-  return str(k.library, " core ", k.impl, ", ISA ", k.isa);
+  return str(k.library, " core ", k.impl, ", ISA ", k.isa, ", bf16: ", bf16_kernel_name());
 }
 
 }  // namespace mt

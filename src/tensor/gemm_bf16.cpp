@@ -1,0 +1,66 @@
+// The backend-independent half of Precision::bf16 (blas.h): the choice between native and emulated products,
+// and the emulated products themselves.
+#include "tensor/gemm_bf16.h"
+
+#include <atomic>
+
+#include "core/env.h"
+#include "tensor/bf16.h"
+#include "tensor/buffer.h"
+
+namespace mt {
+
+namespace {
+
+// set_bf16_emulation's value: -1 none (MESHTRAIN_BF16_EMULATE decides), 0 not forced, 1 forced.
+std::atomic<int> g_force{-1};
+
+bool emulation_forced() {
+  const int f = g_force.load(std::memory_order_relaxed);
+  if (f >= 0) return f == 1;
+  // Read once: a bad value is an InputError at the first bf16 product or the run's first line, every time.
+  static const std::optional<bool> env = env_flag("MESHTRAIN_BF16_EMULATE");
+  return env.value_or(false);
+}
+
+// This thread's copy buffer, grown to at least n floats.
+float* grow(AlignedBuffer& b, size_t n) {
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+}  // namespace
+
+bool bf16_native() { return !emulation_forced() && detail::bf16_isa_native(); }
+
+std::string bf16_kernel_name() { return bf16_native() ? detail::bf16_isa_name() : "emulated"; }
+
+void set_bf16_emulation(std::optional<bool> force) { g_force = force ? (*force ? 1 : 0) : -1; }
+
+namespace detail {
+
+void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                        const float* B, int ldb, float beta, float* C, int ldc) {
+  thread_local AlignedBuffer a, b;
+  // Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
+  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+  float* a16 = grow(a, (size_t)ar * ac);
+  float* b16 = grow(b, (size_t)br * bc);
+  pack_rounded(A, ar, ac, lda, a16);
+  pack_rounded(B, br, bc, ldb, b16);
+  gemm(trans_a, trans_b, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc, Precision::fp32);
+}
+
+void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B, const float* bias, float* C,
+                             bool accumulate) {
+  thread_local AlignedBuffer a, b;
+  float* a16 = grow(a, (size_t)M * K);
+  float* b16 = grow(b, (size_t)K * N);
+  pack_rounded(A, M, K, K, a16);
+  pack_rounded(B, K, N, N, b16);
+  gemm_bias(M, N, K, a16, b16, bias, C, accumulate, Precision::fp32);
+}
+
+}  // namespace detail
+
+}  // namespace mt

@@ -1,0 +1,20 @@
+// Internal to the GEMM backends (blas_onednn.cpp, blas_openblas.cpp): what they share for Precision::bf16.
+#pragma once
+
+#include "tensor/blas.h"
+
+namespace mt::detail {
+
+// The backend's own answer: does it have a bf16 kernel for this CPU, and its name ("avx512_core_bf16").
+bool bf16_isa_native();
+std::string bf16_isa_name();
+
+// Precision::bf16 by emulation: A and B rounded to bf16 into this thread's float32 copies (packed, row
+// stride = stored columns), then the float32 kernel on the copies. Cost over the float32 product: one pass
+// over A and B, and copies of their size per thread (grown, never shrunk).
+void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                        const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B, const float* bias, float* C,
+                             bool accumulate);
+
+}  // namespace mt::detail

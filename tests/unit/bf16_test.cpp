@@ -1,0 +1,248 @@
+// bf16 rounding and Precision::bf16 products (tensor/bf16.h, tensor/blas.h).
+// Rounding: the vectorized conversion against the reference written from the definition, over every upper half
+// of a float32 with the lower halves that decide rounding (zero, one, just below/at/above the tie, all ones),
+// which covers ties to even, NaN (incl. payloads that truncation would turn into inf), inf, overflow and
+// denormals; plus values worked out by hand.
+// Products: each bf16 product against the double-precision sum of products of the rounded inputs, within
+// float32 rounding of that sum (1e-6 of sum |a b|), on the native and the emulated path, for the model's
+// shapes, transposed and strided operands, alpha, beta and the bias epilogue; and the same tolerance is
+// broken by the float32 product of unrounded inputs, so the check sees the rounding.
+#include "tensor/bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tensor/blas.h"
+#include "tests/unit/gradcheck.h"
+
+namespace {
+
+float bits(uint32_t u) { return std::bit_cast<float>(u); }
+
+TEST(Bf16Round, VectorizedMatchesReferenceOverEveryUpperHalf) {
+  const uint32_t lows[] = {0x0000, 0x0001, 0x3fff, 0x7ffe, 0x7fff, 0x8000, 0x8001, 0xc000, 0xfffe, 0xffff};
+  std::vector<float> src;
+  for (uint32_t hi = 0; hi < 0x10000; hi++)
+    for (uint32_t lo : lows) src.push_back(bits(hi << 16 | lo));
+  std::vector<uint16_t> out(src.size());
+  mt::to_bf16(src.data(), out.data(), src.size());
+  std::vector<float> rounded(src.size());
+  mt::round_to_bf16(src.data(), rounded.data(), src.size());
+  for (size_t i = 0; i < src.size(); i++) {
+    const uint16_t want = mt::bf16_from_f32_reference(src[i]);
+    ASSERT_EQ(out[i], want) << std::hex << "input 0x" << std::bit_cast<uint32_t>(src[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(rounded[i]), (uint32_t)want << 16) << i;
+    ASSERT_EQ(std::isnan(src[i]), std::isnan(mt::f32_from_bf16(out[i]))) << i;
+  }
+}
+
+TEST(Bf16Round, HandWorkedValues) {
+  using mt::bf16_from_f32;
+  EXPECT_EQ(bf16_from_f32(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);             // tie between 1 and 1+2^-7: the even (1)
+  EXPECT_EQ(bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82);         // tie between 1+2^-7 (odd) and 1+2^-6: up
+  EXPECT_EQ(bf16_from_f32(1.0f + 0x1p-8f + 0x1p-23f), 0x3f81);  // just above the tie
+  EXPECT_EQ(bf16_from_f32(-1.0f - 0x1p-8f - 0x1p-23f), 0xbf81);
+  EXPECT_EQ(bf16_from_f32(-0.0f), 0x8000);
+  EXPECT_EQ(bf16_from_f32(bits(0x00000001)), 0x0000);                   // smallest denormal: down to zero
+  EXPECT_EQ(bf16_from_f32(bits(0x00008000)), 0x0000);                   // denormal tie: to the even (0)
+  EXPECT_EQ(bf16_from_f32(bits(0x00018000)), 0x0002);                   // denormal tie from 1: up to the even (2)
+  EXPECT_EQ(bf16_from_f32(bits(0x00010001)), 0x0001);                   // denormals are kept, not flushed
+  EXPECT_EQ(bf16_from_f32(std::numeric_limits<float>::max()), 0x7f80);  // above max bf16 + half ulp: inf
+  EXPECT_EQ(bf16_from_f32(bits(0x7f7f7fff)), 0x7f7f);                   // just below that tie: the largest finite bf16
+  EXPECT_EQ(bf16_from_f32(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(bf16_from_f32(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(bf16_from_f32(bits(0x7f800001)), 0x7fc0);  // a NaN whose payload is all in the lower half
+  EXPECT_EQ(bf16_from_f32(bits(0xffc12345)), 0xffc1);
+}
+
+// A product to check: op(A)[M,K] op(B)[K,N] with A, B stored with extra columns (ld > stored width) when
+// strided, C with row stride ldc >= N.
+struct Case {
+  bool ta, tb;
+  int M, N, K;
+  bool strided;
+  float alpha, beta;
+};
+
+struct Operands {
+  int lda, ldb, ldc;
+  std::vector<float> A, B, C0;
+};
+
+Operands make(const Case& c, uint64_t seed) {
+  Operands o;
+  const int ar = c.ta ? c.K : c.M, ac = c.ta ? c.M : c.K, br = c.tb ? c.N : c.K, bc = c.tb ? c.K : c.N;
+  const int pad = c.strided ? 5 : 0;
+  o.lda = ac + pad;
+  o.ldb = bc + pad;
+  o.ldc = c.N + pad;
+  o.A = mt::testing::randn((size_t)ar * o.lda, seed, "A");
+  o.B = mt::testing::randn((size_t)br * o.ldb, seed, "B", 0.02f);
+  o.C0 = mt::testing::randn((size_t)c.M * o.ldc, seed, "C");
+  return o;
+}
+
+// Checks gemm(..., Precision::bf16) on the current path; returns how many elements the float32 product of the
+// unrounded inputs puts outside the tolerance (the rounding the check can see).
+int check_product(const Case& c, uint64_t seed) {
+  Operands o = make(c, seed);
+  std::vector<float> C = o.C0, C32 = o.C0;
+  mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, c.beta, C.data(), o.ldc,
+           mt::Precision::bf16);
+  mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, c.beta, C32.data(), o.ldc);
+  int visible = 0;
+  for (int i = 0; i < c.M; i++)
+    for (int j = 0; j < c.N; j++) {
+      double s = 0, abs = 0;
+      for (int k = 0; k < c.K; k++) {
+        const float a = c.ta ? o.A[(size_t)k * o.lda + i] : o.A[(size_t)i * o.lda + k];
+        const float b = c.tb ? o.B[(size_t)j * o.ldb + k] : o.B[(size_t)k * o.ldb + j];
+        const double p = (double)mt::bf16_round(a) * mt::bf16_round(b);  // exact in float32 too
+        s += p;
+        abs += std::fabs(p);
+      }
+      const size_t at = (size_t)i * o.ldc + j;
+      const double want = c.alpha * s + c.beta * o.C0[at];
+      const double tol = 1e-6 * (std::fabs(c.alpha) * abs + std::fabs(c.beta * o.C0[at])) + 1e-30;
+      EXPECT_NEAR(C[at], want, tol) << "element " << i << "," << j;
+      if (std::fabs(C32[at] - want) > tol) visible++;
+    }
+  // Padding columns of C are not written.
+  for (int i = 0; i < c.M; i++)
+    for (int j = c.N; j < o.ldc; j++) EXPECT_EQ(C[(size_t)i * o.ldc + j], o.C0[(size_t)i * o.ldc + j]);
+  return visible;
+}
+
+// The products of a small GPT (N = 64 rows, C = 48, hs = 16, V = 65) and of GPT-2's width (C = 768), as
+// linear forward/backward and attention issue them, every transpose pair, contiguous and strided.
+std::vector<Case> model_cases() {
+  std::vector<Case> cases;
+  const int shapes[][3] = {{64, 144, 48}, {64, 48, 192}, {48, 192, 64}, {64, 65, 48},
+                           {16, 64, 16},  {64, 16, 64},  {32, 96, 768}, {7, 3, 1}};
+  for (auto& s : shapes)
+    for (int t = 0; t < 4; t++)
+      for (int strided = 0; strided < 2; strided++)
+        cases.push_back(
+            {bool(t & 1), bool(t & 2), s[0], s[1], s[2], bool(strided), t == 3 ? 0.25f : 1.0f, strided ? 1.0f : 0.0f});
+  return cases;
+}
+
+class Bf16Gemm : public ::testing::TestWithParam<int> {  // 0: emulated, 1: native
+ protected:
+  void SetUp() override {
+    mt::set_bf16_emulation(GetParam() == 0);
+    if (GetParam() == 1 && !mt::bf16_native()) GTEST_SKIP() << "no bf16 instructions here: " << mt::gemm_kernel_line();
+  }
+  void TearDown() override {
+    mt::set_bf16_emulation(std::nullopt);
+    mt::set_num_threads(1);
+  }
+};
+
+TEST_P(Bf16Gemm, ProductsOfRoundedInputsForModelShapes) {
+  EXPECT_EQ(mt::bf16_kernel_name() == "emulated", GetParam() == 0);
+  for (int threads : {1, 2}) {
+    mt::set_num_threads(threads);
+    uint64_t seed = 1;
+    for (const Case& c : model_cases()) {
+      SCOPED_TRACE(::testing::Message() << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N " << c.N << " K "
+                                        << c.K << " strided " << c.strided << " threads " << threads);
+      const int visible = check_product(c, seed++);
+      if (c.K >= 16) {
+        EXPECT_GT(visible, c.M * c.N / 2) << "the float32 product passes the bf16 check";
+      }
+    }
+  }
+  std::printf("kernels: %s\n", mt::gemm_kernel_line().c_str());
+}
+
+// Called from inside a parallel region (attention's per-head products): each thread packs its own copies.
+TEST_P(Bf16Gemm, InsideParallelRegion) {
+  mt::set_num_threads(2);
+  const Case c{false, true, 64, 64, 16, true, 0.25f, 0.0f};
+  int bad = 0;
+#pragma omp parallel for num_threads(2) reduction(+ : bad)
+  for (int r = 0; r < 8; r++) {
+    Operands o = make(c, 100 + r);
+    std::vector<float> C = o.C0, Cr = o.C0;
+    std::vector<float> Ar(o.A.size()), Br(o.B.size());
+    mt::round_to_bf16(o.A.data(), Ar.data(), Ar.size());
+    mt::round_to_bf16(o.B.data(), Br.data(), Br.size());
+    mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, 0.0f, C.data(), o.ldc,
+             mt::Precision::bf16);
+    mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ar.data(), o.lda, Br.data(), o.ldb, 0.0f, Cr.data(), o.ldc);
+    for (int i = 0; i < c.M; i++)
+      for (int j = 0; j < c.N; j++) {
+        const float x = C[(size_t)i * o.ldc + j], y = Cr[(size_t)i * o.ldc + j];
+        bad += std::fabs(x - y) > 1e-5f * (1.0f + std::fabs(y));
+      }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_P(Bf16Gemm, BiasEpilogue) {
+  const int M = 64, N = 192, K = 48;
+  auto A = mt::testing::randn(M * K, 7, "A"), B = mt::testing::randn(K * N, 7, "B", 0.02f);
+  auto bias = mt::testing::randn(N, 7, "bias"), C0 = mt::testing::randn(M * N, 7, "C");
+  for (int acc = 0; acc < 2; acc++) {
+    auto C = C0;
+    mt::gemm_bias(M, N, K, A.data(), B.data(), bias.data(), C.data(), acc, mt::Precision::bf16);
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        double s = 0, abs = 0;
+        for (int k = 0; k < K; k++) {
+          const double p = (double)mt::bf16_round(A[i * K + k]) * mt::bf16_round(B[k * N + j]);
+          s += p;
+          abs += std::fabs(p);
+        }
+        const double want = s + bias[j] + (acc ? C0[i * N + j] : 0.0);
+        const double tol = 1e-6 * (abs + std::fabs(bias[j]) + (acc ? std::fabs(C0[i * N + j]) : 0.0));
+        ASSERT_NEAR(C[i * N + j], want, tol) << acc << " " << i << "," << j;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Path, Bf16Gemm, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& p) { return p.param ? "native" : "emulated"; });
+
+// Emulated on contiguous operands is the float32 kernel on the rounded operands: the same bits.
+TEST(Bf16Gemm, EmulatedIsFloat32KernelOnRoundedInputsBitForBit) {
+  mt::set_bf16_emulation(true);
+  const int M = 64, N = 144, K = 48;
+  auto A = mt::testing::randn(M * K, 3, "A"), B = mt::testing::randn(K * N, 3, "B");
+  std::vector<float> Ar(A.size()), Br(B.size()), C1(M * N), C2(M * N);
+  mt::round_to_bf16(A.data(), Ar.data(), A.size());
+  mt::round_to_bf16(B.data(), Br.data(), B.size());
+  mt::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C1.data(), N, mt::Precision::bf16);
+  mt::gemm(false, false, M, N, K, 1.0f, Ar.data(), K, Br.data(), N, 0.0f, C2.data(), N);
+  mt::set_bf16_emulation(std::nullopt);
+  EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), sizeof(float) * C1.size()));
+}
+
+// Run by ctest with MESHTRAIN_BF16_EMULATE set (tests/unit/extra.cmake): the variable picks the path.
+TEST(Bf16Env, EmulateVariableChoosesThePath) {
+  const char* v = std::getenv("MESHTRAIN_BF16_EMULATE");
+  if (!v) GTEST_SKIP() << "MESHTRAIN_BF16_EMULATE unset";
+  const std::string s = v;
+  if (s == "1") {
+    EXPECT_EQ(mt::bf16_kernel_name(), "emulated");
+    EXPECT_NE(mt::gemm_kernel_line().find("bf16: emulated"), std::string::npos) << mt::gemm_kernel_line();
+  } else if (s == "0") {
+    EXPECT_NE(mt::bf16_kernel_name(), "");
+  } else {
+    EXPECT_THROW(mt::bf16_kernel_name(), mt::InputError);
+  }
+}
+
+}  // namespace
