@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "data/token_shard.h"
 #include "model/gpt.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
 #include "tensor/buffer.h"
 #include "tensor/fma_peak.h"
@@ -37,6 +38,7 @@ struct BenchArgs {
   model::GptConfig shape{6, 6, 384, 8192, 256};  // "gpt-bench", about 13.9M parameters
   std::string torch_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/torch_gpt_bench.py";
   bool no_torch = false;
+  Precision precision = Precision::fp32;  // meshtrain's products; bf16 runs PyTorch under autocast bf16
   // PyTorch runs once per OPENBLAS_CORETYPE value ("unset" removes the variable) and the best counts.
   std::string torch_coretypes = "unset,SkylakeX,Cooperlake,Haswell";
 };
@@ -62,9 +64,10 @@ std::vector<std::pair<GemmShape, int>> model_gemms(const model::GptConfig& c, in
   return g;
 }
 
-// GFLOP/s of this process's SGEMM over the model's GEMM shapes, after checking one result element per
-// shape against a double-precision dot product.
-double measure_sgemm(const model::GptConfig& c, int N, int repeats) {
+// GFLOP/s of this process's GEMM in `prec` over the model's GEMM shapes, after checking one result element per
+// shape against a double-precision dot product (of the rounded inputs for bf16).
+double measure_sgemm(const model::GptConfig& c, int N, int repeats, Precision prec) {
+  auto in = [prec](float x) { return prec == Precision::bf16 ? (double)bf16_round(x) : (double)x; };
   auto shapes = model_gemms(c, N);
   size_t most = 0;
   for (auto& [s, k] : shapes) most = std::max({most, (size_t)s.M * s.K, (size_t)s.K * s.N, (size_t)s.M * s.N});
@@ -77,12 +80,12 @@ double measure_sgemm(const model::GptConfig& c, int N, int repeats) {
   double flops = 0, secs = 0;
   for (auto& [s, mult] : shapes) {
     int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
-    gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N);  // warm-up
+    gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N, prec);  // warm-up
     double ref = 0;
     for (int k = 0; k < s.K; k++) {
       int i = s.M - 1, j = s.N / 2;
-      double a = s.ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
-      double b = s.tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+      double a = in(s.ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]);
+      double b = in(s.tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
       ref += a * b;
     }
     double got = Cm[(size_t)(s.M - 1) * s.N + s.N / 2];
@@ -90,7 +93,7 @@ double measure_sgemm(const model::GptConfig& c, int N, int repeats) {
                s.N, "x", s.K, ": ", got, " vs ", ref, " (is this OpenBLAS kernel right for this CPU?)");
     auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < repeats * mult; r++)
-      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N);
+      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cm.data(), s.N, prec);
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     flops += 2.0 * s.M * s.N * (double)s.K * repeats * mult;
   }
@@ -98,12 +101,12 @@ double measure_sgemm(const model::GptConfig& c, int N, int repeats) {
 }
 
 nlohmann::json run_torch(const BenchArgs& a, const std::string& coretype) {
-  std::string cmd = "/usr/bin/python3 '" + a.torch_script + "' --threads " + std::to_string(a.threads) +
-                    " --steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
-                    " --batch-size " + std::to_string(a.batch) + " --seq-len " + std::to_string(a.seq) +
-                    " --n-layer " + std::to_string(a.shape.n_layer) + " --n-head " + std::to_string(a.shape.n_head) +
-                    " --n-embd " + std::to_string(a.shape.n_embd) + " --vocab-size " +
-                    std::to_string(a.shape.vocab_size);
+  std::string cmd = "/usr/bin/python3 '" + a.torch_script + "' --threads " + std::to_string(a.threads) + " --steps " +
+                    std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) + " --batch-size " +
+                    std::to_string(a.batch) + " --seq-len " + std::to_string(a.seq) + " --n-layer " +
+                    std::to_string(a.shape.n_layer) + " --n-head " + std::to_string(a.shape.n_head) + " --n-embd " +
+                    std::to_string(a.shape.n_embd) + " --vocab-size " + std::to_string(a.shape.vocab_size) +
+                    (a.precision == Precision::bf16 ? " --autocast bf16" : "");
   // PyTorch's OpenBLAS must use the same thread count as ours.
   cmd = "OPENBLAS_NUM_THREADS=" + std::to_string(a.threads) + " OMP_NUM_THREADS=" + std::to_string(a.threads) + " " +
         cmd;
@@ -127,9 +130,9 @@ nlohmann::json run_torch(const BenchArgs& a, const std::string& coretype) {
 
 void run(const BenchArgs& a) {
   set_num_threads(a.threads);
-  std::printf("meshtrain bench train: GPT L=%d H=%d C=%d V=%d, B=%d T=%d, %d thread(s), GEMM %s\n",
+  std::printf("meshtrain bench train: GPT L=%d H=%d C=%d V=%d, B=%d T=%d, %d thread(s), --precision %s, GEMM %s\n",
               a.shape.n_layer, a.shape.n_head, a.shape.n_embd, a.shape.vocab_size, a.batch, a.seq, a.threads,
-              gemm_kernel_line().c_str());
+              train::flag_name(a.precision), gemm_kernel_line().c_str());
   std::fflush(stdout);
 
   // Data: random tokens, enough for every step.
@@ -155,6 +158,7 @@ void run(const BenchArgs& a) {
   cfg.seq_len = a.seq;
   cfg.steps = total_steps;
   cfg.threads = a.threads;
+  cfg.precision = a.precision;
   cfg.weight_decay = 0.1;
   cfg.metrics = (dir / "metrics.jsonl").string();
   cfg.progress = false;
@@ -182,7 +186,7 @@ void run(const BenchArgs& a) {
   double step_s = times[times.size() / 2];
   double ours = (double)a.batch * a.seq / step_s;
 
-  double sgemm = measure_sgemm(a.shape, a.batch * a.seq, 2);
+  double sgemm = measure_sgemm(a.shape, a.batch * a.seq, 2, a.precision);
   FmaPeak peak = measure_fma_peak(a.threads, 1.0);
   double flops_tok = a.shape.flops_per_token(a.seq);
   double mfu = flops_tok * ours / (sgemm * 1e9);
@@ -193,7 +197,9 @@ void run(const BenchArgs& a) {
   std::printf("GEMM kernels used: %s\n", gemm_kernel_line().c_str());
   std::printf("\n%-34s %12s\n", "", "value");
   std::printf("%-34s %12lld\n", "parameters", (long long)a.shape.num_params());
-  std::printf("%-34s %12.1f\n", "SGEMM GFLOP/s (model GEMM shapes)", sgemm);
+  std::printf("%-34s %12.1f\n",
+              a.precision == Precision::bf16 ? "bf16 GEMM GFLOP/s (model shapes)" : "SGEMM GFLOP/s (model GEMM shapes)",
+              sgemm);
   std::printf("%-34s %12.1f   (%s, %d thread(s))\n", "FMA peak GFLOP/s", peak.gflops, peak.isa.c_str(), peak.threads);
   std::printf("%-34s %11.1f%%\n", "SGEMM / FMA peak", 100 * sgemm / peak.gflops);
   std::printf("%-34s %12.1f\n", "model MFLOP per token", flops_tok / 1e6);
@@ -242,6 +248,10 @@ void add_bench_train_command(CLI::App& bench) {
   sub->add_option("--vocab-size", a->shape.vocab_size)->capture_default_str()->check(CLI::Range(1, 65536));
   sub->add_option("--torch-script", a->torch_script, "the PyTorch peer")->capture_default_str();
   sub->add_flag("--no-torch", a->no_torch, "skip the PyTorch peer");
+  add_enum_option(sub, "--precision", a->precision,
+                  "fp32 | bf16: meshtrain's products (as train --precision) and PyTorch's (bf16: torch.autocast); "
+                  "MFU is then against the bf16 GEMM rate",
+                  true);
   sub->add_option("--torch-coretypes", a->torch_coretypes,
                   "OPENBLAS_CORETYPE values to run PyTorch with (unset = none); the best counts")
       ->capture_default_str();

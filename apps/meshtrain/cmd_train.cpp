@@ -101,7 +101,16 @@ void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
   s->add_option("--bucket-mb", c.bucket_mb, "gradient bucket size for overlapped reduction")->capture_default_str();
   add_enum_option(s, "--grad-comm-dtype", c.grad_comm_dtype,
-                  "f32 | bf16: bf16 halves gradient bytes moved but rounds gradients (changes the math)", true);
+                  "f32 | bf16: the data-parallel gradient exchange; bf16 halves gradient bytes moved but rounds "
+                  "gradients (changes the math; independent of --precision)",
+                  true);
+  add_enum_option(s, "--precision", c.precision,
+                  "fp32 | bf16: the model's matrix products (linear, attention, tied logits, MoE router and experts, "
+                  "forward and backward); bf16 rounds both inputs of each product to bfloat16 and accumulates in "
+                  "float32 (native on CPUs with bf16 instructions, else emulated: see the run's first line). "
+                  "Master weights, gradients, their exchange (--grad-comm-dtype), the optimizer and checkpoints "
+                  "stay float32",
+                  true);
 }
 
 // Methods that change the math: compressed exchange, Local SGD, asynchronous training.

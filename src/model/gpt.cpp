@@ -186,9 +186,9 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
   float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
   float* partial = sp_scratch(store, "sp_full", (size_t)N * C);
-  nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
-  nn::attention_forward(atty, att, qkv, B, T, Cs, Hs);
-  nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C);
+  nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs, prec_);
+  nn::attention_forward(atty, att, qkv, B, T, Cs, Hs, prec_);
+  nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C, prec_);
   nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
   if (moe_[l]) {
     moe_forward(store, smb, l, ln2, res2, res3, B, T, mb);
@@ -196,10 +196,10 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   }
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
   float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-  nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs, prec_);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
   nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs,
-                                  C);
+                                  C, prec_);
 }
 
 namespace {
@@ -246,6 +246,12 @@ void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* 
 }
 
 int Gpt::rows_here(int N) const { return rows_.rows_here(N); }
+
+void Gpt::set_precision(Precision p) {
+  prec_ = p;
+  for (auto& m : moe_)
+    if (m) m->set_precision(p);
+}
 
 float* Gpt::sp_scratch(nn::ActivationStore& store, const char* name, size_t count) {
   return sp_ ? store.get(kScratchMb, name, count) : nullptr;
@@ -306,8 +312,8 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
-    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->data,
-                                      N, C, Vl);
+    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->data, N,
+                                      C, Vl, prec_);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
   }
@@ -354,7 +360,8 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->data, N, C, Vl);
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->data, N, C, Vl,
+                                     prec_);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
   if (sp_) {
@@ -402,19 +409,19 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
       const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
       nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
-                                       fch_gelu, p.fcproj_w->data, N, 4 * Cs, C);
+                                       fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
       nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
-                                          ln2, p.fc_w->data, N, C, 4 * Cs);
+                                          ln2, p.fc_w->data, N, C, 4 * Cs, prec_);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
     nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
-                                     atty, p.attproj_w->data, N, Cs, C);
-    nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs);
+                                     atty, p.attproj_w->data, N, Cs, C, prec_);
+    nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs, prec_);
     nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
-                                        ln1, p.qkv_w->data, N, C, 3 * Cs);
+                                        ln1, p.qkv_w->data, N, C, 3 * Cs, prec_);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
@@ -446,7 +453,8 @@ void Gpt::logits_last(nn::ActivationStore& store, int mb, int B, int T, float* o
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const float* lnf = store.get(mb, "lnf", (size_t)B * T * C);
   for (int b = 0; b < B; b++) {
-    gemm(false, true, 1, V, C, 1.0f, lnf + ((size_t)b * T + T - 1) * C, C, wte_->data, C, 0.0f, out + (size_t)b * V, V);
+    gemm(false, true, 1, V, C, 1.0f, lnf + ((size_t)b * T + T - 1) * C, C, wte_->data, C, 0.0f, out + (size_t)b * V, V,
+         prec_);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
 #include "nn/tensor_parallel_layers.h"
+#include "tensor/blas.h"
 
 namespace mt::model {
 
@@ -139,6 +140,12 @@ class Gpt {
     rows_ = nn::TpRows(tp_, sp_);
   }
   bool sequence_parallel() const { return sp_; }
+
+  // The precision of every matrix product (tensor/blas.h): linear layers, attention, the tied logits, the MoE
+  // router and experts, forward and backward. bf16 (--precision bf16): inputs rounded to bfloat16, float32
+  // accumulation; LayerNorm, GELU, softmax, the loss, residuals and all gradients stay float32.
+  void set_precision(Precision p);
+  Precision precision() const { return prec_; }
   // Rows of the residual stream this rank holds for a micro-batch of N token rows.
   int rows_here(int N) const;
 
@@ -168,6 +175,7 @@ class Gpt {
   nn::TensorParallelOps* tp_ = nullptr;
   bool recompute_ = false;
   bool sp_ = false;
+  Precision prec_ = Precision::fp32;
   nn::TpRows rows_{nullptr, false};  // the tensor-parallel layers' collectives (nn/tensor_parallel_layers.h)
   int begin_ = 0, end_ = 0;  // this stage's blocks
   StageRange stage_;

@@ -10,6 +10,7 @@
 #include "nn/activation_store.h"
 #include "nn/param_hooks.h"
 #include "nn/params.h"
+#include "tensor/blas.h"
 
 namespace mt::model {
 
@@ -27,6 +28,8 @@ class Mlp {
  public:
   Mlp(const MlpConfig& cfg, nn::ParamRegistry& params);
   const MlpConfig& config() const { return cfg_; }
+  // The precision of the layers' products, forward and backward (tensor/blas.h; --precision).
+  void set_precision(Precision p) { prec_ = p; }
 
   // Weights normal(0, sqrt(2 / fan_in)) (He, for ReLU), biases 0; counter-based.
   void init(uint64_t seed);
@@ -46,6 +49,7 @@ class Mlp {
   MlpConfig cfg_;
   nn::ParamRegistry& params_;
   std::vector<nn::Param*> w_, b_;
+  Precision prec_ = Precision::fp32;
 };
 
 }  // namespace mt::model

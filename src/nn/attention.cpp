@@ -70,7 +70,7 @@ float* thread_scratch(size_t count) {
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H, Precision prec) {
   const int hs = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt((float)hs);
   for_each_head(B * H, [&](int bh) {
@@ -82,15 +82,15 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     float* y = out + (size_t)b * T * C + h * hs;
     for (int r0 = 0; r0 < T; r0 += kTile) {
       int r1 = std::min(T, r0 + kTile);
-      gemm(false, true, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
+      gemm(false, true, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T, prec);
       for (int t = r0; t < r1; t++) softmax_row(P + (size_t)t * T, t + 1, T);
-      gemm(false, false, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, y + (size_t)r0 * C, C);
+      gemm(false, false, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, y + (size_t)r0 * C, C, prec);
     }
   });
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int H) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H,
+                        Precision prec) {
   const int hs = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt((float)hs);
   for_each_head(B * H, [&](int bh) {
@@ -109,12 +109,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     for (int r0 = (T - 1) / kTile * kTile; r0 >= 0; r0 -= kTile) {
       const int r1 = std::min(T, r0 + kTile), m = r1 - r0;
       const float beta = r1 == T ? 0.0f : 1.0f;
-      gemm(false, true, m, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS, T);
+      gemm(false, true, m, r1, hs, 1.0f, dy + (size_t)r0 * C, C, v, C3, 0.0f, dS, T, prec);
       for (int i = 0; i < m; i++)
         softmax_backward_row(dS + (size_t)i * T, P + (size_t)(r0 + i) * T, r0 + i + 1, r1, scale);
-      gemm(false, false, m, hs, r1, 1.0f, dS, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
-      gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, beta, dk, C3);
-      gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, beta, dv, C3);
+      gemm(false, false, m, hs, r1, 1.0f, dS, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3, prec);
+      gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, beta, dk, C3, prec);
+      gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, beta, dv, C3, prec);
     }
   });
 }

@@ -3,6 +3,8 @@
 //
 // Legend: N rows (B*T tokens or batch examples), C input channels, OC output channels, B batch, T time,
 // H heads, hs = C/H head size, V vocabulary. All buffers float32, contiguous, row-major.
+// Products (linear, attention) take a Precision (tensor/blas.h): bf16 rounds both inputs of every product, forward
+// and backward, to bfloat16 and accumulates in float32 (--precision bf16); everything else stays float32.
 // Backward conventions: parameter gradients (dW, db, ...) are GradOuts (grad_out.h): added to (+=), so
 // micro-batches add up, or written when the GradOut says it is the step's first write; input gradients are
 // overwritten unless the function says "accumulated".
@@ -12,17 +14,18 @@
 #include <cstdint>
 
 #include "nn/grad_out.h"
+#include "tensor/blas.h"
 
 namespace mt::nn {
 
 // Linear in Conv1D layout: out[N,OC] = inp[N,C] W[C,OC] + b[OC] (+ residual[N,OC]). b and residual may be
 // null; residual may alias out. Fusing the residual add saves one pass and one [N,OC] buffer.
 void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
-                    const float* residual = nullptr);
+                    const float* residual = nullptr, Precision prec = Precision::fp32);
 // dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] (+)= inp^T dout;
 // db[OC] (+)= column sums of dout (db may be null).
 void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
-                     int C, int OC, bool accumulate_dinp = false);
+                     int C, int OC, bool accumulate_dinp = false, Precision prec = Precision::fp32);
 
 // Embedding lookup: out[N,C] (+)= table[ids[n], :]. Each id must be < rows of table (checked by callers
 // at the data boundary, not here).
@@ -51,10 +54,11 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // Causal multi-head self-attention on a fused qkv[B,T,3C] (q, k, v in that order along the last axis,
 // heads split as [H, hs] within each). out[B,T,C]; att[B,H,T,T] holds the softmax probabilities
 // (upper triangle zero) for backward.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H);
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H,
+                       Precision prec = Precision::fp32);
 // dqkv[B,T,3C] overwritten.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int H);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H,
+                        Precision prec = Precision::fp32);
 
 // Softmax cross-entropy, fused with its backward: logits[N,V] is overwritten by
 // dlogits = (softmax(logits) - onehot(target)) * dscale. Returns the sum over rows of -log p[target].

@@ -111,7 +111,7 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   State& st = store.object<State>(mb, prefix_ + "moe");
   // Router.
   float* logits = store.get(mb, prefix_ + "logits", (size_t)N * E);
-  linear_forward(logits, x, router_->data, nullptr, N, C_, E);
+  linear_forward(logits, x, router_->data, nullptr, N, C_, E, nullptr, prec_);
   RouterDraws d = draws;
   d.layer = layer_;
   route(logits, N, rc_, d, st.routing);
@@ -160,9 +160,9 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
     const int64_t n = st.rows_for(le, P);
     if (n == 0) continue;
     const Expert& w = local_[le];
-    linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_);
+    linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr, prec_);
     gelu_forward(act + row * H, h + row * H, (size_t)n * H);
-    linear_forward(o + row * C, act + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_);
+    linear_forward(o + row * C, act + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr, prec_);
     row += (size_t)n;
   }
   // Combine.
@@ -227,10 +227,10 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
     const Expert& w = local_[le];
     float* dh_e = dh.data() + row * H;
     linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), dout.data() + row * C, act + row * H,
-                    w.proj_w->data, (int)n, H_, C_);
+                    w.proj_w->data, (int)n, H_, C_, false, prec_);
     gelu_backward(dh_e, h + row * H, dh_e, (size_t)n * H);
     linear_backward(dxin.data() + row * C, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data,
-                    (int)n, C_, H_);
+                    (int)n, C_, H_, false, prec_);
     row += (size_t)n;
   }
   std::vector<float> dxs((size_t)A * C);
@@ -238,7 +238,7 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
   // Router, then the experts' input gradients on top.
   float* dlogits = store.get(mb, prefix_ + "logits", (size_t)N * E);  // logits are not needed any more
   route_backward(dlogits, R, dgate.data(), aux_scale, z_scale);
-  linear_backward(dx, router_->grad_out(), nullptr, dlogits, x, router_->data, N, C_, E);
+  linear_backward(dx, router_->grad_out(), nullptr, dlogits, x, router_->data, N, C_, E, false, prec_);
   for (int64_t a = 0; a < A; a++) {
     float* d = dx + (size_t)(st.order[a] / K) * C;
     const float* s = &dxs[a * C];

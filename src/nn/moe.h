@@ -27,6 +27,7 @@
 #include "nn/expert_parallel.h"
 #include "nn/moe_router.h"
 #include "nn/params.h"
+#include "tensor/blas.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::nn {
@@ -89,6 +90,8 @@ class MoeMlp {
   void set_recording(bool on) { recording_ = on; }
   // Dispatch and combine go on the trace's comm track (null or disabled: nothing recorded).
   void set_trace(trace::ChromeTrace* t) { tracer_ = t; }
+  // The router's and the experts' products (forward and backward) in this precision (layers.h).
+  void set_precision(Precision p) { prec_ = p; }
 
   // Initialization as the dense MLP's (GPT-2): router and c_fc N(0, 0.02), c_proj N(0, 0.02 / sqrt(2 L)),
   // biases 0. Counter-based per tensor name: the same values whatever rank holds the expert.
@@ -114,6 +117,7 @@ class MoeMlp {
   MoeStats stats_;
   bool recording_ = true;
   trace::ChromeTrace* tracer_ = nullptr;
+  Precision prec_ = Precision::fp32;
 };
 
 }  // namespace mt::nn

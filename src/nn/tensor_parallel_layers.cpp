@@ -67,16 +67,16 @@ void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*
 }
 
 void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
-                                    const float* b, int N, int Cin, int Cl) {
-  linear_forward(out, rows.gather(inp, inp_full, N, Cin), W, b, N, Cin, Cl);
+                                    const float* b, int N, int Cin, int Cl, Precision prec) {
+  linear_forward(out, rows.gather(inp, inp_full, N, Cin), W, b, N, Cin, Cl, nullptr, prec);
 }
 
 void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
                                      GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
-                                     int Cl) {
+                                     int Cl, Precision prec) {
   // Each rank's dinp is the part of the input gradient flowing through its columns: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dinp_full : dinp;
-  linear_backward(partial, dW, db, dout, rows.gather(inp, inp_full, N, Cin), W, N, Cin, Cl);
+  linear_backward(partial, dW, db, dout, rows.gather(inp, inp_full, N, Cin), W, N, Cin, Cl, false, prec);
   rows.reduce(partial, dinp, N, Cin);
 }
 
@@ -101,21 +101,22 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
 }
 
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C) {
-  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C);
+                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
+                                  Precision prec) {
+  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C, false, prec);
 }
 
 void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
-                                 const float* b, const float* residual, int N, int Cin, int C) {
+                                 const float* b, const float* residual, int N, int Cin, int C, Precision prec) {
   if (rows.size() == 1) {
-    linear_forward(out, inp, W, b, N, Cin, C, residual);  // bias and residual fused into the GEMM
+    linear_forward(out, inp, W, b, N, Cin, C, residual, prec);  // bias and residual fused into the GEMM
     return;
   }
   // Under sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the
   // residual.
   const int Nr = rows.rows_here(N);
   if (!rows.sequence_parallel()) partial = out;
-  linear_forward(partial, inp, W, nullptr, N, Cin, C);
+  linear_forward(partial, inp, W, nullptr, N, Cin, C, nullptr, prec);
   rows.reduce(partial, out, N, C);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < Nr; n++) {
@@ -126,17 +127,18 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
 }
 
 void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
-                                   int N, int C, int Vl) {
-  gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl);
+                                   int N, int C, int Vl, Precision prec) {
+  gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl, prec);
 }
 
 void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
-                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl) {
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl,
+                                    Precision prec) {
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C);
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C, prec);
   rows.reduce(partial, dx, N, C);
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C);
+  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

@@ -33,6 +33,7 @@
 
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "tensor/blas.h"
 
 namespace mt::nn {
 
@@ -67,12 +68,12 @@ class TpRows {
 // inp[Nr, Cin] (this rank's rows under SP, else all N); out[N, Cl]. inp_full: N x Cin scratch under SP (the
 // gathered input, rebuilt in backward rather than kept), else unused (may be null).
 void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
-                                    const float* b, int N, int Cin, int Cl);
+                                    const float* b, int N, int Cin, int Cl, Precision prec = Precision::fp32);
 // dinp[Nr, Cin] = this rank's rows of the group sum of dout[N, Cl] W^T; dW[Cin, Cl] and db[Cl] (+)=.
 // dinp_full: N x Cin scratch under SP (else the sum is formed in dinp).
 void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
                                      GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
-                                     int Cl);
+                                     int Cl, Precision prec = Precision::fp32);
 // Megatron's optional gather_output: whole[N, S Cl] on every rank from each rank's part[N, Cl] in the full
 // weight's column order (`blocks` equal blocks per part, e.g. 3 for q|k|v: block k of rank q lands at columns
 // k S w + q w, w = Cl / blocks). parts: S x N x Cl scratch. Cost: an all-gather of N Cl floats per rank.
@@ -83,21 +84,24 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
 // Row-parallel linear (Megatron's RowParallelLinear): out[Nr, C] = residual + b + my rows of the group sum
 // of inp[N, Cin] W[Cin, C] (each rank holds Cin of the full input width). partial: N x C scratch under SP.
 void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
-                                 const float* b, const float* residual, int N, int Cin, int C);
+                                 const float* b, const float* residual, int N, int Cin, int C,
+                                 Precision prec = Precision::fp32);
 // dinp[N, Cin] = f(dout) W^T, dW[Cin, C] (+)= inp^T f(dout), db[C] (+)= column sums of f(dout), f(dout) = all N rows
 // of dout[Nr, C] (dout_full: N x C scratch under SP, else unused). No reduction: every rank sees all rows.
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C);
+                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
+                                  Precision prec = Precision::fp32);
 
 // Vocabulary-parallel logits of the tied head: a column-parallel product with W = wte^T, this rank holding
 // vocabulary rows [v0, v1) of wte[V, C] (Vl = v1 - v0): logits[N, Vl] = f(x) wte[v0:v1]^T, x[Nr, C]. x_full: N x C
 // scratch under SP (else unused). The logits are never gathered: the vocabulary-parallel loss reads them as they are.
 void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
-                                   int N, int C, int Vl);
+                                   int N, int C, int Vl, Precision prec = Precision::fp32);
 // dx[Nr, C] = my rows of the group sum of dlogits wte[v0:v1] (dx_full: N x C scratch under SP), then
 // dwte[Vl, C] (+)= dlogits^T f(x).
 void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
-                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl);
+                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl,
+                                    Precision prec = Precision::fp32);
 
 // Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns
 // (zeros for other tokens). e: N x C scratch under SP (else out itself).

@@ -31,7 +31,7 @@ GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   // Experts held by their ranks only (their own gradient group, grad_sync.h).
   moe.local_experts = local_experts(cfg);
   return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
-          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};
+          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep, cfg.precision};
 }
 
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init) {
@@ -99,12 +99,14 @@ class GptTask : public TrainTask {
             std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
         chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
+        chunks_.back()->set_precision(cfg.precision);
       }
       model_ = chunks_.front().get();
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
       chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
+      chunks_.back()->set_precision(cfg.precision);
       model_ = chunks_.front().get();
     }
     if (init) {  // against the whole model: a pipeline stage or tensor shard holds only part of it

@@ -64,6 +64,7 @@ class MlpTask : public TrainTask {
     B_ = cfg.batch_size;
     model::MlpConfig mc{train_.D, cfg.hidden, K};
     model_ = std::make_unique<model::Mlp>(mc, params_);
+    model_->set_precision(cfg.precision);
     if (!cfg.init.empty()) {
       init_.emplace(cfg.init);
       checkpoint::check_tensors(*init_, params_);
@@ -160,7 +161,7 @@ class MlpTask : public TrainTask {
 
 MlpTaskConfig MlpTaskConfig::from(const TrainConfig& cfg) {
   return {cfg.hidden,         cfg.data, cfg.labels,     cfg.val_data, cfg.val_labels,
-          cfg.init,           cfg.val_fraction, cfg.batch_size, cfg.seed};
+          cfg.init,           cfg.val_fraction, cfg.batch_size, cfg.seed, cfg.precision};
 }
 
 std::unique_ptr<TrainTask> make_mlp_task(const MlpTaskConfig& cfg, const BatchLayout& layout) {

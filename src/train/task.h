@@ -99,6 +99,7 @@ struct GptTaskConfig {
   uint64_t seed = 0;
   model::MoeOptions moe;                  // MoE routing while training (its ep group: make_gpt_task's)
   int ep = 1;                             // the expert-parallel degree (for the summary)
+  Precision precision = Precision::fp32;  // the model's products (--precision)
   static GptTaskConfig from(const TrainConfig& cfg);
 };
 struct MlpTaskConfig {
@@ -107,6 +108,7 @@ struct MlpTaskConfig {
   double val_fraction = 0;
   int batch_size = 0;
   uint64_t seed = 0;
+  Precision precision = Precision::fp32;  // the model's products (--precision)
   static MlpTaskConfig from(const TrainConfig& cfg);
 };
 

@@ -10,6 +10,7 @@
 #include "model/gpt.h"
 #include "nn/moe_router.h"
 #include "parallel/compress/spec.h"
+#include "tensor/blas.h"
 
 namespace mt::train {
 
@@ -44,6 +45,7 @@ inline constexpr FlagValue<BackendKind> kBackendValues[] = {
     {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};
 inline constexpr FlagValue<GradCommDtype> kGradCommDtypeValues[] = {{"f32", GradCommDtype::f32},
                                                                     {"bf16", GradCommDtype::bf16}};
+inline constexpr FlagValue<Precision> kPrecisionValues[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 inline constexpr FlagValue<ScheduleKind> kScheduleValues[] = {
     {"gpipe", ScheduleKind::gpipe}, {"1f1b", ScheduleKind::one_f_one_b}, {"interleaved", ScheduleKind::interleaved}};
 inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
@@ -54,6 +56,7 @@ constexpr std::span<const FlagValue<AsyncMode>> flag_values(AsyncMode) { return 
 constexpr std::span<const FlagValue<BackendKind>> flag_values(BackendKind) { return kBackendValues; }
 constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) { return kGradCommDtypeValues; }
 constexpr std::span<const FlagValue<ScheduleKind>> flag_values(ScheduleKind) { return kScheduleValues; }
+constexpr std::span<const FlagValue<Precision>> flag_values(Precision) { return kPrecisionValues; }
 constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
 
 // The flag spelling of v ("" for the not-given value).
@@ -129,6 +132,7 @@ struct TrainConfig {
   double comm_timeout = 300;
   double bucket_mb = 8;
   GradCommDtype grad_comm_dtype = GradCommDtype::f32;  // bf16 changes the math
+  Precision precision = Precision::fp32;  // the model's products (tensor/blas.h); the rest stays float32
   // Communication-efficient data parallelism (change the math; dp > 1, ZeRO 0, no tp/pp):
   compress::CompressSpec compress;  // --compress topk:R | randk:R | qsgd:B | nuqsgd:B | powersgd:R | sign, parsed
   bool compress_adaptive = false;  // Accordion: light setting in critical regimes

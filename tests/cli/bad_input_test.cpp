@@ -221,6 +221,7 @@ TEST_F(BadInput, ModeFlagsNameTheirChoices) {
       {"--schedule", {"gpipe", "1f1b", "interleaved"}},
       {"--backend", {"auto", "shm", "mpi"}},
       {"--grad-comm-dtype", {"f32", "bf16"}},
+      {"--precision", {"fp32", "bf16"}},
       {"--moe-second-policy", {"all", "random"}},
   };
   for (const auto& [flag, choices] : flags) {
