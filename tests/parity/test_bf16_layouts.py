@@ -1,0 +1,117 @@
+"""Layout equality under `--precision bf16`: data parallelism with ZeRO 0-3, tensor parallelism with sequence
+parallelism, pipeline parallelism (1F1B and interleaved) and MoE with expert parallelism each reproduce the
+single-process bf16 run.
+
+Dense problem: dp_common's with L=4 (so 2 stages x 2 chunks hold whole blocks), H=2, C=32, V=64, B=12, T=16,
+12 steps (warmup 3, cosine, wd 0.1, clipping on the early steps). MoE problem: test_moe_layouts' top-2 case
+(E=4, capacity 1.0, G=2, random second choice), 8 steps.
+
+Why these tolerances: a layout changes float32 summation order, and with bf16 products that also moves the
+rare product input across a bf16 rounding boundary (a 2^-8 relative change of that input), which then grows
+like any other rounding difference. Measured here (12 steps):
+  step 0   identical weights: dp, ZeRO and pp differ from the single process by <= 2e-8 in loss and grad_norm,
+           MoE with ep by 2.5e-7, tp 2 with sp (its row-parallel products split the sum over K) by 4.8e-6 in
+           loss and 4.3e-6 rel in grad_norm. Tolerances: loss abs 2e-5, grad_norm rel 2e-5. The single-process
+           fp32 run is 1.1e-4 away in step-0 loss, and the test asserts more than twice the tolerance, so a
+           layout whose products ignored --precision fails at step 0.
+  steps    loss abs 1.5e-3, grad_norm rel 4e-3, final weights abs 3e-3: about 3x the largest drift measured
+           (tp2_sp: 3.9e-4, 1.2e-3, 7.0e-4; test_bf16_parity's bf16 reference in float32 vs float64 over 20
+           steps: 5.6e-4, 5.3e-4, 9.3e-4); the key-bias slice of each c_attn.bias (zero true gradient, pure
+           rounding noise that Adam scales to ~lr steps) within 2 sum(lr).
+  MoE      the same; routing decisions (moe_dropped) are not compared: a flip in a router product may move a
+           token across a capacity boundary, which is the drift above, not a layout error.
+Also measured and printed: the single-process run with micro-batches of 3 (only the summation order differs).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dp_common as dpc  # noqa: E402
+import gpt_reference as ref  # noqa: E402
+import test_moe_layouts as ml  # noqa: E402
+from parity_harness import parse_args, rel_diff  # noqa: E402
+
+CFG = ref.GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+STEPS = 12
+TOL_LOSS0_ABS, TOL_GN0_REL = 2e-5, 2e-5
+TOL_LOSS_ABS, TOL_GN_REL, TOL_W_ABS = 1.5e-3, 4e-3, 3e-3
+BF16 = ["--precision", "bf16"]
+
+
+def compare(tag, got, got_w, want, want_w, checks, cfg, k_tol):
+    """Every step and the final weights against the single-process bf16 run; returns the worst diffs."""
+    bad, wl, wg = [], 0.0, 0.0
+    for g, w in zip(got, want):
+        s = w["step"]
+        dl, dg = abs(g["loss"] - w["loss"]), rel_diff(g["grad_norm"], w["grad_norm"])
+        wl, wg = max(wl, dl), max(wg, dg)
+        tl, tg = (TOL_LOSS0_ABS, TOL_GN0_REL) if s == 0 else (TOL_LOSS_ABS, TOL_GN_REL)
+        if dl > tl or dg > tg:
+            bad.append(f"step {s}: loss {g['loss']:.6f} vs {w['loss']:.6f} (abs {dl:.2e}, tol {tl:g}), grad_norm "
+                       f"rel {dg:.2e} (tol {tg:g})")
+    checks.check(not bad, f"{tag}: {len(bad)} steps differ from the single-process bf16 run; first: "
+                 f"{bad[0] if bad else ''}")
+    dw = float("nan")
+    if got_w is not None and want_w is not None:
+        dw, where, dk = dpc.weight_diffs(got_w, want_w, cfg)
+        checks.check(dw <= TOL_W_ABS, f"{tag}: final weights differ by {dw:.2e} in {where} (tol {TOL_W_ABS:g})")
+        checks.check(dk <= k_tol, f"{tag}: key-bias slice differs by {dk:.2e} > 2 sum(lr) = {k_tol:.2e}")
+    return wl, wg, dw
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    checks = dpc.Tally("test_bf16_layouts")
+    lr = dpc.LayoutRunner(args, checks, CFG, 31, 32, STEPS)
+    want, want_w = lr.run("single_bf16", BF16)
+    fp32, _ = lr.run("single_fp32", [], save=False)
+    if want is None or fp32 is None:
+        checks.finish()
+    sep_l, sep_g = abs(fp32[0]["loss"] - want[0]["loss"]), rel_diff(fp32[0]["grad_norm"], want[0]["grad_norm"])
+    print(f"single process step 0: fp32 vs bf16 loss {sep_l:.2e}, grad_norm rel {sep_g:.2e}")
+    checks.check(sep_l > 2 * TOL_LOSS0_ABS,
+                 f"test setup: the fp32 and bf16 step-0 losses differ by only {sep_l:.2e}, within twice the step-0 "
+                 f"tolerance {TOL_LOSS0_ABS:g}: the test cannot tell the precisions apart")
+    k_tol = 2 * sum(r["lr"] for r in want)
+
+    layouts = [("single_mb3", ["--micro-batch-size", 3]),
+               ("dp2_z0", ["--nproc", 2]), ("dp2_z1", ["--nproc", 2, "--zero", 1]),
+               ("dp2_z2", ["--nproc", 2, "--zero", 2]), ("dp2_z3", ["--nproc", 2, "--zero", 3]),
+               ("tp2_sp", ["--nproc", 2, "--tp", 2, "--sequence-parallel"]),
+               ("pp2_1f1b_M2", ["--nproc", 2, "--pp", 2, "--schedule", "1f1b", "--micro-batch-size", 6]),
+               ("pp2_interleaved_V2_M2", ["--nproc", 2, "--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2,
+                                          "--micro-batch-size", 6])]
+    print(f"\n{'layout':<28}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}{'s':>6}")
+    for tag, extra in layouts:
+        t0 = time.time()
+        got, got_w = lr.run(tag, BF16 + extra)
+        if got is None:
+            continue
+        wl, wg, dw = compare(tag, got, got_w, want, want_w, checks, CFG, k_tol)
+        print(f"{tag:<28}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}{time.time() - t0:>6.1f}")
+
+    # MoE: its own problem and files, in a subdirectory.
+    margs = argparse.Namespace(**vars(args))
+    margs.workdir = os.path.join(args.workdir, "moe")
+    os.makedirs(margs.workdir, exist_ok=True)
+    mr = ml.Runner(margs, checks)
+    mwant, mwant_w = mr.run("moe_single_bf16", BF16)
+    if mwant is not None:
+        mk_tol = 2 * sum(r["lr"] for r in mwant)
+        for tag, extra in [("moe_dp2_ep2", ["--nproc", 2, "--ep", 2]),
+                           ("moe_dp2_ep2_z3_mb2", ["--nproc", 2, "--ep", 2, "--zero", 3, "--micro-batch-size", 2])]:
+            t0 = time.time()
+            got, got_w = mr.run(tag, BF16 + extra)
+            if got is None:
+                continue
+            wl, wg, dw = compare(tag, got, got_w, mwant, mwant_w, checks, ml.CFG, mk_tol)
+            print(f"{tag:<28}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}{time.time() - t0:>6.1f}")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
