@@ -15,10 +15,14 @@ Thread count: torch.set_num_threads(N) controls torch's own pool, but the BLAS l
 Debian) and OpenMP read OPENBLAS_NUM_THREADS / OMP_NUM_THREADS at load time, so run it as e.g.
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python3 bench/torch_gpt_bench.py --threads 1 ...
 A warning is printed when those variables are unset or differ from --threads.
+Mixed precision: `--autocast bf16` runs forward (and so backward) under torch.autocast("cpu", bfloat16): the
+products (addmm, matmul) take bf16 inputs through oneDNN, float32 master weights and optimizer as with
+meshtrain --precision bf16 (autocast also runs some other ops in bf16, so it is the peer, not the rule).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -88,6 +92,8 @@ def main() -> int:
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                    help="bf16: forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.threads < 1 or a.n_embd % a.n_head:
         ap.error(f"need steps >= 1, warmup >= 0, threads >= 1 and n_embd % n_head == 0; got steps {a.steps}, "
@@ -108,6 +114,8 @@ def main() -> int:
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
     gen = torch.Generator().manual_seed(a.seed + 1)
+    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.autocast == "bf16"
+                else contextlib.nullcontext)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, params {n_params / 1e6:.2f}M, "
           f"B={B} T={T} L={a.n_layer} H={a.n_head} C={a.n_embd} V={a.vocab_size}", file=sys.stderr)
 
@@ -115,7 +123,8 @@ def main() -> int:
     for step in range(a.warmup + a.steps):
         tokens = torch.randint(0, a.vocab_size, (B, T + 1), generator=gen)
         t0 = time.perf_counter()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        with autocast():
+            loss = model(tokens[:, :-1], tokens[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -134,7 +143,7 @@ def main() -> int:
                       "step_s_mean": round(statistics.fmean(times), 4), "step_s_min": round(min(times), 4),
                       "threads": a.threads, "params": n_params, "batch_size": B, "seq_len": T,
                       "n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd, "vocab_size": a.vocab_size,
-                      "steps_timed": len(times), "torch": torch.__version__}))
+                      "steps_timed": len(times), "torch": torch.__version__, "autocast": a.autocast}))
     return 0
 
 

@@ -16,4 +16,9 @@ struct FmaPeak {
 // Runs `threads` OpenMP threads, each doing independent FMA chains for about `seconds` of its CPU time.
 FmaPeak measure_fma_peak(int threads, double seconds);
 
+// The bf16 ceiling (--precision bf16's products): vdpbf16ps chains, each instruction 32 bf16 products added
+// pairwise into 16 float32 lanes (64 FLOP, twice a float32 FMA's 32). isa "avx512_bf16"; on a CPU without
+// it, gflops 0 and isa "none" (the emulated path's ceiling is measure_fma_peak's).
+FmaPeak measure_bf16_peak(int threads, double seconds);
+
 }  // namespace mt
