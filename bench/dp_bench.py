@@ -26,7 +26,8 @@ def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK):
     metrics = os.path.join(work, f"metrics_{tag}.jsonl")
     cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
            "--batch-size", str(per_rank * nproc), "--steps", str(steps), "--nproc", str(nproc), "--zero", str(zero),
-           "--threads", "1", "--weight-decay", "0.1", "--quiet", "--summary", summary, "--metrics", metrics]
+           "--threads", "1", "--weight-decay", "0.1", "--quiet", "--summary", summary, "--metrics", metrics,
+           "--precision", args.precision]
     for k, v in SHAPE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
     subprocess.run(cmd, check=True)
@@ -43,7 +44,8 @@ def torch_peer(args, world, coretype="unset"):
     if coretype != "unset":
         env["OPENBLAS_CORETYPE"] = coretype
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp_bench.py"), "--world-size", str(world),
-                          "--steps", str(args.steps), "--warmup", "2"], check=True, capture_output=True, text=True,
+                          "--steps", str(args.steps), "--warmup", "2",
+                          "--autocast", "bf16" if args.precision == "bf16" else "off"], check=True, capture_output=True, text=True,
                          env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -52,6 +54,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", default=os.path.join(HERE, "..", "build", "meshtrain"))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="meshtrain --precision; bf16 runs the DDP peer under torch.autocast bf16")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-memory", action="store_true")

@@ -26,6 +26,7 @@ under load says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -82,7 +83,8 @@ def worker(rank: int, a: argparse.Namespace, port: int, results) -> None:
     for step in range(a.warmup + a.steps):
         tokens = torch.randint(0, a.vocab_size, (B_global, T + 1), generator=gen)[rank * B:(rank + 1) * B]
         t0 = time.perf_counter()
-        loss = net(tokens[:, :-1], tokens[:, 1:])
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if a.autocast == "bf16" else contextlib.nullcontext()):
+            loss = net(tokens[:, :-1], tokens[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP: bucketed gradient all-reduce (average) overlapped with backward
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -139,6 +141,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for a peer")
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                    help="bf16: forward under torch.autocast('cpu', bfloat16), the peer of meshtrain --precision bf16")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.threads_per_rank < 1 or a.batch_size % 2 or a.n_embd % a.n_head:
         ap.error(f"need steps >= 1, warmup >= 0, threads-per-rank >= 1, an even --batch-size and n_embd % n_head "
