@@ -1,6 +1,6 @@
 """Layout equality under `--precision bf16`: data parallelism with ZeRO 0-3, tensor parallelism with sequence
-parallelism, pipeline parallelism (1F1B and interleaved) and MoE with expert parallelism each reproduce the
-single-process bf16 run.
+parallelism, pipeline parallelism (1F1B and interleaved), the 3-D mesh on 8 ranks and MoE with expert
+parallelism each reproduce the single-process bf16 run; --recompute reproduces it bit for bit.
 
 Dense problem: dp_common's with L=4 (so 2 stages x 2 chunks hold whole blocks), H=2, C=32, V=64, B=12, T=16,
 12 steps (warmup 3, cosine, wd 0.1, clipping on the early steps). MoE problem: test_moe_layouts' top-2 case
@@ -77,14 +77,23 @@ def main() -> None:
                  f"test setup: the fp32 and bf16 step-0 losses differ by only {sep_l:.2e}, within twice the step-0 "
                  f"tolerance {TOL_LOSS0_ABS:g}: the test cannot tell the precisions apart")
     k_tol = 2 * sum(r["lr"] for r in want)
+    # Recomputation repeats the same operations, the same roundings included: bit for bit the plain run.
+    rc, _ = lr.run("single_recompute", BF16 + ["--recompute"], save=False)
+    if rc is not None:
+        same = [(a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]) for a, b in zip(rc, want)]
+        checks.check(all(same), f"bf16 --recompute differs from the plain bf16 run at steps "
+                     f"{[i for i, x in enumerate(same) if not x][:5]}")
 
     layouts = [("single_mb3", ["--micro-batch-size", 3]),
                ("dp2_z0", ["--nproc", 2]), ("dp2_z1", ["--nproc", 2, "--zero", 1]),
                ("dp2_z2", ["--nproc", 2, "--zero", 2]), ("dp2_z3", ["--nproc", 2, "--zero", 3]),
+               ("tp2", ["--nproc", 2, "--tp", 2]),
                ("tp2_sp", ["--nproc", 2, "--tp", 2, "--sequence-parallel"]),
                ("pp2_1f1b_M2", ["--nproc", 2, "--pp", 2, "--schedule", "1f1b", "--micro-batch-size", 6]),
                ("pp2_interleaved_V2_M2", ["--nproc", 2, "--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2,
-                                          "--micro-batch-size", 6])]
+                                          "--micro-batch-size", 6]),
+               # The 3-D mesh on 8 ranks: dp 2 x tp 2 x pp 2, ZeRO 1, 2 micro-batches per rank.
+               ("dp2_tp2_pp2_z1", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--micro-batch-size", 3])]
     print(f"\n{'layout':<28}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}{'s':>6}")
     for tag, extra in layouts:
         t0 = time.time()
