@@ -15,6 +15,7 @@ measures how far float32 summation order alone moves a bf16 trajectory: the drif
 Not a test itself (no test_ prefix)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -38,22 +39,35 @@ class Bf16Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
-        return round_bf16(a) @ round_bf16(b)
+        return torch.matmul(round_bf16(a), round_bf16(b))
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         a, b = ctx.saved_tensors
         ra, rb, rg = round_bf16(a), round_bf16(b), round_bf16(g)
-        da = rg @ rb.transpose(-2, -1)
+        da = torch.matmul(rg, rb.transpose(-2, -1))
         if b.dim() == 2 and a.dim() > 2:  # a weight shared by all rows: X^T dY over the flattened rows
-            db = ra.reshape(-1, a.shape[-1]).t() @ rg.reshape(-1, g.shape[-1])
+            db = torch.matmul(ra.reshape(-1, a.shape[-1]).t(), rg.reshape(-1, g.shape[-1]))
         else:
-            db = ra.transpose(-2, -1) @ rg
+            db = torch.matmul(ra.transpose(-2, -1), rg)
         return da, db
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return Bf16Matmul.apply(a, b)
+
+
+@contextlib.contextmanager
+def bf16_products():
+    """Within it, every `a @ b` of torch tensors is a product of the rule (Bf16Matmul). The MoE reference
+    (moe_reference.py) and the dense one it builds on write every model product, and nothing else, as `@`
+    (router, experts, attention, logits), so the MoE run under this context is the rule applied to it."""
+    saved = torch.Tensor.__matmul__
+    torch.Tensor.__matmul__ = lambda a, b: Bf16Matmul.apply(a, b)
+    try:
+        yield
+    finally:
+        torch.Tensor.__matmul__ = saved
 
 
 def causal_self_attention(x: torch.Tensor, p: Mapping[str, torch.Tensor], prefix: str, n_head: int) -> torch.Tensor:
