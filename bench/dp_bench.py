@@ -43,10 +43,10 @@ def torch_peer(args, world, coretype="unset"):
     env.pop("OPENBLAS_CORETYPE", None)
     if coretype != "unset":
         env["OPENBLAS_CORETYPE"] = coretype
+    autocast = "bf16" if args.precision == "bf16" else "off"
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp_bench.py"), "--world-size", str(world),
-                          "--steps", str(args.steps), "--warmup", "2",
-                          "--autocast", "bf16" if args.precision == "bf16" else "off"], check=True, capture_output=True, text=True,
-                         env=env).stdout
+                          "--steps", str(args.steps), "--warmup", "2", "--autocast", autocast], check=True,
+                         capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

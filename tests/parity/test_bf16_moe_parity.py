@@ -3,7 +3,7 @@ capacity 1.0, policies all and random; router, experts, attention and logits are
 
 The reference is moe_reference.train_moe run under bf16_reference.bf16_products(), which turns every `@` of
 the reference models (exactly their products) into the rule's rounded product; on the dense model this equals
-bf16_reference.gpt_forward bit for bit (test_bf16_parity checks that one against meshtrain).
+bf16_reference.gpt_forward bit for bit (checked here; test_bf16_parity checks that one against meshtrain).
 
 Why these tolerances (measured on these cases, 15 steps):
   step 0   loss, aux_loss and z_loss rel 1e-5, grad_norm rel 1e-4: one forward and backward on the same
@@ -49,13 +49,28 @@ def main() -> None:
                           mr.moe_metadata(tm.CFG, moe))
     ref.write_shard(data, tm.markov_tokens(tm.N_TOKENS, tm.CFG.vocab_size, tm.SEED_DATA))
 
+    # The context's claim, on the dense model: gpt_reference under bf16_products() is bf16_reference's explicit
+    # model bit for bit (3 steps of test_gpt_parity's problem on the same files).
+    dense = ref.random_init(tm.CFG, tm.SEED_INIT, std_by_suffix=tm.INIT_STD)
+    dinit = os.path.join(wd, "dense_init.safetensors")
+    ref.write_safetensors(dinit, dense, tm.CFG.metadata())
+    h_explicit, w_explicit = bref.train(dinit, data, tm.B, tm.T, 3, tm.HP)
+    with bref.bf16_products():
+        h_patched, w_patched = ref.train(dinit, data, tm.B, tm.T, 3, tm.HP)
+    checks.check([h["loss"] for h in h_explicit] == [h["loss"] for h in h_patched]
+                 and all((w_explicit[n] == w_patched[n]).all() for n in w_explicit),
+                 "bf16_products() applied to gpt_reference differs from bf16_reference.gpt_forward")
+    h_plain, _ = ref.train(dinit, data, tm.B, tm.T, 1, tm.HP)
+    checks.check(h_plain[0]["loss"] != h_explicit[0]["loss"], "bf16_products() left the dense products in float32")
+
     for name, k, F, policy in CASES:
         opts = tm.opts_of(F, policy)
         with bref.bf16_products():
             hist, _ = mr.train_moe(init, data, tm.B, tm.T, STEPS, tm.HP, opts)
             hist64, _ = mr.train_moe(init, data, tm.B, tm.T, STEPS, tm.HP, opts, dtype=torch.float64)
         hist32, _ = mr.train_moe(init, data, tm.B, tm.T, STEPS, tm.HP, opts)
-        sep_l, sep_g = rel_diff(hist32[0]["loss"], hist[0]["loss"]), rel_diff(hist32[0]["grad_norm"], hist[0]["grad_norm"])
+        sep_l = rel_diff(hist32[0]["loss"], hist[0]["loss"])
+        sep_g = rel_diff(hist32[0]["grad_norm"], hist[0]["grad_norm"])
         checks.check(sep_l > 4 * TOL0_REL or sep_g > 4 * TOL_GN0_REL,
                      f"{name}: test setup: float32 products are within 4x the step-0 tolerances of the bf16 "
                      f"reference in both loss (rel {sep_l:.2e}) and grad_norm (rel {sep_g:.2e})")

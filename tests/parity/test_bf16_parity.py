@@ -15,11 +15,11 @@ Why these tolerances (measured on this case, and measured again by the test itse
             step-0 loss 1.8e-4 and a gradient norm 2.2e-4 rel away from the bf16 reference: the test
             asserts that the reference itself separates the two by more than these tolerances, so a run that
             ignored --precision would fail here.
-  steps     loss abs 1.5e-3, grad_norm rel 2e-3, final weights abs 3e-3 (the key-bias slice, whose true
-            gradient is zero, within 2 sum(lr): each run moves it by up to sum(lr), see test_gpt_parity): about 3x the drift between the float32
-            and float64 references over 20 steps (5.6e-4, 5.3e-4 and 9.3e-4). The test recomputes that drift
-            and fails if it exceeds half of a tolerance, so a tolerance cannot silently become too tight a
-            margin or meaningless.
+  steps     loss abs 1.5e-3, grad_norm rel 2e-3, final weights abs 3e-3: about 3x the drift between the
+            float32 and float64 references over 20 steps (5.6e-4, 5.3e-4 and 9.3e-4). The test recomputes
+            that drift and fails if it exceeds half of a tolerance, so a tolerance cannot silently become too
+            tight a margin or meaningless. The key-bias slice of each c_attn.bias, whose true gradient is zero,
+            within 2 sum(lr): each run moves it by up to sum(lr) (see test_gpt_parity).
 """
 from __future__ import annotations
 
