@@ -14,6 +14,8 @@ namespace mt {
 // multiplied exactly and accumulated in float32; alpha, beta, the bias and C stay float32. Native on a CPU
 // with bf16 dot-product instructions (oneDNN's avx512_core_bf16 or AMX kernels), else emulated: the inputs
 // are rounded into float32 copies and multiplied by the float32 kernel (the same math, no speed gain).
+// One known difference: vdpbf16ps treats bf16 denormal inputs (|x| < 1.2e-38) as zero and flushes denormal
+// results, where the emulated path keeps them; training values never come near that range.
 enum class Precision { fp32, bf16 };
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, op = transpose when trans_* is true.
