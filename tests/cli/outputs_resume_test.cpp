@@ -150,6 +150,11 @@ TEST_F(OutputsResume, P5_ResumeWithAnotherModelShapeIsRefused) {
   RunResult r = run_meshtrain(args);
   expect_error_naming(r, {"--n-head 4", "n_head=2", cx + "/step_00000004"});
   EXPECT_FALSE(fs::exists(save));
+  // Several ranks: the launcher's parent says it once, before any rank starts.
+  r = run_meshtrain(concat(args, {"--nproc", "2"}));
+  expect_error_naming(r, {"--n-head 4", "n_head=2"});
+  EXPECT_FALSE(contains(r.err, "rank 0")) << r.describe();
+  EXPECT_FALSE(fs::exists(save));
   // No shape flag at all: the checkpoint's shape, written back as it was.
   r = run_meshtrain(tiny_shapeless(shard_, {"--steps", "6", "--resume", cx, "--save", save}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
