@@ -127,8 +127,8 @@ void check_fresh_checkpoint_dir(const std::string& dir, const std::string& resum
   for (size_t i = 0; i < steps.size() && i < 6; i++) names += (i ? ", " : "") + step_name(steps[i]);
   if (steps.size() > 6) names += str(" and ", steps.size() - 6, " more");
   const std::string held = str("--checkpoint-dir ", dir, " already holds checkpoints of another run (",
-                                names.empty() ? std::string("no step directories") : names,
-                                latest.empty() ? "" : "; latest -> " + latest, ")");
+                               names.empty() ? std::string("no step directories") : names,
+                               latest.empty() ? "" : "; latest -> " + latest, ")");
   if (!resume.empty())  // pruning would delete them as this run's checkpoints arrive
     throw InputError(str(held, ", not of the run --resume ", resume, " continues: give --checkpoint-dir ", resume,
                          " (or another, empty directory), or pass --overwrite-checkpoints to delete them"));

@@ -35,8 +35,9 @@ GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   // flag that disagrees with them is refused by name, n_head included (no tensor shape shows it).
   const std::string init =
       cfg.resume.empty() ? cfg.init : checkpoint::resolve_checkpoint(cfg.resume) + "/model.safetensors";
-  return {cfg.gpt,     cfg.data,      cfg.val_data,          init,             cfg.batch_size, cfg.seq_len,
-          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep};
+  return {cfg.gpt,          cfg.data,    cfg.val_data,  init,
+          cfg.batch_size,   cfg.seq_len, cfg.recompute, cfg.sequence_parallel,
+          cfg.stage_layers, cfg.seed,    moe,           cfg.moe.ep};
 }
 
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init) {

@@ -73,9 +73,14 @@ nlohmann::json Checkpointer::run_identity() const {
   // not here: resume takes it from the checkpoint's weights (GptTaskConfig::from). Layout flags (--nproc,
   // --tp, --zero, ...) do not change the math; --steps does, through the learning-rate schedule.
   const TrainConfig& c = cfg_;
-  nlohmann::json j = {{"seed", c.seed},     {"batch_size", c.batch_size},     {"steps", c.steps},
-                      {"lr", c.lr},         {"min_lr", c.min_lr},             {"warmup_steps", c.warmup_steps},
-                      {"weight_decay", c.weight_decay}, {"grad_clip", c.grad_clip},
+  nlohmann::json j = {{"seed", c.seed},
+                      {"batch_size", c.batch_size},
+                      {"steps", c.steps},
+                      {"lr", c.lr},
+                      {"min_lr", c.min_lr},
+                      {"warmup_steps", c.warmup_steps},
+                      {"weight_decay", c.weight_decay},
+                      {"grad_clip", c.grad_clip},
                       {"grad_comm_dtype", flag_name(c.grad_comm_dtype)}};
   if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
   if (c.optimizer == OptimizerKind::adamw) {
@@ -129,8 +134,8 @@ void Checkpointer::warn_if_changed(const std::string& path, const nlohmann::json
     if (key.ends_with("_fingerprint") || !st.contains(key) || st[key] == value) continue;
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(),
-                 flag.c_str(), st[key].dump().c_str(), value.dump().c_str());
+    std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(), flag.c_str(),
+                 st[key].dump().c_str(), value.dump().c_str());
   }
   // Inputs by content: the same bytes at another path are the same data; new bytes at the same path are not.
   const std::pair<const char*, const std::string*> inputs[] = {{"data", &cfg_.data}, {"labels", &cfg_.labels}};
@@ -164,9 +169,15 @@ void Checkpointer::save(int64_t next_step) {
   checkpoint::NamedFlat named;
   for (auto& [name, buf] : states) named.push_back({name, buf.data()});
   const parallel::MeshGrid& g = mesh_.grid();
-  nlohmann::json st = {{"step", next_step},         {"model", flag_name(cfg_.model)}, {"optimizer", flag_name(cfg_.optimizer)},
-                       {"data", cfg_.data},          {"data_position", next_step * items_per_step_},
-                       {"dp", g.dp()},               {"tp", g.tp()}, {"pp", g.pp()}, {"zero", cfg_.zero},
+  nlohmann::json st = {{"step", next_step},
+                       {"model", flag_name(cfg_.model)},
+                       {"optimizer", flag_name(cfg_.optimizer)},
+                       {"data", cfg_.data},
+                       {"data_position", next_step * items_per_step_},
+                       {"dp", g.dp()},
+                       {"tp", g.tp()},
+                       {"pp", g.pp()},
+                       {"zero", cfg_.zero},
                        {"rng", {{"seed", cfg_.seed}, {"counter", 0}}}};
   if (!cfg_.labels.empty()) st["labels"] = cfg_.labels;
   st.update(run_identity());

@@ -87,7 +87,8 @@ void check_outputs(const TrainConfig& c) {
                  " continues a run but nothing would keep its weights: give --checkpoint-dir (e.g. ", c.resume,
                  ") or --save (else the work is lost)");
   // With --resume it may empty another directory, never the one resumed from (preflight.cpp checks).
-  MT_CHECK_INPUT(!c.overwrite_checkpoints || !c.checkpoint_dir.empty(), "--overwrite-checkpoints needs --checkpoint-dir");
+  MT_CHECK_INPUT(!c.overwrite_checkpoints || !c.checkpoint_dir.empty(),
+                 "--overwrite-checkpoints needs --checkpoint-dir");
   MT_CHECK_INPUT(c.eval_every >= 0 && c.eval_batches >= 1, "--eval-every must be >= 0 and --eval-batches >= 1");
   MT_CHECK_INPUT(c.eval_every == 0 || c.model == ModelKind::mlp || !c.val_data.empty(),
                  "--eval-every needs --val-data");

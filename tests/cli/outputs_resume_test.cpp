@@ -26,7 +26,8 @@ void expect_error_naming(const RunResult& r, const std::vector<std::string>& wor
   EXPECT_FALSE(r.timed_out) << r.describe();
   EXPECT_EQ(r.term_signal, 0) << r.describe();
   EXPECT_EQ(r.exit_code, 1) << r.describe();
-  for (const std::string& w : words) EXPECT_TRUE(contains(r.err, w)) << "stderr lacks \"" << w << "\"\n" << r.describe();
+  for (const std::string& w : words)
+    EXPECT_TRUE(contains(r.err, w)) << "stderr lacks \"" << w << "\"\n" << r.describe();
 }
 
 int64_t first_step(const std::string& metrics) {
@@ -43,10 +44,10 @@ class OutputsResume : public ::testing::Test {
   // A checkpoint directory of a finished `steps`-step run that saved every `every` steps and kept them all.
   std::string make_run(const std::string& name, int steps, int every, const std::vector<std::string>& extra = {}) {
     const std::string ck = dir_ / name;
-    RunResult r = run_meshtrain(tiny(shard_, concat({"--steps", std::to_string(steps), "--save-every",
-                                                     std::to_string(every), "--keep-checkpoints", "0",
-                                                     "--checkpoint-dir", ck},
-                                                    extra)));
+    RunResult r =
+        run_meshtrain(tiny(shard_, concat({"--steps", std::to_string(steps), "--save-every", std::to_string(every),
+                                           "--keep-checkpoints", "0", "--checkpoint-dir", ck},
+                                          extra)));
     EXPECT_EQ(r.exit_code, 0) << r.describe();
     return ck;
   }
@@ -77,9 +78,8 @@ TEST_F(OutputsResume, P1_DanglingSymlinkCheckpointDirIsRefusedBeforeStep1) {
 TEST_F(OutputsResume, P2_ResumeIntoAnotherRunsCheckpointDirIsRefused) {
   const std::string cx = make_run("cx", 4, 2), cy = make_run("cy", 2, 1, {"--seed", "9"});
   const std::string y_state = slurp(cy + "/step_00000002/state.json");
-  RunResult r = run_meshtrain(
-      tiny(shard_, {"--steps", "8", "--resume", cx, "--checkpoint-dir", cy, "--save-every", "1",
-                    "--keep-checkpoints", "1"}));
+  RunResult r = run_meshtrain(tiny(shard_, {"--steps", "8", "--resume", cx, "--checkpoint-dir", cy, "--save-every", "1",
+                                            "--keep-checkpoints", "1"}));
   expect_error_naming(r, {"--checkpoint-dir", cy, "another run", "step_00000001", "step_00000002", "--resume", cx,
                           "--overwrite-checkpoints"});
   EXPECT_TRUE(is_complete_checkpoint(cy + "/step_00000001"));
@@ -173,8 +173,8 @@ TEST_F(OutputsResume, P6_ResumeComparesMathFlagsAndDataByContent) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_FALSE(contains(r.err, "warning")) << r.describe();
   // --seq-len and --lr changed: one warning each, with both values.
-  std::vector<std::string> args = tiny(shard_, {"--steps", "8", "--resume", cx + "/step_00000004", "--save", save,
-                                                "--lr", "1e-3"});
+  std::vector<std::string> args =
+      tiny(shard_, {"--steps", "8", "--resume", cx + "/step_00000004", "--save", save, "--lr", "1e-3"});
   for (size_t i = 0; i + 1 < args.size(); i++)
     if (args[i] == "--seq-len") args[i + 1] = "8";
   r = run_meshtrain(args);
@@ -224,7 +224,8 @@ TEST_F(OutputsResume, P12_BadLatestFallsBackToNewestCompleteStep) {
   EXPECT_EQ(first_step(metrics), 4);
 
   // Nothing complete left: an error naming each step directory's problem.
-  for (const char* s : {"step_00000002", "step_00000004", "step_00000008"}) fs::remove(ck + "/" + s + "/model.safetensors");
+  for (const char* s : {"step_00000002", "step_00000004", "step_00000008"})
+    fs::remove(ck + "/" + s + "/model.safetensors");
   r = resume();
   expect_error_naming(r, {"--resume", ck, "no complete checkpoint", "step_00000002 lacks model.safetensors",
                           "step_00000006 has a state.json that is not valid JSON"});
@@ -294,11 +295,11 @@ TEST_F(OutputsResume, P16_TiedLmHeadCopyIsAcceptedAndAnotherIsRefused) {
   const std::string tied = dir_ / "tied.safetensors", untied = dir_ / "untied.safetensors";
   with_head(tied, true);
   with_head(untied, false);
-  RunResult r = run_meshtrain({"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--quiet",
-                               "--steps", "1", "--init", tied});
+  RunResult r = run_meshtrain(
+      {"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--quiet", "--steps", "1", "--init", tied});
   EXPECT_EQ(r.exit_code, 0) << r.describe();
-  r = run_meshtrain({"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--quiet", "--steps", "1",
-                     "--init", untied});
+  r = run_meshtrain(
+      {"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--quiet", "--steps", "1", "--init", untied});
   expect_error_naming(r, {untied, "lm_head.weight", "differs from wte.weight"});
 }
 
