@@ -30,6 +30,7 @@ void RunLog::step(const nlohmann::json& row, int64_t s, double loss, float lr, d
   try {
     metrics_.write(row);
   } catch (const Error& e) {
+    progress_.finish();  // the message on a line of its own
     throw Error(str(e.what(), ", at the row of step ", s, ckpt_ ? "; " + ckpt_->last_checkpoint() : std::string()));
   }
   progress_.step(s, loss, lr, items_per_s);
@@ -83,6 +84,7 @@ nlohmann::json Checkpointer::run_identity() const {
                       {"grad_clip", c.grad_clip},
                       {"grad_comm_dtype", flag_name(c.grad_comm_dtype)}};
   if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
+  if (c.model == ModelKind::mlp && c.val_data.empty()) j["val_fraction"] = c.val_fraction;  // splits --data
   if (c.optimizer == OptimizerKind::adamw) {
     j["beta1"] = c.beta1;
     j["beta2"] = c.beta2;

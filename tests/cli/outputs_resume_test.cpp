@@ -192,6 +192,42 @@ TEST_F(OutputsResume, P6_ResumeComparesMathFlagsAndDataByContent) {
       << r.describe();
 }
 
+// The MLP's inputs are two files: the labels are compared by content too, and --val-fraction (which splits
+// --data into training and held-out examples) is a flag that changes the math.
+TEST_F(OutputsResume, P6_MlpResumeComparesLabelsByContentAndValFraction) {
+  const std::string img = dir_ / "img", lab = dir_ / "lab", lab_copy = dir_ / "lab_copy", ck = dir_ / "ck";
+  IdxImages im;
+  im.count = 64;
+  im.rows = 4;
+  im.cols = 4;
+  for (int i = 0; i < 64 * 16; i++) im.pixels.push_back((uint8_t)(i * 7));
+  write_idx_images(img, im);
+  IdxLabels lb;
+  for (int i = 0; i < 64; i++) lb.labels.push_back((uint8_t)(i % 3));
+  write_idx_labels(lab, lb);
+  fs::copy_file(lab, lab_copy);
+  auto mlp = [&](const std::string& labels, const std::vector<std::string>& extra) {
+    return concat({"train", "--model", "mlp", "--data", img, "--labels", labels, "--hidden", "8", "--batch-size", "8",
+                   "--quiet"},
+                  extra);
+  };
+  ASSERT_EQ(run_meshtrain(mlp(lab, {"--steps", "4", "--save-every", "2", "--checkpoint-dir", ck})).exit_code, 0);
+  const std::vector<std::string> resume = {"--steps", "4", "--resume", ck + "/step_00000002", "--save",
+                                           dir_ / "w.safetensors"};
+  RunResult r = run_meshtrain(mlp(lab_copy, resume));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_FALSE(contains(r.err, "warning")) << r.describe();
+  r = run_meshtrain(mlp(lab_copy, concat(resume, {"--val-fraction", "0.5"})));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "--val-fraction 0.2; resuming with 0.5")) << r.describe();
+  lb.labels[10] = 2;  // one label changed at the same path
+  write_idx_labels(lab, lb);
+  r = run_meshtrain(mlp(lab, resume));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "--labels " + lab) && contains(r.err, "other content")) << r.describe();
+  EXPECT_FALSE(contains(r.err, "--data")) << r.describe();
+}
+
 // ---- 12. latest missing, or naming a deleted or damaged step: the newest complete step, with a message
 TEST_F(OutputsResume, P12_BadLatestFallsBackToNewestCompleteStep) {
   const std::string ck = make_run("ck", 6, 2), metrics = dir_ / "m.jsonl";
