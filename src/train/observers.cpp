@@ -70,7 +70,7 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, Consolidation& state, const p
 }
 
 nlohmann::json Checkpointer::run_identity() const {
-  // Keys are the flags' names with '_' for '-' (resume() derives the flag from the key). The model's shape is
+  // Keys are the flags' names with '_' for '-' (warn_if_changed derives the flag). The model's shape is
   // not here: resume takes it from the checkpoint's weights (GptTaskConfig::from). Layout flags (--nproc,
   // --tp, --zero, ...) do not change the math; --steps does, through the learning-rate schedule.
   const TrainConfig& c = cfg_;
@@ -143,15 +143,17 @@ void Checkpointer::warn_if_changed(const std::string& path, const nlohmann::json
   const std::pair<const char*, const std::string*> inputs[] = {{"data", &cfg_.data}, {"labels", &cfg_.labels}};
   for (const auto& [name, now_path] : inputs) {
     const std::string key = str(name, "_fingerprint");
+    const std::string saved = !st.contains(name) ? "?" : st[name].is_string() ? st[name].get<std::string>()
+                                                                              : st[name].dump();
     if (st.contains(key) && now.contains(key) && st[key] != now[key])
       std::fprintf(stderr,
                    "meshtrain: warning: %s was saved with --%s %s (content %s); --%s %s holds other content (%s): "
                    "the run continues on different data\n",
-                   path.c_str(), name, st.value(name, std::string("?")).c_str(), st[key].dump().c_str(), name,
-                   now_path->c_str(), now[key].dump().c_str());
-    else if (!st.contains(key) && st.contains(name) && st[name] != *now_path)  // saved before fingerprints
+                   path.c_str(), name, saved.c_str(), st[key].dump().c_str(), name, now_path->c_str(),
+                   now[key].dump().c_str());
+    else if (!st.contains(key) && st.contains(name) && saved != *now_path)  // saved before fingerprints
       std::fprintf(stderr, "meshtrain: warning: %s was saved with --%s %s; resuming with %s\n", path.c_str(), name,
-                   st[name].dump().c_str(), now_path->c_str());
+                   saved.c_str(), now_path->c_str());
   }
 }
 

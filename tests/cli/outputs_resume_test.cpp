@@ -207,13 +207,13 @@ TEST_F(OutputsResume, P6_MlpResumeComparesLabelsByContentAndValFraction) {
   write_idx_labels(lab, lb);
   fs::copy_file(lab, lab_copy);
   auto mlp = [&](const std::string& labels, const std::vector<std::string>& extra) {
-    return concat({"train", "--model", "mlp", "--data", img, "--labels", labels, "--hidden", "8", "--batch-size", "8",
-                   "--quiet"},
-                  extra);
+    return concat(
+        {"train", "--model", "mlp", "--data", img, "--labels", labels, "--hidden", "8", "--batch-size", "8", "--quiet"},
+        extra);
   };
   ASSERT_EQ(run_meshtrain(mlp(lab, {"--steps", "4", "--save-every", "2", "--checkpoint-dir", ck})).exit_code, 0);
-  const std::vector<std::string> resume = {"--steps", "4", "--resume", ck + "/step_00000002", "--save",
-                                           dir_ / "w.safetensors"};
+  const std::vector<std::string> resume = {
+      "--steps", "4", "--resume", ck + "/step_00000002", "--save", dir_ / "w.safetensors"};
   RunResult r = run_meshtrain(mlp(lab_copy, resume));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_FALSE(contains(r.err, "warning")) << r.describe();
