@@ -143,8 +143,9 @@ void Checkpointer::warn_if_changed(const std::string& path, const nlohmann::json
   const std::pair<const char*, const std::string*> inputs[] = {{"data", &cfg_.data}, {"labels", &cfg_.labels}};
   for (const auto& [name, now_path] : inputs) {
     const std::string key = str(name, "_fingerprint");
-    const std::string saved = !st.contains(name) ? "?" : st[name].is_string() ? st[name].get<std::string>()
-                                                                              : st[name].dump();
+    const std::string saved = !st.contains(name)     ? "?"
+                              : st[name].is_string() ? st[name].get<std::string>()
+                                                     : st[name].dump();
     if (st.contains(key) && now.contains(key) && st[key] != now[key])
       std::fprintf(stderr,
                    "meshtrain: warning: %s was saved with --%s %s (content %s); --%s %s holds other content (%s): "

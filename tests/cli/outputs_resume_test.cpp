@@ -337,6 +337,11 @@ TEST_F(OutputsResume, P16_TiedLmHeadCopyIsAcceptedAndAnotherIsRefused) {
   r = run_meshtrain(
       {"train", "--data", shard_, "--seq-len", "16", "--batch-size", "4", "--quiet", "--steps", "1", "--init", untied});
   expect_error_naming(r, {untied, "lm_head.weight", "differs from wte.weight"});
+  // sample reads weights the same way.
+  r = run_meshtrain({"sample", "--init", tied, "--prompt", "!", "--max-new-tokens", "2"});  // byte 33 < 64
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  r = run_meshtrain({"sample", "--init", untied, "--prompt", "!", "--max-new-tokens", "2"});
+  expect_error_naming(r, {untied, "lm_head.weight", "differs from wte.weight"});
 }
 
 TEST_F(OutputsResume, P16_StateStepDisagreeingWithDirectoryIsRefused) {
