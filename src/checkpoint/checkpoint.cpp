@@ -112,7 +112,7 @@ pid_t temp_owner(const std::string& name) {
 }
 }  // namespace
 
-void check_fresh_checkpoint_dir(const std::string& dir) {
+void check_fresh_checkpoint_dir(const std::string& dir, const std::string& resume) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
   std::vector<int64_t> steps;
@@ -126,11 +126,14 @@ void check_fresh_checkpoint_dir(const std::string& dir) {
   std::string names;
   for (size_t i = 0; i < steps.size() && i < 6; i++) names += (i ? ", " : "") + step_name(steps[i]);
   if (steps.size() > 6) names += str(" and ", steps.size() - 6, " more");
-  throw InputError(str("--checkpoint-dir ", dir, " already holds checkpoints of another run (",
-                       names.empty() ? std::string("no step directories") : names,
-                       latest.empty() ? "" : "; latest -> " + latest,
-                       "): continue it with --resume ", dir, ", choose another --checkpoint-dir, or pass "
-                       "--overwrite-checkpoints to delete them"));
+  const std::string held = str("--checkpoint-dir ", dir, " already holds checkpoints of another run (",
+                               names.empty() ? std::string("no step directories") : names,
+                               latest.empty() ? "" : "; latest -> " + latest, ")");
+  if (!resume.empty())  // pruning would delete them as this run's checkpoints arrive
+    throw InputError(str(held, ", not of the run --resume ", resume, " continues: give --checkpoint-dir ", resume,
+                         " (or another, empty directory), or pass --overwrite-checkpoints to delete them"));
+  throw InputError(str(held, ": continue it with --resume ", dir,
+                       ", choose another --checkpoint-dir, or pass --overwrite-checkpoints to delete them"));
 }
 
 std::vector<std::string> clean_checkpoint_dir(const std::string& dir, bool overwrite) {
@@ -168,18 +171,62 @@ void set_latest(const std::string& dir, const std::string& name) {
   write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
 }
 
-std::string resolve_checkpoint(const std::string& dir) {
-  fs::path d(dir);
-  if (fs::exists(d / "state.json")) return d.string();
-  fs::path latest = d / "latest";
-  MT_CHECK_INPUT(fs::exists(latest), "--resume ", dir, ": no checkpoint there (neither ", (d / "latest").string(),
-                 " nor state.json exists)");
-  std::string name = read_file(latest.string());
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  fs::path target = d / name;
-  MT_CHECK_INPUT(fs::exists(target / "state.json"), latest.string(), " points at ", target.string(),
-                 ", which is not a complete checkpoint");
-  return target.string();
+std::string checkpoint_problem(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::is_directory(p, ec)) return "does not exist";
+  for (const char* f : {"state.json", "model.safetensors", "optimizer.safetensors"})
+    if (!fs::exists(p / f, ec)) return str("lacks ", f);
+  try {
+    const nlohmann::json st = nlohmann::json::parse(read_file((p / "state.json").string()));
+    if (!st.is_object() || !st.contains("step") || !st["step"].is_number_integer() || st["step"].get<int64_t>() < 0)
+      return "has no valid \"step\" in state.json";
+    const fs::path named = p.has_filename() ? p : p.parent_path();
+    const int64_t n = checkpoint_step(named.filename().string());
+    if (n >= 0 && n != st["step"].get<int64_t>())
+      return str("has a state.json that says step ", st["step"].get<int64_t>(), " in directory ",
+                 named.filename().string());
+    SafetensorsReader model((p / "model.safetensors").string()), opt((p / "optimizer.safetensors").string());
+  } catch (const nlohmann::json::exception& e) {
+    return str("has a state.json that is not valid JSON (", e.what(), ")");
+  } catch (const std::exception& e) {
+    return str("is damaged: ", e.what());
+  }
+  return "";
+}
+
+std::string resolve_checkpoint(const std::string& dir, std::string* note) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::exists(d / "state.json", ec)) return d.string();
+  // latest first; when it is missing or names a deleted or damaged step, the newest complete step_N (a
+  // complete one is written whole before latest moves, so it is a state this or an earlier run reached).
+  const fs::path latest = d / "latest";
+  std::string why = str(latest.string(), " does not exist");
+  if (fs::exists(latest, ec)) {
+    const std::string name = latest_target(d);
+    const std::string problem = name.empty() ? "names nothing" : checkpoint_problem((d / name).string());
+    if (problem.empty()) return (d / name).string();
+    why = str(latest.string(), " points at ", name, ", which ", problem);
+  }
+  std::vector<int64_t> steps;
+  for (auto& e : fs::directory_iterator(d, ec))
+    if (const int64_t n = checkpoint_step(e.path().filename().string()); n >= 0) steps.push_back(n);
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  std::string rejected;
+  for (int64_t n : steps) {
+    const fs::path p = d / step_name(n);
+    const std::string problem = checkpoint_problem(p.string());
+    if (problem.empty()) {
+      if (note) *note = str(why, "; resuming from the newest complete checkpoint, ", p.string());
+      return p.string();
+    }
+    rejected += str("; ", step_name(n), " ", problem);
+  }
+  MT_CHECK_INPUT(!steps.empty() || fs::exists(latest, ec), "--resume ", dir, ": no checkpoint there (neither ",
+                 latest.string(), " nor state.json exists)");
+  throw InputError(str("--resume ", dir, ": ", why, ", and no complete checkpoint is there",
+                       steps.empty() ? std::string(" (no step directories)") : rejected));
 }
 
 nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
@@ -195,6 +242,12 @@ nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry&
   MT_CHECK_INPUT(state.is_object() && state.contains("step") && state["step"].is_number_integer(), state_path,
                  ": missing integer field \"step\"");
   MT_CHECK_INPUT(state["step"].get<int64_t>() >= 0, state_path, ": step ", state["step"].get<int64_t>(), " is negative");
+  // The directory name is what latest, pruning and people go by: a copy edited into the wrong place is refused.
+  const fs::path named = p.has_filename() ? p : p.parent_path();
+  const int64_t dir_step = checkpoint_step(named.filename().string());
+  MT_CHECK_INPUT(dir_step < 0 || dir_step == state["step"].get<int64_t>(), state_path, " says step ",
+                 state["step"].get<int64_t>(), " but its directory is ", named.filename().string(), " (step ", dir_step,
+                 "): the checkpoint was renamed or edited; fix one of them to match the weights it holds");
   SafetensorsReader model((p / "model.safetensors").string());
   check_tensors(model, params);
   for (const nn::Param& prm : params.params()) {

@@ -34,10 +34,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
                             const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
                             int keep);
 
-// Read-only check before a fresh (not resumed) run: `dir` must not hold another run's checkpoints (step_N
-// directories or `latest`), which pruning could mix with this run's. Throws InputError naming them and the
-// ways out (--resume, another directory, --overwrite-checkpoints).
-void check_fresh_checkpoint_dir(const std::string& dir);
+// Read-only check before a run writes into `dir`: it must not hold another run's checkpoints (step_N
+// directories or `latest`), which pruning could mix with this run's (and delete). A fresh run calls it
+// with resume empty; a resumed run whose checkpoint lies elsewhere passes its --resume. Throws InputError
+// naming them and the ways out (--resume, another directory, --overwrite-checkpoints).
+void check_fresh_checkpoint_dir(const std::string& dir, const std::string& resume = "");
 
 // Run once at start by rank 0: removes step_N.tmp.PID / latest.tmp.PID / *.tmp.prune.PID entries whose
 // process is gone, and step_N directories missing a file (a prune killed by an older meshtrain) other than
@@ -47,13 +48,22 @@ std::vector<std::string> clean_checkpoint_dir(const std::string& dir, bool overw
 // Step N of a checkpoint directory name "step_00000012" (exactly "step_" and digits), else -1.
 int64_t checkpoint_step(const std::string& name);
 
-// The checkpoint to resume from: DIR/latest's target, or DIR itself when it holds a state.json.
-std::string resolve_checkpoint(const std::string& dir);
+// Why the checkpoint directory `path` cannot be resumed from, or "" when it can: all three files present,
+// state.json an object with a non-negative integer step equal to the N of a step_N directory name, both
+// safetensors headers valid. Reads the headers only (cheap).
+std::string checkpoint_problem(const std::string& path);
+
+// The checkpoint to resume from: DIR itself when it holds a state.json (its problems are load_checkpoint's
+// to report), else DIR/latest's target when that is complete, else the newest complete step_N in DIR, with
+// `note` (when given) set to a sentence saying why latest was passed over and which step is used. Throws
+// InputError when DIR holds no complete checkpoint, naming latest's problem and the step directories' ones.
+std::string resolve_checkpoint(const std::string& dir, std::string* note = nullptr);
 
 // Points DIR/latest at the checkpoint directory `name` (atomically).
 void set_latest(const std::string& dir, const std::string& name);
 
 // Loads weights and optimizer state into full flat buffers (shapes must match) and returns state.json.
+// A state.json whose step disagrees with its step_N directory name is an InputError naming both.
 nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
                                const NamedFlatOut& flat_states);
 

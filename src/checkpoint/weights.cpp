@@ -50,6 +50,31 @@ int parse_meta_int(const SafetensorsReader& file, const std::string& key, const 
   return v;
 }
 
+// Hugging Face GPT-2 files may carry lm_head.weight, the output head this GPT ties to wte.weight (the same
+// matrix). Accepted when it is a copy of wte, bit for bit in the file's dtype (or, dtypes differing, as float32);
+// any other lm_head is a model this one cannot represent: an InputError naming both tensors.
+bool is_tied_head_copy(const SafetensorsReader& file, const std::map<std::string, const TensorInfo*>& tensors,
+                       const std::string& name) {
+  if (name != "lm_head.weight" || !tensors.count("wte.weight")) return false;
+  const TensorInfo& head = *tensors.at(name);
+  const TensorInfo& wte = *tensors.at("wte.weight");
+  MT_CHECK_INPUT(head.shape == wte.shape, file.path(), ": tensor ", head.name, " has shape ", shape_str(head.shape),
+                 " but ", wte.name, " has ", shape_str(wte.shape),
+                 "; this GPT ties its output head to the token embedding, so lm_head must be a copy of wte");
+  bool same = false;
+  if (head.dtype == wte.dtype) {
+    same = std::memcmp(file.bytes(head), file.bytes(wte), head.end - head.begin) == 0;
+  } else {
+    std::vector<float> a((size_t)head.numel()), b((size_t)wte.numel());
+    file.read_f32(head.name, a.data(), head.numel());
+    file.read_f32(wte.name, b.data(), wte.numel());
+    same = a == b;
+  }
+  MT_CHECK_INPUT(same, file.path(), ": tensor ", head.name, " differs from ", wte.name,
+                 "; this GPT ties its output head to the token embedding, so an untied lm_head cannot be loaded");
+  return true;
+}
+
 }  // namespace
 
 // The MoE shape (moe_every, experts, moe_top_k, expert_hidden): a flag (non-zero) must agree with the file's
@@ -169,6 +194,7 @@ void check_tensors(const SafetensorsReader& file, const nn::ParamRegistry& param
     if (is_ignored_buffer(n)) continue;
     bool known = false;
     for (const nn::Param& p : params.params()) known = known || p.name == n;
+    if (!known && is_tied_head_copy(file, tensors, n)) continue;
     MT_CHECK_INPUT(known, file.path(), ": unexpected tensor ", t->name,
                    " (not a parameter of this model; wrong --model or shape?)");
   }

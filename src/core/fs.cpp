@@ -82,6 +82,12 @@ void check_output_path(const std::string& flag, const std::string& path) {
   MT_CHECK_INPUT(kind != "directory", flag, " ", path, via, ": is a directory; give a file name inside it");
   MT_CHECK_INPUT(kind == "" || kind == "regular file" || kind == "character device" || kind == "FIFO", flag, " ",
                  path, via, ": is a ", kind, "; meshtrain writes only regular files, character devices and FIFOs");
+  if (kind == "FIFO") {
+    // Held open to the end (see the header); one descriptor per checked output, never closed.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    MT_CHECK_INPUT(fd >= 0, flag, " ", path, via, ": ",
+                   errno == ENXIO ? "no process is reading the FIFO; start its reader first" : errno_text(errno));
+  }
   if (kind == "" || (kind == "regular file" && same_file(path, target))) {
     const std::string dir = parent_dir(target);
     struct stat st;
@@ -244,6 +250,47 @@ std::string read_file(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+namespace {
+// A 64-bit hash of bytes in 8-byte words (multiply-xorshift, as in MurmurHash's finalizer): not for
+// adversaries, for noticing a changed file. Chained through h.
+uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t h) {
+  auto mix = [](uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+  };
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = mix(h ^ w) * 0xc4ceb9fe1a85ec53ULL + i;
+  }
+  for (; i < n; i++) h = mix(h ^ p[i]) * 0xc4ceb9fe1a85ec53ULL + i;
+  return mix(h);
+}
+}  // namespace
+
+std::string file_fingerprint(const std::string& path) {
+  constexpr size_t kWhole = 64 << 20, kEnd = 1 << 20, kBlock = 64 << 10, kBlocks = 224;
+  const MappedFile f(path);
+  const size_t n = f.size();
+  uint64_t h = hash_bytes(reinterpret_cast<const uint8_t*>(&n), sizeof n, 0x9e3779b97f4a7c15ULL);
+  if (n <= kWhole) {
+    h = hash_bytes(f.data(), n, h);
+  } else {
+    h = hash_bytes(f.data(), kEnd, h);
+    for (size_t b = 0; b < kBlocks; b++) {
+      const size_t at = kEnd + (n - 2 * kEnd - kBlock) / (kBlocks - 1) * b;
+      h = hash_bytes(f.data() + at, kBlock, h);
+    }
+    h = hash_bytes(f.data() + n - kEnd, kEnd, h);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return str(n, ":", hex);
 }
 
 // ---- SIGBUS on a file that shrank under its mapping ----

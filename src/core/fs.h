@@ -39,13 +39,20 @@ std::string resolve_symlinks(const std::string& path);
 std::string file_kind(const std::string& path);
 
 // Checks at start that `path` can be written as the output of `flag` (e.g. "--save"): its final target is not
-// a directory, block device or socket, and a regular or new file's directory exists and is writable.
-// Throws mt::InputError "--save DIR: is a directory" etc.
+// a directory, block device or socket, a regular or new file's directory exists and is writable, and a FIFO
+// has a reader now. A FIFO is opened (without blocking) for that and the descriptor kept until the process
+// exits: closing it would hand the reader an end-of-file before the real output, ending `cat fifo`.
+// Throws mt::InputError "--save DIR: is a directory", "--save F: no process is reading the FIFO", etc.
 void check_output_path(const std::string& flag, const std::string& path);
 
 // True when both paths name the same file (same device and inode), or, for a path that does not exist
 // yet, the same absolute location after symlinks are followed. Used to refuse an output equal to an input.
 bool same_file(const std::string& a, const std::string& b);
+
+// "BYTES:HASH" of a file's content (HASH 16 hex digits), to tell whether an input changed between runs
+// whatever its path: a 64-bit hash of the whole file up to 64 MiB, else of its first and last MiB and 224
+// evenly spaced 64 KiB blocks (16 MiB read at most, a few milliseconds). Throws InputError like MappedFile.
+std::string file_fingerprint(const std::string& path);
 
 // Streams a file into place with the same guarantee as write_file_atomic, for outputs too large to build in
 // memory first (a 500 MB checkpoint). Nothing appears at `path` until commit(); destroying an uncommitted

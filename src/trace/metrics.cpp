@@ -16,9 +16,7 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   MT_CHECK_INPUT(fd >= 0, "cannot open metrics file ", path, ": ",
                  errno == ENXIO ? "no process is reading the FIFO" : std::strerror(errno));
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  f_ = ::fdopen(fd, append ? "a" : "w");
-  if (!f_) ::close(fd);
-  MT_CHECK_INPUT(f_, "cannot open metrics file ", path, ": ", std::strerror(errno));
+  fd_ = fd;
 }
 
 MetricsWriter MetricsWriter::resume_at(const std::string& path, int64_t step) {
@@ -41,14 +39,30 @@ MetricsWriter MetricsWriter::resume_at(const std::string& path, int64_t step) {
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const nlohmann::json& row) {
-  if (!f_) return;
-  std::string line = row.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-    throw Error(str("cannot write metrics file ", path_, ": ", std::strerror(errno)));
+  if (fd_ < 0) return;
+  const std::string line = row.dump() + "\n";
+  // Where the row starts (-1 on a FIFO or device, which cannot be cut back).
+  const off_t start = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n > 0) {
+      done += (size_t)n;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      const int err = n < 0 ? errno : ENOSPC;  // 0 bytes written: the device took nothing
+      // Part of the row may be on disk (a full disk takes what fits): cut it off, so the file holds whole rows.
+      const bool cut = start >= 0 && done > 0 && ::ftruncate(fd_, start) == 0;
+      throw Error(str("cannot write metrics file ", path_, ": ", std::strerror(err),
+                      done == 0 || cut ? " (the row was not written; the file ends with whole rows)"
+                                       : " (a partial row was written)"));
+    }
+  }
 }
 
 namespace {

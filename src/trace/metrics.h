@@ -11,7 +11,8 @@
 
 namespace mt::trace {
 
-// Appends one JSON object per line, flushed after each so a crash loses at most the current line.
+// Appends one JSON object per line with one write(2) each, so a crash loses at most the current line; a
+// failed write (a full disk) truncates a regular file back to its last whole row before throwing.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
@@ -25,17 +26,18 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  MetricsWriter(MetricsWriter&& o) noexcept : f_(o.f_), path_(std::move(o.path_)) { o.f_ = nullptr; }
+  MetricsWriter(MetricsWriter&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
   MetricsWriter& operator=(MetricsWriter&& o) noexcept {
-    std::swap(f_, o.f_);
+    std::swap(fd_, o.fd_);
     std::swap(path_, o.path_);
     return *this;
   }
+  // The row and its newline, or nothing: throws mt::Error naming the file and the errno text otherwise.
   void write(const nlohmann::json& row);
-  bool enabled() const { return f_ != nullptr; }
+  bool enabled() const { return fd_ >= 0; }
 
  private:
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
   std::string path_;
 };
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "core/error.h"
@@ -30,8 +31,13 @@ GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   moe.seed = cfg.seed;
   // Experts held by their ranks only (their own gradient group, grad_sync.h).
   moe.local_experts = local_experts(cfg);
-  return {cfg.gpt,     cfg.data,      cfg.val_data,          cfg.init,         cfg.batch_size, cfg.seq_len,
-          cfg.recompute, cfg.sequence_parallel, cfg.stage_layers, cfg.seed, moe, cfg.moe.ep, cfg.precision};
+  // A resumed run takes its shape from the checkpoint's weights the way --init does (gpt_shape), so a shape
+  // flag that disagrees with them is refused by name, n_head included (no tensor shape shows it).
+  const std::string init =
+      cfg.resume.empty() ? cfg.init : checkpoint::resolve_checkpoint(cfg.resume) + "/model.safetensors";
+  return {cfg.gpt,          cfg.data,    cfg.val_data,  init,
+          cfg.batch_size,   cfg.seq_len, cfg.recompute, cfg.sequence_parallel,
+          cfg.stage_layers, cfg.seed,    moe,           cfg.moe.ep, cfg.precision};
 }
 
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init) {

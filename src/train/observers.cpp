@@ -1,5 +1,6 @@
 #include "train/observers.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -26,7 +27,12 @@ RunLog::RunLog(const TrainConfig& cfg, bool lead, int64_t start, const std::stri
 }
 
 void RunLog::step(const nlohmann::json& row, int64_t s, double loss, float lr, double items_per_s) {
-  metrics_.write(row);
+  try {
+    metrics_.write(row);
+  } catch (const Error& e) {
+    progress_.finish();  // the message on a line of its own
+    throw Error(str(e.what(), ", at the row of step ", s, ckpt_ ? "; " + ckpt_->last_checkpoint() : std::string()));
+  }
   progress_.step(s, loss, lr, items_per_s);
 }
 
@@ -55,11 +61,53 @@ void Evaluator::operator()(int64_t s, nlohmann::json& row) {
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, Consolidation& state, const parallel::Mesh& mesh,
                            std::map<std::string, std::string> metadata, int64_t items_per_step)
-    : cfg_(cfg), state_(state), mesh_(mesh), metadata_(std::move(metadata)), items_per_step_(items_per_step) {}
+    : cfg_(cfg), state_(state), mesh_(mesh), metadata_(std::move(metadata)), items_per_step_(items_per_step) {
+  // The inputs' content, read once here (up to 16 MiB each), never in a step.
+  if (mesh_.lead() && (!cfg_.checkpoint_dir.empty() || !cfg_.resume.empty())) {
+    inputs_["data_fingerprint"] = file_fingerprint(cfg_.data);
+    if (!cfg_.labels.empty()) inputs_["labels_fingerprint"] = file_fingerprint(cfg_.labels);
+  }
+}
+
+nlohmann::json Checkpointer::run_identity() const {
+  // Keys are the flags' names with '_' for '-' (warn_if_changed derives the flag). The model's shape is
+  // not here: resume takes it from the checkpoint's weights (GptTaskConfig::from). Layout flags (--nproc,
+  // --tp, --zero, ...) do not change the math; --steps does, through the learning-rate schedule.
+  const TrainConfig& c = cfg_;
+  nlohmann::json j = {{"seed", c.seed},
+                      {"batch_size", c.batch_size},
+                      {"steps", c.steps},
+                      {"lr", c.lr},
+                      {"min_lr", c.min_lr},
+                      {"warmup_steps", c.warmup_steps},
+                      {"weight_decay", c.weight_decay},
+                      {"grad_clip", c.grad_clip},
+                      {"grad_comm_dtype", flag_name(c.grad_comm_dtype)}};
+  if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
+  if (c.model == ModelKind::mlp && c.val_data.empty()) j["val_fraction"] = c.val_fraction;  // splits --data
+  if (c.optimizer == OptimizerKind::adamw) {
+    j["beta1"] = c.beta1;
+    j["beta2"] = c.beta2;
+    j["eps"] = c.eps;
+  } else {
+    j["momentum"] = c.momentum;
+  }
+  if (metadata_.count("moe_every")) {
+    j["capacity_factor"] = c.moe.capacity_factor;
+    j["moe_group_windows"] = c.moe.group_windows;
+    j["moe_second_policy"] = flag_name(c.moe.second_policy);
+    j["moe_aux_loss"] = c.moe.aux_loss;
+    j["moe_z_loss"] = c.moe.z_loss;
+  }
+  j.update(inputs_);
+  return j;
+}
 
 int64_t Checkpointer::resume() {
   if (cfg_.resume.empty()) return 0;
-  const std::string path = checkpoint::resolve_checkpoint(cfg_.resume);
+  std::string fallback;
+  const std::string path = checkpoint::resolve_checkpoint(cfg_.resume, &fallback);
+  if (mesh_.lead() && !fallback.empty()) std::fprintf(stderr, "meshtrain: warning: %s\n", fallback.c_str());
   const nn::ParamRegistry& full = state_.layout().full();
   std::vector<float> whole(full.size());
   const std::vector<std::string> names = state_.state_names();
@@ -76,17 +124,46 @@ int64_t Checkpointer::resume() {
                  " but --optimizer is ", optimizer);
   MT_CHECK_INPUT(start <= cfg_.steps, path, " is at step ", start, ", beyond --steps ", cfg_.steps);
   MT_CHECK_INPUT(start >= 0, path, ": state.json has a negative step ", start);
-  // A different batch, seed or data file continues the run, but not as the one saved: say so.
-  auto warn_if_changed = [&](const char* key, const char* flag, const nlohmann::json& now) {
-    if (mesh_.lead() && st.contains(key) && st[key] != now)
-      std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(), flag,
-                   st[key].dump().c_str(), now.dump().c_str());
-  };
-  warn_if_changed("batch_size", "--batch-size", cfg_.batch_size);
-  warn_if_changed("seed", "--seed", cfg_.seed);
-  warn_if_changed("data", "--data", cfg_.data);
+  if (mesh_.lead()) warn_if_changed(path, st);
   written_.push_back({start, path});
   return start;
+}
+
+void Checkpointer::warn_if_changed(const std::string& path, const nlohmann::json& st) const {
+  // A changed flag or input continues the run, but not as the one saved: say which.
+  const nlohmann::json now = run_identity();
+  for (const auto& [key, value] : now.items()) {
+    if (key.ends_with("_fingerprint") || !st.contains(key) || st[key] == value) continue;
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::fprintf(stderr, "meshtrain: warning: %s was saved with %s %s; resuming with %s\n", path.c_str(), flag.c_str(),
+                 st[key].dump().c_str(), value.dump().c_str());
+  }
+  // Inputs by content: the same bytes at another path are the same data; new bytes at the same path are not.
+  const std::pair<const char*, const std::string*> inputs[] = {{"data", &cfg_.data}, {"labels", &cfg_.labels}};
+  for (const auto& [name, now_path] : inputs) {
+    const std::string key = str(name, "_fingerprint");
+    const std::string saved = !st.contains(name)     ? "?"
+                              : st[name].is_string() ? st[name].get<std::string>()
+                                                     : st[name].dump();
+    if (st.contains(key) && now.contains(key) && st[key] != now[key])
+      std::fprintf(stderr,
+                   "meshtrain: warning: %s was saved with --%s %s (content %s); --%s %s holds other content (%s): "
+                   "the run continues on different data\n",
+                   path.c_str(), name, saved.c_str(), st[key].dump().c_str(), name, now_path->c_str(),
+                   now[key].dump().c_str());
+    else if (!st.contains(key) && st.contains(name) && saved != *now_path)  // saved before fingerprints
+      std::fprintf(stderr, "meshtrain: warning: %s was saved with --%s %s; resuming with %s\n", path.c_str(), name,
+                   saved.c_str(), now_path->c_str());
+  }
+}
+
+std::string Checkpointer::last_checkpoint() const {
+  if (!written_.empty())
+    return str("the last checkpoint is ", written_.back().second, " (step ", written_.back().first,
+               "): continue from it with --resume ", written_.back().second);
+  return cfg_.checkpoint_dir.empty() ? "no checkpoint is kept (no --checkpoint-dir)"
+                                     : "no checkpoint was written yet (--save-every K writes one every K steps)";
 }
 
 void Checkpointer::save(int64_t next_step) {
@@ -97,12 +174,18 @@ void Checkpointer::save(int64_t next_step) {
   checkpoint::NamedFlat named;
   for (auto& [name, buf] : states) named.push_back({name, buf.data()});
   const parallel::MeshGrid& g = mesh_.grid();
-  nlohmann::json st = {{"step", next_step},         {"model", flag_name(cfg_.model)}, {"optimizer", flag_name(cfg_.optimizer)},
-                       {"seed", cfg_.seed},          {"batch_size", cfg_.batch_size},
-                       {"seq_len", cfg_.seq_len},    {"data", cfg_.data},
+  nlohmann::json st = {{"step", next_step},
+                       {"model", flag_name(cfg_.model)},
+                       {"optimizer", flag_name(cfg_.optimizer)},
+                       {"data", cfg_.data},
                        {"data_position", next_step * items_per_step_},
-                       {"dp", g.dp()},               {"tp", g.tp()}, {"pp", g.pp()}, {"zero", cfg_.zero},
+                       {"dp", g.dp()},
+                       {"tp", g.tp()},
+                       {"pp", g.pp()},
+                       {"zero", cfg_.zero},
                        {"rng", {{"seed", cfg_.seed}, {"counter", 0}}}};
+  if (!cfg_.labels.empty()) st["labels"] = cfg_.labels;
+  st.update(run_identity());
   std::string path = checkpoint::save_checkpoint(cfg_.checkpoint_dir, next_step, state_.layout().full(),
                                                  whole_.data(), named, metadata_, st, cfg_.keep_checkpoints);
   written_.push_back({next_step, path});

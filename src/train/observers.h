@@ -42,13 +42,17 @@ struct Cadence {
   int64_t end() const { return stop_at > 0 ? std::min(stop_at, steps) : steps; }
 };
 
+class Checkpointer;
+
 class RunLog {
  public:
   // Rows go to --metrics (appended on resume), the progress line to stderr; both on the lead only.
   RunLog(const TrainConfig& cfg, bool lead, int64_t start, const std::string& item_name);
   void message(const std::string& line) { progress_.message(line); }
-  // Writes the row and redraws the progress line.
+  // Writes the row and redraws the progress line. A row that cannot be written (a full disk) stops the run
+  // with a message naming step s and, when set, the checkpointer's last checkpoint.
   void step(const nlohmann::json& row, int64_t s, double loss, float lr, double items_per_s);
+  void set_checkpointer(const Checkpointer* ckpt) { ckpt_ = ckpt; }
   void finish() { progress_.finish(); }
   const std::string& items_key() const { return items_key_; }  // "tokens_per_s" | "examples_per_s"
 
@@ -56,6 +60,7 @@ class RunLog {
   trace::MetricsWriter metrics_;
   trace::Progress progress_;
   std::string items_key_;
+  const Checkpointer* ckpt_ = nullptr;
 };
 
 class Evaluator {
@@ -88,8 +93,15 @@ class Checkpointer {
   // and says which one it is, or that there is none.
   std::string diverged_advice(int64_t s);
   const std::vector<std::pair<int64_t, std::string>>& written() const { return written_; }
+  // "the last checkpoint is DIR/step_N (step N): ..." or why there is none, for messages that stop a run.
+  std::string last_checkpoint() const;
 
  private:
+  // The flags that change what a step computes, and the inputs' content (core/fs.h file_fingerprint), as
+  // state.json records them; resume() compares them with this run's.
+  nlohmann::json run_identity() const;
+  // Lead, on resume: a warning per flag or input that differs from the checkpoint's state.json.
+  void warn_if_changed(const std::string& path, const nlohmann::json& st) const;
   const TrainConfig& cfg_;
   Consolidation& state_;
   const parallel::Mesh& mesh_;
@@ -97,6 +109,7 @@ class Checkpointer {
   int64_t items_per_step_;
   std::vector<std::pair<int64_t, std::string>> written_;  // (step, path), oldest first
   std::vector<float> whole_;
+  nlohmann::json inputs_;  // lead: {"data_fingerprint": "BYTES:HASH", ...}, taken once at start
 };
 
 // Every rank writes its events next to `path`; the lead merges them after a barrier over the world.

@@ -83,6 +83,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
+  log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
   evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : &sync->engine(), *log);
   cadence = Cadence::from(cfg, task->has_eval());
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are

@@ -92,7 +92,7 @@ class TrainTask {
 // What the tasks take from the flags (parsed once by from(); a task never sees the whole TrainConfig).
 struct GptTaskConfig {
   model::GptConfig flags;                 // shape flags; 0 = from --init, else a default (gpt_shape)
-  std::string data, val_data, init;       // token shards, safetensors weights
+  std::string data, val_data, init;       // token shards, safetensors weights (--resume: its model file)
   int batch_size = 0, seq_len = 0;        // B windows of T tokens
   bool recompute = false, sequence_parallel = false;
   std::vector<int> stage_layers;          // blocks per global stage; empty: balanced by cost

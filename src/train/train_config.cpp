@@ -83,8 +83,12 @@ void check_outputs(const TrainConfig& c) {
   MT_CHECK_INPUT(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got ", c.stop_at_step);
   MT_CHECK_INPUT(c.stop_at_step == 0 || !c.checkpoint_dir.empty(), "--stop-at-step ", c.stop_at_step,
                  " ends the run early to be resumed: it needs --checkpoint-dir (else the work is lost)");
-  MT_CHECK_INPUT(!c.overwrite_checkpoints || (c.resume.empty() && !c.checkpoint_dir.empty()),
-                 "--overwrite-checkpoints needs --checkpoint-dir and a fresh run (not --resume)");
+  MT_CHECK_INPUT(c.resume.empty() || !c.checkpoint_dir.empty() || !c.save.empty(), "--resume ", c.resume,
+                 " continues a run but nothing would keep its weights: give --checkpoint-dir (e.g. ", c.resume,
+                 ") or --save (else the work is lost)");
+  // With --resume it may empty another directory, never the one resumed from (preflight.cpp checks).
+  MT_CHECK_INPUT(!c.overwrite_checkpoints || !c.checkpoint_dir.empty(),
+                 "--overwrite-checkpoints needs --checkpoint-dir");
   MT_CHECK_INPUT(c.eval_every >= 0 && c.eval_batches >= 1, "--eval-every must be >= 0 and --eval-batches >= 1");
   MT_CHECK_INPUT(c.eval_every == 0 || c.model == ModelKind::mlp || !c.val_data.empty(),
                  "--eval-every needs --val-data");

@@ -109,12 +109,14 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
                  100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
 }
 
-// The parent's checks of what needs the model's shape (one message, not one per rank).
+// The parent's checks of what needs the model's shape (one message, not one per rank); on resume, the shape
+// flags against the checkpoint's.
 void check_shape_flags(const TrainConfig& cfg) {
-  if (cfg.model != ModelKind::gpt || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
+  if (cfg.model != ModelKind::gpt || (cfg.tp == 1 && cfg.stage_layers.empty() && cfg.resume.empty())) return;
+  const GptTaskConfig task = GptTaskConfig::from(cfg);  // its init: --init, or the checkpoint --resume names
   std::optional<SafetensorsReader> init;
-  if (!cfg.init.empty()) init.emplace(cfg.init);
-  const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
+  if (!task.init.empty()) init.emplace(task.init);
+  const model::GptConfig shape = gpt_shape(task, init ? &*init : nullptr);
   MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
                  "): tensor parallelism splits attention by whole heads");
   if (!cfg.stage_layers.empty())

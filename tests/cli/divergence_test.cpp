@@ -88,9 +88,10 @@ void check_last_good_checkpoint(const std::string& shard, const std::string& ckp
 
   // Continue from it with a sane learning rate for two steps beyond the failing one.
   std::string metrics = dir / "resumed.jsonl";
-  RunResult r = run_meshtrain(
-      concat(tiny_run(shard), {"--steps", std::to_string(d.failing_step + 2), "--optimizer", optimizer, "--lr", "1e-3",
-                               "--grad-clip", "1", "--resume", ck.string(), "--metrics", metrics}));
+  RunResult r =
+      run_meshtrain(concat(tiny_run(shard), {"--steps", std::to_string(d.failing_step + 2), "--optimizer", optimizer,
+                                             "--lr", "1e-3", "--grad-clip", "1", "--resume", ck.string(), "--metrics",
+                                             metrics, "--save", dir / "resumed.safetensors"}));
   EXPECT_EQ(r.exit_code, 0) << "resuming from the last good checkpoint " << ck << " (max |w| = " << max_abs
                             << ") with --lr 1e-3 failed\n"
                             << r.describe();

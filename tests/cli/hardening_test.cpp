@@ -523,8 +523,9 @@ TEST_F(Hardening, P12_ResumeChecksStateAndWarnsOnChangedRun) {
   ASSERT_EQ(run_meshtrain(tiny(shard_, {"--steps", "2", "--checkpoint-dir", ck})).exit_code, 0);
   const std::string other = dir_ / "other.bin";
   make_random_shard(other, 5000, 64, 2);
-  std::vector<std::string> a = {"train", "--data", other, "--seq-len", "16", "--batch-size", "8", "--quiet",
-                                "--seed", "7", "--steps", "3", "--resume", ck};
+  std::vector<std::string> a = {
+      "train",   "--data", other,      "--seq-len", "16",     "--batch-size",        "8", "--quiet", "--seed", "7",
+      "--steps", "3",      "--resume", ck,          "--save", dir_ / "w.safetensors"};
   RunResult r = run_meshtrain(concat(a, tiny_gpt_flags()));
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   for (const char* w : {"--batch-size", "--seed", "--data"})
@@ -534,7 +535,8 @@ TEST_F(Hardening, P12_ResumeChecksStateAndWarnsOnChangedRun) {
   auto j = nlohmann::json::parse(slurp(state));
   j["step"] = -5;
   write_bytes(state, j.dump());
-  r = run_meshtrain(tiny(shard_, {"--steps", "3", "--resume", ck + "/step_00000002"}));
+  r = run_meshtrain(
+      tiny(shard_, {"--steps", "3", "--resume", ck + "/step_00000002", "--save", dir_ / "w.safetensors"}));
   expect_error_naming(r, {"state.json", "-5", "negative"});
 }
 

@@ -223,7 +223,7 @@ def main() -> None:
         dc.remove_stale(ck)
         a, _, _ = rn.run(tag + "_a", rn.gpt_cmd(first_mode + ["--checkpoint-dir", ck, "--save-every", 5,
                                                               "--stop-at-step", 10]), 10, save=False)
-        b, _, _ = rn.run(tag + "_b", rn.gpt_cmd(second_mode + ["--resume", ck]), STEPS, first=10, save=False)
+        b, _, _ = rn.run(tag + "_b", rn.gpt_cmd(second_mode + ["--resume", ck]), STEPS, first=10)
         if a is not None and dp2 is not None:
             exact_steps(checks, f"{tag}: steps 0..9 before the stop", a, dp2[:10])
         if b is not None and dp2 is not None:
