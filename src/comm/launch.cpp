@@ -62,7 +62,7 @@ std::string describe_status(int st) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // the supervisor died: so do we
   if (getppid() != parent) _exit(1);
   for (int s : kForwarded) signal(s, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);  // a closed output ends the rank; the supervisor reports it (describe_death)
+  signal(SIGPIPE, SIG_DFL);  // a closed output ends the rank; the supervisor reports it (describe_status)
   job.block().pids[r] = getpid();
   set_fatal_sink(job.block().rank_error[r], shm::kErrorChars);  // a signal handler's last words
   int code = 0;
@@ -108,8 +108,10 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   LaunchResult res;
   res.rank_status.assign(n, 0);
 
-  struct sigaction sa {
-  }, ign{}, old[std::size(kForwarded)], old_pipe{};
+  struct sigaction sa = {};
+  struct sigaction ign = {};
+  struct sigaction old[std::size(kForwarded)] = {};
+  struct sigaction old_pipe = {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   g_signal = 0;
@@ -267,7 +269,13 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
   LaunchResult r = run_ranks(o, body);
   if (r.exit_code != 0) {
+    // stderr may be the pipe whose closing ended the job: the write fails instead of killing this process.
+    struct sigaction ign = {}, old = {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old);
     print_failure_headline(r.failed_rank, r.waited_rank, r.failure);
+    sigaction(SIGPIPE, &old, nullptr);
   }
   return r.exit_code;
 }

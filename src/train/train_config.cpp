@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "comm/shm/job.h"
 #include "core/error.h"
 #include "parallel/compress/spec.h"
 #include "parallel/mesh/grid.h"
@@ -104,7 +105,9 @@ void check_layout(const TrainConfig& c) {
   MT_CHECK_INPUT(c.comm_timeout > 0, "--comm-timeout must be > 0 seconds (inf: wait forever), got ", c.comm_timeout);
   MT_CHECK_INPUT(c.bucket_mb > 0 && c.bucket_mb <= 1048576, "--bucket-mb must be in (0, 1048576], got ", c.bucket_mb);
   MT_CHECK_INPUT(c.virtual_stages >= 1, "--virtual-stages must be >= 1, got ", c.virtual_stages);
-  MT_CHECK_INPUT(c.nproc >= 1, "--nproc must be >= 1, got ", c.nproc);
+  // Ranks of the shm launcher, or Hogwild threads: both at most kMaxRanks.
+  MT_CHECK_INPUT(c.nproc >= 1 && c.nproc <= comm::shm::kMaxRanks, "--nproc must be in 1..", comm::shm::kMaxRanks,
+                 ", got ", c.nproc);
   MT_CHECK_INPUT(c.tp >= 1, "--tp must be >= 1, got ", c.tp);
   MT_CHECK_INPUT(c.pp >= 1, "--pp must be >= 1, got ", c.pp);
   MT_CHECK_INPUT(c.schedule == ScheduleKind::unset || c.pp > 1, "--schedule ", flag_name(c.schedule), " needs --pp > 1");

@@ -233,6 +233,9 @@ TEST_F(BoundsMessages, P9_ThreadsAreBounded) {
   write_gpt_init(init, GptShape{});
   expect_refused(run_meshtrain({"sample", "--init", init, "--threads", "100000"}), {"--threads"});
   expect_refused(run_meshtrain({"bench", "train", "--no-torch", "--threads", "100000"}), {"--threads"});
+  // Hogwild's --nproc is threads of one process: bounded as ranks are.
+  expect_refused(run_meshtrain(mlp({"--async", "hogwild", "--optimizer", "sgd", "--nproc", "100000"})),
+                 {"--nproc", "100000", "1..256"});
 }
 
 TEST_F(BoundsMessages, P9_BenchPipelineActivationSizeCheckedAgainstMemory) {
