@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +39,9 @@
 #include "apps/meshtrain/commands.h"
 #include "comm/copy.h"
 #include "comm/launch.h"
+#include "comm/shm/job.h"
 #include "core/error.h"
+#include "core/memory.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -85,16 +88,22 @@ std::vector<int> parse_stores(const std::string& list) {
   return modes;
 }
 
-size_t parse_bytes(const std::string& s) {
+// A size flag: a number with an optional K, M or G suffix (binary). Values that do not fit in 2^62 bytes are
+// refused here, before any conversion to an integer could wrap; what fits the machine is checked in run_bench.
+size_t parse_bytes(const std::string& flag, const std::string& s) {
   char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  std::string unit = end ? end : "";
+  const double v = std::strtod(s.c_str(), &end);
+  MT_CHECK_INPUT(end != s.c_str(), flag, " '", s, "': use a number with an optional K, M or G suffix");
+  const std::string unit = end;
   double m = 1;
   if (unit == "K" || unit == "KB" || unit == "k") m = 1024;
   else if (unit == "M" || unit == "MB") m = 1024.0 * 1024;
   else if (unit == "G" || unit == "GB") m = 1024.0 * 1024 * 1024;
-  else MT_CHECK_INPUT(unit.empty(), "size '", s, "': use a number with an optional K, M or G suffix");
-  MT_CHECK_INPUT(v > 0, "size '", s, "' must be positive");
+  else
+    MT_CHECK_INPUT(unit.empty(), flag, " '", s, "': use a number with an optional K, M or G suffix");
+  MT_CHECK_INPUT(v > 0, flag, " '", s, "' must be positive");
+  MT_CHECK_INPUT(std::isfinite(v) && v * m < 0x1p62, flag, " '", s,
+                 "' is too large: a message size must be below 2^62 bytes (4 EiB)");
   return static_cast<size_t>(v * m);
 }
 
@@ -142,7 +151,8 @@ struct Results {
 
 std::vector<size_t> sizes_of(const BenchConfig& c) {
   std::vector<size_t> out;
-  for (size_t s = parse_bytes(c.min_bytes); s <= parse_bytes(c.max_bytes); s *= 2) out.push_back(s);
+  for (size_t s = parse_bytes("--min-bytes", c.min_bytes); s <= parse_bytes("--max-bytes", c.max_bytes); s *= 2)
+    out.push_back(s);
   return out;
 }
 
@@ -470,21 +480,41 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
   std::fflush(stdout);
 }
 
+// The sizes against the ranks and the machine, before anything is allocated. Each rank holds a send and a
+// receive buffer of --max-bytes (touched whole), and the supervisor two 256 MB buffers for the memcpy yardstick.
+void check_sizes(const BenchConfig& cfg) {
+  const size_t lo = parse_bytes("--min-bytes", cfg.min_bytes), hi = parse_bytes("--max-bytes", cfg.max_bytes);
+  MT_CHECK_INPUT(lo <= hi, "--min-bytes ", cfg.min_bytes, " is larger than --max-bytes ", cfg.max_bytes);
+  const int n = cfg.launch.nproc < 1 ? 1 : cfg.launch.nproc;
+  const size_t e = comm::dtype_size(comm::parse_dtype(cfg.dtype.c_str()));
+  // all_to_all sends blocks of size / n: below one element per rank an operation would time an empty buffer.
+  MT_CHECK_INPUT(lo >= e * size_t(n), "--min-bytes ", cfg.min_bytes, " is less than one ", cfg.dtype,
+                 " element per rank (", e, " bytes x ", n, " ranks = ", e * n, " bytes)");
+  const double need = 2.0 * double(hi) * n + (512.0 * 1024 * 1024), avail = available_memory_bytes();
+  MT_CHECK_INPUT(avail == 0 || need <= avail, "--max-bytes ", cfg.max_bytes, " needs about ", gib(need),
+                 " (a send and a receive buffer of ", gib(double(hi)), " on each of ", n,
+                 " ranks, and 512 MiB for the memcpy yardstick) but this machine has ", gib(avail),
+                 " available (MemAvailable in /proc/meminfo); lower --max-bytes or --nproc");
+}
+
 int run_bench(BenchConfig cfg) {
 #ifdef MESHTRAIN_HAVE_MPI
   if (cfg.mpi_native) return run_native_mpi(cfg);
 #else
   MT_CHECK_INPUT(!cfg.mpi_native, "--mpi-native needs a build with MPI");
 #endif
+  MT_CHECK_INPUT(cfg.launch.nproc >= 1 && cfg.launch.nproc <= comm::shm::kMaxRanks, "--nproc ", cfg.launch.nproc,
+                 " is out of range 1..", comm::shm::kMaxRanks);
   comm::validate(cfg.launch);
   cfg.launch.algo = comm::parse_algo(cfg.algo.c_str());
   comm::parse_dtype(cfg.dtype.c_str());
   parse_ops(cfg.ops);
   parse_stores(cfg.stores);
   MT_CHECK_INPUT(cfg.rounds >= 1 && cfg.rounds <= 100, "--rounds ", cfg.rounds, " is out of range 1..100");
-  MT_CHECK_INPUT(cfg.seconds_per_size > 0, "--seconds-per-size ", cfg.seconds_per_size, " must be > 0");
-  MT_CHECK_INPUT(parse_bytes(cfg.min_bytes) <= parse_bytes(cfg.max_bytes), "--min-bytes ", cfg.min_bytes,
-                 " is larger than --max-bytes ", cfg.max_bytes);
+  // A row may take up to 3 budgets (time_op): an hour per size is far past any useful measurement.
+  MT_CHECK_INPUT(cfg.seconds_per_size > 0 && cfg.seconds_per_size <= 3600, "--seconds-per-size ", cfg.seconds_per_size,
+                 " is out of range (0, 3600]");
+  check_sizes(cfg);
   const std::string backend = comm::resolve_backend(cfg.launch);
   // Results travel from rank 0 to the supervisor through an anonymous shared mapping made before the fork.
   void* mem = mmap(nullptr, sizeof(Results), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -8,9 +8,11 @@
 // For each schedule and micro-batch count it prints the measured bubble (1 - summed compute / (p x the longest
 // rank's span), first step excluded), the simulated one with the measured stage times and message latency,
 // the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal.
+#include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -19,7 +21,9 @@
 
 #include "apps/meshtrain/commands.h"
 #include "comm/launch.h"
+#include "comm/shm/job.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/bubble.h"
@@ -56,12 +60,36 @@ class SleepRunner : public pipeline::StageRunner {
   std::vector<float> out_, grad_;
 };
 
+// Every flag on its own, named, before any rank starts; then the memory the activations need against the machine.
+void check_args(const BenchPipelineArgs& a, const std::vector<int>& ms) {
+  MT_CHECK_INPUT(a.stages >= 1 && a.stages <= comm::shm::kMaxRanks, "--stages ", a.stages, " is out of range 1..",
+                 comm::shm::kMaxRanks, " (one forked rank per stage)");
+  MT_CHECK_INPUT(a.steps >= 2, "--steps must be >= 2 (the first is not timed), got ", a.steps);
+  MT_CHECK_INPUT(a.virtual_stages >= 1, "--virtual-stages must be >= 1, got ", a.virtual_stages);
+  for (int m : ms) MT_CHECK_INPUT(m >= 1, "--micro-batches must be >= 1, got ", m);
+  // Upper bounds: a step sleeps about m x (1 + R) x F; beyond a minute per micro-batch nothing is measured.
+  MT_CHECK_INPUT(a.forward_ms > 0 && a.forward_ms <= 60000, "--forward-ms must be in (0, 60000], got ", a.forward_ms);
+  MT_CHECK_INPUT(a.backward_ratio >= 0 && a.backward_ratio <= 100, "--backward-ratio must be in [0, 100], got ",
+                 a.backward_ratio);
+  MT_CHECK_INPUT(a.activation_kb > 0 && std::isfinite(a.activation_kb), "--activation-kb must be finite and > 0, got ",
+                 a.activation_kb);
+  MT_CHECK_INPUT(a.comm_timeout > 0, "--comm-timeout must be > 0 seconds, got ", a.comm_timeout);
+  // Each rank holds its output and gradient buffers and, per micro-batch and chunk in flight, up to an
+  // activation received, a gradient received and a gradient sent (gpipe keeps all m in flight): about
+  // (2 + 3 m V) activations per rank, p ranks.
+  const int m_max = *std::max_element(ms.begin(), ms.end());
+  const double bytes = a.activation_kb * 1024, need = bytes * a.stages * (2.0 + 3.0 * m_max * a.virtual_stages),
+               avail = available_memory_bytes();
+  MT_CHECK_INPUT(avail == 0 || need <= avail, "--activation-kb ", a.activation_kb, " needs about ", gib(need),
+                 " (up to 2 + 3 x ", m_max, " micro-batches x ", a.virtual_stages, " chunks activations of ",
+                 gib(bytes), " on each of ", a.stages, " ranks) but this machine has ", gib(avail),
+                 " available (MemAvailable in /proc/meminfo); lower --activation-kb, --micro-batches or --stages");
+}
+
 void run_bench_pipeline(const BenchPipelineArgs& a) {
-  MT_CHECK_INPUT(a.stages >= 1 && a.steps >= 2, "bench pipeline needs --stages >= 1 and --steps >= 2");
-  MT_CHECK_INPUT(a.forward_ms > 0 && a.backward_ratio >= 0 && a.activation_kb > 0,
-                 "bench pipeline needs --forward-ms > 0, --backward-ratio >= 0, --activation-kb > 0");
   const int p = a.stages;
   std::vector<int> ms = a.micro_batches.empty() ? std::vector<int>{p, 2 * p} : a.micro_batches;
+  check_args(a, ms);
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x, "
               "activation %.0f KB, %d steps (first not timed)\n",
               p, a.forward_ms, a.backward_ratio, a.activation_kb, a.steps);

@@ -242,7 +242,9 @@ void run(const BenchArgs& a) {
 void add_bench_train_command(CLI::App& bench) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* sub = bench.add_subcommand("train", "GPT training speed vs PyTorch, MFU and peak memory (gpt-bench shape)");
-  sub->add_option("--threads", a->threads, "threads for both meshtrain and PyTorch")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--threads", a->threads, "threads for both meshtrain and PyTorch")
+      ->capture_default_str()
+      ->check(kThreads);
   sub->add_option("--steps", a->steps, "timed steps")->capture_default_str()->check(kPositiveInt);
   sub->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str()->check(kNonNegativeInt);
   sub->add_option("--batch-size", a->batch, "sequences per step")->capture_default_str()->check(kPositiveInt);

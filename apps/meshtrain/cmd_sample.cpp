@@ -1,4 +1,7 @@
 // meshtrain prepare (text -> byte-level token shard) and meshtrain sample (generate text from weights).
+#include <sys/stat.h>
+
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -26,6 +29,11 @@ void add_prepare_command(CLI::App& app) {
     MT_CHECK_INPUT(!same_file(*text, *out), "--out ", *out, " is the same file as --text ", *text,
                    ": writing it would destroy the input; choose another path");
     check_output_path("--out", *out);
+    // The shard's count field is int32: refuse a larger text from its size, before reading it.
+    struct stat st {};
+    MT_CHECK_INPUT(::stat(text->c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= INT32_MAX, "--text ", *text,
+                   " has ", (long long)st.st_size,
+                   " bytes; a token shard holds at most 2^31 - 1 tokens (one per byte): split the text");
     std::string s = read_file(*text);
     MT_CHECK_INPUT(s.size() >= 2, *text, " has ", s.size(), " bytes; a token shard needs at least 2 tokens");
     std::vector<uint16_t> tokens(s.begin(), s.end());
@@ -55,7 +63,7 @@ void add_sample_command(CLI::App& app) {
   sub->add_option("--n-embd", a->shape.n_embd, "override/verify the file's n_embd")->check(kPositiveInt);
   sub->add_option("--vocab-size", a->shape.vocab_size, "override/verify the file's vocab_size")->check(kPositiveInt);
   sub->add_option("--n-positions", a->shape.n_positions, "override/verify the file's n_positions")->check(kPositiveInt);
-  sub->add_option("--threads", a->threads, "threads")->capture_default_str()->check(kPositiveInt);
+  sub->add_option("--threads", a->threads, "threads")->capture_default_str()->check(kThreads);
   sub->callback([a] {
     set_num_threads(a->threads);
     SafetensorsReader file(a->init);
@@ -79,15 +87,15 @@ void add_sample_command(CLI::App& app) {
                      cfg.vocab_size);
       prompt.push_back(ch);
     }
-    std::vector<int32_t> out = model::generate(gpt, prompt, a->opt);
-    std::string text = a->prompt;
-    for (int32_t t : out) {
-      if (t < 256)
-        text.push_back((char)t);
-      else
-        text += "<|" + std::to_string(t) + "|>";
-    }
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    // Streamed: the prompt, then each token as it is drawn, flushed at once (a pipe is block-buffered otherwise;
+    // a few thousand tokens per second make the write per token cheap beside the forward pass).
+    std::fwrite(a->prompt.data(), 1, a->prompt.size(), stdout);
+    std::fflush(stdout);
+    model::generate(gpt, prompt, a->opt, [](int32_t t) {
+      const std::string s = t < 256 ? std::string(1, (char)t) : "<|" + std::to_string(t) + "|>";
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    });
     std::fputc('\n', stdout);
   });
 }

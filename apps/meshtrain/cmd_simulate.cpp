@@ -57,6 +57,15 @@ void load_summary(SimulateArgs& a) {
   } catch (const nlohmann::json::exception& e) {
     throw InputError(str(a.from_summary, ": the pipeline section is incomplete: ", e.what()));
   }
+  // The values themselves, named by key (the flags they replace were not given).
+  const std::pair<const char*, int> counts[] = {
+      {"stages", a.spec.stages}, {"micro_batches", a.spec.micro_batches}, {"virtual_stages", a.spec.virtual_stages}};
+  for (const auto& [key, v] : counts)
+    MT_CHECK_INPUT(v >= 1, a.from_summary, ": pipeline.", key, " is ", v, "; it must be >= 1");
+  const size_t stages = size_t(a.spec.stages) * size_t(a.spec.virtual_stages);
+  MT_CHECK_INPUT(a.cost.stage_forward.size() == stages && a.cost.stage_backward.size() == stages, a.from_summary,
+                 ": pipeline.stage_forward_ms and stage_backward_ms must have stages x virtual_stages = ", stages,
+                 " entries, got ", a.cost.stage_forward.size(), " and ", a.cost.stage_backward.size());
 }
 
 std::string num(double x) {

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <span>
 
 #include "apps/meshtrain/commands.h"
 #include "train/trainer.h"
@@ -25,7 +26,8 @@ void add_model_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--n-embd", c.gpt.n_embd, "GPT width (default: from --init, else 128)")->check(kPositiveInt);
   s->add_option("--vocab-size", c.gpt.vocab_size, "GPT vocabulary (default: from --init, else 256)")
       ->check(kPositiveInt);
-  s->add_option("--n-positions", c.gpt.n_positions, "GPT context length (default: from --init, else 256)")
+  s->add_option("--n-positions", c.gpt.n_positions,
+                "GPT context length (default: from --init, else the larger of 256 and --seq-len)")
       ->check(kPositiveInt);
   s->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
@@ -46,7 +48,14 @@ void add_optimizer_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
   add_enum_option(s, "--optimizer", c.optimizer, "adamw | sgd (with momentum)", true);
   s->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
-  s->add_option("--min-lr", c.min_lr, "final learning rate of the cosine decay (default lr/10)");
+  // A negative value is refused here: the config keeps -1 as "not given" (lr / 10).
+  s->add_option_function<double>(
+      "--min-lr",
+      [&c](double v) {
+        MT_CHECK_INPUT(v >= 0, "--min-lr must be in [0, --lr], got ", v);
+        c.min_lr = v;
+      },
+      "final learning rate of the cosine decay (default lr/10)");
   s->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
   s->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
   s->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
@@ -57,7 +66,9 @@ void add_optimizer_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--grad-clip", c.grad_clip, "clip the global gradient L2 norm to this (<= 0: off)")
       ->capture_default_str();
   s->add_option("--seed", c.seed, "seed of the counter-based initializer")->capture_default_str();
-  s->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")->capture_default_str();
+  s->add_option("--threads", c.threads, "threads in this process (BLAS and loops)")
+      ->capture_default_str()
+      ->check(kThreads);
 }
 
 // Metrics, weights, checkpoints, divergence stop, evaluation and progress.
@@ -96,7 +107,7 @@ void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--comm-timeout", c.comm_timeout,
                 "seconds any communication may wait before failing (any value > 0; inf: wait forever)")
       ->capture_default_str();
-  s->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)");
+  s->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)")->check(kPositiveInt);
   s->add_option("--zero", c.zero, "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
   s->add_option("--bucket-mb", c.bucket_mb, "gradient bucket size for overlapped reduction")->capture_default_str();
@@ -117,7 +128,13 @@ void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
 void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   // Communication-efficient data parallelism: these change the math (not reproductions of the exact run).
   s->add_option_function<std::string>(
-      "--compress", [&c](const std::string& v) { c.compress = compress::parse_compress_spec(v); },
+      "--compress",
+      [&c](const std::string& v) {
+        MT_CHECK_INPUT(!v.empty(),
+                       "--compress needs a method (topk:RATIO, randk:RATIO, qsgd:BITS, nuqsgd:BITS, "
+                       "powersgd:RANK or sign); got an empty value");
+        c.compress = compress::parse_compress_spec(v);
+      },
       "CHANGES THE MATH. Compressed gradient exchange (dp > 1, ZeRO 0): topk:RATIO | randk:RATIO "
       "(sparse, error feedback) | qsgd:BITS | nuqsgd:BITS (unbiased stochastic quantization, bit-packed) | "
       "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback)");
@@ -141,7 +158,9 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                   "and push/pull; hogwild: --nproc threads of one process update shared parameters without "
                   "locks (MLP, SGD)",
                   false);
-  s->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes; default 1)");
+  // -1 stays the config's "not given"; a given value must be a count.
+  s->add_option("--servers", c.servers, "--async ps: parameter-server ranks (slices balanced by bytes; default 1)")
+      ->check(kPositiveInt);
   s->add_option("--staleness", c.staleness,
                 "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
                 "exact data parallelism)")
@@ -203,6 +222,18 @@ void add_moe_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
 }
 
+// Flags that only one model reads: given for the other, they would do nothing, so they are refused.
+void check_model_flags(const CLI::App& sub, const train::TrainConfig& c) {
+  static const char* const kGptOnly[] = {"--n-layer",    "--n-head",       "--n-embd",
+                                         "--vocab-size", "--n-positions",  "--seq-len",
+                                         "--recompute",  "--eval-batches", "--sequence-parallel"};
+  static const char* const kMlpOnly[] = {"--labels", "--val-labels", "--val-fraction", "--hidden"};
+  const bool gpt = c.model == train::ModelKind::gpt;
+  for (const char* f : gpt ? std::span<const char* const>(kMlpOnly) : std::span<const char* const>(kGptOnly))
+    MT_CHECK_INPUT(sub.count(f) == 0, f, " does nothing for --model ", train::flag_name(c.model),
+                   " (it is for --model ", gpt ? "mlp" : "gpt", "); remove it");
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app) {
@@ -221,7 +252,8 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   add_model_parallel_flags(sub, c);
   add_moe_flags(sub, c);
-  sub->callback([cfg, quiet] {
+  sub->callback([cfg, quiet, sub] {
+    check_model_flags(*sub, *cfg);
     cfg->progress = !*quiet;
     int rc = train::train_main(*cfg);
     if (rc != 0) throw CLI::RuntimeError(rc);

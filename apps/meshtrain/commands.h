@@ -53,6 +53,9 @@ CLI::Option* add_enum_option(CLI::App* app, const std::string& flag, E& value, c
 // Whole numbers >= 1 (CLI::PositiveNumber's message prints DBL_MAX as its bound).
 inline const CLI::Range kPositiveInt(1, 2147483647);
 inline const CLI::Range kNonNegativeInt(0, 2147483647);
+// --threads: libgomp crashes far beyond this (100000 segfaults, 2^31-1 fails in its allocator), and threads past
+// the cores only contend; 1024 covers the largest CPU hosts (two sockets of 192 cores, 2-way SMT is 768).
+inline const CLI::Range kThreads(1, train::kMaxThreads);
 
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);

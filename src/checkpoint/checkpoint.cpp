@@ -29,13 +29,13 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
+}  // namespace
+
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", (long long)step);
   return buf;
 }
-
-}  // namespace
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
                             const float* flat_params, const NamedFlat& flat_states,

@@ -45,6 +45,9 @@ void check_fresh_checkpoint_dir(const std::string& dir, const std::string& resum
 // `latest`'s target; with `overwrite`, every checkpoint and `latest` as well. Returns the names removed.
 std::vector<std::string> clean_checkpoint_dir(const std::string& dir, bool overwrite);
 
+// The directory name of step N's checkpoint ("step_00000012"); save_checkpoint returns DIR/step_name(N).
+std::string step_name(int64_t step);
+
 // Step N of a checkpoint directory name "step_00000012" (exactly "step_" and digits), else -1.
 int64_t checkpoint_step(const std::string& name);
 

@@ -109,6 +109,10 @@ void moe_config_from_file(const SafetensorsReader& file, const Index& tensors, c
                           {"experts", "--experts", &model::GptConfig::experts, experts},
                           {"moe_top_k", "--moe-top-k", &model::GptConfig::moe_top_k, 0},
                           {"expert_hidden", "--expert-hidden", &model::GptConfig::expert_hidden, hidden}};
+  // Where each value came from, so that a bad one is reported as the file's key, not a flag never given.
+  auto named = [&](const Field& f) {
+    return flags.*f.member ? str("flag ", f.flag) : str(file.path(), " metadata ", f.key);
+  };
   for (const Field& f : fields) {
     const int from_flag = flags.*f.member;
     auto it = meta.find(f.key);
@@ -119,6 +123,13 @@ void moe_config_from_file(const SafetensorsReader& file, const Index& tensors, c
     MT_CHECK_INPUT(!f.derived || !v || v == f.derived, file.path(), ": ", f.key, " is ", v, " (from ",
                    from_flag ? "flag " : "metadata ", from_flag ? f.flag : "", ") but the tensors give ", f.derived);
     cfg.*f.member = v;
+  }
+  if (cfg.moe_every > 0) {
+    MT_CHECK_INPUT(cfg.moe_top_k <= 2, named(fields[2]), " is ", cfg.moe_top_k, "; experts per token must be 1 or 2");
+    MT_CHECK_INPUT(cfg.moe_top_k <= cfg.experts, named(fields[2]), " is ", cfg.moe_top_k, ", more than the ",
+                   cfg.experts, " experts (", named(fields[1]), ")");
+    MT_CHECK_INPUT(cfg.moe_every <= cfg.n_layer, named(fields[0]), " is ", cfg.moe_every, ", more than the ",
+                   cfg.n_layer, " layers: no block would have experts");
   }
   if (cfg.moe_every > 0 && cfg.moe_top_k == 0) cfg.moe_top_k = 1;
   if (cfg.moe_every == 0) cfg.experts = cfg.moe_top_k = cfg.expert_hidden = 0;

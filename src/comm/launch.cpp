@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <numeric>
 
@@ -28,6 +29,10 @@ namespace {
 
 constexpr size_t kArenaBytes = size_t{64} << 30;  // virtual; pages are taken only when touched
 
+// Signals the supervisor forwards to the workers (and reports as an interruption). SIGHUP: the terminal went
+// away; handled like SIGTERM so that the ranks end and the job's memory is released the same way.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
+
 // Signal forwarding: the handler may only touch these.
 volatile sig_atomic_t g_signal = 0;
 pid_t g_children[shm::kMaxRanks];
@@ -41,6 +46,8 @@ void forward_signal(int sig) {
 }
 
 std::string describe_status(int st) {
+  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE)
+    return "its output was closed (SIGPIPE: the reader of stdout or stderr, e.g. `head`, went away)";
   if (WIFSIGNALED(st)) {
     int s = WTERMSIG(st);
     const char* name = sigabbrev_np(s);
@@ -54,9 +61,10 @@ std::string describe_status(int st) {
                              const std::function<void(Communicator&)>& body) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // the supervisor died: so do we
   if (getppid() != parent) _exit(1);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  for (int s : kForwarded) signal(s, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);  // a closed output ends the rank; the supervisor reports it (describe_status)
   job.block().pids[r] = getpid();
+  set_fatal_sink(job.block().rank_error[r], shm::kErrorChars);  // a signal handler's last words
   int code = 0;
   std::unique_ptr<shm::ShmCommunicator> world;
   try {
@@ -69,10 +77,19 @@ std::string describe_status(int st) {
     world.reset();
   } catch (const std::exception& e) {
     // Record first (so that peers and our own queued operations stop waiting), then tear down.
+    // Not printed here: the supervisor prints the first failure once (ranks' lines would interleave).
     job.set_rank_error(r, e.what());
     const auto* timeout = dynamic_cast<const CommTimeoutError*>(&e);
-    job.fail(r, e.what(), timeout ? timeout->waited_world_rank() : -1);
-    std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    if (timeout) {
+      // The rank waited for may itself be waiting for another: name the end of the chain, the one stalled.
+      const std::vector<int> chain = job.wait_chain(timeout->waited_world_rank());
+      std::string why = e.what();
+      for (size_t i = 1; i < chain.size(); i++)
+        why += str("; world rank ", chain[i - 1], " was itself waiting for world rank ", chain[i]);
+      job.fail(r, why, chain.back());
+    } else {
+      job.fail(r, e.what());
+    }
     code = 1;
     try {
       world.reset();
@@ -91,13 +108,20 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   LaunchResult res;
   res.rank_status.assign(n, 0);
 
-  struct sigaction sa {}, old_int{}, old_term{};
+  struct sigaction sa = {};
+  struct sigaction ign = {};
+  struct sigaction old[std::size(kForwarded)] = {};
+  struct sigaction old_pipe = {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   g_signal = 0;
   g_nchildren = 0;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  for (size_t i = 0; i < std::size(kForwarded); i++) sigaction(kForwarded[i], &sa, &old[i]);
+  // A closed stdout/stderr must not kill the supervisor before it has ended the ranks: writes fail (EPIPE)
+  // instead, and a rank that dies of SIGPIPE is reported (exit 128 + SIGPIPE).
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, &old_pipe);
 
   std::fflush(nullptr);
   const pid_t parent = getpid();
@@ -117,6 +141,15 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
     g_nchildren = r + 1;
     alive[r] = true;
     pidfds[r] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  }
+  if (const char* path = std::getenv("MESHTRAIN_PIDS_FILE"); path && *path && fork_error.empty()) {
+    // Tests and operators that signal one rank (SIGSTOP, SIGKILL) find it here: "rank pid" per line.
+    std::string text;
+    for (int r = 0; r < n; ++r) text += str(r, " ", pids[r], "\n");
+    if (FILE* f = std::fopen(path, "w")) {
+      std::fputs(text.c_str(), f);
+      std::fclose(f);
+    }
   }
   if (!fork_error.empty()) {
     job.fail(-1, fork_error);
@@ -179,7 +212,9 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
         std::string why = describe_status(st);
         std::string err = job.rank_error(r);
         if (!err.empty()) why = err;
+        const bool first = !have_failure;
         record_failure(r, why);
+        if (first && WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE) res.exit_code = 128 + SIGPIPE;  // as a shell's
       }
       job.set_exited(r, st);  // after the failure record: see ShmCommunicator::poll_failure
     }
@@ -191,8 +226,8 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
     }
   }
   g_nchildren = 0;
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  for (size_t i = 0; i < std::size(kForwarded); i++) sigaction(kForwarded[i], &old[i], nullptr);
+  sigaction(SIGPIPE, &old_pipe, nullptr);
   for (int r = 0; r < n; ++r) res.rank_errors.push_back(job.rank_error(r));
   shm::sweep_segments(getpid());
   return res;
@@ -234,7 +269,13 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
   LaunchResult r = run_ranks(o, body);
   if (r.exit_code != 0) {
+    // stderr may be the pipe whose closing ended the job: the write fails instead of killing this process.
+    struct sigaction ign = {}, old = {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old);
     print_failure_headline(r.failed_rank, r.waited_rank, r.failure);
+    sigaction(SIGPIPE, &old, nullptr);
   }
   return r.exit_code;
 }

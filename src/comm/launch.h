@@ -5,12 +5,16 @@
 //   return rc;  // 0 when every rank's body returned normally
 //
 // shm (one host, the default outside mpirun): the calling process becomes the supervisor. It creates the
-// job's shared memory, forks nproc workers, and each worker runs body(world) and exits 0, or prints
-// "rank R: <error>" on stderr and exits 1 if the body throws. The supervisor forwards SIGINT/SIGTERM to the
-// workers, reaps every one (no zombies), and on the first failure records it in the job, which turns every
-// other rank's pending or next communication into a CommError naming the failed rank; after a grace period
-// it SIGKILLs what is left. It then removes any shared memory of the job (in fact none is ever visible in
-// /dev/shm, see shm/job.h) and returns non-zero, having printed which rank failed and why.
+// job's shared memory, forks nproc workers, and each worker runs body(world) and exits 0, or records its error
+// in the job (not on stderr: N ranks' lines would interleave) and exits 1 if the body throws. The supervisor
+// forwards SIGINT/SIGTERM/SIGHUP to the workers, ignores SIGPIPE (a rank killed by it is reported, exit 141),
+// reaps every one (no zombies), and on the first failure records it in the job, which turns every other rank's
+// pending or next communication into a CommError naming the failed rank; after a grace period it SIGKILLs what
+// is left. It then removes any shared memory of the job (in fact none is ever visible in /dev/shm, see
+// shm/job.h) and returns non-zero; launch() prints the first failure once. A rank that times out names the end
+// of the chain of waits it sits in (rank 2 waits for 3, which waits for 1: rank 1 is the stalled one).
+// With MESHTRAIN_PIDS_FILE set, the supervisor writes "rank pid" lines there once every worker is forked (to
+// signal one rank: tests, debugging).
 //
 // mpi (under mpirun, detected from OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK, or backend "mpi"): body runs
 // in this process with the MPI world; rank and size come from MPI. MPI is initialised on first use (thread

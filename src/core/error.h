@@ -54,6 +54,13 @@ class DivergedError : public Error {
   using Error::Error;
 };
 
+// Last words from a signal handler (async-signal-safe): the parts joined in a stack buffer. A process that has a
+// sink (a rank of a launched job: its slot in the job's shared block, so the launcher reports the reason once)
+// gets them there; otherwise they go to stderr as "meshtrain: error: <parts>\n" in one write, so that processes
+// sharing stderr do not interleave their lines.
+void set_fatal_sink(char* buf, size_t bytes);
+void fatal_message(const char* const* parts, int nparts);
+
 [[noreturn]] void assert_fail(const char* file, int line, const char* expr, const std::string& msg);
 
 }  // namespace mt

@@ -306,20 +306,15 @@ MappingSlot g_mappings[kMaxMappings];
 std::mutex g_mappings_mu;  // writers only
 struct sigaction g_old_bus;
 
-void put(int fd, const char* s) {
-  ssize_t ignored = ::write(fd, s, std::strlen(s));
-  (void)ignored;
-}
-
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
   const uint8_t* a = static_cast<const uint8_t*>(info->si_addr);
   for (MappingSlot& m : g_mappings) {
     const uint8_t* b = m.base.load(std::memory_order_acquire);
     if (b != nullptr && a >= b && a < b + m.size) {
-      put(2, "meshtrain: error: ");
-      put(2, m.path);
-      put(2, " shrank or was truncated while meshtrain was reading it (another process rewrote it?); an input "
-             "must not change during a run\n");
+      const char* parts[] = {m.path,
+                             " shrank or was truncated while meshtrain was reading it (another process "
+                             "rewrote it?); an input must not change during a run"};
+      fatal_message(parts, 2);
       ::_exit(1);
     }
   }

@@ -10,7 +10,8 @@
 
 namespace mt::model {
 
-std::vector<int32_t> generate(Gpt& gpt, const std::vector<int32_t>& prompt, const SampleOptions& opt) {
+std::vector<int32_t> generate(Gpt& gpt, const std::vector<int32_t>& prompt, const SampleOptions& opt,
+                              const std::function<void(int32_t)>& on_token) {
   const GptConfig& cfg = gpt.config();
   MT_CHECK_INPUT(!prompt.empty(), "the prompt is empty");
   const int V = cfg.vocab_size;
@@ -45,7 +46,13 @@ std::vector<int32_t> generate(Gpt& gpt, const std::vector<int32_t>& prompt, cons
       }
     }
     ctx.push_back(next);
-    out.push_back(next);
+    if (on_token) {
+      on_token(next);
+    } else {
+      out.push_back(next);
+    }
+    // Only the last n_positions tokens are read: drop the older ones now and then (amortized O(1) per token).
+    if (ctx.size() >= 2 * (size_t)cfg.n_positions + 1024) ctx.erase(ctx.begin(), ctx.end() - cfg.n_positions);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gpt.h"
@@ -18,7 +19,10 @@ struct SampleOptions {
   uint64_t seed = 1337;
 };
 
-// Returns the generated tokens (without the prompt). The context is the last n_positions tokens.
-std::vector<int32_t> generate(Gpt& gpt, const std::vector<int32_t>& prompt, const SampleOptions& opt);
+// Returns the generated tokens (without the prompt). The context is the last n_positions tokens. With on_token,
+// each token is handed to it as soon as it is drawn instead (streaming; the returned vector is then empty), so a
+// long generation needs memory for its context only.
+std::vector<int32_t> generate(Gpt& gpt, const std::vector<int32_t>& prompt, const SampleOptions& opt,
+                              const std::function<void(int32_t)>& on_token = nullptr);
 
 }  // namespace mt::model

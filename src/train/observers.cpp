@@ -170,7 +170,11 @@ void Checkpointer::save(int64_t next_step) {
   state_.gather_params(whole_);
   std::vector<std::pair<std::string, std::vector<float>>> states;
   state_.gather_states(states);
-  if (!mesh_.lead()) return;
+  if (!mesh_.lead()) {  // the lead writes; every rank knows what, so all give the same advice on divergence
+    written_.push_back(
+        {next_step, (std::filesystem::path(cfg_.checkpoint_dir) / checkpoint::step_name(next_step)).string()});
+    return;
+  }
   checkpoint::NamedFlat named;
   for (auto& [name, buf] : states) named.push_back({name, buf.data()});
   const parallel::MeshGrid& g = mesh_.grid();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "comm/shm/job.h"
 #include "core/error.h"
 #include "parallel/compress/spec.h"
 #include "parallel/mesh/grid.h"
@@ -37,21 +38,29 @@ void check_model(const TrainConfig& c) {
   MT_CHECK_INPUT(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
   MT_CHECK_INPUT(c.seq_len > 0, "--seq-len must be positive, got ", c.seq_len);
   MT_CHECK_INPUT(c.val_fraction > 0 && c.val_fraction < 1, "--val-fraction must be in (0, 1), got ", c.val_fraction);
-  MT_CHECK_INPUT(c.threads >= 1, "--threads must be >= 1, got ", c.threads);
+  MT_CHECK_INPUT(c.threads >= 1 && c.threads <= kMaxThreads, "--threads must be in 1..", kMaxThreads,
+                 " (more only contend for the cores), got ", c.threads);
   if (c.model != ModelKind::gpt) return;
+  // A dimension left at 0 takes --init's value (unknown here: counted as 1) or the default (gpt_task.cpp).
   const model::GptConfig& gpt = c.gpt;
-  const double gC = std::max(gpt.n_embd, 1), gV = std::max(gpt.vocab_size, 1), gP = std::max(gpt.n_positions, 1),
-               gL = std::max(gpt.n_layer, 1);
-  MT_CHECK_INPUT(std::max({gV, gP, 4 * gC}) * gC < 2147483648.0, "the GPT shape (--n-embd ", gpt.n_embd,
-                 " --vocab-size ", gpt.vocab_size, " --n-positions ", gpt.n_positions, ") gives a tensor of ",
-                 std::max({gV, gP, 4 * gC}) * gC, " elements (", std::max({gV, gP, 4 * gC}) * gC * 4,
-                 " bytes); one tensor is limited to 2^31 elements");
+  const bool from_init = !c.init.empty();
+  auto dim = [&](int v, int dflt) { return (double)(v > 0 ? v : from_init ? 1 : dflt); };
+  auto desc = [&](const char* flag, int v, int dflt) {
+    return v > 0 ? str(flag, " ", v) : from_init ? str(flag, " from --init") : str(flag, " ", dflt, " (default)");
+  };
+  const int dP = std::max(256, c.seq_len);
+  const double gC = dim(gpt.n_embd, 128), gV = dim(gpt.vocab_size, 256), gP = dim(gpt.n_positions, dP),
+               gL = dim(gpt.n_layer, 4);
+  const std::string shape3 = str(desc("--n-embd", gpt.n_embd, 128), ", ", desc("--vocab-size", gpt.vocab_size, 256),
+                                 ", ", desc("--n-positions", gpt.n_positions, dP));
+  const double largest = std::max({gV, gP, 4 * gC}) * gC;
+  MT_CHECK_INPUT(largest < 2147483648.0, "the GPT shape (", shape3, ") gives a tensor of ", largest, " elements (",
+                 largest * 4, " bytes); one tensor is limited to 2^31 elements");
   const double gpt_weight_bytes = 4 * ((gV + gP) * gC + gL * (12 * gC * gC + 13 * gC)),
                host_bytes = host_memory_bytes();
-  MT_CHECK_INPUT(gpt_weight_bytes <= host_bytes, "the GPT shape (--n-layer ", gpt.n_layer, " --n-embd ", gpt.n_embd,
-                 " --vocab-size ", gpt.vocab_size, " --n-positions ", gpt.n_positions, ") needs ", gpt_weight_bytes,
-                 " bytes for its weights alone (every rank gathers them whole to save) ", "but this host has ",
-                 host_bytes, " bytes of memory and swap; reduce it");
+  MT_CHECK_INPUT(gpt_weight_bytes <= host_bytes, "the GPT shape (", desc("--n-layer", gpt.n_layer, 4), ", ", shape3,
+                 ") needs ", gpt_weight_bytes, " bytes for its weights alone (every rank gathers them whole to save) ",
+                 "but this host has ", host_bytes, " bytes of memory and swap; reduce it");
 }
 
 // Steps, optimizer, learning-rate schedule and the divergence stop.
@@ -100,7 +109,9 @@ void check_layout(const TrainConfig& c) {
   MT_CHECK_INPUT(c.comm_timeout > 0, "--comm-timeout must be > 0 seconds (inf: wait forever), got ", c.comm_timeout);
   MT_CHECK_INPUT(c.bucket_mb > 0 && c.bucket_mb <= 1048576, "--bucket-mb must be in (0, 1048576], got ", c.bucket_mb);
   MT_CHECK_INPUT(c.virtual_stages >= 1, "--virtual-stages must be >= 1, got ", c.virtual_stages);
-  MT_CHECK_INPUT(c.nproc >= 1, "--nproc must be >= 1, got ", c.nproc);
+  // Ranks of the shm launcher, or Hogwild threads: both at most kMaxRanks.
+  MT_CHECK_INPUT(c.nproc >= 1 && c.nproc <= comm::shm::kMaxRanks, "--nproc must be in 1..", comm::shm::kMaxRanks,
+                 ", got ", c.nproc);
   MT_CHECK_INPUT(c.tp >= 1, "--tp must be >= 1, got ", c.tp);
   MT_CHECK_INPUT(c.pp >= 1, "--pp must be >= 1, got ", c.pp);
   MT_CHECK_INPUT(c.schedule == ScheduleKind::unset || c.pp > 1, "--schedule ", flag_name(c.schedule), " needs --pp > 1");
@@ -151,10 +162,12 @@ void check_comm_efficient(const TrainConfig& c, int d) {
   const compress::CompressSpec& cspec = c.compress;
   if (cspec.enabled() || c.local_sgd > 0) {
     const char* what = cspec.enabled() ? "--compress" : "--local-sgd";
-    MT_CHECK_INPUT(d > 1, what, " needs data parallelism (--nproc > 1): with one rank nothing is exchanged");
+    // The layout first: with --tp or --pp the data-parallel degree is not what the user set.
     MT_CHECK_INPUT(c.zero == 0 && c.tp == 1 && c.pp == 1, what,
                    " works with plain data parallelism only (--zero 0, no ", "--tp/--pp), got --zero ", c.zero,
                    " --tp ", c.tp, " --pp ", c.pp);
+    MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank (here ", d,
+                   "; set --nproc > 1): with one rank nothing is exchanged");
     MT_CHECK_INPUT(!(cspec.enabled() && c.local_sgd > 0), "--compress and --local-sgd are alternatives: choose one");
   }
   MT_CHECK_INPUT(c.local_sgd >= 0 && c.local_sgd_warmup >= 0, "--local-sgd and --local-sgd-warmup must be >= 0");

@@ -25,6 +25,9 @@ struct Straggler {
   void pause(int me) const;  // sleeps when me == rank (src/train/run.cpp)
 };
 
+// The most threads a process may ask for (--threads): see apps/meshtrain/commands.h kThreads.
+constexpr int kMaxThreads = 1024;
+
 enum class ModelKind { gpt, mlp };
 enum class OptimizerKind { adamw, sgd };
 enum class AsyncMode { off, ps, hogwild };

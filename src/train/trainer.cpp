@@ -90,8 +90,13 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
 
 void report(const TrainConfig& cfg, const TrainSummary& s) {
   if (!cfg.progress || s.steps_run == 0) return;
-  std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
-               s.items_per_s, cfg.model == ModelKind::gpt ? "tokens" : "examples");
+  const char* items = cfg.model == ModelKind::gpt ? "tokens" : "examples";
+  if (s.items_per_s > 0)
+    std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
+                 s.items_per_s, items);
+  else  // the first step allocates and is not timed: with one step there is no rate to give
+    std::fprintf(stderr, "done: %lld steps, final loss %.4f (%s/s not measured: the first step is not timed)\n",
+                 (long long)s.steps_run, s.final_loss, items);
   if (s.ranks.size() > 1 || cfg.zero > 0) {
     std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB; activations: measured peak)\n", "rank", "params",
                  "grads", "optimizer", "transient", "activations", "peak RSS");

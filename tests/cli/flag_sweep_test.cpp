@@ -1,5 +1,6 @@
 // Fuzz-style sweep of the CLI's numeric flags (issue 13): for every flag that takes a number, each of the
-// values 0, -1, nan, inf, 1e30 and a non-number must either be rejected -- exit status 1 and a message that
+// values 0, -1, nan, inf, 1e30 and a non-number (for sample, simulate and the benchmarks also values past 2^63
+// and with unit suffixes, issue 22) must either be rejected -- exit status 1 and a message that
 // names the flag -- or run to completion (exit 0). A crash, a hang, another exit status, or a rejection
 // that does not say which flag is at fault fails. Runs are tiny (2 layers x 32 wide, 2 steps) and go three
 // at a time.
@@ -12,6 +13,9 @@ namespace mt::clitest {
 namespace {
 
 const std::vector<std::string> kValues = {"0", "-1", "nan", "inf", "1e30", "abc"};
+// Past 2^63 (and just past int64 below), with unit suffixes, and sizes that overflow once multiplied (issue 22).
+const std::vector<std::string> kExtremeValues = {
+    "99999999999999999999999", "9223372036854775808", "-9223372036854775809", "1K", "17179869184G", "1e12"};
 
 struct Case {
   std::string flag, value;
@@ -68,10 +72,14 @@ void sweep(const std::vector<std::string>& base, const std::vector<Case>& cases,
   std::printf("%zu cases: %d ran, %d rejected naming the flag\n", cases.size(), accepted, rejected);
 }
 
-std::vector<Case> cases_for(const std::vector<std::string>& base, const std::vector<std::string>& flags) {
+std::vector<Case> cases_for(const std::vector<std::string>& base, const std::vector<std::string>& flags,
+                            bool extreme = false) {
   std::vector<Case> out;
-  for (const std::string& f : flags)
+  for (const std::string& f : flags) {
     for (const std::string& v : kValues) out.push_back({f, v, with_flag(base, f, v)});
+    if (extreme)
+      for (const std::string& v : kExtremeValues) out.push_back({f, v, with_flag(base, f, v)});
+  }
   return out;
 }
 
@@ -116,13 +124,38 @@ TEST(FlagSweep, Sample) {
   const std::string init = dir / "init.safetensors";
   write_gpt_init(init, GptShape{});
   const std::vector<std::string> base = {"sample", "--init", init, "--max-new-tokens", "4"};
-  sweep(base, cases_for(base, {"--max-new-tokens", "--temperature", "--top-k", "--seed", "--n-layer", "--n-head",
-                         "--n-embd", "--vocab-size", "--n-positions", "--threads"}));
+  sweep(base, cases_for(base,
+                        {"--max-new-tokens", "--temperature", "--top-k", "--seed", "--n-layer", "--n-head", "--n-embd",
+                         "--vocab-size", "--n-positions", "--threads"},
+                        true));
 }
 
 TEST(FlagSweep, Simulate) {
   const std::vector<std::string> base = {"simulate", "--schedule", "1f1b", "--stages", "4", "--micro-batches", "8"};
-  sweep(base, cases_for(base, {"--stages", "--micro-batches", "--virtual-stages", "--backward-ratio", "--comm-cost"}));
+  sweep(base,
+        cases_for(base, {"--stages", "--micro-batches", "--virtual-stages", "--backward-ratio", "--comm-cost"}, true));
+}
+
+TEST(FlagSweep, BenchComm) {
+  const std::vector<std::string> base = {
+      "bench",       "comm", "--no-mpi-peer",      "--nproc", "2", "--ops", "all_reduce", "--min-bytes", "4K",
+      "--max-bytes", "8K",   "--seconds-per-size", "0.01"};
+  sweep(base,
+        cases_for(base, {"--nproc", "--min-bytes", "--max-bytes", "--seconds-per-size", "--rounds", "--comm-timeout"},
+                  true),
+        2);
+}
+
+TEST(FlagSweep, BenchPipeline) {
+  const std::vector<std::string> base = {"bench",           "pipeline", "--stages",     "2", "--schedules",     "1f1b",
+                                         "--micro-batches", "2",        "--forward-ms", "1", "--activation-kb", "4",
+                                         "--steps",         "2"};
+  sweep(base,
+        cases_for(base,
+                  {"--stages", "--micro-batches", "--virtual-stages", "--forward-ms", "--backward-ratio",
+                   "--activation-kb", "--steps", "--comm-timeout"},
+                  true),
+        2);
 }
 
 TEST(FlagSweep, BenchTrain) {
@@ -130,7 +163,7 @@ TEST(FlagSweep, BenchTrain) {
                                          "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--vocab-size", "64",
                                          "--seq-len", "8", "--batch-size", "2"};
   sweep(base, cases_for(base, {"--threads", "--steps", "--warmup", "--batch-size", "--seq-len", "--n-layer", "--n-head",
-                         "--n-embd", "--vocab-size"}));
+                         "--n-embd", "--vocab-size"}, true));
 }
 
 }  // namespace

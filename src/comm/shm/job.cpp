@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 
@@ -57,6 +58,7 @@ Job::Job(int nranks, size_t arena_bytes) {
   block_->next_group.store(1);
   block_->failed_rank.store(-1);
   block_->waited_rank.store(-1);
+  for (auto& w : block_->waiting_for) w.store(-1);
 }
 
 Job::~Job() {
@@ -98,6 +100,29 @@ std::string Job::rank_error(int world_rank) {
 
 void Job::set_exited(int world_rank, int wait_status) {
   block_->exit_status[world_rank].store(1 + wait_status, std::memory_order_release);
+}
+
+void Job::note_wait(int world_rank, int waiting_for) {
+  block_->waiting_for[world_rank].store(waiting_for, std::memory_order_relaxed);
+  block_->wait_polled_ns[world_rank].store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                                           std::memory_order_release);
+}
+
+std::vector<int> Job::wait_chain(int first) {
+  // A rank still waiting polls every few ms; one silent for a second is not waiting (stopped, or computing).
+  constexpr int64_t kFreshNs = 1'000'000'000;
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::vector<int> chain{first};
+  std::vector<bool> seen(block_->nranks, false);
+  for (int cur = first; cur >= 0 && cur < block_->nranks && !seen[cur];) {
+    seen[cur] = true;
+    const int64_t polled = block_->wait_polled_ns[cur].load(std::memory_order_acquire);
+    const int next = block_->waiting_for[cur].load(std::memory_order_relaxed);
+    if (polled == 0 || now - polled > kFreshNs || next < 0 || next >= block_->nranks || seen[next]) break;
+    chain.push_back(next);
+    cur = next;
+  }
+  return chain;
 }
 
 bool Job::exited(int world_rank, int* wait_status) {

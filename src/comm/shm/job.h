@@ -15,13 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/shm/signal.h"
 
 namespace mt::comm::shm {
 
 constexpr int kMaxRanks = 256;
-constexpr size_t kErrorChars = 512;
+constexpr size_t kErrorChars = 2048;  // one error message (a few lines); the block is sparse, pages touched on use
 
 struct JobBlock {
   uint64_t magic;
@@ -37,6 +38,11 @@ struct JobBlock {
   int32_t pids[kMaxRanks];
   std::atomic<int32_t> exit_status[kMaxRanks];  // 0 while running; 1 + waitpid status once reaped
   char rank_error[kMaxRanks][kErrorChars];  // each worker's own last words, written before it exits
+  // What each rank is blocked on, for naming the stalled rank of a chain of waits: the world rank it waits for
+  // and when it last polled (steady-clock ns). Written only from the slow path of a wait (after the spin, every
+  // few ms while asleep), never on a fast path.
+  std::atomic<int32_t> waiting_for[kMaxRanks];
+  std::atomic<int64_t> wait_polled_ns[kMaxRanks];
 };
 
 class Job {
@@ -65,6 +71,13 @@ class Job {
   // returned early, or it died) fails at once instead of at its deadline. Returns false while running.
   void set_exited(int world_rank, int wait_status);
   bool exited(int world_rank, int* wait_status);
+
+  // A waiting rank notes whom it waits for each time it polls (see JobBlock::waiting_for).
+  void note_wait(int world_rank, int waiting_for);
+  // From `first` (the rank a timed-out rank waited for), follows the ranks that are themselves still waiting
+  // (polled within the last second) to the end of the chain: the rank nobody heard from. Returns the chain,
+  // first element `first`, last element the stalled rank; a cycle stops at its first repeat.
+  std::vector<int> wait_chain(int first);
 
   const std::string& name() const { return name_; }
 

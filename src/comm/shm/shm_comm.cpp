@@ -91,6 +91,7 @@ void ShmCommunicator::fail_wait(const std::string& what, int peer, const std::st
 
 void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::time_point until, double timeout_s,
                                    const std::function<bool()>& arrived) {
+  job_->note_wait(world_ranks_[rank()], world_ranks_[peer]);
   const std::string peer_s = str("rank ", peer, " (world rank ", world_ranks_[peer], ")");
   // The supervisor records a failure before it marks the failed worker as exited, so read the exit mark
   // first: if the peer is marked, a failure it caused is visible to the check after it.
