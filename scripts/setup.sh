@@ -9,10 +9,12 @@ PKGS=(
   libopenblas-dev          # CBLAS for matrix products (the -DMESHTRAIN_BLAS=openblas backend)
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
+  libicu-dev               # Unicode classes for GPT-2's tokenizer (src/data/unicode_class.cpp)
   libgtest-dev googletest  # unit tests
   libbenchmark-dev         # micro-benchmarks
   libopenmpi-dev openmpi-bin  # multi-host backend and mpirun
   python3-torch python3-numpy # independent reference for parity tests and benchmarks
+  nodejs npm               # reference GPT-2 encoders (npm packages) for the tokenizer test and bench
   fortunes                 # a real English text corpus for the demo
 )
 

@@ -57,9 +57,11 @@ inline const CLI::Range kNonNegativeInt(0, 2147483647);
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_decode_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline
+void add_bench_tokenizer_command(CLI::App& bench);  // meshtrain bench tokenizer
 
 }  // namespace mt::cli
