@@ -20,6 +20,9 @@ PKGS=(
 
 missing=()
 for p in "${PKGS[@]}"; do
+  # Node.js from elsewhere (e.g. NodeSource's nodejs, which bundles npm) counts: Debian's npm would conflict.
+  if [ "$p" = nodejs ] && command -v node > /dev/null; then continue; fi
+  if [ "$p" = npm ] && command -v npm > /dev/null; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
