@@ -2,7 +2,7 @@
 // never fails: an ill-formed byte is a character of its own, of class kOther (see docs/tokenizer.md).
 // Classes come from ICU (libicu-dev): general categories L* and N*, and the White_Space property, which is
 // what tiktoken's regex engine means by \s (JavaScript's \s differs on U+0085 and U+FEFF). ICU is asked once
-// per code point to fill a table of 0x110000 bytes (1.1 MB, about 10 ms at first use); lookups are then one
+// per code point to fill a table of 0x110000 bytes (1.1 MB, some 20 ms at first use); lookups are then one
 // load. Thread-safe.
 #pragma once
 
