@@ -90,11 +90,14 @@ def main() -> int:
         groups.setdefault((r["encoder"], r.get("threads", 1)), []).append(r)
     med = {k: statistics.median(r["mb_per_s"] for r in v) for k, v in groups.items()}
     fastest_ref = max(v for (name, _), v in med.items() if name != "meshtrain")
-    table = [f"median of {args.rounds} rounds ({args.seconds} s each); MB/s of every round in brackets", "",
-             f"{'encoder':<16}{'threads':>8}{'MB/s':>10}{'Mtokens/s':>12}{'x fastest ref':>15}  rounds"]
+    table = [f"median of {args.rounds} rounds ({args.seconds} s each); MB/s of every round in brackets; cores: CPU",
+             "seconds / wall seconds of meshtrain's runs (below the thread count when other work held the cores)", "",
+             f"{'encoder':<16}{'threads':>8}{'MB/s':>10}{'Mtokens/s':>12}{'x fastest ref':>15}{'cores':>7}  rounds"]
     for (name, t), v in groups.items():
         tps = statistics.median(r["tokens_per_s"] for r in v)
+        cores = f"{statistics.median(r['cpu_seconds'] / r['seconds'] for r in v):.2f}" if "cpu_seconds" in v[0] else "-"
         table.append(f"{name:<16}{t:>8}{med[(name, t)]:>10.2f}{tps / 1e6:>12.3f}{med[(name, t)] / fastest_ref:>15.2f}"
+                     f"{cores:>7}"
                      "  [" + ", ".join(f"{r['mb_per_s']:.2f}" for r in v) + "]")
     report = "\n".join(head + [f"bytes: {rows[0]['bytes']}, tokens: {rows[0]['tokens']}", ""] + table) + "\n"
     print(report, end="")

@@ -2,6 +2,8 @@
 // are the same at every thread count and decode back to the text. Each timed run encodes the whole text
 // with fresh piece caches (a cold start, as for a new file). bench/bpe_bench.py runs it beside the Node.js
 // reference encoders on the same text. Prints one JSON line per thread count.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -13,6 +15,15 @@
 #include "data/bpe.h"
 
 namespace mt::cli {
+
+namespace {
+// CPU seconds (user + system) of the whole process so far, all threads.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+}  // namespace
 
 void add_bench_tokenizer_command(CLI::App& bench) {
   struct Args {
@@ -39,6 +50,7 @@ void add_bench_tokenizer_command(CLI::App& bench) {
       MT_CHECK_INPUT(data::encode_gpt2(vocab, text, t) == ids, "bench tokenizer: ", t,
                      " threads give other ids than 1 thread; this is a bug in the tokenizer");
       int runs = 0;
+      const double cpu0 = cpu_seconds();
       const Clock::time_point t0 = Clock::now();
       double dt = 0;
       do {
@@ -47,10 +59,11 @@ void add_bench_tokenizer_command(CLI::App& bench) {
         ++runs;
         dt = std::chrono::duration<double>(Clock::now() - t0).count();
       } while (dt < a->seconds);
+      const double cpu = cpu_seconds() - cpu0;  // below threads x dt when the cores were busy with other work
       std::printf(
-          "{\"encoder\": \"meshtrain\", \"threads\": %d, \"runs\": %d, \"seconds\": %.3f, \"bytes\": %zu, "
-          "\"tokens\": %zu, \"mb_per_s\": %.3f, \"tokens_per_s\": %.1f}\n",
-          t, runs, dt, text.size(), ids.size(), text.size() * runs / dt / 1e6, ids.size() * runs / dt);
+          "{\"encoder\": \"meshtrain\", \"threads\": %d, \"runs\": %d, \"seconds\": %.3f, \"cpu_seconds\": %.3f, "
+          "\"bytes\": %zu, \"tokens\": %zu, \"mb_per_s\": %.3f, \"tokens_per_s\": %.1f}\n",
+          t, runs, dt, cpu, text.size(), ids.size(), text.size() * runs / dt / 1e6, ids.size() * runs / dt);
       std::fflush(stdout);
     }
   });
