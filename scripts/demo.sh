@@ -5,7 +5,7 @@
 # Outputs land in out/demo/ (metrics.jsonl, model.safetensors, checkpoints/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh run
 BUILD=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release > "$BUILD.cmake.log" 2>&1 || { cat "$BUILD.cmake.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" --target meshtrain

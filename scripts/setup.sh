@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Installs every dependency meshtrain needs from Debian packages. Idempotent: packages already present are
-# not touched and apt is not even called. Run as root (or with sudo available).
+# Installs the Debian packages meshtrain needs, by profile:
+#   bash scripts/setup.sh run    building and running (the demo): compiler, CMake, oneDNN, CLI11, JSON, ICU,
+#                                OpenMPI, fortunes
+#   bash scripts/setup.sh test   the above and what the tests and benchmarks add: GoogleTest, Google
+#                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
+#                                independent reference), Node.js and npm (the reference GPT-2 encoders)
+# No argument means test (everything). Idempotent: packages already present are not touched and apt is not
+# even called. Run as root (or with sudo available).
 set -euo pipefail
 
-PKGS=(
+RUN_PKGS=(
   g++ cmake make pkg-config
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN matrix products (default backend); its CMake config wants OpenCL
-  libopenblas-dev          # CBLAS for matrix products (the -DMESHTRAIN_BLAS=openblas backend)
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
-  libgtest-dev googletest  # unit tests
-  libbenchmark-dev         # micro-benchmarks
+  libicu-dev               # Unicode classes for GPT-2's tokenizer (src/data/unicode_class.cpp)
   libopenmpi-dev openmpi-bin  # multi-host backend and mpirun
-  python3-torch python3-numpy # independent reference for parity tests and benchmarks
   fortunes                 # a real English text corpus for the demo
 )
+TEST_PKGS=(
+  libopenblas-dev          # CBLAS for matrix products (the -DMESHTRAIN_BLAS=openblas backend)
+  libgtest-dev googletest  # unit tests
+  libbenchmark-dev         # micro-benchmarks
+  python3-torch python3-numpy # independent reference for parity tests and benchmarks
+  nodejs npm               # reference GPT-2 encoders (npm packages) for the tokenizer test and bench
+)
+
+case "${1:-test}" in
+  run) PKGS=("${RUN_PKGS[@]}") ;;
+  test) PKGS=("${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+  *) echo "setup.sh: unknown profile '$1'; use run (build and run) or test (also tests and benchmarks)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do
+  # Node.js from elsewhere (e.g. NodeSource's nodejs, which bundles npm) counts: Debian's npm would conflict.
+  if [ "$p" = nodejs ] && command -v node > /dev/null; then continue; fi
+  if [ "$p" = npm ] && command -v npm > /dev/null; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi

@@ -1,4 +1,4 @@
-// meshtrain prepare (text -> byte-level token shard) and meshtrain sample (generate text from weights).
+// meshtrain prepare (text -> token shard, bytes or GPT-2's BPE) and meshtrain sample (generate text from weights).
 #include <sys/stat.h>
 
 #include <climits>
@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/token_shard.h"
+#include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "model/sample.h"
 #include "tensor/blas.h"
@@ -20,26 +21,62 @@
 namespace mt::cli {
 
 void add_prepare_command(CLI::App& app) {
-  auto text = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand("prepare", "turn a text file into a token shard (byte-level, vocabulary 256)");
-  sub->add_option("--text", *text, "input text file")->required();
-  sub->add_option("--out", *out, "output token shard (.bin)")->required();
-  sub->callback([text, out] {
-    MT_CHECK_INPUT(!same_file(*text, *out), "--out ", *out, " is the same file as --text ", *text,
-                   ": writing it would destroy the input; choose another path");
-    check_output_path("--out", *out);
-    // The shard's count field is int32: refuse a larger text from its size, before reading it.
-    struct stat st {};
-    MT_CHECK_INPUT(::stat(text->c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= INT32_MAX, "--text ", *text,
-                   " has ", (long long)st.st_size,
-                   " bytes; a token shard holds at most 2^31 - 1 tokens (one per byte): split the text");
-    std::string s = read_file(*text);
-    MT_CHECK_INPUT(s.size() >= 2, *text, " has ", s.size(), " bytes; a token shard needs at least 2 tokens");
-    std::vector<uint16_t> tokens(s.begin(), s.end());
-    for (size_t i = 0; i < s.size(); i++) tokens[i] = (uint8_t)s[i];
-    write_token_shard(*out, tokens);
-    std::fprintf(stderr, "wrote %s: %zu tokens (bytes of %s)\n", out->c_str(), tokens.size(), text->c_str());
+  struct Args {
+    std::vector<std::string> text;
+    std::string out, tokenizer = "byte", tokenizer_dir, doc_sep;
+    bool eot = false;
+    int threads = 1;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("prepare", "turn text files into a token shard (bytes, or GPT-2's BPE)");
+  sub->add_option("--text", a->text, "input text files; each is one document unless --doc-sep cuts it")->required();
+  sub->add_option("--out", a->out, "output token shard (.bin)")->required();
+  sub->add_option("--tokenizer", a->tokenizer, "byte (vocabulary 256) or gpt2 (GPT-2's BPE, vocabulary 50257)")
+      ->capture_default_str();
+  sub->add_option("--tokenizer-dir", a->tokenizer_dir, "directory with encoder.json and vocab.bpe (--tokenizer gpt2)");
+  sub->add_option("--doc-sep", a->doc_sep, "string that separates documents inside a file (dropped; \\n = newline)");
+  sub->add_flag("--eot", a->eot, "put <|endoftext|> between documents (--tokenizer gpt2)");
+  sub->add_option("--threads", a->threads, "encoding threads (the tokens do not depend on it)")
+      ->capture_default_str()
+      ->check(kPositiveInt);
+  sub->callback([a] {
+    for (const std::string& t : a->text)
+      MT_CHECK_INPUT(!same_file(t, a->out), "--out ", a->out, " is the same file as --text ", t,
+                     ": writing it would destroy the input; choose another path");
+    check_output_path("--out", a->out);
+    // The shard's count field is int32 and the byte tokenizer makes one token per byte: refuse a larger text
+    // from its size, before reading it (other tokenizers are checked on their token count below).
+    if (a->tokenizer == "byte") {
+      long long total = 0;
+      std::string names;
+      for (const std::string& t : a->text) {
+        struct stat st {};
+        if (::stat(t.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += (long long)st.st_size;
+        names += (names.empty() ? "" : ", ") + t;
+      }
+      MT_CHECK_INPUT(total <= INT32_MAX, "--text ", names, " has ", total,
+                     " bytes; a token shard holds at most 2^31 - 1 tokens (one per byte): split the text");
+    }
+    data::Tokenizer tok(a->tokenizer, a->tokenizer_dir);
+    std::string sep;  // "\\n" in the flag is a newline, "\\\\" a backslash
+    for (size_t i = 0; i < a->doc_sep.size(); ++i)
+      if (a->doc_sep[i] == '\\' && i + 1 < a->doc_sep.size() && (a->doc_sep[i + 1] == 'n' || a->doc_sep[i + 1] == '\\'))
+        sep += a->doc_sep[++i] == 'n' ? '\n' : '\\';
+      else
+        sep += a->doc_sep[i];
+    std::vector<std::string> files;
+    std::vector<std::string_view> docs;
+    for (const std::string& t : a->text) files.push_back(read_file(t));
+    for (const std::string& f : files)
+      for (std::string_view d : data::split_documents(f, sep)) docs.push_back(d);
+    std::vector<int32_t> ids = tok.encode(docs, a->eot, a->threads);
+    MT_CHECK_INPUT(ids.size() <= (size_t)INT32_MAX, "--text gives ", ids.size(),
+                   " tokens; a token shard holds at most 2^31 - 1: split the text");
+    MT_CHECK_INPUT(ids.size() >= 2, "--text gives ", ids.size(), " tokens; a token shard needs at least 2 tokens");
+    std::vector<uint16_t> tokens(ids.begin(), ids.end());  // ids < vocab_size <= 65536
+    write_token_shard(a->out, tokens);
+    std::fprintf(stderr, "wrote %s: %zu tokens (%s) from %zu documents\n", a->out.c_str(), tokens.size(),
+                 tok.name().c_str(), docs.size());
   });
 }
 
@@ -49,11 +86,15 @@ void add_sample_command(CLI::App& app) {
     model::GptConfig shape{0, 0, 0, 0, 0, 0, 0, 0, 0};  // all 0: from the file (moe_top_k too)
     model::SampleOptions opt;
     int threads = 1;
+    std::string tokenizer = "byte", tokenizer_dir;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand("sample", "generate text from GPT weights (byte-level tokens)");
+  CLI::App* sub = app.add_subcommand("sample", "generate text from GPT weights");
+  sub->add_option("--tokenizer", a->tokenizer, "byte or gpt2 (encodes the prompt, decodes the output)")
+      ->capture_default_str();
+  sub->add_option("--tokenizer-dir", a->tokenizer_dir, "directory with encoder.json and vocab.bpe (--tokenizer gpt2)");
   sub->add_option("--init", a->init, "safetensors weights")->required();
-  sub->add_option("--prompt", a->prompt, "prompt text; each byte is one token")->capture_default_str();
+  sub->add_option("--prompt", a->prompt, "prompt text")->capture_default_str();
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(kNonNegativeInt);
   sub->add_option("--temperature", a->opt.temperature, "0 = greedy")->capture_default_str()->check(finite_non_negative("temperature"));
   sub->add_option("--top-k", a->opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str()->check(kNonNegativeInt);
@@ -66,6 +107,7 @@ void add_sample_command(CLI::App& app) {
   sub->add_option("--threads", a->threads, "threads")->capture_default_str()->check(kThreads);
   sub->callback([a] {
     set_num_threads(a->threads);
+    const data::Tokenizer tok(a->tokenizer, a->tokenizer_dir);
     SafetensorsReader file(a->init);
     model::GptConfig cfg = checkpoint::gpt_config_from_file(file, a->shape);
     nn::ParamRegistry params;
@@ -81,18 +123,16 @@ void add_sample_command(CLI::App& app) {
       for (size_t i = 0; i < p.numel; i++)
         MT_CHECK_INPUT(std::isfinite(p.data[i]), a->init, ": tensor ", p.name, " holds a non-finite value (",
                        p.data[i], ") at element ", i, "; the weights are unusable (a diverged run?)");
-    std::vector<int32_t> prompt;
-    for (unsigned char ch : a->prompt) {
-      MT_CHECK_INPUT(ch < cfg.vocab_size, "prompt byte ", (int)ch, " is outside the model's vocabulary of ",
-                     cfg.vocab_size);
-      prompt.push_back(ch);
-    }
+    std::vector<int32_t> prompt = tok.encode(a->prompt);
+    for (int32_t t : prompt)
+      MT_CHECK_INPUT(t < cfg.vocab_size, "prompt token ", t, " (", a->tokenizer,
+                     ") is outside the model's vocabulary of ", cfg.vocab_size);
     // Streamed: the prompt, then each token as it is drawn, flushed at once (a pipe is block-buffered otherwise;
     // a few thousand tokens per second make the write per token cheap beside the forward pass).
     std::fwrite(a->prompt.data(), 1, a->prompt.size(), stdout);
     std::fflush(stdout);
-    model::generate(gpt, prompt, a->opt, [](int32_t t) {
-      const std::string s = t < 256 ? std::string(1, (char)t) : "<|" + std::to_string(t) + "|>";
+    model::generate(gpt, prompt, a->opt, [&tok](int32_t t) {
+      const std::string s = t < tok.vocab_size() ? tok.decode(t) : "<|" + std::to_string(t) + "|>";
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
     });

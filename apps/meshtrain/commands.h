@@ -60,9 +60,11 @@ inline const CLI::Range kThreads(1, train::kMaxThreads);
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_decode_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline
+void add_bench_tokenizer_command(CLI::App& bench);  // meshtrain bench tokenizer
 
 }  // namespace mt::cli

@@ -13,12 +13,14 @@ int main(int argc, char** argv) {
   mt::cli::add_train_command(app);
   mt::cli::add_prepare_command(app);
   mt::cli::add_sample_command(app);
+  mt::cli::add_decode_command(app);
   mt::cli::add_simulate_command(app);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks that compare against a peer in the same run");
   bench->require_subcommand(1);
   mt::cli::add_bench_train_command(*bench);
   mt::cli::add_bench_comm_command(*bench);
   mt::cli::add_bench_pipeline_command(*bench);
+  mt::cli::add_bench_tokenizer_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

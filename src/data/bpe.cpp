@@ -1,0 +1,241 @@
+// GPT-2's byte-level BPE: vocabulary loading, the merge loop, cached and multi-threaded encoding; see bpe.h.
+#include "data/bpe.h"
+
+#include <algorithm>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/pretokenize.h"
+
+namespace mt::data {
+
+namespace {
+
+// GPT-2's bytes_to_unicode: bytes that print ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for themselves; the other
+// 68, in increasing order, for U+0100, U+0101, ... Returns code point -> byte (-1 for none), over U+0000..U+01FF.
+std::vector<int> unicode_to_byte() {
+  std::vector<int> inv(512, -1);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool prints = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    inv[static_cast<size_t>(prints ? b : 256 + n++)] = b;
+  }
+  return inv;
+}
+
+// A token as written in the files -> its bytes; false if a character is not one of the 256 stand-ins.
+bool token_bytes(const std::string& written, const std::vector<int>& inv, std::string& out) {
+  out.clear();
+  const auto* s = reinterpret_cast<const unsigned char*>(written.data());
+  for (size_t i = 0; i < written.size();) {
+    uint32_t cp = 0;
+    if (s[i] < 0x80) {
+      cp = s[i++];
+    } else if ((s[i] & 0xE0) == 0xC0 && i + 1 < written.size()) {
+      cp = ((s[i] & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
+      i += 2;
+    } else {
+      return false;
+    }
+    if (cp >= inv.size() || inv[cp] < 0) return false;
+    out.push_back(static_cast<char>(inv[cp]));
+  }
+  return true;
+}
+
+}  // namespace
+
+Gpt2Vocab::Gpt2Vocab(const std::string& dir) {
+  const std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
+  const std::string hint =
+      " (GPT-2's tokenizer files: `bash scripts/gpt2_tokenizer.sh` fetches them, see docs/tokenizer.md)";
+  std::string text;
+  try {
+    text = read_file(enc_path);
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + hint);
+  }
+  nlohmann::json enc = nlohmann::json::parse(text, nullptr, false);
+  MT_CHECK_INPUT(enc.is_object() && !enc.empty(), enc_path, ": not a JSON object of token -> id", hint);
+  const std::vector<int> inv = unicode_to_byte();
+  std::unordered_map<std::string, int> id_of;
+  tokens_.resize(enc.size());
+  std::vector<bool> seen(enc.size(), false);
+  std::string bytes;
+  for (auto it = enc.begin(); it != enc.end(); ++it) {
+    MT_CHECK_INPUT(it.value().is_number_integer(), enc_path, ": token \"", it.key(), "\" has a non-integer id");
+    const int64_t id = it.value().get<int64_t>();
+    MT_CHECK_INPUT(id >= 0 && id < static_cast<int64_t>(enc.size()) && !seen[static_cast<size_t>(id)], enc_path,
+                   ": token \"", it.key(), "\" has id ", id, "; ids must be 0..", enc.size() - 1, ", each once");
+    seen[static_cast<size_t>(id)] = true;
+    if (it.key() == "<|endoftext|>") {
+      eot_ = static_cast<int>(id);
+      bytes = it.key();
+    } else {
+      MT_CHECK_INPUT(token_bytes(it.key(), inv, bytes), enc_path, ": token \"", it.key(), "\" (id ", id,
+                     ") uses a character outside GPT-2's 256 byte stand-ins");
+      id_of.emplace(bytes, static_cast<int>(id));
+    }
+    tokens_[static_cast<size_t>(id)] = bytes;
+  }
+  MT_CHECK_INPUT(eot_ >= 0, enc_path, ": no <|endoftext|> token", hint);
+  for (int b = 0; b < 256; ++b) {
+    auto it = id_of.find(std::string(1, static_cast<char>(b)));
+    MT_CHECK_INPUT(it != id_of.end(), enc_path, ": no token for byte ", b, hint);
+    byte_token_[b] = it->second;
+  }
+
+  std::string merges;
+  try {
+    merges = read_file(bpe_path);
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + hint);
+  }
+  size_t lines = 1;
+  for (char c : merges) lines += c == '\n';
+  shift_ = 64;
+  while ((size_t{1} << (64 - shift_)) < 2 * lines) --shift_;
+  table_.assign(size_t{1} << (64 - shift_), Slot{});
+  mask_ = table_.size() - 1;
+  size_t pos = 0, line = 0;
+  std::string a, b;
+  while (pos < merges.size()) {
+    size_t end = merges.find('\n', pos);
+    if (end == std::string::npos) end = merges.size();
+    const std::string_view l(merges.data() + pos, end - pos);
+    pos = end + 1;
+    ++line;
+    if (l.empty() || (line == 1 && l.starts_with("#version"))) continue;
+    const size_t sp = l.find(' ');
+    MT_CHECK_INPUT(sp != std::string_view::npos && sp > 0 && sp + 1 < l.size() && l.find(' ', sp + 1) == l.npos,
+                   bpe_path, ":", line, ": expected two tokens separated by one space, got \"", l, "\"");
+    const bool ok =
+        token_bytes(std::string(l.substr(0, sp)), inv, a) && token_bytes(std::string(l.substr(sp + 1)), inv, b);
+    auto ia = id_of.find(a), ib = id_of.find(b), im = id_of.find(a + b);
+    MT_CHECK_INPUT(ok && ia != id_of.end() && ib != id_of.end() && im != id_of.end(), bpe_path, ":", line, ": merge \"",
+                   l, "\": its parts and their concatenation must all be tokens of ", enc_path);
+    MT_CHECK_INPUT(merge(ia->second, ib->second).rank < 0, bpe_path, ":", line, ": merge \"", l,
+                   "\" is listed a second time");
+    add_merge(key(ia->second, ib->second), Merge{static_cast<int32_t>(merges_), im->second});
+  }
+  MT_CHECK_INPUT(merges_ > 0, bpe_path, ": no merges", hint);
+}
+
+void Gpt2Vocab::add_merge(uint64_t k, Merge m) {
+  size_t s = slot(k);
+  while (table_[s].key != kEmpty) s = (s + 1) & mask_;
+  table_[s] = Slot{k, m};
+  ++merges_;
+}
+
+void BpeEncoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
+  const int32_t n = static_cast<int32_t>(piece.size());
+  if (n == 1) {
+    out.push_back(vocab_.byte_token(static_cast<unsigned char>(piece[0])));
+    return;
+  }
+  // Tokens as a linked list over byte positions (a token lives at the position of its first byte); id -1
+  // marks a position merged into the token on its left. Candidates are pushed for every adjacent pair that
+  // has a merge and checked when popped (a stale one no longer matches the ids at its position).
+  id_.resize(static_cast<size_t>(n));
+  next_.resize(static_cast<size_t>(n));
+  prev_.resize(static_cast<size_t>(n));
+  heap_.clear();
+  int32_t* id = id_.data();
+  int32_t* next = next_.data();
+  int32_t* prev = prev_.data();
+  auto push = [&](int32_t i) {
+    const int32_t j = next[i];
+    if (j < 0) return;
+    const Gpt2Vocab::Merge m = vocab_.merge(id[i], id[j]);
+    if (m.rank < 0) return;
+    heap_.push_back({m.rank, i, id[i], id[j]});
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<Cand>());
+  };
+  for (int32_t i = 0; i < n; ++i) {
+    id[i] = vocab_.byte_token(static_cast<unsigned char>(piece[static_cast<size_t>(i)]));
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<Cand>());
+    const Cand c = heap_.back();
+    heap_.pop_back();
+    const int32_t i = c.pos, j = next[i];
+    if (id[i] != c.a || j < 0 || id[j] != c.b) continue;
+    id[i] = vocab_.merge(c.a, c.b).id;
+    id[j] = -1;
+    next[i] = next[j];
+    if (next[i] >= 0) prev[next[i]] = i;
+    if (prev[i] >= 0) push(prev[i]);
+    push(i);
+  }
+  for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+}
+
+void BpeEncoder::encode(std::string_view text, std::vector<int32_t>& out) {
+  for_each_piece(text, [&](std::string_view piece) {
+    if (piece.size() == 1) {
+      out.push_back(vocab_.byte_token(static_cast<unsigned char>(piece[0])));
+      return;
+    }
+    if (piece.size() > kMaxCachedBytes) {
+      encode_piece(piece, out);
+      return;
+    }
+    if (cache_.empty()) cache_.reserve(1 << 16);
+    key_.assign(piece);
+    auto it = cache_.find(key_);
+    if (it != cache_.end()) {
+      const int32_t* ids = cached_ids_.data() + it->second.begin;
+      out.insert(out.end(), ids, ids + it->second.count);
+      return;
+    }
+    const size_t before = out.size();
+    encode_piece(piece, out);
+    if (cache_.size() >= kMaxCacheEntries) {
+      cache_.clear();
+      cached_ids_.clear();
+    }
+    cache_.emplace(key_, Span{static_cast<uint32_t>(cached_ids_.size()), static_cast<uint32_t>(out.size() - before)});
+    cached_ids_.insert(cached_ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+  });
+}
+
+std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, std::string_view text, int threads) {
+  const std::vector<size_t> cuts = split_points(text, static_cast<size_t>(std::max(threads, 1)));
+  const size_t parts = cuts.size() - 1;
+  std::vector<std::vector<int32_t>> ids(parts);
+  auto work = [&](size_t p) {
+    BpeEncoder enc(vocab);
+    ids[p].reserve((cuts[p + 1] - cuts[p]) / 3);
+    enc.encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), ids[p]);
+  };
+  std::vector<std::thread> pool;
+  for (size_t p = 1; p < parts; ++p) pool.emplace_back(work, p);
+  if (parts > 0) work(0);
+  for (std::thread& t : pool) t.join();
+  if (parts == 1) return std::move(ids[0]);
+  std::vector<int32_t> all;
+  size_t total = 0;
+  for (const auto& v : ids) total += v.size();
+  all.reserve(total);
+  for (const auto& v : ids) all.insert(all.end(), v.begin(), v.end());
+  return all;
+}
+
+std::string decode_gpt2(const Gpt2Vocab& vocab, const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    MT_CHECK_INPUT(ids[i] >= 0 && ids[i] < vocab.size(), "token ", ids[i], " at position ", i,
+                   " is outside GPT-2's vocabulary of ", vocab.size());
+    s += vocab.bytes(ids[i]);
+  }
+  return s;
+}
+
+}  // namespace mt::data
