@@ -87,14 +87,18 @@ class GptTask : public TrainTask {
     moe_ = cfg.moe;
     moe_.ep = ep;
     if (pp && pp->spec.stages > 1) {
-      // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
+      // Chunk c of pipeline rank j computes the stage the schedule's placement gives it; the stages hold
+      // consecutive runs of blocks.
       pp_ = *pp;
-      const int P = pp->spec.stages, V = pp->spec.virtual_stages, S = P * V, j = pp->group->rank();
+      const pipeline::Placement& place = pp->schedule.placement;
+      MT_CHECK_INPUT(place.routes() == 1, "pipeline schedule ", pp->spec.name, " holds every stage ", place.routes(),
+                     " times; training runs placements that hold each stage once");
+      const int V = pp->spec.virtual_stages, S = place.stages(), j = pp->group->rank();
       split_ = stage_split(cfg, shape, S);
       std::vector<int> first(S + 1, 0);
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
       for (int c = 0; c < V; c++) {
-        int s = c * P + j;
+        const int s = place.stage_of(j, c);
         chunks_.push_back(
             std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
@@ -246,9 +250,9 @@ class GptTask : public TrainTask {
     MT_ASSERT(sh.micro_len(sh.micro_count - 1) == sh.micro_size, "evaluation micro-batches of unequal size");
     pipeline::ScheduleSpec spec = pp_.spec;
     spec.micro_batches = sh.micro_count;
-    if (eval_lists_.empty()) eval_lists_ = pipeline::forward_only(spec);
+    if (eval_lists_.size() == 0) eval_lists_ = pipeline::forward_only(pp_.schedule.placement, spec.micro_batches);
     EvalRunner r(*this, k, sh);
-    executor_.run(spec, eval_lists_[pp_.group->rank()], *pp_.group, r);
+    executor_.run(spec, eval_lists_, *pp_.group, r);
     for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count - 1));
     return r.loss;
   }
@@ -300,7 +304,7 @@ class GptTask : public TrainTask {
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
   static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (see EvalRunner)
-  std::vector<std::vector<pipeline::Action>> eval_lists_;
+  pipeline::Schedule eval_lists_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
   pipeline::PipelineExecutor executor_;  // evaluation's forward-only lists
 };

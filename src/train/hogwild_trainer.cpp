@@ -92,17 +92,18 @@ void work(Shared& sh, int w) {
     const auto t0 = StepClock::now();
     parallel::hogwild_read(sh.params.data(), params.data(), n);
     engine.begin_step();
-    const double loss_sum = executor->run(s, share, hooks);
-    engine.finish_backward();
-    straggler.pause(w);
-    // The model scaled the gradient for the global batch; this update is the mean over this worker's share.
-    engine.scale_grads((float)W);
-    const double loss = loss_sum * W / (double)items_per_step;
-    const double norm = engine.grad_norm();
-    const float lr = tail.finish(s, loss, norm, [&](float f) { engine.scale_grads(f); });
-    parallel::hogwild_sgd_step(sh.params.data(), params.grad(), momentum.data(), segs, sgd, lr, s);
-    const int64_t done = sh.updates.fetch_add(1) + 1;
-    if (w == 0) report_step(sh, task, engine, s, loss, norm, lr, StepClock::since(t0), done);
+    executor->run(s, share, hooks, [&](double loss_sum) {
+      engine.finish_backward();
+      straggler.pause(w);
+      // The model scaled the gradient for the global batch; this update is the mean over this worker's share.
+      engine.scale_grads((float)W);
+      const double loss = loss_sum * W / (double)items_per_step;
+      const double norm = engine.grad_norm();
+      const float lr = tail.finish(s, loss, norm, [&](float f) { engine.scale_grads(f); });
+      parallel::hogwild_sgd_step(sh.params.data(), params.grad(), momentum.data(), segs, sgd, lr, s);
+      const int64_t done = sh.updates.fetch_add(1) + 1;
+      if (w == 0) report_step(sh, task, engine, s, loss, norm, lr, StepClock::since(t0), done);
+    });
   }
 }
 

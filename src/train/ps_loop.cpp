@@ -85,10 +85,11 @@ WorkerTimes work(Run& r) {
     times.begun.push_back(trace::ChromeTrace::now_us() * 1e-6);
     times.staleness.push_back((double)(s - have));
     r.sync->begin_step();
-    const double loss_sum = r.executor->run(s, share, hooks);
-    r.straggler.pause(r.mesh.world_rank());
-    r.sync->reduce(s);
-    worker.push(s, loss_sum);
+    r.executor->run(s, share, hooks, [&](double loss_sum) {  // a worker's update: the push to the servers
+      r.straggler.pause(r.mesh.world_rank());
+      r.sync->reduce(s);
+      worker.push(s, loss_sum);
+    });
     const double dt = StepClock::since(t0);
     if (s > r.start) {
       r.clock.seconds += dt;

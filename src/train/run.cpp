@@ -49,7 +49,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);
   const parallel::MeshGrid& g = mesh.grid();
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
-  if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
+  if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule(), pipeline::make_schedule(layout.schedule())};
   if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
   task = cfg.model == ModelKind::gpt ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
                                             g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())

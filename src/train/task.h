@@ -118,10 +118,11 @@ bool local_experts(const TrainConfig& cfg);
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init);
 // The pipeline this rank is part of: its group (rank = pipeline position); stages, chunks and schedule are
-// the layout's.
+// the layout's; the schedule (made once when the run starts) says which stage each chunk computes.
 struct PipelineContext {
   comm::Communicator* group = nullptr;
   pipeline::ScheduleSpec spec;
+  pipeline::Schedule schedule;
 };
 
 // tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline the

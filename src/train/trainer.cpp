@@ -22,9 +22,29 @@ namespace mt::train {
 
 namespace {
 
-// One optimizer step after another: data and gradient (the task, through the synchronizer's hooks), the
-// gradient synchronized, the global loss and norm, the tail (divergence checks, clipping, learning rate), the
-// update, then the observers (row, evaluation, checkpoint, stop).
+// The update of a synchronous step, which the step executor calls when this rank's gradients are computed:
+// the gradient synchronized, the global loss and norm, the tail (divergence checks, clipping, learning rate),
+// the optimizer's update.
+struct StepOutcome {
+  double loss = 0, norm = 0;
+  float lr = 0;
+};
+StepOutcome update_step(Run& r, int64_t s, double loss_sum) {
+  GradSync& sync = *r.sync;
+  r.straggler.pause(r.mesh.world_rank());
+  sync.reduce(s);
+  StepOutcome out;
+  out.loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
+  out.norm = sync.grad_norm();
+  // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
+  out.lr = r.tail.finish(s, out.loss, out.norm, [&](float f) { r.opt->scale_next_grads(f); });
+  trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
+  sync.update(*r.opt, out.lr, s);
+  return out;
+}
+
+// One optimizer step after another: data and gradient (the task, through the synchronizer's hooks) and the
+// update (above, called by the executor), then the observers (row, evaluation, checkpoint, stop).
 void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
@@ -34,17 +54,10 @@ void run_steps(Run& r) {
     // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
     const uint64_t sent0 = sync.bytes_sent();
     sync.begin_step();
-    const double loss_sum = r.executor->run(s, share, hooks);
-    r.straggler.pause(r.mesh.world_rank());
-    sync.reduce(s);
-    const double loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
-    const double norm = sync.grad_norm();
-    // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
-    const float lr = r.tail.finish(s, loss, norm, [&](float f) { r.opt->scale_next_grads(f); });
-    {
-      trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
-      sync.update(*r.opt, lr, s);
-    }
+    StepOutcome step;
+    r.executor->run(s, share, hooks, [&](double loss_sum) { step = update_step(r, s, loss_sum); });
+    const double loss = step.loss, norm = step.norm;
+    const float lr = step.lr;
     const double dt = StepClock::since(t0), ips = (double)r.items_per_step / dt;
     if (s > r.start) {
       r.clock.seconds += dt;
