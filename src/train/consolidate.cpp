@@ -73,10 +73,10 @@ StateConsolidator::StateConsolidator(const nn::ParamRegistry& local, const nn::P
 void StateConsolidator::contribute(const float* local, float* whole) const {
   for (const nn::Param& p : local_.params()) {
     const nn::Param& f = full_.get(p.name);
-    if (p.name == "wte.weight" && !place_.tied) continue;  // the last stage's tied copy
-    if (!p.expert && !place_.dense) continue;              // ep rank 0 has the same
+    if (!p.replicas.saved) continue;           // another rank's copy goes in
+    if (!p.expert && !place_.dense) continue;  // ep rank 0 has the same
     if (p.shard.axis < 0) {
-      if (place_.replicated) std::memcpy(whole + f.offset, local + p.offset, sizeof(float) * p.numel);
+      std::memcpy(whole + f.offset, local + p.offset, sizeof(float) * p.numel);
     } else {
       for (size_t i = 0; i < p.numel; i++) whole[f.offset + (size_t)p.full_index(i)] = local[p.offset + i];
     }

@@ -75,11 +75,10 @@ class PsSource : public FlatSource {
   std::unique_ptr<parallel::PsServer> server_;
 };
 
-// Which of its tensors a rank contributes to the whole model.
+// Which of its tensors a rank contributes to the whole model, besides what each tensor's replica facts say
+// (nn::Replicas::saved: one copy of each tp-replicated or tied tensor).
 struct ReplicaPlace {
-  bool replicated = true;  // tensors with no shard axis: tp rank 0 only
-  bool tied = true;        // "wte.weight": the first pipeline stage's copy only
-  bool dense = true;       // every tensor but local experts: ep rank 0 only (when experts are local)
+  bool dense = true;  // every tensor but local experts: ep rank 0 only (when experts are local)
 };
 
 class StateConsolidator {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -14,6 +15,7 @@
 #include "nn/activation_store.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
+#include "train/replicas.h"
 #include "train/task.h"
 
 namespace mt::train {
@@ -60,6 +62,14 @@ std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& s
   return pipeline::balance_layers(std::vector<double>(shape.n_layer, block), stages, 0.0, head);
 }
 
+std::set<std::string> tied_tensors(const model::GptConfig& shape, const std::vector<int>& first) {
+  const int S = (int)first.size() - 1;
+  nn::ParamRegistry head, tail;
+  model::Gpt(shape, head, nullptr, model::StageRange{first[0], first[1], 0, S});
+  model::Gpt(shape, tail, nullptr, model::StageRange{first[S - 1], first[S], S - 1, S});
+  return common_tensors(head, tail);
+}
+
 namespace {
 
 class GptTask : public TrainTask {
@@ -97,19 +107,23 @@ class GptTask : public TrainTask {
       split_ = stage_split(cfg, shape, S);
       std::vector<int> first(S + 1, 0);
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
+      bool holds_first = false;
       for (int c = 0; c < V; c++) {
         const int s = place.stage_of(j, c);
+        holds_first = holds_first || s == 0;
         chunks_.push_back(
             std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
         chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       }
       model_ = chunks_.front().get();
+      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, tied_tensors(shape, first), holds_first);
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
       chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       model_ = chunks_.front().get();
+      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, {}, true);
     }
     if (init) {  // against the whole model: a pipeline stage or tensor shard holds only part of it
       nn::ParamRegistry whole;

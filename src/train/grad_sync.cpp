@@ -31,13 +31,9 @@ GradSync::GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::
                    comm::Communicator* expert_group)
     : mesh_(mesh), params_(params), engine_(params, engine_group, o, expert_group), tracer_(tracer) {
   if (tracer_->enabled()) engine_.set_trace(tracer_);
-  // Each element of the model counted once in the norm: tensors replicated over the tensor-parallel group
-  // count on its rank 0 only, and the last pipeline stage's copy of the tied wte not at all (the first
-  // stage's holds the same summed gradient).
-  const parallel::MeshCoord& c = mesh.coord();
-  const int pp = mesh.grid().pp();
-  for (const nn::Param& p : params.params())
-    not_counted_.push_back((p.shard.axis < 0 && c.tp != 0) || (pp > 1 && c.pp == pp - 1 && p.name == "wte.weight"));
+  // Each element of the model counted once in the norm (the replica facts say which copy counts: tp rank
+  // 0's of a tensor every tp rank holds, the first stage's of a tied one, which holds the summed gradient).
+  for (const nn::Param& p : params.params()) not_counted_.push_back(!p.replicas.counted);
 }
 
 StepHooks GradSync::hooks() {
@@ -82,19 +78,20 @@ class PipelineSync : public GradSync {
  public:
   PipelineSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
       : GradSync(m, p, m.dp(), o.engine, t, m.edp()), zero_(o.engine.zero) {
-    const int j = m.coord().pp, P = m.grid().pp();
-    if (j == 0 || j == P - 1) tied_ = p.find("wte.weight");
+    for (nn::Param& x : p.params())
+      if (x.replicas.summed) tied_.push_back(&x);
   }
   StepHooks hooks() override { return {}; }
   void reduce(int64_t) override {
     engine_.finish_backward();
     const double t0 = trace::ChromeTrace::now_us();
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
-    if (tied_) tie->all_reduce(tied_->grad, tied_->grad, tied_->numel, comm::DType::f32, comm::ReduceOp::sum);
+    for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
     const double t1 = trace::ChromeTrace::now_us();
     engine_.reduce_all();
     if (tracer_->enabled()) {
-      if (tied_) tracer_->add(trace::Track::comm, "all_reduce tied wte (first + last stage)", "comm", t0, t1);
+      if (!tied_.empty())
+        tracer_->add(trace::Track::comm, "all_reduce tied tensors (first + last stage)", "comm", t0, t1);
       if (mesh_.grid().dp() > 1)
         tracer_->add(trace::Track::comm, zero_ ? "reduce_scatter gradients (dp)" : "all_reduce gradients (dp)",
                      "comm", t1, trace::ChromeTrace::now_us());
@@ -107,7 +104,7 @@ class PipelineSync : public GradSync {
 
  private:
   int zero_;
-  nn::Param* tied_ = nullptr;
+  std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
 };
 
 // Compressed exchange (parallel/compress): the codec moves what it chooses over dp.

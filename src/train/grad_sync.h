@@ -8,7 +8,7 @@
 //   method       engine group   reduce(s) after backward                        update
 //   exact        dp             buckets in flight during backward (ZeRO 0-3)     engine (ZeRO: own shard,
 //                                                                                all-gather)
-//   pipeline     dp             tied wte summed over first+last stage, then      engine
+//   pipeline     dp             tied copies summed over first+last stage, then   engine
 //                               the whole gradient over dp (ZeRO 0/1)
 //   compressed   none           codec exchange over dp (parallel/compress)       engine
 //   local SGD    none           warm-up: all-reduce; then each rank's own mean   engine, then every H steps

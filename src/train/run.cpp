@@ -75,7 +75,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     source = engine_source(sync->engine());
   // Local experts (--ep > 1): files gather over the ep group too, on every rank alike.
   comm::Communicator* ep_files = local_experts(cfg) ? mesh.ep() : nullptr;
-  const ReplicaPlace place{mesh.coord().tp == 0, mesh.coord().pp == 0, !ep_files || ep_files->rank() == 0};
+  const ReplicaPlace place{!ep_files || ep_files->rank() == 0};
   state = std::make_unique<Consolidation>(StateConsolidator(params, full, place, mesh.replica(), ep_files), *source,
                                           *opt);
   state->set_before_gather([this] { sync->before_gather(*opt); });
