@@ -15,12 +15,13 @@
 #include "nn/activation_store.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
+#include "train/model_registry.h"
 #include "train/replicas.h"
 #include "train/task.h"
 
 namespace mt::train {
 
-bool local_experts(const TrainConfig& cfg) { return cfg.model == ModelKind::gpt && cfg.moe.ep > 1; }
+bool local_experts(const TrainConfig& cfg) { return model_entry(cfg.model).has_router && cfg.moe.ep > 1; }
 
 GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   model::MoeOptions moe;
@@ -420,6 +421,22 @@ std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLa
                                          nn::TensorParallelOps* tp, const PipelineContext* pp,
                                          nn::ExpertParallelOps* ep) {
   return std::make_unique<GptTask>(cfg, layout, tp, pp, ep);
+}
+
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout, const TaskGroups& g) {
+  const PipelineContext* pp = g.pp && g.pp->spec.stages > 1 ? g.pp : nullptr;
+  return make_gpt_task(GptTaskConfig::from(cfg), layout, g.tp, pp, g.ep);
+}
+
+void check_gpt_shape(const TrainConfig& cfg) {
+  if (cfg.tp == 1 && cfg.stage_layers.empty()) return;
+  std::optional<SafetensorsReader> init;
+  if (!cfg.init.empty()) init.emplace(cfg.init);
+  const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
+  MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
+                 "): tensor parallelism splits attention by whole heads");
+  if (!cfg.stage_layers.empty())
+    pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
 }
 
 }  // namespace mt::train

@@ -10,9 +10,8 @@
 #include <cmath>
 #include <exception>
 #include <memory>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checkpoint/weights.h"
 #include "core/error.h"
@@ -23,8 +22,9 @@
 #include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
 #include "trace/metrics.h"
-#include "train/task.h"
+#include "train/model_registry.h"
 #include "train/run.h"
+#include "train/task.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -120,7 +120,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
   // Every worker's own model (activations, gradients, data reader); the parameters it computes with are a
   // snapshot of the shared ones.
   for (int w = 0; w < W; w++) {
-    sh.tasks.push_back(make_mlp_task(MlpTaskConfig::from(cfg), sh.layout));
+    sh.tasks.push_back(model_entry(cfg.model).make(cfg, sh.layout, {}));
     sh.engines.push_back(std::make_unique<parallel::DataParallel>(sh.tasks[w]->params(), nullptr,
                                                                   parallel::DataParallelOptions{}));
     sh.engines[w]->initialize([&](nn::Param& p) { sh.tasks[w]->init_param(p); });

@@ -10,6 +10,7 @@
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/model_registry.h"
 
 namespace mt::train {
 
@@ -51,9 +52,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
   if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule(), pipeline::make_schedule(layout.schedule())};
   if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
-  task = cfg.model == ModelKind::gpt ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
-                                            g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
-                            : make_mlp_task(MlpTaskConfig::from(cfg), layout);
+  task = model_entry(cfg.model).make(cfg, layout, {tp_ops.get(), g.pp() > 1 ? &pipeline : nullptr, ep_ops.get()});
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());

@@ -5,15 +5,15 @@
 #include "train/trainer.h"
 
 #include <cstdio>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint/safetensors.h"
 #include "comm/launch.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/model_registry.h"
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
@@ -104,7 +104,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
 void report(const TrainConfig& cfg, const TrainSummary& s) {
   if (!cfg.progress || s.steps_run == 0) return;
   std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
-               s.items_per_s, cfg.model == ModelKind::gpt ? "tokens" : "examples");
+               s.items_per_s, model_entry(cfg.model).items);
   if (s.ranks.size() > 1 || cfg.zero > 0) {
     std::fprintf(stderr, "%6s %12s %12s %12s %12s %12s %12s  (MiB; activations: measured peak)\n", "rank", "params",
                  "grads", "optimizer", "transient", "activations", "peak RSS");
@@ -120,18 +120,6 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
                  "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, each stage's measured times "
                  "and message latency), ideal %.1f%%\n",
                  100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
-}
-
-// The parent's checks of what needs the model's shape (one message, not one per rank).
-void check_shape_flags(const TrainConfig& cfg) {
-  if (cfg.model != ModelKind::gpt || (cfg.tp == 1 && cfg.stage_layers.empty())) return;
-  std::optional<SafetensorsReader> init;
-  if (!cfg.init.empty()) init.emplace(cfg.init);
-  const model::GptConfig shape = gpt_shape(GptTaskConfig::from(cfg), init ? &*init : nullptr);
-  MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
-                 "): tensor parallelism splits attention by whole heads");
-  if (!cfg.stage_layers.empty())
-    pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
 }
 
 }  // namespace
@@ -165,7 +153,7 @@ int train_main(const TrainConfig& cfg) {
   }
   if (!comm::under_mpirun()) {
     cfg.validate(cfg.nproc);
-    check_shape_flags(cfg);
+    if (auto check = model_entry(cfg.model).check_shape) check(cfg);
   }
   return comm::launch(lo, [&](comm::Communicator& world) {
     TrainSummary s = run_training(cfg, &world);
