@@ -124,7 +124,8 @@ WorkerTimes work(Run& r) {
 
 nlohmann::json run_parameter_server(Run& r) {
   const parallel::PsLayout psl = layout_of(r);
-  PsSource& source = static_cast<PsSource&>(*r.source);
+  MT_ASSERT(r.ps_source, "a parameter-server run without its PsSource");
+  PsSource& source = *r.ps_source;
   parallel::PsServer* server = nullptr;
   WorkerTimes times;
   if (r.mesh.server()) {

@@ -58,20 +58,28 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
   executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer);
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
-  sync = make_grad_sync(SyncOptions::from(cfg), mesh, params, &tracer);
-  sync->engine().initialize([&](nn::Param& p) { task->init_param(p); });
+  SyncOptions sync_options = SyncOptions::from(cfg);
+  sync_options.overlapped = executor->calls_hooks();
+  const StoreGroups store_on = store_groups(sync_options, mesh);
+  store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  if (tracer.enabled()) store->set_trace(&tracer);
+  sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
+  store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
   const bool ps = cfg.async == AsyncMode::ps;
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
-                                          : sync->engine().state_size();
+                                          : store->state_size();
   opt = make_optimizer(cfg, state_size);
-  if (ps)
-    source = std::make_unique<PsSource>(*world, sync->engine(), psl, params.size(), mesh.world_rank());
-  else
-    source = engine_source(sync->engine());
+  if (ps) {
+    auto s = std::make_unique<PsSource>(*world, *store, psl, params.size(), mesh.world_rank());
+    ps_source = s.get();
+    source = std::move(s);
+  } else {
+    source = engine_source(*store);
+  }
   // Local experts (--ep > 1): files gather over the ep group too, on every rank alike.
   comm::Communicator* ep_files = local_experts(cfg) ? mesh.ep() : nullptr;
   const ReplicaPlace place{!ep_files || ep_files->rank() == 0};
@@ -82,7 +90,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
-  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : &sync->engine(), *log);
+  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : store.get(), *log);
   cadence = Cadence::from(cfg, task->has_eval());
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
   // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.

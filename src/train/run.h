@@ -2,8 +2,8 @@
 // order, then driven by one of the step loops (trainer.cpp: synchronous; ps_loop.cpp: parameter server).
 //
 //   mesh -> layout -> task (model + data) -> step executor (micro-batch loop or pipeline schedule) ->
-//   gradient synchronizer (engine, ZeRO, method) -> optimizer -> consolidation (whole tensors) ->
-//   checkpointer (resume) -> log, evaluator, cadence, step tail
+//   parameter store (flat buffers, ZeRO stage, hooks) -> gradient exchange (method) -> optimizer ->
+//   consolidation (whole tensors) -> checkpointer (resume) -> log, evaluator, cadence, step tail
 #pragma once
 
 #include <chrono>
@@ -53,10 +53,12 @@ struct Run {
   std::unique_ptr<TrainTask> task;
   trace::ChromeTrace tracer;
   std::unique_ptr<StepExecutor> executor;
-  std::unique_ptr<GradSync> sync;
+  std::unique_ptr<parallel::DataParallel> store;  // the parameter store
+  std::unique_ptr<GradSync> sync;                 // the gradient exchange, over the store
   std::unique_ptr<optim::Optimizer> opt;
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
+  PsSource* ps_source = nullptr;  // the same object as source in a parameter-server run, else null
   std::unique_ptr<Consolidation> state;
   std::unique_ptr<Checkpointer> ckpt;
   int64_t start = 0;

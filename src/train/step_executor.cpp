@@ -19,6 +19,7 @@ class MicroBatchLoop : public StepExecutor {
     }
     update(loss);
   }
+  bool calls_hooks() const override { return true; }
 
  private:
   TrainTask& task_;
@@ -43,6 +44,7 @@ class PipelineSteps : public StepExecutor {
     });
     MT_ASSERT(updates == 1, "pipeline schedule ", pp_.spec.name, " ran ", updates, " optimizer steps in one step");
   }
+  bool calls_hooks() const override { return false; }
   pipeline::PipelineStats* stats() override { return &stats_; }
 
  private:

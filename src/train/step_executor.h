@@ -26,6 +26,9 @@ class StepExecutor {
   virtual ~StepExecutor() = default;
   // Forward and backward of this rank's share of step s, and its update (called exactly once).
   virtual void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) = 0;
+  // Whether run() calls the hooks it is given (the micro-batch loop does; the pipeline executor runs the
+  // schedule's backward without them, so the exchange reduces the whole gradient after it).
+  virtual bool calls_hooks() const = 0;
   // Pipeline runs: the executor's accumulated timings on this rank (null otherwise).
   virtual pipeline::PipelineStats* stats() { return nullptr; }
 };

@@ -93,7 +93,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   sum.items_per_s = r.clock.steps ? (double)r.items_per_step * r.clock.steps / r.clock.seconds : 0;
   sum.flops_per_step = r.task->flops_per_step();
   sum.params = (int64_t)r.full.size();
-  gather_memory(r.mesh, r.sync->engine(), *r.opt, *r.task, sum);
+  gather_memory(r.mesh, *r.store, *r.opt, *r.task, sum);
   nlohmann::json sections = {{"ps", ps_section}};
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;

@@ -48,8 +48,10 @@ TEST(ReplicaFacts, NormCountsEachElementOnceUnderTpPpWithTiedEmbedding) {
         mt::train::set_replica_facts(params, tp.rank(), tp.size(), mt::train::tied_tensors(shape, first), j == 0);
         mt::trace::ChromeTrace tracer;
         mt::train::SyncOptions o;
-        o.method = mt::train::SyncMethod::pipeline;
-        auto sync = mt::train::make_grad_sync(o, mesh, params, &tracer);
+        o.overlapped = false;  // a pipeline's executor passes no hooks
+        const mt::train::StoreGroups on = mt::train::store_groups(o, mesh);
+        mt::parallel::DataParallel store(params, on.group, o.engine, on.experts);
+        auto sync = mt::train::make_grad_sync(o, mesh, store, params, &tracer);
         for (mt::nn::Param& p : params.params())
           for (size_t i = 0; i < p.numel; i++) p.grad[i] = v(p.name, p.full_index(i));
         const double got = sync->grad_norm();
