@@ -177,7 +177,7 @@ class GptTask : public TrainTask {
 
   std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) override {
     if (!pp_.group) return nullptr;
-    return std::make_unique<Runner>(*this, step, share.first, share.micro_size, dscale());
+    return std::make_unique<Runner>(*this, step, share.first, share.micro_size(), dscale());
   }
 
   void begin_step(int64_t) override {
@@ -213,12 +213,12 @@ class GptTask : public TrainTask {
     for (int k = 0; k < batches; k++) {
       if (pp_.group) {
         r.loss += pipeline_evaluate(k, sh);
-        if (chunks_.back()->last_stage()) r.count += (double)sh.count * T_;
+        if (chunks_.back()->last_stage()) r.count += (double)sh.count() * T_;
         continue;
       }
-      inputs_.resize((size_t)sh.micro_size * T_);
-      targets_.resize((size_t)sh.micro_size * T_);
-      for (int i = 0; i < sh.micro_count; i++) {
+      inputs_.resize((size_t)sh.micro_size() * T_);
+      targets_.resize((size_t)sh.micro_size() * T_);
+      for (int i = 0; i < sh.micro_count(); i++) {
         const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
         model_->set_moe_position(k, j0);
@@ -240,7 +240,7 @@ class GptTask : public TrainTask {
     EvalRunner(GptTask& task, int64_t k, const BatchShare& share) : t(task), batch(k), sh(share) {}
     int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
     size_t activation_count() const override {
-      return (size_t)t.model_->rows_here(sh.micro_size * t.T_) * t.model_->config().n_embd;
+      return (size_t)t.model_->rows_here(sh.micro_size() * t.T_) * t.model_->config().n_embd;
     }
     const float* forward(int c, int i, const float* input) override {
       if (i > 0) t.store_.release(key(c, i - 1));
@@ -260,15 +260,15 @@ class GptTask : public TrainTask {
   };
 
   double pipeline_evaluate(int64_t k, const BatchShare& sh) {
-    if (sh.micro_count == 0) return 0;
+    if (sh.micro_count() == 0) return 0;
     // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
-    MT_ASSERT(sh.micro_len(sh.micro_count - 1) == sh.micro_size, "evaluation micro-batches of unequal size");
+    MT_ASSERT(sh.micro_len(sh.micro_count() - 1) == sh.micro_size(), "evaluation micro-batches of unequal size");
     pipeline::ScheduleSpec spec = pp_.spec;
-    spec.micro_batches = sh.micro_count;
+    spec.micro_batches = sh.micro_count();
     if (eval_lists_.size() == 0) eval_lists_ = pipeline::forward_only(pp_.schedule.placement, spec.micro_batches);
     EvalRunner r(*this, k, sh);
     executor_.run(spec, eval_lists_, *pp_.group, r);
-    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count - 1));
+    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count() - 1));
     return r.loss;
   }
 

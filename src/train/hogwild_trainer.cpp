@@ -81,7 +81,6 @@ void work(Shared& sh, int w) {
   const Straggler& straggler = cfg.straggler;
   StepTail tail(cfg.grad_clip, lr_schedule(cfg));
   tail.add_check(std::make_unique<NonFiniteCheck>([w](int64_t s) { return str("worker ", w, "'s step ", s); }));
-  const BatchShare share = sh.layout.share(w);
   const int W = cfg.nproc;
   const int64_t items_per_step = (int64_t)sh.layout.global_batch() * task.items_per_window();
   AlignedBuffer momentum(n);
@@ -92,7 +91,7 @@ void work(Shared& sh, int w) {
     const auto t0 = StepClock::now();
     parallel::hogwild_read(sh.params.data(), params.data(), n);
     engine.begin_step();
-    executor->run(s, share, hooks, [&](double loss_sum) {
+    executor->run(s, sh.layout.share(w, s), hooks, [&](double loss_sum) {
       engine.finish_backward();
       straggler.pause(w);
       // The model scaled the gradient for the global batch; this update is the mean over this worker's share.

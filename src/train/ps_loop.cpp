@@ -75,7 +75,6 @@ WorkerTimes work(Run& r) {
     row["lr"] = v.lr;
   };
   const StepHooks hooks = r.sync->hooks();
-  const BatchShare share = r.layout.share(r.mesh.coord().dp);
   for (int64_t s = r.start; s < end; s++) {
     const auto t0 = StepClock::now();
     const uint64_t sent0 = r.mesh.world()->counters().total_sent();
@@ -85,11 +84,12 @@ WorkerTimes work(Run& r) {
     times.begun.push_back(trace::ChromeTrace::now_us() * 1e-6);
     times.staleness.push_back((double)(s - have));
     r.sync->begin_step();
-    r.executor->run(s, share, hooks, [&](double loss_sum) {  // a worker's update: the push to the servers
-      r.straggler.pause(r.mesh.world_rank());
-      r.sync->reduce(s);
-      worker.push(s, loss_sum);
-    });
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks,
+                    [&](double loss_sum) {  // a worker's update: the push to the servers
+                      r.straggler.pause(r.mesh.world_rank());
+                      r.sync->reduce(s);
+                      worker.push(s, loss_sum);
+                    });
     const double dt = StepClock::since(t0);
     if (s > r.start) {
       r.clock.seconds += dt;

@@ -13,8 +13,8 @@ class MicroBatchLoop : public StepExecutor {
   void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) override {
     task_.begin_step(s);
     double loss = 0.0;
-    for (int i = 0; i < share.micro_count; i++) {
-      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
+    for (int i = 0; i < share.micro_count(); i++) {
+      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count());
       loss += task_.micro_batch(s, share.micro_first(i), share.micro_len(i), hooks.params);
     }
     update(loss);
@@ -33,8 +33,12 @@ class PipelineSteps : public StepExecutor {
   PipelineSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace)
       : task_(task), pp_(pp), trace_(trace) {}
   void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
-    MT_ASSERT(share.micro_count == pp_.spec.micro_batches, "a share of ", share.micro_count,
+    MT_ASSERT(share.micro_count() == pp_.spec.micro_batches, "a share of ", share.micro_count(),
               " micro-batches for a schedule of ", pp_.spec.micro_batches);
+    // Messages between stages have one shape per schedule: every micro-batch of the share is whole.
+    for (int i = 0; i < share.micro_count(); i++)
+      MT_ASSERT(share.micro_len(i) == share.micro_size(), "pipeline micro-batch ", i, " of ", share.micro_len(i),
+                " windows in a share of micro-batches of ", share.micro_size());
     task_.begin_step(s);
     std::unique_ptr<TaskStageRunner> runner = task_.stage_runner(s, share);
     int updates = 0;

@@ -48,9 +48,9 @@ StepOutcome update_step(Run& r, int64_t s, double loss_sum) {
 void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
-  const BatchShare share = r.layout.share(r.mesh.coord().dp);
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
     const auto t0 = StepClock::now();
+    const BatchShare share = r.layout.share(r.mesh.coord().dp, s);
     // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
     const uint64_t sent0 = sync.bytes_sent();
     sync.begin_step();
