@@ -7,7 +7,8 @@ namespace mt::optim {
 std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
   std::vector<Segment> segs;
   int i = 0;
-  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay, i++});
+  for (const nn::Param& p : params.params())
+    segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay, i++, 0, &p});
   return segs;
 }
 

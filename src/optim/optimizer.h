@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,8 +26,14 @@ struct Segment {
   size_t state = 0;
   size_t count = 0;
   bool decay = false;
-  int tensor = -1;  // index of the parameter in the registry (for per-tensor statistics)
+  int tensor = -1;                      // index of the parameter in the registry (for per-tensor statistics)
+  size_t offset = 0;                    // the piece's first element within the tensor's local part (row-major)
+  const nn::Param* param_of = nullptr;  // the tensor: full and local shape, shard (null for hand-made pieces)
 };
+
+// A piece's part of k per-tensor sums (the statistics phase): adds to out[0, k) from the piece's parameters
+// p[0, s.count) and reduced gradients g[0, s.count).
+using PieceSums = std::function<void(const Segment& s, const float* p, const float* g, double* out)>;
 
 // One segment per registered tensor, in registry order (all offsets the flat offset).
 std::vector<Segment> segments_of(const nn::ParamRegistry& params);
@@ -45,8 +52,18 @@ class Optimizer {
   // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.
   void scale_next_grads(float factor) { grad_scale_ = factor; }
 
+  // ---- The optional statistics phase (LAMB's per-tensor norms, Adafactor's row and column sums): an
+  // optimizer that needs k whole-tensor sums says so here; the parameter store sums every piece it owns with
+  // piece_sums, reduces them over the groups that split each tensor (dp under ZeRO, tp for tensors split
+  // there) and hands them over with set_tensor_sums before step(). None by default. ----
+  virtual int tensor_sums() const { return 0; }
+  virtual PieceSums piece_sums() const { return {}; }
+  // sums[t * k + j]: statistic j of registry tensor t, whole over every rank holding part of it.
+  void set_tensor_sums(std::vector<double> sums) { tensor_sums_ = std::move(sums); }
+
  protected:
   float grad_scale_ = 1.0f;
+  std::vector<double> tensor_sums_;
 };
 
 struct AdamWConfig {

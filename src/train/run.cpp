@@ -63,6 +63,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const StoreGroups store_on = store_groups(sync_options, mesh);
   store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
   if (tracer.enabled()) store->set_trace(&tracer);
+  store->set_tensor_group(mesh.tp());  // tensors split over tp: whole-tensor statistics sum there
   sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
   store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
