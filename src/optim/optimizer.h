@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nn/params.h"
+#include "optim/state_store.h"
 #include "tensor/buffer.h"
 
 namespace mt::optim {
@@ -45,8 +46,9 @@ class Optimizer {
   // step counts from 0.
   virtual void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
                     int64_t step) = 0;
-  // The state buffers by name, indexed like the gradients, for checkpoints.
-  virtual std::vector<std::pair<std::string, AlignedBuffer*>> state() = 0;
+  // The state, declared in the store by the optimizer's constructor (state_store.h).
+  StateStore& state() { return state_; }
+  const StateStore& state() const { return state_; }
   // The next step() uses gradients multiplied by `factor` (float32 product, as if the buffer had been
   // scaled first) and leaves the gradient buffer as it is: global-norm clipping fused into the update, one
   // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.
@@ -64,6 +66,7 @@ class Optimizer {
  protected:
   float grad_scale_ = 1.0f;
   std::vector<double> tensor_sums_;
+  StateStore state_;
 };
 
 struct AdamWConfig {
@@ -76,13 +79,11 @@ struct AdamWConfig {
 class AdamW : public Optimizer {
  public:
   AdamW(size_t n, const AdamWConfig& cfg);
-  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
-            int64_t step) override;
-  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) override;
 
  private:
   AdamWConfig cfg_;
-  AlignedBuffer m_, v_;
+  size_t m_, v_;  // flat state buffers "adamw.m", "adamw.v"
 };
 
 struct SgdConfig {
@@ -93,13 +94,11 @@ struct SgdConfig {
 class Sgd : public Optimizer {
  public:
   Sgd(size_t n, const SgdConfig& cfg);
-  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
-            int64_t step) override;
-  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) override;
 
  private:
   SgdConfig cfg_;
-  AlignedBuffer buf_;
+  size_t buf_;                 // flat state buffer "sgd.momentum"
   std::vector<float> scaled_;  // one segment's gradients times the clipping scale, when there is one
 };
 

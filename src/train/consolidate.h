@@ -118,7 +118,7 @@ class Consolidation {
   // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named).
   void gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out);
   std::vector<std::string> state_names() const;
-  // Every rank: loads its part of whole parameters and state buffers (same order as opt.state()).
+  // Every rank: loads its part of whole parameters and state buffers (the order of opt.state().flat()).
   void load(const float* params, const std::vector<std::vector<float>>& states);
 
  private:

@@ -164,7 +164,7 @@ class LocalSgdSync : public GradSync {
     };
     mean(params_.data(), params_.size());
     if (state_)
-      for (auto& [name, buf] : opt.state()) mean(buf->data(), buf->size());
+      for (size_t k = 0; k < opt.state().count(); k++) mean(opt.state().data(k), opt.state().size(k));
   }
   int H_;
   int64_t warmup_;
