@@ -75,9 +75,10 @@ WorkerTimes work(Run& r) {
     row["lr"] = v.lr;
   };
   const StepHooks hooks = r.sync->hooks();
+  StepMeter meter(r, [&] { return r.mesh.world()->counters().total_sent(); });
   for (int64_t s = r.start; s < end; s++) {
     const auto t0 = StepClock::now();
-    const uint64_t sent0 = r.mesh.world()->counters().total_sent();
+    meter.start();  // the wait for fresh enough parameters counts in the step's time
     const int64_t have = worker.acquire(std::max<int64_t>(r.start, s - r.cfg.staleness), on_version);
     const double waited = StepClock::since(t0);
     pending.write(r);
@@ -90,22 +91,11 @@ WorkerTimes work(Run& r) {
                       r.sync->reduce(s);
                       worker.push(s, loss_sum);
                     });
-    const double dt = StepClock::since(t0);
-    if (s > r.start) {
-      r.clock.seconds += dt;
-      r.clock.steps++;
-    }
-    const uint64_t sent = r.mesh.world()->counters().total_sent() - sent0;
-    r.comm_bytes_total += sent;
     nlohmann::json& row = pending.rows[s];
+    meter.finish(s, row);
     row["step"] = s;
-    row[r.log->items_key()] = (double)r.items_per_step / dt;
-    row["step_time_s"] = dt;
     row["wait_s"] = waited;        // this worker's wait for fresh enough parameters
     row["staleness"] = s - have;   // versions between the parameters used and step s
-    row["comm_bytes"] = sent;
-    row["comm_bytes_total"] = r.comm_bytes_total;
-    r.sum.steps_run++;
     const bool eval_now = r.cadence.eval_after(s), save_now = r.cadence.save_after(s);
     if (eval_now || save_now || s + 1 == end) {
       worker.acquire(s + 1, on_version);  // the parameters after step s, everywhere

@@ -14,6 +14,24 @@
 
 namespace mt::train {
 
+double StepMeter::finish(int64_t s, nlohmann::json& row) {
+  const double dt = StepClock::since(t0_), ips = (double)r_.items_per_step / dt;
+  if (s > r_.start) {
+    r_.clock.seconds += dt;
+    r_.clock.steps++;
+  } else if (auto* ps = r_.executor->stats()) {
+    *ps = {};  // the first step allocates: time the others
+  }
+  const uint64_t sent = bytes_() - sent0_;
+  r_.comm_bytes_total += sent;
+  row[r_.log->items_key()] = ips;
+  row["step_time_s"] = dt;
+  row["comm_bytes"] = sent;
+  row["comm_bytes_total"] = r_.comm_bytes_total;
+  r_.sum.steps_run++;
+  return ips;
+}
+
 void Straggler::pause(int me) const {
   if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }

@@ -8,14 +8,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "optim/optimizer.h"
-#include "parallel/mesh/mesh.h"
 #include "parallel/expert/ep_ops.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/tensor/tp_ops.h"
 #include "trace/chrome_trace.h"
 #include "train/consolidate.h"
@@ -74,6 +74,27 @@ struct Run {
 
  private:
   void announce();
+};
+
+// A step's wall time and bytes, measured the same way by every step loop: start() before the step's work,
+// finish() after it, which writes them into the step's row (items per second, step time, bytes this step
+// and so far) and counts the step in the run's throughput (every step after the first of this process: the
+// first allocates; a pipeline's timings start over after it too). bytes: the counter the method is judged by.
+class StepMeter {
+ public:
+  StepMeter(Run& r, std::function<uint64_t()> bytes) : r_(r), bytes_(std::move(bytes)) {}
+  void start() {
+    t0_ = StepClock::now();
+    sent0_ = bytes_();
+  }
+  // Returns the step's items per second.
+  double finish(int64_t s, nlohmann::json& row);
+
+ private:
+  Run& r_;
+  std::function<uint64_t()> bytes_;
+  std::chrono::steady_clock::time_point t0_;
+  uint64_t sent0_ = 0;
 };
 
 // The parameter-server run (this rank a server or a worker); returns the summary's "ps" section.

@@ -48,34 +48,21 @@ StepOutcome update_step(Run& r, int64_t s, double loss_sum) {
 void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
+  // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
+  StepMeter meter(r, [&] { return sync.bytes_sent(); });
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
-    const auto t0 = StepClock::now();
-    const BatchShare share = r.layout.share(r.mesh.coord().dp, s);
-    // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
-    const uint64_t sent0 = sync.bytes_sent();
+    meter.start();
     sync.begin_step();
     StepOutcome step;
-    r.executor->run(s, share, hooks, [&](double loss_sum) { step = update_step(r, s, loss_sum); });
-    const double loss = step.loss, norm = step.norm;
-    const float lr = step.lr;
-    const double dt = StepClock::since(t0), ips = (double)r.items_per_step / dt;
-    if (s > r.start) {
-      r.clock.seconds += dt;
-      r.clock.steps++;
-    } else if (auto* ps = r.executor->stats()) {
-      *ps = {};  // the first step allocates: time the others
-    }
-    const uint64_t sent = sync.bytes_sent() - sent0;
-    r.comm_bytes_total += sent;
-    nlohmann::json row = {{"step", s},         {"loss", loss},          {"lr", lr},
-                          {"grad_norm", norm}, {r.log->items_key(), ips}, {"step_time_s", dt},
-                          {"comm_bytes", sent}, {"comm_bytes_total", r.comm_bytes_total}};
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks,
+                    [&](double loss_sum) { step = update_step(r, s, loss_sum); });
+    nlohmann::json row = {{"step", s}, {"loss", step.loss}, {"lr", step.lr}, {"grad_norm", step.norm}};
+    const double ips = meter.finish(s, row);
     sync.annotate(row);
     r.task->annotate(row, r.mesh);
     if (r.cadence.eval_after(s)) (*r.evaluate)(s, row);
-    r.log->step(row, s, loss, lr, ips);
-    r.sum.steps_run++;
-    r.sum.final_loss = loss;
+    r.log->step(row, s, step.loss, step.lr, ips);
+    r.sum.final_loss = step.loss;
     if (r.cadence.save_after(s)) r.ckpt->save(s + 1);
     if (r.cadence.stop_after(s)) {
       r.log->message("stopped after step " + std::to_string(s + 1) + " (--stop-at-step)");
