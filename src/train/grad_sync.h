@@ -11,7 +11,7 @@
 //                               (pipeline) the whole gradient over dp (ZeRO
 //                               0/1); tied copies summed over first+last stage
 //   compressed   none           codec exchange over dp (parallel/compress)       store
-//   local SGD    none           warm-up: all-reduce; then each rank's own mean   engine, then every H steps
+//   local SGD    none           warm-up: all-reduce; then each rank's own mean   store, then every H steps
 //                                                                                the replicas are averaged
 //   ps           none           nothing here: the worker pushes to the servers   (servers apply it)
 //
@@ -21,7 +21,7 @@
 // reaches through the exchange for it.
 //
 // Expert parallelism (model::MoeOptions::local_experts, --ep > 1): a rank's experts are a parameter group of
-// their own (nn::Param::expert), which the exact and pipeline engines reduce (ZeRO 1-3: reduce-scatter and
+// their own (nn::Param::expert), which the exact exchange's store reduces (ZeRO 1-3: reduce-scatter and
 // shard) over the mesh's edp group, the dp / ep ranks holding replicas of the same experts, while every
 // other tensor is reduced over dp. Bytes per step for an MoE layer's experts: ZeRO 0 all-reduce of
 // E / ep experts over dp / ep ranks, instead of all E over dp.
