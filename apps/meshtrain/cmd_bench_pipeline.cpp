@@ -113,7 +113,7 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         for (int s = 0; s < a.steps; s++) {
           pipeline::PipelineStats one;
           world.barrier();  // steps start together, as after a training step's reductions
-          ex.run(spec, lists[world.rank()], world, runner, &one);
+          ex.run(spec, lists, world, runner, &one);
           if (s > 0) st.add(one);
         }
         const size_t k = plan::packed_size(V);

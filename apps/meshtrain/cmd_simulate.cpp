@@ -98,9 +98,9 @@ void run_simulate(SimulateArgs& a) {
   } else {
     std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
     for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
-      std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s\n", s, pipeline::rank_of_stage((int)s, p),
-                  pipeline::chunk_of_stage((int)s, p), num(a.cost.stage_forward[s]).c_str(),
-                  num(a.cost.stage_backward[s]).c_str());
+      std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s\n", s,
+                  schedule.placement.slot(0, (int)s).rank, schedule.placement.slot(0, (int)s).chunk,
+                  num(a.cost.stage_forward[s]).c_str(), num(a.cost.stage_backward[s]).c_str());
   }
   if (a.actions) {
     for (int j = 0; j < p; j++) {

@@ -121,6 +121,11 @@ Param* ParamRegistry::find(const std::string& name) {
   return it == index_.end() ? nullptr : &params_[it->second];
 }
 
+const Param* ParamRegistry::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
 Param& ParamRegistry::get(const std::string& name) {
   Param* p = find(name);
   MT_ASSERT(p, "no parameter named ", name);

@@ -24,6 +24,21 @@ struct Shard {
   int blocks = 1;
 };
 
+// Where copies of a tensor live besides its data-parallel replicas (which every tensor has), and what this
+// rank's copy takes part in. The task that declares the model sets them from the layout (train/replicas.h);
+// the gradient norm, the reductions and the whole-model files read them, never a tensor's name.
+enum class CopyGroup : uint8_t {
+  tp = 1,   // every tensor-parallel rank holds the whole tensor (LayerNorms, row-parallel biases)
+  tie = 2,  // the first and the last pipeline stage each hold a copy (the tied embedding)
+};
+struct Replicas {
+  uint8_t groups = 0;   // CopyGroup bits: the groups over which ranks hold copies
+  bool counted = true;  // this copy counts in the global gradient norm (one copy of each element does)
+  bool saved = true;    // this copy's values go into whole-model files (one copy of each element does)
+  bool summed = false;  // its gradient is summed over the tie group after the backward (copies hold parts)
+  bool in(CopyGroup g) const { return groups & (uint8_t)g; }
+};
+
 struct Param {
   std::string name;
   std::vector<int64_t> full_shape;
@@ -37,6 +52,7 @@ struct Param {
   // expert-parallel run, so its gradient is reduced over those replicas, not over the whole data-parallel
   // group. Within a group, expert tensors come after the others.
   bool expert = false;
+  Replicas replicas;
   float* data = nullptr;
   float* grad = nullptr;
   // The gradient holds no value yet this step (ParamRegistry::begin_grads): its first writer overwrites it.
@@ -70,6 +86,7 @@ class ParamRegistry {
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
   Param* find(const std::string& name);
+  const Param* find(const std::string& name) const;
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;
 

@@ -7,19 +7,21 @@ namespace mt::optim {
 std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
   std::vector<Segment> segs;
   int i = 0;
-  for (const nn::Param& p : params.params()) segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay, i++});
+  for (const nn::Param& p : params.params())
+    segs.push_back({p.offset, p.offset, p.offset, p.numel, p.decay, i++, 0, &p});
   return segs;
 }
 
-AdamW::AdamW(size_t n, const AdamWConfig& cfg) : cfg_(cfg), m_(n), v_(n) {}
+AdamW::AdamW(size_t n, const AdamWConfig& cfg)
+    : cfg_(cfg), m_(state_.declare_flat("adamw.m", n)), v_(state_.declare_flat("adamw.v", n)) {}
 
 void AdamW::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) {
   const double t = (double)step + 1.0;
   const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const float bc1 = (float)(1.0 - std::pow((double)b1, t));
   const float bc2 = (float)(1.0 - std::pow((double)b2, t));
-  float* m = m_.data();
-  float* v = v_.data();
+  float* m = state_.data(m_);
+  float* v = state_.data(v_);
   const float gs = grad_scale_;
   grad_scale_ = 1.0f;
   for (const Segment& s : segments) {
@@ -42,12 +44,10 @@ void AdamW::step(float* params, const float* grads, const std::vector<Segment>& 
   }
 }
 
-std::vector<std::pair<std::string, AlignedBuffer*>> AdamW::state() { return {{"adamw.m", &m_}, {"adamw.v", &v_}}; }
-
-Sgd::Sgd(size_t n, const SgdConfig& cfg) : cfg_(cfg), buf_(n) {}
+Sgd::Sgd(size_t n, const SgdConfig& cfg) : cfg_(cfg), buf_(state_.declare_flat("sgd.momentum", n)) {}
 
 void Sgd::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) {
-  float* buf = buf_.data();
+  float* buf = state_.data(buf_);
   const float mu = cfg_.momentum;
   const float gs = grad_scale_;
   grad_scale_ = 1.0f;
@@ -73,8 +73,6 @@ void Sgd::step(float* params, const float* grads, const std::vector<Segment>& se
     }
   }
 }
-
-std::vector<std::pair<std::string, AlignedBuffer*>> Sgd::state() { return {{"sgd.momentum", &buf_}}; }
 
 float LrSchedule::at(int64_t s) const {
   if (s < warmup) return (float)(lr * (double)(s + 1) / (double)warmup);

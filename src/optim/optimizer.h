@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nn/params.h"
+#include "optim/state_store.h"
 #include "tensor/buffer.h"
 
 namespace mt::optim {
@@ -25,8 +27,14 @@ struct Segment {
   size_t state = 0;
   size_t count = 0;
   bool decay = false;
-  int tensor = -1;  // index of the parameter in the registry (for per-tensor statistics)
+  int tensor = -1;                      // index of the parameter in the registry (for per-tensor statistics)
+  size_t offset = 0;                    // the piece's first element within the tensor's local part (row-major)
+  const nn::Param* param_of = nullptr;  // the tensor: full and local shape, shard (null for hand-made pieces)
 };
+
+// A piece's part of k per-tensor sums (the statistics phase): adds to out[0, k) from the piece's parameters
+// p[0, s.count) and reduced gradients g[0, s.count).
+using PieceSums = std::function<void(const Segment& s, const float* p, const float* g, double* out)>;
 
 // One segment per registered tensor, in registry order (all offsets the flat offset).
 std::vector<Segment> segments_of(const nn::ParamRegistry& params);
@@ -38,15 +46,27 @@ class Optimizer {
   // step counts from 0.
   virtual void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
                     int64_t step) = 0;
-  // The state buffers by name, indexed like the gradients, for checkpoints.
-  virtual std::vector<std::pair<std::string, AlignedBuffer*>> state() = 0;
+  // The state, declared in the store by the optimizer's constructor (state_store.h).
+  StateStore& state() { return state_; }
+  const StateStore& state() const { return state_; }
   // The next step() uses gradients multiplied by `factor` (float32 product, as if the buffer had been
   // scaled first) and leaves the gradient buffer as it is: global-norm clipping fused into the update, one
   // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.
   void scale_next_grads(float factor) { grad_scale_ = factor; }
 
+  // ---- The optional statistics phase (LAMB's per-tensor norms, Adafactor's row and column sums): an
+  // optimizer that needs k whole-tensor sums says so here; the parameter store sums every piece it owns with
+  // piece_sums, reduces them over the groups that split each tensor (dp under ZeRO, tp for tensors split
+  // there) and hands them over with set_tensor_sums before step(). None by default. ----
+  virtual int tensor_sums() const { return 0; }
+  virtual PieceSums piece_sums() const { return {}; }
+  // sums[t * k + j]: statistic j of registry tensor t, whole over every rank holding part of it.
+  void set_tensor_sums(std::vector<double> sums) { tensor_sums_ = std::move(sums); }
+
  protected:
   float grad_scale_ = 1.0f;
+  std::vector<double> tensor_sums_;
+  StateStore state_;
 };
 
 struct AdamWConfig {
@@ -59,13 +79,11 @@ struct AdamWConfig {
 class AdamW : public Optimizer {
  public:
   AdamW(size_t n, const AdamWConfig& cfg);
-  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
-            int64_t step) override;
-  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) override;
 
  private:
   AdamWConfig cfg_;
-  AlignedBuffer m_, v_;
+  size_t m_, v_;  // flat state buffers "adamw.m", "adamw.v"
 };
 
 struct SgdConfig {
@@ -76,13 +94,11 @@ struct SgdConfig {
 class Sgd : public Optimizer {
  public:
   Sgd(size_t n, const SgdConfig& cfg);
-  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
-            int64_t step) override;
-  std::vector<std::pair<std::string, AlignedBuffer*>> state() override;
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr, int64_t step) override;
 
  private:
   SgdConfig cfg_;
-  AlignedBuffer buf_;
+  size_t buf_;                 // flat state buffer "sgd.momentum"
   std::vector<float> scaled_;  // one segment's gradients times the clipping scale, when there is one
 };
 

@@ -44,7 +44,10 @@ pipeline::PipelineStats unpack(const float* in, int V) {
 
 BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector<pipeline::PipelineStats>& ranks,
                            bool same_clock) {
-  const int p = spec.stages, V = spec.virtual_stages, S = p * V;
+  const int p = spec.stages, V = spec.virtual_stages;
+  const pipeline::Schedule schedule = pipeline::make_schedule(spec);
+  const pipeline::Placement& pl = schedule.placement;
+  const int S = pl.stages();
   MT_ASSERT((int)ranks.size() == p, "bubble_report: ", ranks.size(), " ranks' stats for ", p, " stages");
   BubbleReport r;
   double busy = 0, span = 0, latency = 0, samples = 0;
@@ -61,13 +64,13 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   const double per = (double)lists * spec.micro_batches * 1000.0;  // us summed -> ms per micro-batch
   for (int j = 0; j < p; j++) {
     for (int c = 0; c < V && c < (int)ranks[j].chunk_forward_us.size(); c++) {
-      r.cost.stage_forward[pipeline::stage_of(j, c, p)] = ranks[j].chunk_forward_us[c] / per;
-      r.cost.stage_backward[pipeline::stage_of(j, c, p)] = ranks[j].chunk_backward_us[c] / per;
+      r.cost.stage_forward[pl.stage_of(j, c)] = ranks[j].chunk_forward_us[c] / per;
+      r.cost.stage_backward[pl.stage_of(j, c)] = ranks[j].chunk_backward_us[c] / per;
     }
   }
-  r.simulated_free_messages = simulate(spec, r.cost).bubble_fraction;
+  r.simulated_free_messages = simulate(spec, schedule, r.cost).bubble_fraction;
   r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
-  r.simulated = simulate(spec, r.cost).bubble_fraction;
+  r.simulated = simulate(spec, schedule, r.cost).bubble_fraction;
   r.measured = 1.0 - busy / (p * span);
   r.ideal = theoretical_bubble(spec);
   return r;

@@ -48,7 +48,7 @@ trace::Swimlane swimlane_of(const pipeline::ScheduleSpec& spec, const CostModel&
     lane.name = str("rank ", j);
     if (V > 1) {
       lane.name += " (stages ";
-      for (int c = 0; c < V; c++) lane.name += str(c ? "," : "", pipeline::stage_of(j, c, p));
+      for (int c = 0; c < V; c++) lane.name += str(c ? "," : "", r.placement.stage_of(j, c));
       lane.name += ")";
     }
     for (const Box& b : r.boxes[j]) {
@@ -59,7 +59,7 @@ trace::Swimlane swimlane_of(const pipeline::ScheduleSpec& spec, const CostModel&
       box.fill = (fwd ? kForward : kBackward)[b.chunk % 4];
       box.label = V > 1 ? str(b.micro_batch, "c", b.chunk) : str(b.micro_batch);
       box.tooltip = str("rank ", j, ": ", fwd ? "forward" : "backward", " of micro-batch ", b.micro_batch,
-                        V > 1 ? str(", chunk ", b.chunk) : std::string(), " (stage ", pipeline::stage_of(j, b.chunk, p),
+                        V > 1 ? str(", chunk ", b.chunk) : std::string(), " (stage ", r.placement.stage_of(j, b.chunk),
                         "), ", num(b.start), " to ", num(b.end));
       lane.boxes.push_back(std::move(box));
     }

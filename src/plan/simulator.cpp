@@ -20,9 +20,14 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
                  cost.backward_ratio);
   MT_CHECK_INPUT(finite_nonneg(cost.comm), "simulator: message cost must be >= 0, got ", cost.comm);
   pipeline::check_schedule(spec, schedule);
+  for (const auto& list : schedule.lists)
+    for (const Action& a : list)
+      MT_CHECK_INPUT(a.kind != ActionKind::backward_input && a.kind != ActionKind::backward_weight,
+                     "simulator: the cost model has no times for a split backward (", pipeline::to_string(a), ")");
 
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
-  const int S = p * V;
+  const pipeline::Placement& pl = schedule.placement;
+  const int S = pl.stages();
   MT_CHECK_INPUT(cost.stage_forward.empty() || (int)cost.stage_forward.size() == S,
                  "simulator: stage_forward has ", cost.stage_forward.size(), " entries for ", S, " stages");
   MT_CHECK_INPUT(cost.stage_backward.size() == cost.stage_forward.size(), "simulator: stage_backward has ",
@@ -31,23 +36,24 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
     MT_CHECK_INPUT(finite_nonneg(cost.stage_forward[s]) && finite_nonneg(cost.stage_backward[s]),
                    "simulator: stage ", s, " has a negative or non-finite forward or backward time");
   auto t_fwd_of = [&](int rank, int chunk) {
-    return cost.stage_forward.empty() ? cost.forward / V : cost.stage_forward[pipeline::stage_of(rank, chunk, p)];
+    return cost.stage_forward.empty() ? cost.forward / V : cost.stage_forward[pl.stage_of(rank, chunk)];
   };
   auto t_bwd_of = [&](int rank, int chunk) {
     return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward / V
-                                      : cost.stage_backward[pipeline::stage_of(rank, chunk, p)];
+                                      : cost.stage_backward[pl.stage_of(rank, chunk)];
   };
 
   // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.
   // A message is named by its sender's end: (grad, i, from_stage).
   const double unset = std::numeric_limits<double>::quiet_NaN();
-  const size_t n_msgs = (size_t)2 * m * p * V;
+  const size_t n_msgs = (size_t)2 * m * S;
   std::vector<double> sent_at(n_msgs, unset), posted_at(n_msgs, unset);
   auto slot = [&](const pipeline::Message& msg) {
-    return ((size_t)msg.micro_batch * p * V + msg.from_stage) * 2 + (msg.grad ? 1 : 0);
+    return ((size_t)msg.micro_batch * S + msg.from_stage) * 2 + (msg.grad ? 1 : 0);
   };
 
   SimResult r;
+  r.placement = pl;
   r.boxes.resize(p);
   r.finish.assign(p, 0.0);
   r.busy_per_rank.assign(p, 0.0);
@@ -66,11 +72,11 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
           r.busy_per_rank[j] += d;
           t += d;
         } else if (pipeline::is_send(a.kind)) {
-          sent_at[slot(pipeline::message_of(a, j, p))] = t;
+          sent_at[slot(pipeline::message_of(a, j, pl))] = t;
         } else if (pipeline::is_post(a.kind)) {
-          posted_at[slot(pipeline::message_of(a, j, p))] = t;
+          posted_at[slot(pipeline::message_of(a, j, pl))] = t;
         } else if (pipeline::is_wait(a.kind)) {
-          const size_t s = slot(pipeline::message_of(a, j, p));
+          const size_t s = slot(pipeline::message_of(a, j, pl));
           if (std::isnan(sent_at[s])) break;
           t = std::max(t, std::max(sent_at[s], posted_at[s]) + cost.comm);
         }

@@ -43,6 +43,7 @@ struct Box {
 };
 
 struct SimResult {
+  pipeline::Placement placement;        // the schedule's: which stage each (rank, chunk) box computes
   std::vector<std::vector<Box>> boxes;  // [rank][n]: compute boxes in list order
   std::vector<double> finish;           // [rank]: when the rank's last action ends
   std::vector<double> busy_per_rank;    // [rank]: summed box lengths
@@ -52,7 +53,8 @@ struct SimResult {
   double bubble_fraction = 0;           // 1 - utilization
 };
 
-// Replays `schedule` (checked first with check_schedule, so a broken list throws ScheduleError).
+// Replays `schedule` (checked first with check_schedule, so a broken list throws ScheduleError; lists with
+// a split backward throw mt::InputError: the cost model has no times for its halves).
 // Throws mt::InputError for a cost model with negative or non-finite times or F = 0.
 SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule& schedule, const CostModel& cost);
 // make_schedule(spec), then the above.

@@ -73,10 +73,10 @@ StateConsolidator::StateConsolidator(const nn::ParamRegistry& local, const nn::P
 void StateConsolidator::contribute(const float* local, float* whole) const {
   for (const nn::Param& p : local_.params()) {
     const nn::Param& f = full_.get(p.name);
-    if (p.name == "wte.weight" && !place_.tied) continue;  // the last stage's tied copy
-    if (!p.expert && !place_.dense) continue;              // ep rank 0 has the same
+    if (!p.replicas.saved) continue;           // another rank's copy goes in
+    if (!p.expert && !place_.dense) continue;  // ep rank 0 has the same
     if (p.shard.axis < 0) {
-      if (place_.replicated) std::memcpy(whole + f.offset, local + p.offset, sizeof(float) * p.numel);
+      std::memcpy(whole + f.offset, local + p.offset, sizeof(float) * p.numel);
     } else {
       for (size_t i = 0; i < p.numel; i++) whole[f.offset + (size_t)p.full_index(i)] = local[p.offset + i];
     }
@@ -107,30 +107,32 @@ void Consolidation::gather_params(std::vector<float>& whole) {
 }
 
 void Consolidation::gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out) {
-  auto st = opt_.state();
-  out.resize(st.size());
-  for (size_t k = 0; k < st.size(); k++) {
-    source_.gather_state(st[k].second->data(), flat_);
-    out[k].first = st[k].first;
+  optim::StateStore& st = opt_.state();
+  const std::vector<size_t> flat = st.flat();
+  out.resize(flat.size());
+  for (size_t k = 0; k < flat.size(); k++) {
+    source_.gather_state(st.data(flat[k]), flat_);
+    out[k].first = st.at(flat[k]).name;
     whole_.to_whole(flat_.data(), out[k].second);
   }
 }
 
 std::vector<std::string> Consolidation::state_names() const {
   std::vector<std::string> out;
-  for (auto& [name, buf] : opt_.state()) out.push_back(name);
+  for (size_t k : opt_.state().flat()) out.push_back(opt_.state().at(k).name);
   return out;
 }
 
 void Consolidation::load(const float* params, const std::vector<std::vector<float>>& states) {
-  auto st = opt_.state();
-  MT_ASSERT(states.size() == st.size(), states.size(), " state buffers for an optimizer with ", st.size());
+  optim::StateStore& st = opt_.state();
+  const std::vector<size_t> flat = st.flat();
+  MT_ASSERT(states.size() == flat.size(), states.size(), " state buffers for an optimizer with ", flat.size());
   std::vector<float> local(whole_.local_size());
   whole_.extract(params, local.data());
   source_.load_params(local.data());
-  for (size_t k = 0; k < st.size(); k++) {
+  for (size_t k = 0; k < flat.size(); k++) {
     whole_.extract(states[k].data(), local.data());
-    source_.load_state(local.data(), st[k].second->data());
+    source_.load_state(local.data(), st.data(flat[k]));
   }
 }
 

@@ -75,11 +75,10 @@ class PsSource : public FlatSource {
   std::unique_ptr<parallel::PsServer> server_;
 };
 
-// Which of its tensors a rank contributes to the whole model.
+// Which of its tensors a rank contributes to the whole model, besides what each tensor's replica facts say
+// (nn::Replicas::saved: one copy of each tp-replicated or tied tensor).
 struct ReplicaPlace {
-  bool replicated = true;  // tensors with no shard axis: tp rank 0 only
-  bool tied = true;        // "wte.weight": the first pipeline stage's copy only
-  bool dense = true;       // every tensor but local experts: ep rank 0 only (when experts are local)
+  bool dense = true;  // every tensor but local experts: ep rank 0 only (when experts are local)
 };
 
 class StateConsolidator {
@@ -119,7 +118,7 @@ class Consolidation {
   // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named).
   void gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out);
   std::vector<std::string> state_names() const;
-  // Every rank: loads its part of whole parameters and state buffers (same order as opt.state()).
+  // Every rank: loads its part of whole parameters and state buffers (the order of opt.state().flat()).
   void load(const float* params, const std::vector<std::vector<float>>& states);
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -15,11 +16,13 @@
 #include "nn/activation_store.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
+#include "train/model_registry.h"
+#include "train/replicas.h"
 #include "train/task.h"
 
 namespace mt::train {
 
-bool local_experts(const TrainConfig& cfg) { return cfg.model == ModelKind::gpt && cfg.moe.ep > 1; }
+bool local_experts(const TrainConfig& cfg) { return model_entry(cfg.model).has_router && cfg.moe.ep > 1; }
 
 GptTaskConfig GptTaskConfig::from(const TrainConfig& cfg) {
   model::MoeOptions moe;
@@ -66,6 +69,14 @@ std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& s
   return pipeline::balance_layers(std::vector<double>(shape.n_layer, block), stages, 0.0, head);
 }
 
+std::set<std::string> tied_tensors(const model::GptConfig& shape, const std::vector<int>& first) {
+  const int S = (int)first.size() - 1;
+  nn::ParamRegistry head, tail;
+  model::Gpt(shape, head, nullptr, model::StageRange{first[0], first[1], 0, S});
+  model::Gpt(shape, tail, nullptr, model::StageRange{first[S - 1], first[S], S - 1, S});
+  return common_tensors(head, tail);
+}
+
 namespace {
 
 class GptTask : public TrainTask {
@@ -93,14 +104,20 @@ class GptTask : public TrainTask {
     moe_ = cfg.moe;
     moe_.ep = ep;
     if (pp && pp->spec.stages > 1) {
-      // Chunk c of pipeline rank j is global stage c*p + j; the stages hold consecutive runs of blocks.
+      // Chunk c of pipeline rank j computes the stage the schedule's placement gives it; the stages hold
+      // consecutive runs of blocks.
       pp_ = *pp;
-      const int P = pp->spec.stages, V = pp->spec.virtual_stages, S = P * V, j = pp->group->rank();
+      const pipeline::Placement& place = pp->schedule.placement;
+      MT_CHECK_INPUT(place.routes() == 1, "pipeline schedule ", pp->spec.name, " holds every stage ", place.routes(),
+                     " times; training runs placements that hold each stage once");
+      const int V = pp->spec.virtual_stages, S = place.stages(), j = pp->group->rank();
       split_ = stage_split(cfg, shape, S);
       std::vector<int> first(S + 1, 0);
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
+      bool holds_first = false;
       for (int c = 0; c < V; c++) {
-        int s = c * P + j;
+        const int s = place.stage_of(j, c);
+        holds_first = holds_first || s == 0;
         chunks_.push_back(
             std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
         chunks_.back()->set_recompute(cfg.recompute);
@@ -108,12 +125,14 @@ class GptTask : public TrainTask {
         chunks_.back()->set_precision(cfg.precision);
       }
       model_ = chunks_.front().get();
+      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, tied_tensors(shape, first), holds_first);
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
       chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
       chunks_.back()->set_precision(cfg.precision);
       model_ = chunks_.front().get();
+      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, {}, true);
     }
     if (init) {  // against the whole model: a pipeline stage or tensor shard holds only part of it
       nn::ParamRegistry whole;
@@ -166,7 +185,7 @@ class GptTask : public TrainTask {
 
   std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) override {
     if (!pp_.group) return nullptr;
-    return std::make_unique<Runner>(*this, step, share.first, share.micro_size, dscale());
+    return std::make_unique<Runner>(*this, step, share.first, share.micro_size(), dscale());
   }
 
   void begin_step(int64_t) override {
@@ -202,12 +221,12 @@ class GptTask : public TrainTask {
     for (int k = 0; k < batches; k++) {
       if (pp_.group) {
         r.loss += pipeline_evaluate(k, sh);
-        if (chunks_.back()->last_stage()) r.count += (double)sh.count * T_;
+        if (chunks_.back()->last_stage()) r.count += (double)sh.count() * T_;
         continue;
       }
-      inputs_.resize((size_t)sh.micro_size * T_);
-      targets_.resize((size_t)sh.micro_size * T_);
-      for (int i = 0; i < sh.micro_count; i++) {
+      inputs_.resize((size_t)sh.micro_size() * T_);
+      targets_.resize((size_t)sh.micro_size() * T_);
+      for (int i = 0; i < sh.micro_count(); i++) {
         const int j0 = sh.micro_first(i), nb = sh.micro_len(i);
         data::gpt_batch(*val_, k, B_, T_, j0, nb, inputs_.data(), targets_.data());
         model_->set_moe_position(k, j0);
@@ -229,7 +248,7 @@ class GptTask : public TrainTask {
     EvalRunner(GptTask& task, int64_t k, const BatchShare& share) : t(task), batch(k), sh(share) {}
     int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
     size_t activation_count() const override {
-      return (size_t)t.model_->rows_here(sh.micro_size * t.T_) * t.model_->config().n_embd;
+      return (size_t)t.model_->rows_here(sh.micro_size() * t.T_) * t.model_->config().n_embd;
     }
     const float* forward(int c, int i, const float* input) override {
       if (i > 0) t.store_.release(key(c, i - 1));
@@ -249,15 +268,15 @@ class GptTask : public TrainTask {
   };
 
   double pipeline_evaluate(int64_t k, const BatchShare& sh) {
-    if (sh.micro_count == 0) return 0;
+    if (sh.micro_count() == 0) return 0;
     // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
-    MT_ASSERT(sh.micro_len(sh.micro_count - 1) == sh.micro_size, "evaluation micro-batches of unequal size");
+    MT_ASSERT(sh.micro_len(sh.micro_count() - 1) == sh.micro_size(), "evaluation micro-batches of unequal size");
     pipeline::ScheduleSpec spec = pp_.spec;
-    spec.micro_batches = sh.micro_count;
-    if (eval_lists_.empty()) eval_lists_ = pipeline::forward_only(spec);
+    spec.micro_batches = sh.micro_count();
+    if (eval_lists_.size() == 0) eval_lists_ = pipeline::forward_only(pp_.schedule.placement, spec.micro_batches);
     EvalRunner r(*this, k, sh);
-    executor_.run(spec, eval_lists_[pp_.group->rank()], *pp_.group, r);
-    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count - 1));
+    executor_.run(spec, eval_lists_, *pp_.group, r);
+    for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count() - 1));
     return r.loss;
   }
 
@@ -308,7 +327,7 @@ class GptTask : public TrainTask {
   nn::ActivationStore store_;
   std::vector<int32_t> inputs_, targets_;
   static constexpr int kEvalKey = -1000;  // store keys of evaluation micro-batches (see EvalRunner)
-  std::vector<std::vector<pipeline::Action>> eval_lists_;
+  pipeline::Schedule eval_lists_;
   std::vector<int> split_;  // blocks per global stage (pipeline only)
   pipeline::PipelineExecutor executor_;  // evaluation's forward-only lists
 };
@@ -410,6 +429,25 @@ std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLa
                                          nn::TensorParallelOps* tp, const PipelineContext* pp,
                                          nn::ExpertParallelOps* ep) {
   return std::make_unique<GptTask>(cfg, layout, tp, pp, ep);
+}
+
+std::unique_ptr<TrainTask> make_gpt_task(const TrainConfig& cfg, const BatchLayout& layout, const TaskGroups& g) {
+  const PipelineContext* pp = g.pp && g.pp->spec.stages > 1 ? g.pp : nullptr;
+  return make_gpt_task(GptTaskConfig::from(cfg), layout, g.tp, pp, g.ep);
+}
+
+// The parent's checks of what needs the model's shape (one message, not one per rank); on resume, the shape
+// flags against the checkpoint's.
+void check_gpt_shape(const TrainConfig& cfg) {
+  if (cfg.tp == 1 && cfg.stage_layers.empty() && cfg.resume.empty()) return;
+  const GptTaskConfig task = GptTaskConfig::from(cfg);  // its init: --init, or the checkpoint --resume names
+  std::optional<SafetensorsReader> init;
+  if (!task.init.empty()) init.emplace(task.init);
+  const model::GptConfig shape = gpt_shape(task, init ? &*init : nullptr);
+  MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
+                 "): tensor parallelism splits attention by whole heads");
+  if (!cfg.stage_layers.empty())
+    pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
 }
 
 }  // namespace mt::train

@@ -11,10 +11,9 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   SyncOptions o;
   o.compress = cfg.compress;
   o.method = cfg.async == AsyncMode::ps ? SyncMethod::parameter_server
-             : cfg.pp > 1             ? SyncMethod::pipeline
-             : o.compress.enabled()   ? SyncMethod::compressed
-             : cfg.local_sgd > 0      ? SyncMethod::local_sgd
-                                      : SyncMethod::exact;
+             : o.compress.enabled()     ? SyncMethod::compressed
+             : cfg.local_sgd > 0        ? SyncMethod::local_sgd
+                                        : SyncMethod::exact;
   o.engine.zero = cfg.zero;
   o.engine.bucket_mb = cfg.bucket_mb;
   o.engine.grad_dtype = cfg.grad_comm_dtype == GradCommDtype::bf16 ? comm::DType::bf16 : comm::DType::f32;
@@ -26,18 +25,17 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   return o;
 }
 
-GradSync::GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::Communicator* engine_group,
-                   const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer,
-                   comm::Communicator* expert_group)
-    : mesh_(mesh), params_(params), engine_(params, engine_group, o, expert_group), tracer_(tracer) {
-  if (tracer_->enabled()) engine_.set_trace(tracer_);
-  // Each element of the model counted once in the norm: tensors replicated over the tensor-parallel group
-  // count on its rank 0 only, and the last pipeline stage's copy of the tied wte not at all (the first
-  // stage's holds the same summed gradient).
-  const parallel::MeshCoord& c = mesh.coord();
-  const int pp = mesh.grid().pp();
-  for (const nn::Param& p : params.params())
-    not_counted_.push_back((p.shard.axis < 0 && c.tp != 0) || (pp > 1 && c.pp == pp - 1 && p.name == "wte.weight"));
+StoreGroups store_groups(const SyncOptions& o, const parallel::Mesh& mesh) {
+  if (o.method == SyncMethod::exact) return {mesh.dp(), mesh.edp()};
+  return {};
+}
+
+GradSync::GradSync(const parallel::Mesh& mesh, parallel::DataParallel& store, nn::ParamRegistry& params,
+                   trace::ChromeTrace* tracer)
+    : mesh_(mesh), params_(params), engine_(store), tracer_(tracer) {
+  // Each element of the model counted once in the norm (the replica facts say which copy counts: tp rank
+  // 0's of a tensor every tp rank holds, the first stage's of a tied one, which holds the summed gradient).
+  for (const nn::Param& p : params.params()) not_counted_.push_back(!p.replicas.counted);
 }
 
 StepHooks GradSync::hooks() {
@@ -55,6 +53,7 @@ uint64_t GradSync::bytes_sent() const {
 }
 
 double GradSync::global_loss(double sum) const {
+  parallel::sum_across(mesh_.pp(), &sum, 1);  // under a pipeline only the last stage computed it
   parallel::sum_across(mesh_.dp(), &sum, 1);  // tensor-parallel peers hold the same loss
   return sum;
 }
@@ -69,52 +68,47 @@ double GradSync::grad_norm() {
 
 namespace {
 
-// Exact data parallelism, ZeRO 0-3: the engine reduces bucket by bucket during backward.
+// Exact data parallelism, ZeRO 0-3: the store reduces bucket by bucket during backward when the step
+// executor calls its hooks; a pipeline's executor does not (the schedule owns the backward pass), so then the
+// whole gradient is reduced once the list is over. Copies of a tied tensor (first and last stage) are summed
+// over the tie group first.
 class ExactSync : public GradSync {
  public:
-  ExactSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, m.dp(), o.engine, t, m.edp()) {}
-  void reduce(int64_t) override { engine_.finish_backward(); }
-};
-
-// Pipeline: the schedule owns the backward pass, so gradients are reduced once it is over.
-class PipelineSync : public GradSync {
- public:
-  PipelineSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, m.dp(), o.engine, t, m.edp()), zero_(o.engine.zero) {
-    const int j = m.coord().pp, P = m.grid().pp();
-    if (j == 0 || j == P - 1) tied_ = p.find("wte.weight");
+  ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
+            trace::ChromeTrace* t)
+      : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped) {
+    for (nn::Param& x : p.params())
+      if (x.replicas.summed) tied_.push_back(&x);
   }
-  StepHooks hooks() override { return {}; }
   void reduce(int64_t) override {
     engine_.finish_backward();
+    if (overlapped_ && tied_.empty()) return;
     const double t0 = trace::ChromeTrace::now_us();
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
-    if (tied_) tie->all_reduce(tied_->grad, tied_->grad, tied_->numel, comm::DType::f32, comm::ReduceOp::sum);
+    for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
     const double t1 = trace::ChromeTrace::now_us();
-    engine_.reduce_all();
+    if (!overlapped_) engine_.reduce_all();
     if (tracer_->enabled()) {
-      if (tied_) tracer_->add(trace::Track::comm, "all_reduce tied wte (first + last stage)", "comm", t0, t1);
-      if (mesh_.grid().dp() > 1)
+      if (!tied_.empty())
+        tracer_->add(trace::Track::comm, "all_reduce tied tensors (first + last stage)", "comm", t0, t1);
+      if (!overlapped_ && mesh_.grid().dp() > 1)
         tracer_->add(trace::Track::comm, zero_ ? "reduce_scatter gradients (dp)" : "all_reduce gradients (dp)",
                      "comm", t1, trace::ChromeTrace::now_us());
     }
   }
-  double global_loss(double sum) const override {
-    parallel::sum_across(mesh_.pp(), &sum, 1);  // only the last stage computed it
-    return GradSync::global_loss(sum);
-  }
 
  private:
   int zero_;
-  nn::Param* tied_ = nullptr;
+  bool overlapped_;
+  std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
 };
 
 // Compressed exchange (parallel/compress): the codec moves what it chooses over dp.
 class CompressedSync : public GradSync {
  public:
-  CompressedSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, nullptr, o.engine, t),
+  CompressedSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
+                 trace::ChromeTrace* t)
+      : GradSync(m, store, p, t),
         spec_(o.compress),
         exchange_(p, m.dp(), o.compress, o.adaptive, o.seed),
         adaptive_(o.adaptive.enabled) {}
@@ -139,8 +133,9 @@ class CompressedSync : public GradSync {
 // the replicas (and optionally the optimizer state) are averaged every H steps.
 class LocalSgdSync : public GradSync {
  public:
-  LocalSgdSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, nullptr, o.engine, t), H_(o.local_every), warmup_(o.local_warmup), state_(o.local_state) {}
+  LocalSgdSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
+               trace::ChromeTrace* t)
+      : GradSync(m, store, p, t), H_(o.local_every), warmup_(o.local_warmup), state_(o.local_state) {}
   void reduce(int64_t s) override {
     engine_.finish_backward();
     local_ = s >= warmup_;
@@ -169,32 +164,37 @@ class LocalSgdSync : public GradSync {
     };
     mean(params_.data(), params_.size());
     if (state_)
-      for (auto& [name, buf] : opt.state()) mean(buf->data(), buf->size());
+      for (size_t k = 0; k < opt.state().count(); k++) mean(opt.state().data(k), opt.state().size(k));
   }
   int H_;
   int64_t warmup_;
   bool state_, local_ = false, synced_ = false;
 };
 
-// Parameter-server worker (and server: its engine only holds the registry): the gradient goes to the
+// Parameter-server worker (and server: its store only holds the registry): the gradient goes to the
 // servers as it is (PsWorker::push), so nothing is reduced here.
 class PsSync : public GradSync {
  public:
-  PsSync(const parallel::Mesh& m, nn::ParamRegistry& p, const SyncOptions& o, trace::ChromeTrace* t)
-      : GradSync(m, p, nullptr, o.engine, t) {}
+  PsSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions&,
+         trace::ChromeTrace* t)
+      : GradSync(m, store, p, t) {}
   void reduce(int64_t) override { engine_.finish_backward(); }
 };
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh, nn::ParamRegistry& params,
+std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh,
+                                         parallel::DataParallel& store, nn::ParamRegistry& params,
                                          trace::ChromeTrace* tracer) {
   switch (o.method) {
-    case SyncMethod::exact: return std::make_unique<ExactSync>(mesh, params, o, tracer);
-    case SyncMethod::pipeline: return std::make_unique<PipelineSync>(mesh, params, o, tracer);
-    case SyncMethod::compressed: return std::make_unique<CompressedSync>(mesh, params, o, tracer);
-    case SyncMethod::local_sgd: return std::make_unique<LocalSgdSync>(mesh, params, o, tracer);
-    case SyncMethod::parameter_server: return std::make_unique<PsSync>(mesh, params, o, tracer);
+    case SyncMethod::exact:
+      return std::make_unique<ExactSync>(mesh, store, params, o, tracer);
+    case SyncMethod::compressed:
+      return std::make_unique<CompressedSync>(mesh, store, params, o, tracer);
+    case SyncMethod::local_sgd:
+      return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
+    case SyncMethod::parameter_server:
+      return std::make_unique<PsSync>(mesh, store, params, o, tracer);
   }
   MT_ASSERT(false, "unknown synchronization method");
   return nullptr;

@@ -1,25 +1,27 @@
-// Gradient synchronization: what turns this rank's gradient of its share into the update of the step. One
-// implementation per method, chosen once when the run starts (make_grad_sync); the step loop calls the same
-// few methods whatever the method:
+// Gradient synchronization (the exchange): what turns this rank's gradient of its share into the update of
+// the step. One implementation per method, chosen once when the run starts (make_grad_sync); the step loop
+// calls the same few methods whatever the method:
 //
 //   begin_step -> task forward/backward with hooks() -> reduce(s) -> global_loss -> grad_norm -> (tail:
 //   divergence check, clip via scale) -> update -> annotate(row)
 //
-//   method       engine group   reduce(s) after backward                        update
-//   exact        dp             buckets in flight during backward (ZeRO 0-3)     engine (ZeRO: own shard,
-//                                                                                all-gather)
-//   pipeline     dp             tied wte summed over first+last stage, then      engine
-//                               the whole gradient over dp (ZeRO 0/1)
-//   compressed   none           codec exchange over dp (parallel/compress)       engine
-//   local SGD    none           warm-up: all-reduce; then each rank's own mean   engine, then every H steps
+//   method       store group    reduce(s) after backward                        update
+//   exact        dp             buckets in flight during backward (ZeRO 0-3)     store (ZeRO: own shard,
+//                               when the step executor calls the hooks; else     all-gather)
+//                               (pipeline) the whole gradient over dp (ZeRO
+//                               0/1); tied copies summed over first+last stage
+//   compressed   none           codec exchange over dp (parallel/compress)       store
+//   local SGD    none           warm-up: all-reduce; then each rank's own mean   store, then every H steps
 //                                                                                the replicas are averaged
 //   ps           none           nothing here: the worker pushes to the servers   (servers apply it)
 //
-// Every method owns a parallel::DataParallel engine over the registry (buckets, ZeRO allocation, hooks);
-// methods that exchange gradients themselves give it no group, so it reduces nothing.
+// The parameter store is the run's parallel::DataParallel (flat buffers, buckets, ZeRO allocation, hooks,
+// update, whole-tensor gather), built by the run before the exchange over store_groups(): methods that
+// exchange gradients themselves give it no group, so it reduces nothing. An exchange uses the store; nothing
+// reaches through the exchange for it.
 //
 // Expert parallelism (model::MoeOptions::local_experts, --ep > 1): a rank's experts are a parameter group of
-// their own (nn::Param::expert), which the exact and pipeline engines reduce (ZeRO 1-3: reduce-scatter and
+// their own (nn::Param::expert), which the exact exchange's store reduces (ZeRO 1-3: reduce-scatter and
 // shard) over the mesh's edp group, the dp / ep ranks holding replicas of the same experts, while every
 // other tensor is reduced over dp. Bytes per step for an MoE layer's experts: ZeRO 0 all-reduce of
 // E / ep experts over dp / ep ranks, instead of all E over dp.
@@ -41,7 +43,7 @@
 
 namespace mt::train {
 
-enum class SyncMethod { exact, pipeline, compressed, local_sgd, parameter_server };
+enum class SyncMethod { exact, compressed, local_sgd, parameter_server };
 
 // Everything the synchronizers need from the flags, parsed once.
 struct SyncOptions {
@@ -53,13 +55,23 @@ struct SyncOptions {
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
+  // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
+  // loop); false: the gradient is reduced whole after the backward (the pipeline executor passes no hooks).
+  bool overlapped = true;
   static SyncOptions from(const TrainConfig& cfg);
 };
+
+// What the method's store reduces over: the data-parallel group and the expert group of local experts
+// (exact), or nothing (methods that move gradients themselves).
+struct StoreGroups {
+  comm::Communicator* group = nullptr;
+  comm::Communicator* experts = nullptr;
+};
+StoreGroups store_groups(const SyncOptions& o, const parallel::Mesh& mesh);
 
 class GradSync {
  public:
   virtual ~GradSync() = default;
-  parallel::DataParallel& engine() { return engine_; }
 
   // What the task calls around parameter groups and micro-batches.
   virtual StepHooks hooks();
@@ -80,20 +92,19 @@ class GradSync {
   virtual void before_gather(optim::Optimizer& opt) {}
 
  protected:
-  // engine_group: what the engine reduces over (null: nothing); expert_group: where it reduces expert
-  // tensors (the mesh's edp group, for the methods that reduce experts).
-  GradSync(const parallel::Mesh& mesh, nn::ParamRegistry& params, comm::Communicator* engine_group,
-           const parallel::DataParallelOptions& o, trace::ChromeTrace* tracer,
-           comm::Communicator* expert_group = nullptr);
+  GradSync(const parallel::Mesh& mesh, parallel::DataParallel& store, nn::ParamRegistry& params,
+           trace::ChromeTrace* tracer);
   const parallel::Mesh& mesh_;
   nn::ParamRegistry& params_;
-  parallel::DataParallel engine_;
+  parallel::DataParallel& engine_;  // the run's parameter store
   trace::ChromeTrace* tracer_;
   std::vector<bool> not_counted_;  // per tensor: replicated copies that the norm skips
 };
 
-// tracer: never null (may be disabled). Finalizes params (through the engine).
-std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh, nn::ParamRegistry& params,
+// store: the run's parameter store over params, built over store_groups(o, mesh). tracer: never null (may be
+// disabled).
+std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh,
+                                         parallel::DataParallel& store, nn::ParamRegistry& params,
                                          trace::ChromeTrace* tracer);
 
 }  // namespace mt::train

@@ -10,9 +10,8 @@
 #include <cmath>
 #include <exception>
 #include <memory>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checkpoint/weights.h"
 #include "core/error.h"
@@ -23,8 +22,9 @@
 #include "parallel/data/data_parallel.h"
 #include "tensor/blas.h"
 #include "trace/metrics.h"
-#include "train/task.h"
+#include "train/model_registry.h"
 #include "train/run.h"
+#include "train/task.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -81,7 +81,6 @@ void work(Shared& sh, int w) {
   const Straggler& straggler = cfg.straggler;
   StepTail tail(cfg.grad_clip, lr_schedule(cfg));
   tail.add_check(std::make_unique<NonFiniteCheck>([w](int64_t s) { return str("worker ", w, "'s step ", s); }));
-  const BatchShare share = sh.layout.share(w);
   const int W = cfg.nproc;
   const int64_t items_per_step = (int64_t)sh.layout.global_batch() * task.items_per_window();
   AlignedBuffer momentum(n);
@@ -92,17 +91,18 @@ void work(Shared& sh, int w) {
     const auto t0 = StepClock::now();
     parallel::hogwild_read(sh.params.data(), params.data(), n);
     engine.begin_step();
-    const double loss_sum = executor->run(s, share, hooks);
-    engine.finish_backward();
-    straggler.pause(w);
-    // The model scaled the gradient for the global batch; this update is the mean over this worker's share.
-    engine.scale_grads((float)W);
-    const double loss = loss_sum * W / (double)items_per_step;
-    const double norm = engine.grad_norm();
-    const float lr = tail.finish(s, loss, norm, [&](float f) { engine.scale_grads(f); });
-    parallel::hogwild_sgd_step(sh.params.data(), params.grad(), momentum.data(), segs, sgd, lr, s);
-    const int64_t done = sh.updates.fetch_add(1) + 1;
-    if (w == 0) report_step(sh, task, engine, s, loss, norm, lr, StepClock::since(t0), done);
+    executor->run(s, sh.layout.share(w, s), hooks, [&](double loss_sum) {
+      engine.finish_backward();
+      straggler.pause(w);
+      // The model scaled the gradient for the global batch; this update is the mean over this worker's share.
+      engine.scale_grads((float)W);
+      const double loss = loss_sum * W / (double)items_per_step;
+      const double norm = engine.grad_norm();
+      const float lr = tail.finish(s, loss, norm, [&](float f) { engine.scale_grads(f); });
+      parallel::hogwild_sgd_step(sh.params.data(), params.grad(), momentum.data(), segs, sgd, lr, s);
+      const int64_t done = sh.updates.fetch_add(1) + 1;
+      if (w == 0) report_step(sh, task, engine, s, loss, norm, lr, StepClock::since(t0), done);
+    });
   }
 }
 
@@ -119,7 +119,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
   // Every worker's own model (activations, gradients, data reader); the parameters it computes with are a
   // snapshot of the shared ones.
   for (int w = 0; w < W; w++) {
-    sh.tasks.push_back(make_mlp_task(MlpTaskConfig::from(cfg), sh.layout));
+    sh.tasks.push_back(model_entry(cfg.model).make(cfg, sh.layout, {}));
     sh.engines.push_back(std::make_unique<parallel::DataParallel>(sh.tasks[w]->params(), nullptr,
                                                                   parallel::DataParallelOptions{}));
     sh.engines[w]->initialize([&](nn::Param& p) { sh.tasks[w]->init_param(p); });

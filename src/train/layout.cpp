@@ -7,7 +7,30 @@
 
 namespace mt::train {
 
-int BatchShare::micro_len(int i) const { return std::min(micro_size, first + count - micro_first(i)); }
+BatchShare BatchShare::even(int first, int count, int u) {
+  BatchShare s;
+  s.first = first;
+  for (int w = 0; w < count; w += u) s.sizes.push_back(std::min(u, count - w));
+  return s;
+}
+
+int BatchShare::count() const {
+  int n = 0;
+  for (int x : sizes) n += x;
+  return n;
+}
+
+int BatchShare::micro_first(int i) const {
+  int w = first;
+  for (int k = 0; k < i; k++) w += sizes[(size_t)k];
+  return w;
+}
+
+int BatchShare::micro_size() const {
+  int u = 1;
+  for (int x : sizes) u = std::max(u, x);
+  return u;
+}
 
 BatchLayout::BatchLayout(const TrainConfig& cfg, int dp_ranks) : B_(cfg.batch_size), N_(dp_ranks) {
   const int mbs = cfg.micro_batch_size;
@@ -30,9 +53,9 @@ BatchLayout::BatchLayout(const TrainConfig& cfg, int dp_ranks) : B_(cfg.batch_si
   if (cfg.pp > 1) pipeline::validate(spec_);
 }
 
-BatchShare BatchLayout::share(int r) const {
+BatchShare BatchLayout::share(int r, int64_t) const {
   MT_ASSERT(r >= 0 && r < N_, "data-parallel rank ", r, " of ", N_);
-  return {r * per_rank(), per_rank(), u_, micro_count()};
+  return BatchShare::even(r * per_rank(), per_rank(), u_);
 }
 
 BatchShare BatchLayout::eval_share(int r) const {
@@ -42,7 +65,7 @@ BatchShare BatchLayout::eval_share(int r) const {
   // Without --micro-batch-size the share is one micro-batch (at least one window wide: an empty share
   // runs no micro-batch).
   const int u = explicit_u_ ? u_ : std::max(count, 1);
-  return {first, count, u, (count + u - 1) / u};
+  return BatchShare::even(first, count, u);
 }
 
 }  // namespace mt::train

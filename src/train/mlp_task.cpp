@@ -1,6 +1,5 @@
-// The MLP classification task on IDX image/label files (MNIST format). Pixels are scaled to [0, 1].
-// Step s uses examples (s*B + j) mod N_train, j = 0..B-1; evaluation uses the held-out split: --val-data,
-// or the last --val-fraction of --data.
+// The MLP classification task on labeled images (data/labeled_images.h: IDX files, pixels in [0, 1], the
+// batch rule); evaluation uses the held-out split: --val-data, or the last --val-fraction of --data.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -9,56 +8,31 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "core/error.h"
-#include "data/idx.h"
+#include "data/labeled_images.h"
 #include "model/mlp.h"
 #include "nn/activation_store.h"
+#include "train/model_registry.h"
 #include "train/task.h"
 
 namespace mt::train {
 
 namespace {
 
-struct Examples {
-  int64_t count = 0;
-  int D = 0;
-  std::vector<float> x;       // [count, D]
-  std::vector<int32_t> y;     // [count]
-};
-
-Examples load_examples(const std::string& images, const std::string& labels, int n_classes) {
-  MT_CHECK_INPUT(!labels.empty(), "--model mlp needs a labels file for ", images, " (--labels / --val-labels)");
-  IdxImages im = read_idx_images(images);
-  IdxLabels lb = read_idx_labels(labels);
-  MT_CHECK_INPUT((int64_t)lb.labels.size() == im.count, images, " has ", im.count, " images but ", labels, " has ",
-                 lb.labels.size(), " labels");
-  Examples e;
-  e.count = im.count;
-  e.D = (int)(im.rows * im.cols);
-  e.x.resize(im.pixels.size());
-  for (size_t i = 0; i < im.pixels.size(); i++) e.x[i] = (float)im.pixels[i] / 255.0f;
-  e.y.resize(lb.labels.size());
-  for (size_t i = 0; i < lb.labels.size(); i++) {
-    MT_CHECK_INPUT(lb.labels[i] < n_classes, labels, ": label ", (int)lb.labels[i], " at position ", i,
-                   " is not below the number of classes ", n_classes);
-    e.y[i] = lb.labels[i];
-  }
-  return e;
-}
-
 class MlpTask : public TrainTask {
  public:
   MlpTask(const MlpTaskConfig& cfg, const BatchLayout& layout) : cfg_(cfg), layout_(layout) {
     const int K = 10;
-    Examples all = load_examples(cfg.data, cfg.labels, K);
+    data::LabeledImages all = data::load_labeled_images(cfg.data, cfg.labels, K);
     if (!cfg.val_data.empty()) {
       train_ = std::move(all);
-      val_ = load_examples(cfg.val_data, cfg.val_labels, K);
+      val_ = data::load_labeled_images(cfg.val_data, cfg.val_labels, K);
       MT_CHECK_INPUT(val_.D == train_.D, cfg.val_data, " images have ", val_.D, " pixels, training images ", train_.D);
     } else {
       MT_CHECK_INPUT(cfg.val_fraction >= 0 && cfg.val_fraction < 1, "--val-fraction must be in [0, 1), got ",
                      cfg.val_fraction);
       int64_t nval = (int64_t)(all.count * cfg.val_fraction);
-      split(all, all.count - nval);
+      train_ = std::move(all);
+      val_ = train_.split_tail(train_.count - nval);
     }
     MT_CHECK_INPUT(train_.count >= 1, cfg.data, ": no training examples left after the validation split");
     B_ = cfg.batch_size;
@@ -87,11 +61,7 @@ class MlpTask : public TrainTask {
     const float dscale = 1.0f / (float)B_;
     xb_.resize((size_t)count * train_.D);
     yb_.resize(count);
-    for (int j = 0; j < count; j++) {
-      int64_t e = (step * B_ + first + j) % train_.count;
-      std::copy_n(&train_.x[(size_t)e * train_.D], train_.D, &xb_[(size_t)j * train_.D]);
-      yb_[j] = train_.y[e];
-    }
+    train_.batch(step, B_, first, count, xb_.data(), yb_.data());
     const double loss = model_->forward(store_, 0, xb_.data(), yb_.data(), count, dscale, hooks);
     model_->backward(store_, 0, count, hooks);
     return loss;
@@ -135,19 +105,9 @@ class MlpTask : public TrainTask {
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
 
  private:
-  void split(Examples& all, int64_t ntrain) {
-    train_.D = val_.D = all.D;
-    train_.count = ntrain;
-    val_.count = all.count - ntrain;
-    train_.x.assign(all.x.begin(), all.x.begin() + ntrain * all.D);
-    train_.y.assign(all.y.begin(), all.y.begin() + ntrain);
-    val_.x.assign(all.x.begin() + ntrain * all.D, all.x.end());
-    val_.y.assign(all.y.begin() + ntrain, all.y.end());
-  }
-
   MlpTaskConfig cfg_;
   BatchLayout layout_;
-  Examples train_, val_;
+  data::LabeledImages train_, val_;
   int B_ = 0;
   std::optional<SafetensorsReader> init_;
   nn::ParamRegistry params_;
@@ -166,6 +126,10 @@ MlpTaskConfig MlpTaskConfig::from(const TrainConfig& cfg) {
 
 std::unique_ptr<TrainTask> make_mlp_task(const MlpTaskConfig& cfg, const BatchLayout& layout) {
   return std::make_unique<MlpTask>(cfg, layout);
+}
+
+std::unique_ptr<TrainTask> make_mlp_task(const TrainConfig& cfg, const BatchLayout& layout, const TaskGroups&) {
+  return make_mlp_task(MlpTaskConfig::from(cfg), layout);
 }
 
 }  // namespace mt::train

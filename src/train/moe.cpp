@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "train/model_registry.h"
 #include "train/train_config.h"
 
 namespace mt::train {
@@ -9,9 +10,10 @@ namespace mt::train {
 void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
   const model::GptConfig& g = cfg.gpt;
   const bool moe_model = g.moe_every > 0 || !cfg.init.empty();  // --init may hold an MoE model
-  MT_CHECK_INPUT(cfg.model == ModelKind::gpt || (g.moe_every == 0 && g.experts == 0 && ep == 1),
+  const bool router = model_entry(cfg.model).has_router;
+  MT_CHECK_INPUT(router || (g.moe_every == 0 && g.experts == 0 && ep == 1),
                  "--moe-every, --experts and --ep are for --model gpt (the MLP has no experts)");
-  if (cfg.model != ModelKind::gpt) {  // a routing flag away from its default on a model without a router (an explicit
+  if (!router) {             // a routing flag away from its default on a model without a router (an explicit
     const MoeFlags unset;    // default value cannot be told apart from an absent flag and passes)
     const char* given = g.moe_top_k != 0                              ? "--moe-top-k"
                         : g.expert_hidden != 0                        ? "--expert-hidden"

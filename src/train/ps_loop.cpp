@@ -75,36 +75,27 @@ WorkerTimes work(Run& r) {
     row["lr"] = v.lr;
   };
   const StepHooks hooks = r.sync->hooks();
-  const BatchShare share = r.layout.share(r.mesh.coord().dp);
+  StepMeter meter(r, [&] { return r.mesh.world()->counters().total_sent(); });
   for (int64_t s = r.start; s < end; s++) {
     const auto t0 = StepClock::now();
-    const uint64_t sent0 = r.mesh.world()->counters().total_sent();
+    meter.start();  // the wait for fresh enough parameters counts in the step's time
     const int64_t have = worker.acquire(std::max<int64_t>(r.start, s - r.cfg.staleness), on_version);
     const double waited = StepClock::since(t0);
     pending.write(r);
     times.begun.push_back(trace::ChromeTrace::now_us() * 1e-6);
     times.staleness.push_back((double)(s - have));
     r.sync->begin_step();
-    const double loss_sum = r.executor->run(s, share, hooks);
-    r.straggler.pause(r.mesh.world_rank());
-    r.sync->reduce(s);
-    worker.push(s, loss_sum);
-    const double dt = StepClock::since(t0);
-    if (s > r.start) {
-      r.clock.seconds += dt;
-      r.clock.steps++;
-    }
-    const uint64_t sent = r.mesh.world()->counters().total_sent() - sent0;
-    r.comm_bytes_total += sent;
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks,
+                    [&](double loss_sum) {  // a worker's update: the push to the servers
+                      r.straggler.pause(r.mesh.world_rank());
+                      r.sync->reduce(s);
+                      worker.push(s, loss_sum);
+                    });
     nlohmann::json& row = pending.rows[s];
+    meter.finish(s, row);
     row["step"] = s;
-    row[r.log->items_key()] = (double)r.items_per_step / dt;
-    row["step_time_s"] = dt;
     row["wait_s"] = waited;        // this worker's wait for fresh enough parameters
     row["staleness"] = s - have;   // versions between the parameters used and step s
-    row["comm_bytes"] = sent;
-    row["comm_bytes_total"] = r.comm_bytes_total;
-    r.sum.steps_run++;
     const bool eval_now = r.cadence.eval_after(s), save_now = r.cadence.save_after(s);
     if (eval_now || save_now || s + 1 == end) {
       worker.acquire(s + 1, on_version);  // the parameters after step s, everywhere
@@ -123,7 +114,8 @@ WorkerTimes work(Run& r) {
 
 nlohmann::json run_parameter_server(Run& r) {
   const parallel::PsLayout psl = layout_of(r);
-  PsSource& source = static_cast<PsSource&>(*r.source);
+  MT_ASSERT(r.ps_source, "a parameter-server run without its PsSource");
+  PsSource& source = *r.ps_source;
   parallel::PsServer* server = nullptr;
   WorkerTimes times;
   if (r.mesh.server()) {

@@ -10,8 +10,27 @@
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/model_registry.h"
 
 namespace mt::train {
+
+double StepMeter::finish(int64_t s, nlohmann::json& row) {
+  const double dt = StepClock::since(t0_), ips = (double)r_.items_per_step / dt;
+  if (s > r_.start) {
+    r_.clock.seconds += dt;
+    r_.clock.steps++;
+  } else if (auto* ps = r_.executor->stats()) {
+    *ps = {};  // the first step allocates: time the others
+  }
+  const uint64_t sent = bytes_() - sent0_;
+  r_.comm_bytes_total += sent;
+  row[r_.log->items_key()] = ips;
+  row["step_time_s"] = dt;
+  row["comm_bytes"] = sent;
+  row["comm_bytes_total"] = r_.comm_bytes_total;
+  r_.sum.steps_run++;
+  return ips;
+}
 
 void Straggler::pause(int me) const {
   if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -49,33 +68,40 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);
   const parallel::MeshGrid& g = mesh.grid();
   if (g.tp() > 1) tp_ops = std::make_unique<parallel::CommTensorParallelOps>(*mesh.tp());
-  if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule()};
+  if (g.pp() > 1) pipeline = {mesh.pp(), layout.schedule(), pipeline::make_schedule(layout.schedule())};
   if (g.ep() > 1) ep_ops = std::make_unique<parallel::CommExpertParallelOps>(*mesh.ep());
-  task = cfg.model == ModelKind::gpt ? make_gpt_task(GptTaskConfig::from(cfg), layout, tp_ops.get(),
-                                            g.pp() > 1 ? &pipeline : nullptr, ep_ops.get())
-                            : make_mlp_task(MlpTaskConfig::from(cfg), layout);
+  task = model_entry(cfg.model).make(cfg, layout, {tp_ops.get(), g.pp() > 1 ? &pipeline : nullptr, ep_ops.get()});
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
   executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer);
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
-  sync = make_grad_sync(SyncOptions::from(cfg), mesh, params, &tracer);
-  sync->engine().initialize([&](nn::Param& p) { task->init_param(p); });
+  SyncOptions sync_options = SyncOptions::from(cfg);
+  sync_options.overlapped = executor->calls_hooks();
+  const StoreGroups store_on = store_groups(sync_options, mesh);
+  store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  if (tracer.enabled()) store->set_trace(&tracer);
+  store->set_tensor_group(mesh.tp());  // tensors split over tp: whole-tensor statistics sum there
+  sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
+  store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
   const bool ps = cfg.async == AsyncMode::ps;
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
-                                          : sync->engine().state_size();
+                                          : store->state_size();
   opt = make_optimizer(cfg, state_size);
-  if (ps)
-    source = std::make_unique<PsSource>(*world, sync->engine(), psl, params.size(), mesh.world_rank());
-  else
-    source = engine_source(sync->engine());
+  if (ps) {
+    auto s = std::make_unique<PsSource>(*world, *store, psl, params.size(), mesh.world_rank());
+    ps_source = s.get();
+    source = std::move(s);
+  } else {
+    source = engine_source(*store);
+  }
   // Local experts (--ep > 1): files gather over the ep group too, on every rank alike.
   comm::Communicator* ep_files = local_experts(cfg) ? mesh.ep() : nullptr;
-  const ReplicaPlace place{mesh.coord().tp == 0, mesh.coord().pp == 0, !ep_files || ep_files->rank() == 0};
+  const ReplicaPlace place{!ep_files || ep_files->rank() == 0};
   state = std::make_unique<Consolidation>(StateConsolidator(params, full, place, mesh.replica(), ep_files), *source,
                                           *opt);
   state->set_before_gather([this] { sync->before_gather(*opt); });
@@ -84,7 +110,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
-  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : &sync->engine(), *log);
+  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : store.get(), *log);
   cadence = Cadence::from(cfg, task->has_eval());
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
   // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.

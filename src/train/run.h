@@ -2,20 +2,20 @@
 // order, then driven by one of the step loops (trainer.cpp: synchronous; ps_loop.cpp: parameter server).
 //
 //   mesh -> layout -> task (model + data) -> step executor (micro-batch loop or pipeline schedule) ->
-//   gradient synchronizer (engine, ZeRO, method) -> optimizer -> consolidation (whole tensors) ->
-//   checkpointer (resume) -> log, evaluator, cadence, step tail
+//   parameter store (flat buffers, ZeRO stage, hooks) -> gradient exchange (method) -> optimizer ->
+//   consolidation (whole tensors) -> checkpointer (resume) -> log, evaluator, cadence, step tail
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "optim/optimizer.h"
-#include "parallel/mesh/mesh.h"
 #include "parallel/expert/ep_ops.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/tensor/tp_ops.h"
 #include "trace/chrome_trace.h"
 #include "train/consolidate.h"
@@ -53,10 +53,12 @@ struct Run {
   std::unique_ptr<TrainTask> task;
   trace::ChromeTrace tracer;
   std::unique_ptr<StepExecutor> executor;
-  std::unique_ptr<GradSync> sync;
+  std::unique_ptr<parallel::DataParallel> store;  // the parameter store
+  std::unique_ptr<GradSync> sync;                 // the gradient exchange, over the store
   std::unique_ptr<optim::Optimizer> opt;
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
+  PsSource* ps_source = nullptr;  // the same object as source in a parameter-server run, else null
   std::unique_ptr<Consolidation> state;
   std::unique_ptr<Checkpointer> ckpt;
   int64_t start = 0;
@@ -72,6 +74,27 @@ struct Run {
 
  private:
   void announce();
+};
+
+// A step's wall time and bytes, measured the same way by every step loop: start() before the step's work,
+// finish() after it, which writes them into the step's row (items per second, step time, bytes this step
+// and so far) and counts the step in the run's throughput (every step after the first of this process: the
+// first allocates; a pipeline's timings start over after it too). bytes: the counter the method is judged by.
+class StepMeter {
+ public:
+  StepMeter(Run& r, std::function<uint64_t()> bytes) : r_(r), bytes_(std::move(bytes)) {}
+  void start() {
+    t0_ = StepClock::now();
+    sent0_ = bytes_();
+  }
+  // Returns the step's items per second.
+  double finish(int64_t s, nlohmann::json& row);
+
+ private:
+  Run& r_;
+  std::function<uint64_t()> bytes_;
+  std::chrono::steady_clock::time_point t0_;
+  uint64_t sent0_ = 0;
 };
 
 // The parameter-server run (this rank a server or a worker); returns the summary's "ps" section.

@@ -10,40 +10,50 @@ namespace {
 class MicroBatchLoop : public StepExecutor {
  public:
   explicit MicroBatchLoop(TrainTask& task) : task_(task) {}
-  double run(int64_t s, const BatchShare& share, const StepHooks& hooks) override {
+  void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) override {
     task_.begin_step(s);
     double loss = 0.0;
-    for (int i = 0; i < share.micro_count; i++) {
-      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count);
+    for (int i = 0; i < share.micro_count(); i++) {
+      if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count());
       loss += task_.micro_batch(s, share.micro_first(i), share.micro_len(i), hooks.params);
     }
-    return loss;
+    update(loss);
   }
+  bool calls_hooks() const override { return true; }
 
  private:
   TrainTask& task_;
 };
 
-// This rank's action list of the schedule (built once), run by the pipeline executor over the task's chunks.
-// The gradients are reduced after the list (the synchronizer's reduce), so no hooks run inside it.
+// This rank's action list of the run's schedule, run by the pipeline executor over the task's chunks; the
+// update runs at the list's optimizer_step action. The gradients are reduced by the update (the
+// synchronizer's reduce), so no hooks run inside the list.
 class PipelineSteps : public StepExecutor {
  public:
   PipelineSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace)
-      : task_(task), pp_(pp), list_(pipeline::make_schedule(pp.spec)[pp.group->rank()]), trace_(trace) {}
-  double run(int64_t s, const BatchShare& share, const StepHooks&) override {
-    MT_ASSERT(share.micro_count == pp_.spec.micro_batches, "a share of ", share.micro_count,
+      : task_(task), pp_(pp), trace_(trace) {}
+  void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
+    MT_ASSERT(share.micro_count() == pp_.spec.micro_batches, "a share of ", share.micro_count(),
               " micro-batches for a schedule of ", pp_.spec.micro_batches);
+    // Messages between stages have one shape per schedule: every micro-batch of the share is whole.
+    for (int i = 0; i < share.micro_count(); i++)
+      MT_ASSERT(share.micro_len(i) == share.micro_size(), "pipeline micro-batch ", i, " of ", share.micro_len(i),
+                " windows in a share of micro-batches of ", share.micro_size());
     task_.begin_step(s);
     std::unique_ptr<TaskStageRunner> runner = task_.stage_runner(s, share);
-    executor_.run(pp_.spec, list_, *pp_.group, *runner, &stats_, trace_);
-    return runner->loss;
+    int updates = 0;
+    executor_.run(pp_.spec, pp_.schedule, *pp_.group, *runner, &stats_, trace_, [&] {
+      updates++;
+      update(runner->loss);
+    });
+    MT_ASSERT(updates == 1, "pipeline schedule ", pp_.spec.name, " ran ", updates, " optimizer steps in one step");
   }
+  bool calls_hooks() const override { return false; }
   pipeline::PipelineStats* stats() override { return &stats_; }
 
  private:
   TrainTask& task_;
   PipelineContext pp_;
-  std::vector<pipeline::Action> list_;
   pipeline::PipelineExecutor executor_;
   pipeline::PipelineStats stats_;
   trace::ChromeTrace* trace_;

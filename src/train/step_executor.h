@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,12 +16,19 @@
 
 namespace mt::train {
 
+// The update of a step, the same part whatever the executor: called once this rank's forward and backward
+// work of the step is done (after the last micro-batch, or at the schedule's optimizer_step action) with the
+// loss sum this rank computed (under a pipeline, only the last stage's rank has one).
+using StepUpdate = std::function<void(double loss_sum)>;
+
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
-  // Forward and backward of this rank's share of step s; returns the loss sum this rank computed (under a
-  // pipeline, only the last stage's rank has one).
-  virtual double run(int64_t s, const BatchShare& share, const StepHooks& hooks) = 0;
+  // Forward and backward of this rank's share of step s, and its update (called exactly once).
+  virtual void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) = 0;
+  // Whether run() calls the hooks it is given (the micro-batch loop does; the pipeline executor runs the
+  // schedule's backward without them, so the exchange reduces the whole gradient after it).
+  virtual bool calls_hooks() const = 0;
   // Pipeline runs: the executor's accumulated timings on this rank (null otherwise).
   virtual pipeline::PipelineStats* stats() { return nullptr; }
 };

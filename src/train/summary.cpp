@@ -13,7 +13,7 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
   double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(),        0.0,
                      (double)task.activation_bytes(),   (double)peak_rss_bytes(),
                      (double)engine.transient_bytes(),  (double)task.activation_peak_bytes()};
-  for (auto& [n, b] : opt.state()) mine[2] += (double)b->bytes();
+  mine[2] = (double)opt.state().bytes();
   std::vector<float> all(kF * W), in(kF);
   for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
   if (mesh.world() && W > 1)

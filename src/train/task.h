@@ -8,9 +8,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 
 #include "comm/communicator.h"
 #include "nn/expert_parallel.h"
@@ -120,16 +120,22 @@ bool local_experts(const TrainConfig& cfg);
 // defaults L=4, H=4, C=128, V=256, n_positions max(256, T). Throws InputError on a bad shape.
 model::GptConfig gpt_shape(const GptTaskConfig& cfg, const SafetensorsReader* init);
 // The pipeline this rank is part of: its group (rank = pipeline position); stages, chunks and schedule are
-// the layout's.
+// the layout's; the schedule (made once when the run starts) says which stage each chunk computes.
 struct PipelineContext {
   comm::Communicator* group = nullptr;
   pipeline::ScheduleSpec spec;
+  pipeline::Schedule schedule;
 };
 
 // tp: the tensor-parallel group (null: none). pp: the pipeline (null or 1 stage: none); with a pipeline the
 // task holds this rank's chunks and hands the step executor (step_executor.h) a stage runner per step.
 // Blocks per global stage: --stage-layers if given (checked), else balance_layers over estimated FLOPs.
 std::vector<int> stage_split(const GptTaskConfig& cfg, const model::GptConfig& shape, int stages);
+
+// The tensors the first and the last of the S stages both declare (the tied embedding), found by declaring
+// both stages' parameters (no allocation) and comparing. first: S + 1 entries, stage s holds blocks
+// [first[s], first[s + 1]). The replica facts (replicas.h) of a pipeline rank's tensors use it.
+std::set<std::string> tied_tensors(const model::GptConfig& shape, const std::vector<int>& first);
 
 // ep: the expert-parallel group of MoE blocks (null: every expert computed here).
 std::unique_ptr<TrainTask> make_gpt_task(const GptTaskConfig& cfg, const BatchLayout& layout,

@@ -5,15 +5,15 @@
 #include "train/trainer.h"
 
 #include <cstdio>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint/safetensors.h"
 #include "comm/launch.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/model_registry.h"
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
@@ -22,47 +22,47 @@ namespace mt::train {
 
 namespace {
 
-// One optimizer step after another: data and gradient (the task, through the synchronizer's hooks), the
-// gradient synchronized, the global loss and norm, the tail (divergence checks, clipping, learning rate), the
-// update, then the observers (row, evaluation, checkpoint, stop).
+// The update of a synchronous step, which the step executor calls when this rank's gradients are computed:
+// the gradient synchronized, the global loss and norm, the tail (divergence checks, clipping, learning rate),
+// the optimizer's update.
+struct StepOutcome {
+  double loss = 0, norm = 0;
+  float lr = 0;
+};
+StepOutcome update_step(Run& r, int64_t s, double loss_sum) {
+  GradSync& sync = *r.sync;
+  r.straggler.pause(r.mesh.world_rank());
+  sync.reduce(s);
+  StepOutcome out;
+  out.loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
+  out.norm = sync.grad_norm();
+  // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
+  out.lr = r.tail.finish(s, out.loss, out.norm, [&](float f) { r.opt->scale_next_grads(f); });
+  trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
+  sync.update(*r.opt, out.lr, s);
+  return out;
+}
+
+// One optimizer step after another: data and gradient (the task, through the synchronizer's hooks) and the
+// update (above, called by the executor), then the observers (row, evaluation, checkpoint, stop).
 void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
-  const BatchShare share = r.layout.share(r.mesh.coord().dp);
+  // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
+  StepMeter meter(r, [&] { return sync.bytes_sent(); });
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
-    const auto t0 = StepClock::now();
-    // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
-    const uint64_t sent0 = sync.bytes_sent();
+    meter.start();
     sync.begin_step();
-    const double loss_sum = r.executor->run(s, share, hooks);
-    r.straggler.pause(r.mesh.world_rank());
-    sync.reduce(s);
-    const double loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
-    const double norm = sync.grad_norm();
-    // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
-    const float lr = r.tail.finish(s, loss, norm, [&](float f) { r.opt->scale_next_grads(f); });
-    {
-      trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
-      sync.update(*r.opt, lr, s);
-    }
-    const double dt = StepClock::since(t0), ips = (double)r.items_per_step / dt;
-    if (s > r.start) {
-      r.clock.seconds += dt;
-      r.clock.steps++;
-    } else if (auto* ps = r.executor->stats()) {
-      *ps = {};  // the first step allocates: time the others
-    }
-    const uint64_t sent = sync.bytes_sent() - sent0;
-    r.comm_bytes_total += sent;
-    nlohmann::json row = {{"step", s},         {"loss", loss},          {"lr", lr},
-                          {"grad_norm", norm}, {r.log->items_key(), ips}, {"step_time_s", dt},
-                          {"comm_bytes", sent}, {"comm_bytes_total", r.comm_bytes_total}};
+    StepOutcome step;
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks,
+                    [&](double loss_sum) { step = update_step(r, s, loss_sum); });
+    nlohmann::json row = {{"step", s}, {"loss", step.loss}, {"lr", step.lr}, {"grad_norm", step.norm}};
+    const double ips = meter.finish(s, row);
     sync.annotate(row);
     r.task->annotate(row, r.mesh);
     if (r.cadence.eval_after(s)) (*r.evaluate)(s, row);
-    r.log->step(row, s, loss, lr, ips);
-    r.sum.steps_run++;
-    r.sum.final_loss = loss;
+    r.log->step(row, s, step.loss, step.lr, ips);
+    r.sum.final_loss = step.loss;
     if (r.cadence.save_after(s)) r.ckpt->save(s + 1);
     if (r.cadence.stop_after(s)) {
       r.log->message("stopped after step " + std::to_string(s + 1) + " (--stop-at-step)");
@@ -80,7 +80,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   sum.items_per_s = r.clock.steps ? (double)r.items_per_step * r.clock.steps / r.clock.seconds : 0;
   sum.flops_per_step = r.task->flops_per_step();
   sum.params = (int64_t)r.full.size();
-  gather_memory(r.mesh, r.sync->engine(), *r.opt, *r.task, sum);
+  gather_memory(r.mesh, *r.store, *r.opt, *r.task, sum);
   nlohmann::json sections = {{"ps", ps_section}};
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
@@ -90,7 +90,7 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
 
 void report(const TrainConfig& cfg, const TrainSummary& s) {
   if (!cfg.progress || s.steps_run == 0) return;
-  const char* items = cfg.model == ModelKind::gpt ? "tokens" : "examples";
+  const char* items = model_entry(cfg.model).items;
   if (s.items_per_s > 0)
     std::fprintf(stderr, "done: %lld steps, final loss %.4f, %.0f %s/s\n", (long long)s.steps_run, s.final_loss,
                  s.items_per_s, items);
@@ -112,20 +112,6 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
                  "pipeline bubble: measured %.1f%%, simulated %.1f%% (same schedule, each stage's measured times "
                  "and message latency), ideal %.1f%%\n",
                  100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
-}
-
-// The parent's checks of what needs the model's shape (one message, not one per rank); on resume, the shape
-// flags against the checkpoint's.
-void check_shape_flags(const TrainConfig& cfg) {
-  if (cfg.model != ModelKind::gpt || (cfg.tp == 1 && cfg.stage_layers.empty() && cfg.resume.empty())) return;
-  const GptTaskConfig task = GptTaskConfig::from(cfg);  // its init: --init, or the checkpoint --resume names
-  std::optional<SafetensorsReader> init;
-  if (!task.init.empty()) init.emplace(task.init);
-  const model::GptConfig shape = gpt_shape(task, init ? &*init : nullptr);
-  MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
-                 "): tensor parallelism splits attention by whole heads");
-  if (!cfg.stage_layers.empty())
-    pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
 }
 
 }  // namespace
@@ -159,7 +145,7 @@ int train_main(const TrainConfig& cfg) {
   }
   if (!comm::under_mpirun()) {
     cfg.validate(cfg.nproc);
-    check_shape_flags(cfg);
+    if (auto check = model_entry(cfg.model).check_shape) check(cfg);
   }
   return comm::launch(lo, [&](comm::Communicator& world) {
     TrainSummary s = run_training(cfg, &world);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_check.h"
 #include "shm_ranks.h"
 
 namespace {
@@ -67,15 +68,17 @@ std::vector<std::pair<float, float>> serial(int S, int m) {
 }
 
 struct ToyRunner : mt::pipeline::StageRunner {
-  int P, rank;
+  const mt::pipeline::Placement& pl;
+  int rank;
   std::map<std::pair<int, int>, std::vector<float>> in, out;  // (chunk, micro-batch)
   std::vector<float> dx;
   std::map<int, std::pair<float, float>> grads;  // by global stage
   int S;
-  ToyRunner(int p, int r, int stages) : P(p), rank(r), S(stages) {}
+  int backwards = 0;
+  ToyRunner(const mt::pipeline::Placement& placement, int r) : pl(placement), rank(r), S(placement.stages()) {}
   size_t activation_count() const override { return kN; }
   const float* forward(int c, int i, const float* input) override {
-    const int s = c * P + rank;
+    const int s = pl.stage_of(rank, c);
     std::vector<float> x = input ? std::vector<float>(input, input + kN) : input_of(i);
     MT_REQUIRE(mt::Error, (s == 0) == (input == nullptr), "stage ", s, " got input ", input != nullptr);
     in[{c, i}] = x;
@@ -83,7 +86,8 @@ struct ToyRunner : mt::pipeline::StageRunner {
     return s == S - 1 ? nullptr : out[{c, i}].data();
   }
   const float* backward(int c, int i, const float* g) override {
-    const int s = c * P + rank;
+    const int s = pl.stage_of(rank, c);
+    backwards++;
     MT_REQUIRE(mt::Error, (s == S - 1) == (g == nullptr), "stage ", s, " got output gradient ", g != nullptr);
     const std::vector<float>& x = in.at({c, i});
     std::vector<float> dy = g ? std::vector<float>(g, g + kN) : out.at({c, i});
@@ -97,9 +101,9 @@ void run_one(const mt::pipeline::ScheduleSpec& spec) {
   const auto want = serial(S, spec.micro_batches);
   auto res = mt::test::run_shm_ranks(spec.stages, [&](mt::comm::Communicator& world) {
     auto lists = mt::pipeline::make_schedule(spec);
-    ToyRunner r(spec.stages, world.rank(), S);
+    ToyRunner r(lists.placement, world.rank());
     mt::pipeline::PipelineStats st;
-    mt::pipeline::run_actions(spec, lists[world.rank()], world, r, &st);
+    mt::pipeline::run_actions(spec, lists, world, r, &st);
     MT_REQUIRE(mt::Error, st.forwards == (int64_t)spec.micro_batches * spec.virtual_stages &&
                               st.backwards == st.forwards && st.lists == 1,
                "stats counted ", st.forwards, " forwards and ", st.backwards, " backwards");
@@ -133,6 +137,49 @@ TEST(PipelineExecutor, EverySchedulePMVSweepFinishesAndMatchesSerial) {
     }
   }
   EXPECT_EQ(runs, 36 + 36 + 36);  // gpipe, 1f1b: 4 x 9; interleaved: V in {2, 3} and M % P == 0
+}
+
+// A V-shaped placement (p = 2, V = 2: stages 0, 1 down ranks 0, 1; stages 2, 3 back up ranks 1, 0), which no
+// generator builds yet, built as data with a 1F1B-like order: the executor hands stage 1's output to stage 2
+// in memory on rank 1, and the gradients equal the serial ones. The optimizer_step action calls the update
+// once, when every backward of the rank has run.
+TEST(PipelineExecutor, VShapedPlacementMatchesSerialAndStepsOnce) {
+  using namespace mt::pipeline;
+  const Placement pl(2, 2, {{{0, 0}, {1, 0}, {1, 1}, {0, 1}}});
+  for (int m = 1; m <= 4; m++) {
+    const ScheduleSpec spec{"v-shape", 2, m, 2};
+    ActionLists order(2);
+    for (int i = 0; i < m; i++)
+      for (auto& list : order)
+        list.insert(list.end(), {{ActionKind::forward, i, 0, -1},
+                                 {ActionKind::forward, i, 1, -1},
+                                 {ActionKind::backward, i, 1, -1},
+                                 {ActionKind::backward, i, 0, -1}});
+    const Schedule sched = with_communication(pl, order);
+    check_schedule(spec, sched);
+    const auto want = serial(4, m);
+    auto res = mt::test::run_shm_ranks(
+        2,
+        [&](mt::comm::Communicator& world) {
+          ToyRunner r(pl, world.rank());
+          int steps = 0;
+          run_actions(spec, sched, world, r, nullptr, nullptr, [&] {
+            MT_REQUIRE(mt::Error, r.backwards == 2 * m, "the update ran after ", r.backwards, " of ", 2 * m,
+                       " backwards");
+            steps++;
+          });
+          MT_REQUIRE(mt::Error, steps == 1, "optimizer_step called the update ", steps, " times");
+          for (int c = 0; c < 2; c++) {
+            const int s = pl.stage_of(world.rank(), c);
+            auto got = r.grads.at(s);
+            MT_REQUIRE(mt::Error, got.first == want[s].first && got.second == want[s].second, "stage ", s,
+                       ": gradients (", got.first, ", ", got.second, ") vs serial (", want[s].first, ", ",
+                       want[s].second, ")");
+          }
+        },
+        30);
+    EXPECT_EQ(res.exit_code, 0) << "m=" << m << ": rank " << res.failed_rank << ": " << res.failure;
+  }
 }
 
 }  // namespace

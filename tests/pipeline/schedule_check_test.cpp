@@ -146,7 +146,8 @@ TEST(ScheduleCheck, BrokenListsOnOneRankAreCaught) {
   EXPECT_CHECK_FAILS(spec, edited(0, [&](auto& l) { l[0].micro_batch = 3; }), "micro-batch out of range [0, 3)");
   EXPECT_CHECK_FAILS(spec, edited(0, [&](auto& l) { l[0].chunk = 1; }), "chunk out of range [0, 1)");
   EXPECT_CHECK_FAILS(spec, edited(0, [&](auto& l) { l.pop_back(); }), "does not end with optimizer_step");
-  EXPECT_CHECK_FAILS(spec, Schedule(good.begin(), good.begin() + 1), "1 lists for p = 2 ranks");
+  const Schedule one_list{good.placement, ActionLists(good.lists.begin(), good.lists.begin() + 1)};
+  EXPECT_CHECK_FAILS(spec, one_list, "1 lists for p = 2 ranks");
 }
 
 TEST(ScheduleCheck, LocalHandOverOnOneRank) {

@@ -219,18 +219,19 @@ TEST(Schedule, RejectsBadSpecsNamingTheValues) {
 
 TEST(Schedule, MessageNamesBothEnds) {
   // Rank 1, chunk 1 of p = 2 is stage 3; its input activation comes from stage 2 on rank 0.
-  EXPECT_EQ(message_of(WA(5, 1, 0), 1, 2), (Message{false, 5, 2, 3, 0, 1}));
+  const Placement looped = Placement::looped(2, 2);
+  EXPECT_EQ(message_of(WA(5, 1, 0), 1, looped), (Message{false, 5, 2, 3, 0, 1}));
   // Rank 0, chunk 1 is stage 2: its input gradient goes to stage 1 on rank 1.
-  EXPECT_EQ(message_of(SG(5, 1, 1), 0, 2), (Message{true, 5, 2, 1, 0, 1}));
+  EXPECT_EQ(message_of(SG(5, 1, 1), 0, looped), (Message{true, 5, 2, 1, 0, 1}));
   // The sender's and receiver's views of one activation agree.
-  EXPECT_EQ(message_of(SA(3, 0, 0), 1, 2), message_of(PA(3, 1, 1), 0, 2));
+  EXPECT_EQ(message_of(SA(3, 0, 0), 1, looped), message_of(PA(3, 1, 1), 0, looped));
 }
 
 }  // namespace
 
 // ---- Forward-only lists (evaluation): ascending (micro-batch, chunk), the message rule of step 2, no step. ----
 TEST(ForwardOnly, TwoStagesTwoMicroBatches) {
-  const Schedule s = forward_only({"1f1b", 2, 2, 1});
+  const Schedule s = forward_only(Placement::looped(2, 1), 2);
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0], (std::vector<Action>{F(0), SA(0, 0, 1), F(1), SA(1, 0, 1)}));
   EXPECT_EQ(s[1], (std::vector<Action>{PA(0, 0, 0), WA(0, 0, 0), PA(1, 0, 0), F(0), WA(1, 0, 0), F(1)}));
@@ -238,9 +239,9 @@ TEST(ForwardOnly, TwoStagesTwoMicroBatches) {
 
 TEST(ForwardOnly, InterleavedChunksHopBetweenRanks) {
   // p = 2, V = 2: stages 0, 1, 2, 3 on ranks 0, 1, 0, 1. Any m (no m % p rule without backwards).
-  const Schedule s = forward_only({"interleaved", 2, 1, 2});
+  const Schedule s = forward_only(Placement::looped(2, 2), 1);
   EXPECT_EQ(s[0], (std::vector<Action>{PA(0, 1, 1), F(0, 0), SA(0, 0, 1), WA(0, 1, 1), F(0, 1), SA(0, 1, 1)}));
   EXPECT_EQ(s[1], (std::vector<Action>{PA(0, 0, 0), WA(0, 0, 0), PA(0, 1, 0), F(0, 0), SA(0, 0, 0), WA(0, 1, 0),
                                        F(0, 1)}));
-  EXPECT_THROW(forward_only({"1f1b", 2, 0, 1}), mt::InputError);
+  EXPECT_THROW(forward_only(Placement::looped(2, 1), 0), mt::InputError);
 }

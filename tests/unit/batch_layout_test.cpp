@@ -31,19 +31,19 @@ TrainConfig config(int B, int mbs, int pp = 1, ScheduleKind schedule = ScheduleK
 std::vector<int> cover(const BatchLayout& l, bool eval) {
   std::vector<int> marks(l.global_batch(), 0);
   for (int r = 0; r < l.dp_ranks(); r++) {
-    const BatchShare s = eval ? l.eval_share(r) : l.share(r);
+    const BatchShare s = eval ? l.eval_share(r) : l.share(r, 0);
     int covered = 0;
-    for (int i = 0; i < s.micro_count; i++) {
+    for (int i = 0; i < s.micro_count(); i++) {
       EXPECT_GE(s.micro_len(i), 1);
-      EXPECT_LE(s.micro_len(i), s.micro_size);
+      EXPECT_LE(s.micro_len(i), s.micro_size());
       for (int w = s.micro_first(i); w < s.micro_first(i) + s.micro_len(i); w++) {
         EXPECT_GE(w, s.first);
-        EXPECT_LT(w, s.first + s.count);
+        EXPECT_LT(w, s.first + s.count());
         marks[w]++;
         covered++;
       }
     }
-    EXPECT_EQ(covered, s.count) << "rank " << r;
+    EXPECT_EQ(covered, s.count()) << "rank " << r;
   }
   return marks;
 }
@@ -75,10 +75,11 @@ TEST(BatchLayout, EveryWindowOnceForAllDivisibleLayouts) {
 
 TEST(BatchLayout, WrittenOutCases) {
   const BatchLayout a(config(8, 2), 2);  // 2 ranks of 4 windows, 2 micro-batches of 2
-  const BatchShare s1 = a.share(1);
+  const BatchShare s1 = a.share(1, 0);
   EXPECT_EQ(s1.first, 4);
-  EXPECT_EQ(s1.count, 4);
-  EXPECT_EQ(s1.micro_count, 2);
+  EXPECT_EQ(s1.count(), 4);
+  EXPECT_EQ(a.share(1, 7).sizes, s1.sizes);  // even shares: the same every step
+  EXPECT_EQ(s1.micro_count(), 2);
   EXPECT_EQ(s1.micro_first(1), 6);
   EXPECT_EQ(a.schedule().micro_batches, 2);
   EXPECT_FALSE(a.pipelined());
@@ -99,14 +100,14 @@ TEST(BatchLayout, WrittenOutCases) {
 TEST(BatchLayout, ShortLastMicroBatch) {
   // Training layouts are whole (B % (N u) == 0 is required); a share's last micro-batch is clipped to it:
   // 5 windows from 3 in micro-batches of 2 are 3-4, 5-6, 7.
-  const BatchShare s{3, 5, 2, 3};
+  const BatchShare s = BatchShare::even(3, 5, 2);
   EXPECT_EQ(s.micro_first(0), 3);
   EXPECT_EQ(s.micro_len(0), 2);
   EXPECT_EQ(s.micro_first(2), 7);
   EXPECT_EQ(s.micro_len(2), 1);
   // Evaluation without --micro-batch-size runs the share as one micro-batch; with it, in u-sized pieces.
-  EXPECT_EQ(BatchLayout(config(12, 0), 3).eval_share(2).micro_count, 1);
-  EXPECT_EQ(BatchLayout(config(12, 2), 3).eval_share(2).micro_count, 2);
+  EXPECT_EQ(BatchLayout(config(12, 0), 3).eval_share(2).micro_count(), 1);
+  EXPECT_EQ(BatchLayout(config(12, 2), 3).eval_share(2).micro_count(), 2);
   EXPECT_EQ(BatchLayout(config(12, 2), 3).eval_share(2).first, 8);
 }
 
@@ -129,4 +130,20 @@ TEST(BatchLayout, ErrorsNameTheFlags) {
             std::string::npos);
   sp.tp = 1;
   EXPECT_NE(error_of(sp, 1).find("--sequence-parallel needs --tp > 1"), std::string::npos);
+}
+
+TEST(BatchShare, AListOfMicroBatchSizes) {
+  // An uneven share (what a layout by measured speed would hand out): micro-batches of 3, 1 and 2 windows.
+  BatchShare s;
+  s.first = 5;
+  s.sizes = {3, 1, 2};
+  EXPECT_EQ(s.count(), 6);
+  EXPECT_EQ(s.micro_count(), 3);
+  EXPECT_EQ(s.micro_first(0), 5);
+  EXPECT_EQ(s.micro_first(1), 8);
+  EXPECT_EQ(s.micro_first(2), 9);
+  EXPECT_EQ(s.micro_len(2), 2);
+  EXPECT_EQ(s.micro_size(), 3);
+  EXPECT_EQ(BatchShare::even(0, 0, 4).micro_count(), 0);
+  EXPECT_EQ(BatchShare::even(0, 7, 3).sizes, (std::vector<int>{3, 3, 1}));
 }

@@ -5,6 +5,8 @@
 // zero_shards, the engine's buckets); the ranks' contributions are then summed here, as the replica
 // all-reduce would. Values are distinct small numbers, so the sum is exact and an element counted twice (or
 // never) shows as a mismatch.
+#include "train/consolidate.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -17,7 +19,9 @@
 #include "parallel/async/param_server.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/data/zero_shards.h"
-#include "train/consolidate.h"
+#include "parallel/pipeline/placement.h"
+#include "train/replicas.h"
+#include "train/task.h"
 
 namespace {
 
@@ -46,18 +50,23 @@ mt::model::GptConfig shape() {
   return c;
 }
 
-// Rank (t, j)'s registry: pipeline rank j of P holds chunks c = 0..V-1, global stage c * P + j of one block
-// each (4 blocks over P * V stages).
+// Rank (t, j)'s registry: pipeline rank j of P holds chunks c = 0..V-1, the stages of the looped placement,
+// of one block each (4 blocks over P * V stages), with the replica facts a run gives them.
 void declare(mt::nn::ParamRegistry& reg, FakeTp* tp, int j, int P, int V) {
   const int S = P * V, per = shape().n_layer / S;
+  const mt::pipeline::Placement pl = mt::pipeline::Placement::looped(P, V);
+  std::vector<int> first;
+  for (int s = 0; s <= S; s++) first.push_back(s * per);
   std::vector<std::unique_ptr<mt::model::Gpt>> chunks;
   for (int c = 0; c < V; c++) {
-    const int s = c * P + j;
+    const int s = pl.stage_of(j, c);
     if (S == 1)
       chunks.push_back(std::make_unique<mt::model::Gpt>(shape(), reg, tp));
     else
       chunks.push_back(std::make_unique<mt::model::Gpt>(shape(), reg, tp, mt::model::StageRange{s * per, (s + 1) * per, s, S}));
   }
+  mt::train::set_replica_facts(reg, tp ? tp->rank() : 0, tp ? tp->size() : 1,
+                               S > 1 ? mt::train::tied_tensors(shape(), first) : std::set<std::string>{}, j == 0);
 }
 
 struct Layout {
@@ -89,7 +98,7 @@ TEST(Consolidate, WholeToShardsToWholeForEveryLayout) {
             o.zero = zero;
             o.bucket_mb = 200.0 * 4 / 1048576.0;  // ~200 floats: buckets cut through tensors
             mt::parallel::DataParallel engine(reg, nullptr, o);  // finalizes reg; its buckets are what ZeRO shards
-            const mt::train::StateConsolidator sc(reg, full, {t == 0, j == 0}, nullptr);
+            const mt::train::StateConsolidator sc(reg, full, {}, nullptr);
             // whole -> this rank's flat buffer -> each dp rank's ZeRO shard -> flat buffer -> contribution.
             std::vector<float> local(reg.size(), -1.0f), back(reg.size(), -7.0f);
             sc.extract(whole.data(), local.data());

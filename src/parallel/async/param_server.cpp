@@ -149,7 +149,7 @@ PsServer::PsServer(comm::Communicator& world, comm::Communicator* servers, nn::P
     const size_t lo = std::max(p.offset, sh_.offset), hi = std::min(p.offset + p.numel, sh_.offset + sh_.count);
     if (lo < hi) {
       const size_t rel = lo - sh_.offset;
-      segs_.push_back({rel, rel, rel, hi - lo, p.decay, t});
+      segs_.push_back({rel, rel, rel, hi - lo, p.decay, t, lo - p.offset, &p});
     }
     t++;
   }

@@ -133,7 +133,8 @@ std::vector<optim::Segment> BucketSet::shard_segments(bool params_packed, bool g
       const size_t hi = std::min(p.offset + p.numel, b->begin + b->so + b->sc);
       if (lo >= hi) continue;
       const size_t shard = b->pos + (lo - (b->begin + b->so));
-      segs.push_back({params_packed ? shard : lo, grads_packed ? shard : lo, shard, hi - lo, p.decay, index});
+      segs.push_back(
+          {params_packed ? shard : lo, grads_packed ? shard : lo, shard, hi - lo, p.decay, index, lo - p.offset, &p});
     }
   }
   return segs;

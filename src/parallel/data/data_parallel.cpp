@@ -63,7 +63,37 @@ void DataParallel::scale_grads(float factor) {
   });
 }
 
-void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) { stage_->update(opt, lr, step); }
+void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
+  if (const int k = opt.tensor_sums(); k > 0) opt.set_tensor_sums(tensor_sums(k, opt.piece_sums()));
+  stage_->update(opt, lr, step);
+}
+
+std::vector<double> DataParallel::tensor_sums(int k, const optim::PieceSums& fn) {
+  const auto& all = b_.params.params();
+  const size_t T = all.size();
+  std::vector<double> sums(T * k, 0.0);
+  const float *p = stage_->param_base(), *g = stage_->grad_base();
+  for (const optim::Segment& sg : stage_->segments()) fn(sg, p + sg.param, g + sg.grad, &sums[(size_t)sg.tensor * k]);
+  // Over the group that shards each tensor (a sharded stage's pieces tile it there), then over tp for the
+  // tensors split there; one float32 all-reduce per group, the other tensors' entries zero in it.
+  auto reduce = [&](comm::Communicator* c, const std::function<bool(const nn::Param&)>& over) {
+    if (!c || c->size() == 1) return;
+    std::vector<float> v(T * k, 0.0f);
+    for (size_t t = 0; t < T; t++)
+      if (over(all[t]))
+        for (int j = 0; j < k; j++) v[t * k + j] = (float)sums[t * k + j];
+    c->all_reduce(v.data(), v.data(), v.size(), comm::DType::f32, comm::ReduceOp::sum);
+    for (size_t t = 0; t < T; t++)
+      if (over(all[t]))
+        for (int j = 0; j < k; j++) sums[t * k + j] = v[t * k + j];
+  };
+  if (stage_->sharded()) {
+    reduce(b_.dp, [](const nn::Param& x) { return !x.expert; });
+    reduce(b_.experts, [](const nn::Param& x) { return x.expert; });
+  }
+  reduce(tp_, [](const nn::Param& x) { return x.shard.axis >= 0; });
+  return sums;
+}
 
 // ---- Hooks: trace bookkeeping here, the stage's work in between. ----
 

@@ -244,6 +244,7 @@ class Stage3 : public Stage2 {
     gather_shards(pshard_.data(), out.data());
   }
   void load_full_params(const float* full) override { take_bucket_shards(full, pshard_.data()); }
+  const float* param_base() override { return pshard_.data(); }
   size_t param_bytes() const override { return shard_total_ * sizeof(float); }
 
  private:

@@ -55,6 +55,8 @@ class ZeroStage {
   // The reduced gradient this rank owns, as (pointer, count) pieces; where segments' grad offsets point.
   virtual void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) = 0;
   virtual const float* grad_base() { return b_.params.grad(); }
+  // Where segments' param offsets point (the stage's update passes the same base).
+  virtual const float* param_base() { return b_.params.data(); }
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
   virtual void update(optim::Optimizer& opt, float lr, int64_t step) = 0;
 

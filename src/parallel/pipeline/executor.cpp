@@ -9,6 +9,15 @@
 
 namespace mt::pipeline {
 
+const float* StageRunner::backward_input(int chunk, int micro_batch, const float*) {
+  throw Error(str("this stage runner has no split backward: backward_input(i=", micro_batch, ", c=", chunk,
+                  ") needs one (use a schedule without backward_input / backward_weight actions)"));
+}
+
+void StageRunner::backward_weight(int chunk, int micro_batch) {
+  throw Error(str("this stage runner has no split backward: backward_weight(i=", micro_batch, ", c=", chunk, ")"));
+}
+
 namespace {
 
 // Every message is the tensor (n floats) followed by the sender's clock when it sent it (a double in two
@@ -45,170 +54,260 @@ struct InFlight {
   std::vector<float> msg;
 };
 
-}  // namespace
+using Clock = trace::ChromeTrace;
+using Key = std::pair<int, int>;  // (micro-batch, chunk)
+using Buffers = std::map<Key, std::vector<float>>;
+using Requests = std::map<Key, InFlight>;
 
-void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
-                 StageRunner& runner, PipelineStats* stats, trace::ChromeTrace* trace) {
-  PipelineExecutor ex;
-  ex.run(spec, actions, pp, runner, stats, trace);
+// One call of PipelineExecutor::run: one rank's list, its buffers in flight and its timings.
+class ListRun {
+ public:
+  ListRun(const ScheduleSpec& spec, const Placement& pl, comm::Communicator& pp, StageRunner& runner,
+          std::vector<std::vector<float>>& pool, trace::ChromeTrace* trace)
+      : spec_(spec),
+        pl_(pl),
+        pp_(pp),
+        runner_(runner),
+        pool_(pool),
+        j_(pp.rank()),
+        n_(runner.activation_count()),
+        nm_(n_ + kStamp),
+        trace_(trace && trace->enabled() ? trace : nullptr) {
+    st_.chunk_forward_us.assign(spec.virtual_stages, 0.0);
+    st_.chunk_backward_us.assign(spec.virtual_stages, 0.0);
+  }
+  void act(const Action& a, const OptimizerStep& step);
+  // Completes every send and returns the buffers to the pool; the stats of the call.
+  PipelineStats finish(double t_start);
+
+ private:
+  // Tag of a message arriving at global stage s: kind 0 activation, 1 gradient.
+  int tag(int kind, int i, int s) const { return (kind * spec_.micro_batches + i) * pl_.stages() + s; }
+  std::string label(const char* what, const Action& a, bool to) const {
+    return str(what, " i=", a.micro_batch, spec_.virtual_stages > 1 ? str(" c=", a.chunk) : std::string(),
+               to ? " to " : " from ", a.peer);
+  }
+  std::string compute_name(char kind, const Action& a) const {
+    return spec_.virtual_stages > 1 ? str(kind, a.micro_batch, "c", a.chunk) : str(kind, a.micro_batch);
+  }
+  // The chunk of this rank computing micro-batch i's stage s, or -1 when another rank does (or no stage).
+  int local_chunk(int i, int s) const {
+    if (s < 0 || s >= pl_.stages()) return -1;
+    const Slot& x = pl_.slot(i, s);
+    return x.rank == j_ ? x.chunk : -1;
+  }
+  void post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind, const char* what);
+  void wait_recv(Buffers& bufs, Requests& reqs, const Key& key);
+  void send(const float* data, const Action& a, int kind, int to_stage, const char* what);
+  void forward(const Action& a);
+  void backward(const Action& a);
+  void poll_sends();
+  void drain_sends();
+  void recycle(Buffers& bufs, const Key& key);
+
+  const ScheduleSpec& spec_;
+  const Placement& pl_;
+  comm::Communicator& pp_;
+  StageRunner& runner_;
+  std::vector<std::vector<float>>& pool_;
+  const int j_;
+  const size_t n_, nm_;
+  trace::ChromeTrace* trace_;  // null when not tracing
+  PipelineStats st_;
+  double step_us_ = 0;  // spent in the optimizer step, which the span leaves out
+  Buffers act_in_, grad_in_, grad_out_;
+  Requests act_req_, grad_req_;  // receives posted ahead
+  std::map<Key, const float*> act_out_;
+  std::vector<InFlight> sends_;
+};
+
+void ListRun::recycle(Buffers& bufs, const Key& key) {
+  if (auto it = bufs.find(key); it != bufs.end()) {
+    pool_.push_back(std::move(it->second));
+    bufs.erase(it);
+  }
 }
 
-void PipelineExecutor::run(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
-                           StageRunner& runner, PipelineStats* stats, trace::ChromeTrace* trace) {
-  std::vector<std::vector<float>>& pool = pool_;
-  const int p = spec.stages, m = spec.micro_batches, S = p * spec.virtual_stages, j = pp.rank();
-  MT_ASSERT(pp.size() == p, "pipeline group of ", pp.size(), " ranks for a schedule of ", p);
-  const size_t n = runner.activation_count(), nm = n + kStamp;
-  const bool tracing = trace && trace->enabled();
-  using Clock = trace::ChromeTrace;
-  PipelineStats st;
-  st.chunk_forward_us.assign(spec.virtual_stages, 0.0);
-  st.chunk_backward_us.assign(spec.virtual_stages, 0.0);
-  const double t_start = Clock::now_us();
-  // Tag of a message arriving at global stage s: kind 0 activation, 1 gradient.
-  auto tag = [&](int kind, int i, int s) { return (kind * m + i) * S + s; };
-  auto label = [&](const char* what, const Action& a, int peer_word) {
-    return str(what, " i=", a.micro_batch, spec.virtual_stages > 1 ? str(" c=", a.chunk) : std::string(),
-               peer_word ? " to " : " from ", a.peer);
-  };
-  std::map<std::pair<int, int>, std::vector<float>> act_in, grad_in, grad_out;  // by (micro-batch, chunk)
-  std::map<std::pair<int, int>, InFlight> act_req, grad_req;                 // receives posted ahead
-  std::map<std::pair<int, int>, const float*> act_out;
-  std::vector<InFlight> sends;
-  // Trace only: notes sends that have completed since the last look.
-  auto poll_sends = [&]() {
-    if (!tracing) return;
-    for (InFlight& f : sends) {
-      if (f.t0 > 0 && f.req.test()) {
-        trace->add(trace::Track::p2p, f.what, "p2p", f.t0, Clock::now_us());
-        f.t0 = 0;
-      }
-    }
-  };
-  auto post_recv = [&](std::map<std::pair<int, int>, std::vector<float>>& bufs,
-                       std::map<std::pair<int, int>, InFlight>& reqs, const Action& a, int kind, int s,
-                       const char* what) {
-    const auto key = std::make_pair(a.micro_batch, a.chunk);
-    auto& buf = bufs[key];
-    buf = take(pool, nm);
-    reqs[key] = {pp.irecv(buf.data(), nm, comm::DType::f32, a.peer, tag(kind, a.micro_batch, s)), Clock::now_us(),
-                 tracing ? label(what, a, 0) : std::string(), {}};
-  };
-  // Waits for a posted receive. A message sent while this rank was already waiting for it measures the
-  // transport's latency as the pipeline feels it (send to the waiter running again).
-  auto wait_recv = [&](std::map<std::pair<int, int>, std::vector<float>>& bufs,
-                       std::map<std::pair<int, int>, InFlight>& reqs, const std::pair<int, int>& key) {
-    InFlight& f = reqs.at(key);
-    const double t0 = Clock::now_us();
-    f.req.wait();
-    const double t1 = Clock::now_us();
-    st.wait_us += t1 - t0;
-    const double sent = get_stamp(bufs.at(key), n);
-    if (sent >= t0 && t1 >= sent) {
-      st.latency_us += t1 - sent;
-      st.latency_samples++;
-    }
-    if (tracing) trace->add(trace::Track::p2p, f.what, "p2p", f.t0, t1);
-    reqs.erase(key);
-  };
-  auto send = [&](const float* data, const Action& a, int kind, int to_stage, const char* what) {
-    InFlight f;
-    f.msg = take(pool, nm);
-    std::memcpy(f.msg.data(), data, sizeof(float) * n);
-    f.t0 = Clock::now_us();
-    put_stamp(f.msg, n, f.t0);
-    f.req = pp.isend(f.msg.data(), nm, comm::DType::f32, a.peer, tag(kind, a.micro_batch, to_stage));
-    f.what = tracing ? label(what, a, 1) : std::string();
-    sends.push_back(std::move(f));  // the vector's heap buffer moves with it: the send's pointer stays valid
-  };
-  auto compute_name = [&](char kind, const Action& a) {
-    return spec.virtual_stages > 1 ? str(kind, a.micro_batch, "c", a.chunk) : str(kind, a.micro_batch);
-  };
-  for (const Action& a : actions) {
-    const int s = a.chunk * p + j;
-    const auto key = std::make_pair(a.micro_batch, a.chunk);
-    switch (a.kind) {
-      case ActionKind::post_recv_act:
-        post_recv(act_in, act_req, a, 0, s, "recv activation");
-        break;
-      case ActionKind::wait_recv_act:
-        wait_recv(act_in, act_req, key);
-        break;
-      case ActionKind::forward: {
-        // With one rank, consecutive stages are its consecutive chunks: the input is handed over in memory.
-        const float* input = s == 0 ? nullptr
-                             : p == 1 ? act_out.at({a.micro_batch, a.chunk - 1})
-                                      : act_in.at(key).data();
-        const double t0 = Clock::now_us();
-        act_out[key] = runner.forward(a.chunk, a.micro_batch, input);
-        const double t1 = Clock::now_us();
-        st.forward_us += t1 - t0;
-        st.chunk_forward_us[a.chunk] += t1 - t0;
-        st.forwards++;
-        if (tracing) trace->add(trace::Track::compute, compute_name('F', a), "forward", t0, t1);
-        poll_sends();
-        break;
-      }
-      case ActionKind::send_act:
-        send(act_out.at(key), a, 0, s + 1, "send activation");
-        break;
-      case ActionKind::post_recv_grad:
-        post_recv(grad_in, grad_req, a, 1, s, "recv gradient");
-        break;
-      case ActionKind::wait_recv_grad:
-        wait_recv(grad_in, grad_req, key);
-        break;
-      case ActionKind::backward: {
-        const float* dout = s == S - 1 ? nullptr
-                            : p == 1   ? grad_out.at({a.micro_batch, a.chunk + 1}).data()
-                                       : grad_in.at(key).data();
-        const double t0 = Clock::now_us();
-        const float* g = runner.backward(a.chunk, a.micro_batch, dout);
-        if (s > 0) {  // the runner reuses its buffer in the next backward
-          std::vector<float>& go = grad_out[key];
-          go = take(pool, n);
-          std::memcpy(go.data(), g, sizeof(float) * n);
-        }
-        if (p == 1 && a.chunk + 1 < spec.virtual_stages) {  // the next chunk's gradient has been handed over
-          auto it = grad_out.find({a.micro_batch, a.chunk + 1});
-          pool.push_back(std::move(it->second));
-          grad_out.erase(it);
-        }
-        const double t1 = Clock::now_us();
-        st.backward_us += t1 - t0;
-        st.chunk_backward_us[a.chunk] += t1 - t0;
-        st.backwards++;
-        if (tracing) trace->add(trace::Track::compute, compute_name('B', a), "backward", t0, t1);
-        for (auto* bufs : {&act_in, &grad_in}) {
-          if (auto it = bufs->find(key); it != bufs->end()) {
-            pool.push_back(std::move(it->second));
-            bufs->erase(it);
-          }
-        }
-        poll_sends();
-        break;
-      }
-      case ActionKind::send_grad:
-        send(grad_out.at(key).data(), a, 1, s - 1, "send gradient");
-        pool.push_back(std::move(grad_out.at(key)));
-        grad_out.erase(key);
-        break;
-      case ActionKind::optimizer_step:
-        break;  // the trainer reduces gradients and steps after the list
+// Trace only: notes sends that have completed since the last look.
+void ListRun::poll_sends() {
+  if (!trace_) return;
+  for (InFlight& f : sends_) {
+    if (f.t0 > 0 && f.req.test()) {
+      trace_->add(trace::Track::p2p, f.what, "p2p", f.t0, Clock::now_us());
+      f.t0 = 0;
     }
   }
+}
+
+// Waits for every send issued so far and returns their buffers to the pool.
+void ListRun::drain_sends() {
   std::vector<comm::Request> reqs;
-  for (InFlight& f : sends) reqs.push_back(f.req);
+  for (InFlight& f : sends_) reqs.push_back(f.req);
   comm::wait_all(reqs);
+  const double t = Clock::now_us();
+  for (InFlight& f : sends_) {
+    if (trace_ && f.t0 > 0) trace_->add(trace::Track::p2p, f.what, "p2p", f.t0, t);
+    pool_.push_back(std::move(f.msg));
+  }
+  sends_.clear();
+}
+
+void ListRun::post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind, const char* what) {
+  const Key key{a.micro_batch, a.chunk};
+  auto& buf = bufs[key];
+  buf = take(pool_, nm_);
+  const int s = pl_.stage_of(j_, a.chunk);
+  reqs[key] = {pp_.irecv(buf.data(), nm_, comm::DType::f32, a.peer, tag(kind, a.micro_batch, s)),
+               Clock::now_us(),
+               trace_ ? label(what, a, false) : std::string(),
+               {}};
+}
+
+// Waits for a posted receive. A message sent while this rank was already waiting for it measures the
+// transport's latency as the pipeline feels it (send to the waiter running again).
+void ListRun::wait_recv(Buffers& bufs, Requests& reqs, const Key& key) {
+  InFlight& f = reqs.at(key);
+  const double t0 = Clock::now_us();
+  f.req.wait();
+  const double t1 = Clock::now_us();
+  st_.wait_us += t1 - t0;
+  const double sent = get_stamp(bufs.at(key), n_);
+  if (sent >= t0 && t1 >= sent) {
+    st_.latency_us += t1 - sent;
+    st_.latency_samples++;
+  }
+  if (trace_) trace_->add(trace::Track::p2p, f.what, "p2p", f.t0, t1);
+  reqs.erase(key);
+}
+
+void ListRun::send(const float* data, const Action& a, int kind, int to_stage, const char* what) {
+  InFlight f;
+  f.msg = take(pool_, nm_);
+  std::memcpy(f.msg.data(), data, sizeof(float) * n_);
+  f.t0 = Clock::now_us();
+  put_stamp(f.msg, n_, f.t0);
+  f.req = pp_.isend(f.msg.data(), nm_, comm::DType::f32, a.peer, tag(kind, a.micro_batch, to_stage));
+  f.what = trace_ ? label(what, a, true) : std::string();
+  sends_.push_back(std::move(f));  // the vector's heap buffer moves with it: the send's pointer stays valid
+}
+
+void ListRun::forward(const Action& a) {
+  const Key key{a.micro_batch, a.chunk};
+  const int s = pl_.stage_of(j_, a.chunk), prev = local_chunk(a.micro_batch, s - 1);
+  // A previous stage on this rank hands its output over in memory.
+  const float* input = s == 0 ? nullptr : prev >= 0 ? act_out_.at({a.micro_batch, prev}) : act_in_.at(key).data();
+  const double t0 = Clock::now_us();
+  act_out_[key] = runner_.forward(a.chunk, a.micro_batch, input);
+  const double t1 = Clock::now_us();
+  st_.forward_us += t1 - t0;
+  st_.chunk_forward_us[a.chunk] += t1 - t0;
+  st_.forwards++;
+  if (trace_) trace_->add(trace::Track::compute, compute_name('F', a), "forward", t0, t1);
+  poll_sends();
+}
+
+// backward, or the input-gradient half of a split one.
+void ListRun::backward(const Action& a) {
+  const Key key{a.micro_batch, a.chunk};
+  const int s = pl_.stage_of(j_, a.chunk), next = local_chunk(a.micro_batch, s + 1);
+  const float* dout = s == pl_.stages() - 1 ? nullptr
+                      : next >= 0           ? grad_out_.at({a.micro_batch, next}).data()
+                                            : grad_in_.at(key).data();
+  const double t0 = Clock::now_us();
+  const float* g = a.kind == ActionKind::backward ? runner_.backward(a.chunk, a.micro_batch, dout)
+                                                  : runner_.backward_input(a.chunk, a.micro_batch, dout);
+  if (s > 0) {  // the runner reuses its buffer in the next backward
+    std::vector<float>& go = grad_out_[key];
+    go = take(pool_, n_);
+    std::memcpy(go.data(), g, sizeof(float) * n_);
+  }
+  if (next >= 0) recycle(grad_out_, {a.micro_batch, next});  // the next stage's gradient has been handed over
+  const double t1 = Clock::now_us();
+  st_.backward_us += t1 - t0;
+  st_.chunk_backward_us[a.chunk] += t1 - t0;
+  st_.backwards++;
+  if (trace_) trace_->add(trace::Track::compute, compute_name('B', a), "backward", t0, t1);
+  recycle(act_in_, key);
+  recycle(grad_in_, key);
+  poll_sends();
+}
+
+void ListRun::act(const Action& a, const OptimizerStep& step) {
+  const Key key{a.micro_batch, a.chunk};
+  switch (a.kind) {
+    case ActionKind::post_recv_act:
+      post_recv(act_in_, act_req_, a, 0, "recv activation");
+      break;
+    case ActionKind::wait_recv_act:
+      wait_recv(act_in_, act_req_, key);
+      break;
+    case ActionKind::forward:
+      forward(a);
+      break;
+    case ActionKind::send_act:
+      send(act_out_.at(key), a, 0, pl_.stage_of(j_, a.chunk) + 1, "send activation");
+      break;
+    case ActionKind::post_recv_grad:
+      post_recv(grad_in_, grad_req_, a, 1, "recv gradient");
+      break;
+    case ActionKind::wait_recv_grad:
+      wait_recv(grad_in_, grad_req_, key);
+      break;
+    case ActionKind::backward:
+    case ActionKind::backward_input:
+      backward(a);
+      break;
+    case ActionKind::backward_weight: {
+      const double t0 = Clock::now_us();
+      runner_.backward_weight(a.chunk, a.micro_batch);
+      const double t1 = Clock::now_us();
+      st_.backward_us += t1 - t0;
+      st_.chunk_backward_us[a.chunk] += t1 - t0;
+      if (trace_) trace_->add(trace::Track::compute, compute_name('W', a), "backward", t0, t1);
+      break;
+    }
+    case ActionKind::send_grad:
+      send(grad_out_.at(key).data(), a, 1, pl_.stage_of(j_, a.chunk) - 1, "send gradient");
+      recycle(grad_out_, key);
+      break;
+    case ActionKind::optimizer_step: {
+      // The update may communicate collectively: no sends of this list are left in flight beside it.
+      drain_sends();
+      const double t0 = Clock::now_us();
+      if (step) step();
+      step_us_ += Clock::now_us() - t0;
+      break;
+    }
+  }
+}
+
+PipelineStats ListRun::finish(double t_start) {
+  drain_sends();
   const double t_end = Clock::now_us();
-  if (tracing)
-    for (InFlight& f : sends)
-      if (f.t0 > 0) trace->add(trace::Track::p2p, f.what, "p2p", f.t0, t_end);
-  for (InFlight& f : sends) pool.push_back(std::move(f.msg));
-  for (auto* bufs : {&act_in, &grad_in})
-    for (auto& [k, v] : *bufs) pool.push_back(std::move(v));
-  st.span_us = t_end - t_start;
-  st.lists = 1;
+  for (Buffers* bufs : {&act_in_, &grad_in_})
+    for (auto& [k, v] : *bufs) pool_.push_back(std::move(v));
+  st_.span_us = t_end - t_start - step_us_;
+  st_.lists = 1;
+  return st_;
+}
+
+}  // namespace
+
+void run_actions(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
+                 PipelineStats* stats, trace::ChromeTrace* trace, const OptimizerStep& step) {
+  PipelineExecutor ex;
+  ex.run(spec, schedule, pp, runner, stats, trace, step);
+}
+
+void PipelineExecutor::run(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp,
+                           StageRunner& runner, PipelineStats* stats, trace::ChromeTrace* trace,
+                           const OptimizerStep& step) {
+  MT_ASSERT(pp.size() == spec.stages && schedule.placement.ranks() == spec.stages, "pipeline group of ", pp.size(),
+            " ranks for a schedule of ", spec.stages, " (placement of ", schedule.placement.ranks(), ")");
+  const double t_start = Clock::now_us();
+  ListRun list(spec, schedule.placement, pp, runner, pool_, trace);
+  for (const Action& a : schedule[pp.rank()]) list.act(a, step);
+  const PipelineStats st = list.finish(t_start);
   if (stats) stats->add(st);
 }
 

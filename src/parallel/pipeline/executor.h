@@ -1,10 +1,13 @@
 // Runs one rank's pipeline action list (schedule.h) for one optimizer step: posts receives of activations
 // and gradients where the list says (one computation ahead, so they arrive while the current one computes),
 // waits for them before the compute that reads them, runs its chunks' forward and backward, and sends
-// (non-blocking) what the next and previous stages need. The communication rule of schedule.h makes this
-// deadlock-free; every wait has the communicator's deadline.
+// (non-blocking) what the next and previous stages need; at the optimizer_step action it completes the sends
+// issued so far and calls the run's update. Which stage a chunk computes, and whether a neighbouring stage is
+// on this rank (handed over in memory) or another (a message), is the schedule's placement. The
+// communication rule of schedule.h makes this deadlock-free; every wait has the communicator's deadline.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -26,21 +29,29 @@ class StageRunner {
   virtual size_t activation_count() const = 0;  // floats in one micro-batch's activation
   virtual const float* forward(int chunk, int micro_batch, const float* input) = 0;
   virtual const float* backward(int chunk, int micro_batch, const float* output_grad) = 0;
+  // The split backward (schedule.h): backward_input returns the input's gradient as backward does (null on
+  // stage 0), backward_weight then accumulates the parameter gradients. Runners without it throw mt::Error.
+  virtual const float* backward_input(int chunk, int micro_batch, const float* output_grad);
+  virtual void backward_weight(int chunk, int micro_batch);
 };
 
-// pp: the pipeline group (rank j = pipeline position). Messages are tagged by (kind, micro-batch, stage).
-// stats (may be null) accumulates this call's timings; trace (may be null or disabled) records every
-// computation (compute track: "F3c1" = forward of micro-batch 3, chunk 1) and every receive (from post to
-// arrival seen) and send (from issue to completion seen) on the p2p track.
-void run_actions(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp,
-                 StageRunner& runner, PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr);
+// What an optimizer_step action does: the run's update of this rank's parameters (empty: nothing).
+using OptimizerStep = std::function<void()>;
+
+// Runs schedule[pp.rank()]. pp: the pipeline group (rank j = pipeline position). Messages are tagged by
+// (kind, micro-batch, stage). stats (may be null) accumulates this call's timings (its span leaves out the
+// optimizer step); trace (may be null or disabled) records every computation (compute track: "F3c1" =
+// forward of micro-batch 3, chunk 1) and every receive (from post to arrival seen) and send (from issue to
+// completion seen) on the p2p track.
+void run_actions(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
+                 PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr, const OptimizerStep& step = {});
 
 // The same, keeping its message buffers between calls (one per training run: steady-state steps allocate
 // nothing).
 class PipelineExecutor {
  public:
-  void run(const ScheduleSpec& spec, const std::vector<Action>& actions, comm::Communicator& pp, StageRunner& runner,
-           PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr);
+  void run(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
+           PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr, const OptimizerStep& step = {});
 
  private:
   std::vector<std::vector<float>> pool_;

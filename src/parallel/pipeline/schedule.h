@@ -2,15 +2,15 @@
 // The executor runs the list as written, the simulator (plan/simulator.h) replays it under a cost model, the
 // swimlane diagram draws the replay. Nothing here touches tensors or communicators.
 //
-// Legend: p pipeline ranks, m micro-batches, V chunks (virtual stages) per rank, S = p * V model stages;
+// Legend: p pipeline ranks, m micro-batches, V chunks (virtual stages) per rank, S model stages (p V when
+// each stage is held once);
 // i micro-batch, j rank, c chunk on a rank, s global stage, k position in a rank's list.
 //
-// Placement (Megatron-LM's interleaved assignment; with V = 1 simply stage = rank): chunk c of rank j is
-// global stage s = c * p + j. Stage 0 holds the embedding, stage S - 1 the head and the loss. The forward
-// of (i, s) needs the activation of (i, s - 1); the backward of (i, s) needs the gradient from (i, s + 1)
-// and the forward of (i, s). Neighbouring stages are on neighbouring ranks (rank p - 1 hands over to rank 0
-// of the next chunk); only when p == 1 do two consecutive stages share a rank, and then the activation is
-// handed over in memory, with no message.
+// Placement (placement.h) is data in the schedule, chosen by its generator: global stage s runs on some
+// (rank, chunk). Stage 0 holds the embedding, stage S - 1 the head and the loss. The forward of (i, s) needs
+// the activation of (i, s - 1); the backward of (i, s) needs the gradient from (i, s + 1) and the forward of
+// (i, s). When two consecutive stages are on one rank (p == 1 under the looped placement, the turn of a
+// V-shaped one), the tensor is handed over in memory, with no message.
 //
 // A list is built in two steps that any new schedule reuses:
 //   1. the schedule proper decides the order of forward and backward computations on each rank
@@ -26,18 +26,19 @@
 //        optimizer_step
 //
 //      Sends never block: the executor issues them as non-blocking sends (comm isend) and waits for them
-//      only after the rank's last action, before the buffers are reused; the transport delivers a message
-//      even when its receive is not posted yet (shm drains it into an "unexpected" buffer; MPI buffers
-//      small messages and completes large ones once the receive is posted). A receive is posted one computation before the one that needs it,
-//      so the message moves while X_k computes, and at most one receive buffer per rank is waiting.
+//      only before its optimizer step and after its last action, before the buffers are reused; the transport delivers
+//      a message even when its receive is not posted yet (shm drains it into an "unexpected" buffer; MPI buffers small
+//      messages and completes large ones once the receive is posted). A receive is posted one computation before the
+//      one that needs it, so the message moves while X_k computes, and at most one receive buffer per rank is waiting.
 //      Matching: per (sender, receiver, kind of message) the receiver posts its receives in exactly the
 //      order the sender sends, so a transport that matches by (source, tag) in posting order (ours and MPI
 //      do) can use one tag per kind; the (micro-batch, chunk) in each action is there to check what
 //      arrived, or to build unique tags if one prefers. With sends that never block, a rank can only wait
 //      in wait_recv, and check_schedule (schedule_check.h) proves by replay that every wait ends.
 //
-//  The three schedules, as the compute order on rank j (F = forward, B = backward, numbers = micro-batch;
-//  p = 4, m = 4; the time each one starts is what the simulator works out):
+//  The generators (schedule_generator.h: one per file in schedules/, found by name in their registry), as
+//  the compute order on rank j (F = forward, B = backward, numbers = micro-batch; p = 4, m = 4; the time each
+//  one starts is what the simulator works out):
 //
 //    gpipe        F0 F1 F2 F3 B0 B1 B2 B3              all forwards, then all backwards, in ascending order
 //    1f1b  j=0    F0 F1 F2 F3 B0 B1 B2 B3              warm-up of min(p - j - 1, m) forwards, then one
@@ -60,21 +61,27 @@
 #include <string>
 #include <vector>
 
+#include "parallel/pipeline/placement.h"
+
 namespace mt::pipeline {
 
 // What an executor does for each kind; "the tensor" is one micro-batch's activation (or its gradient) at
 // one stage boundary, the same shape for every micro-batch.
 enum class ActionKind : uint8_t {
-  forward,         // forward of (micro_batch, chunk); keeps what backward needs in the activation store
-  backward,        // backward of (micro_batch, chunk); accumulates parameter gradients, frees the activations
-  send_act,        // non-blocking send of chunk's output activation of micro_batch to peer
-  post_recv_act,   // post a non-blocking receive of chunk's input activation of micro_batch from peer
-  wait_recv_act,   // wait for that receive to complete; the forward that follows reads its buffer
-  send_grad,       // non-blocking send of the gradient of chunk's input of micro_batch to peer
-  post_recv_grad,  // post a non-blocking receive of the gradient of chunk's output of micro_batch from peer
-  wait_recv_grad,  // wait for that receive to complete; the backward that follows reads its buffer
-  optimizer_step,  // once, last: all of this rank's gradients are final (plus whatever the data-parallel
-                   // and tied-embedding reductions add, which are the executor's business)
+  forward,          // forward of (micro_batch, chunk); keeps what backward needs in the activation store
+  backward,         // backward of (micro_batch, chunk); accumulates parameter gradients, frees the activations
+  send_act,         // non-blocking send of chunk's output activation of micro_batch to peer
+  post_recv_act,    // post a non-blocking receive of chunk's input activation of micro_batch from peer
+  wait_recv_act,    // wait for that receive to complete; the forward that follows reads its buffer
+  send_grad,        // non-blocking send of the gradient of chunk's input of micro_batch to peer
+  post_recv_grad,   // post a non-blocking receive of the gradient of chunk's output of micro_batch from peer
+  wait_recv_grad,   // wait for that receive to complete; the backward that follows reads its buffer
+  optimizer_step,   // this rank's gradients are final: the executor calls the run's update (the same part the
+                    // micro-batch loop calls after its last micro-batch), after completing the sends so far
+  backward_input,   // the split backward (zero-bubble B): the input's gradient only, what the previous stage
+                    // waits for; no generator emits it yet
+  backward_weight,  // the split backward (zero-bubble W): the parameter gradients of (micro_batch, chunk),
+                    // after its backward_input; frees the activations
 };
 
 struct Action {
@@ -85,44 +92,51 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// One list per rank, indexed [j][k].
-using Schedule = std::vector<std::vector<Action>>;
+// Per-rank action lists, indexed [j][k].
+using ActionLists = std::vector<std::vector<Action>>;
 
-struct ScheduleSpec {
-  std::string name = "1f1b";  // gpipe | 1f1b | interleaved
-  int stages = 1;             // p: pipeline ranks
-  int micro_batches = 1;      // m
-  int virtual_stages = 1;     // V: chunks per rank; interleaved needs V >= 2, the others V == 1
+// A schedule: where the stages are, and what each rank does in one training step.
+struct Schedule {
+  Placement placement;
+  ActionLists lists;
+  std::vector<Action>& operator[](size_t j) { return lists[j]; }
+  const std::vector<Action>& operator[](size_t j) const { return lists[j]; }
+  size_t size() const { return lists.size(); }
 };
 
-// Schedules make_schedule knows, for help texts and error messages: "gpipe, 1f1b, interleaved".
+struct ScheduleSpec {
+  std::string name = "1f1b";  // a generator's name (schedule_names())
+  int stages = 1;             // p: pipeline ranks
+  int micro_batches = 1;      // m
+  int virtual_stages = 1;     // V: chunks per rank
+};
+
+// Generators the registry holds, for help texts and error messages: "gpipe, 1f1b, interleaved".
 const std::vector<std::string>& schedule_names();
 
-// Throws mt::InputError naming the flag values when the spec is not one make_schedule can build:
-// p, m >= 1; gpipe and 1f1b need V == 1; interleaved needs V >= 2 and m % p == 0 (its order walks the
-// micro-batches in groups of p, as Megatron-LM's does).
+// Throws mt::InputError naming the flag values when the spec is not one make_schedule can build: an unknown
+// name (the message lists the known ones), p, m, V < 1, or what the generator refuses.
 void validate(const ScheduleSpec& spec);
 
-// The whole list for every rank (validates first). The one function the executor needs.
+// The whole schedule for every rank (validates first). The one function the executor needs.
 Schedule make_schedule(const ScheduleSpec& spec);
 
-// Evaluation: forwards only, each rank's (i, c) in ascending micro-batch then chunk order (so every wait is
+// The placement the spec's generator chooses (validates first).
+Placement placement_of(const ScheduleSpec& spec);
+
+// Evaluation: forwards only, each rank's (i, c) in ascending micro-batch then stage order (so every wait is
 // for a smaller (i, s), and the lists cannot deadlock), with the messages of step 2 and no optimizer step.
-// Any schedule name and m (interleaved's m % p rule is about its backward order).
-Schedule forward_only(const ScheduleSpec& spec);
+// Any placement and m (interleaved's m % p rule is about its backward order).
+Schedule forward_only(const Placement& placement, int micro_batches);
 
 // Step 1 alone: only the forward and backward actions, in order (validates first).
-Schedule compute_order(const ScheduleSpec& spec);
+ActionLists compute_order(const ScheduleSpec& spec);
 
 // Step 2 alone: adds messages and the optimizer step to per-rank compute orders by the rule above. The
 // compute lists may be any order (a test builds broken ones); check_schedule judges the result.
-Schedule with_communication(const ScheduleSpec& spec, const Schedule& compute);
-
-// ---- Placement ----
-inline int num_stages(const ScheduleSpec& spec) { return spec.stages * spec.virtual_stages; }
-inline int stage_of(int rank, int chunk, int p) { return chunk * p + rank; }
-inline int rank_of_stage(int s, int p) { return s % p; }
-inline int chunk_of_stage(int s, int p) { return s / p; }
+Schedule with_communication(const Placement& placement, const ActionLists& compute);
+// The same under the looped placement of spec's p and V.
+Schedule with_communication(const ScheduleSpec& spec, const ActionLists& compute);
 
 // ---- Messages ----
 // The message a send or receive action refers to, named the same way on both ends: an activation goes from
@@ -134,22 +148,24 @@ struct Message {
   int from_rank = -1, to_rank = -1;
   bool operator==(const Message&) const = default;
 };
-bool is_compute(ActionKind kind);  // forward, backward
-bool is_send(ActionKind kind);     // send_act, send_grad
-bool is_post(ActionKind kind);     // post_recv_act, post_recv_grad
-bool is_wait(ActionKind kind);     // wait_recv_act, wait_recv_grad
+bool is_compute(ActionKind kind);   // forward, backward, backward_input, backward_weight
+bool is_backward(ActionKind kind);  // backward, backward_input: what produces the input's gradient
+bool is_send(ActionKind kind);      // send_act, send_grad
+bool is_post(ActionKind kind);      // post_recv_act, post_recv_grad
+bool is_wait(ActionKind kind);      // wait_recv_act, wait_recv_grad
 // For a send, post or wait action `a` in rank `rank`'s list. MT_ASSERTs that `a` is one.
-Message message_of(const Action& a, int rank, int p);
+Message message_of(const Action& a, int rank, const Placement& placement);
 
 // ---- Memory ----
-// The most (micro-batch, chunk) activations a rank holds at once: forwards minus backwards, maximised along
-// its list. 1F1B keeps it at min(p - j, m) on rank j, GPipe at m.
+// The most (micro-batch, chunk) activations a rank holds at once: forwards minus backwards (or weight
+// gradients), maximised along its list. 1F1B keeps it at min(p - j, m) on rank j, GPipe at m.
 int peak_in_flight(const std::vector<Action>& rank_actions);
 
 // ---- Printing ----
 const char* to_string(ActionKind kind);  // "forward", "send_act", ...
 std::string to_string(const Action& a);  // "forward(i=3, c=1)", "send_act(i=3, c=0, to=1)", "optimizer_step"
-// The compute order in short form: "F0 F1 B0 F2 B1 B2"; with V > 1 the chunk follows a c ("F0c1").
+// The compute order in short form: "F0 F1 B0 F2 B1 B2" (I and W for the halves of a split backward); with
+// V > 1 the chunk follows a c ("F0c1").
 std::string compute_summary(const std::vector<Action>& rank_actions, int virtual_stages);
 
 }  // namespace mt::pipeline

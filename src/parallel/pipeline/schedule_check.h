@@ -2,9 +2,12 @@
 // written by hand. Cheap (linear in the number of actions), so the executor may run it before a step.
 //
 // What it proves, or throws ScheduleError naming the rank, the action's index and the action:
-//  - shape: one list per rank; micro-batch and chunk in range; each send or receive names the rank that
-//    holds the neighbouring stage, and only where that stage is on another rank; optimizer_step once, last;
-//  - on each rank: every (i, c) is forwarded once and backwarded once, the forward first; a computation
+//  - shape: one list per rank, a placement of p ranks x V chunks; micro-batch and chunk in range, and the
+//    chunk on the micro-batch's route; each send or receive names the rank that holds the neighbouring stage
+//    of that micro-batch (the schedule's placement), and only where that stage is on another rank;
+//    optimizer_step once, last;
+//  - on each rank: every (i, c) of i's route is forwarded once and backwarded once (or input-gradient then
+//    weight-gradient half), the forward first; a computation
 //    with an input from another rank comes after the wait for it, and a wait after its post; with an input
 //    from the same rank (p == 1), after the computation that produces it; every output another rank needs
 //    is sent once, after it is computed; every posted receive is waited for;

@@ -1,0 +1,39 @@
+// A schedule generator: the part of a pipeline schedule that differs between schedules (which specs it
+// builds, where the stages go, the order of the computations on each rank); schedule.h adds the messages
+// and the optimizer step by one rule for all of them. One generator per file in schedules/; the registry
+// (schedules/registry.cpp) is the one table of them, looked up by name once when a run starts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/placement.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mt::pipeline {
+
+class ScheduleGenerator {
+ public:
+  virtual ~ScheduleGenerator() = default;
+  virtual const char* name() const = 0;
+  // Throws mt::InputError naming the values when the generator cannot build spec (p, m, V >= 1 and the
+  // size limit are checked before).
+  virtual void validate(const ScheduleSpec& spec) const = 0;
+  // Where the stages go; the looped placement unless the generator chooses another.
+  virtual Placement placement(const ScheduleSpec& spec) const {
+    return Placement::looped(spec.stages, spec.virtual_stages);
+  }
+  // Step 1 of schedule.h: the compute actions of each rank, in order, for a valid spec.
+  virtual ActionLists compute_order(const ScheduleSpec& spec, const Placement& placement) const = 0;
+};
+
+// The generator called name; throws mt::InputError listing the known names when there is none.
+const ScheduleGenerator& find_schedule(const std::string& name);
+
+// The registry's entries, one per file in schedules/.
+std::unique_ptr<ScheduleGenerator> make_gpipe_schedule();
+std::unique_ptr<ScheduleGenerator> make_one_f_one_b_schedule();
+std::unique_ptr<ScheduleGenerator> make_interleaved_schedule();
+
+}  // namespace mt::pipeline

@@ -1,0 +1,42 @@
+// The schedule generators a run can name (--schedule, simulate --schedule), in the order help texts list
+// them. A new generator is a new file in this folder and one line here.
+#include <algorithm>
+
+#include "core/error.h"
+#include "parallel/pipeline/schedule_generator.h"
+
+namespace mt::pipeline {
+
+namespace {
+
+const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
+  static const std::vector<std::unique_ptr<ScheduleGenerator>> all = [] {
+    std::vector<std::unique_ptr<ScheduleGenerator>> v;
+    v.push_back(make_gpipe_schedule());
+    v.push_back(make_one_f_one_b_schedule());
+    v.push_back(make_interleaved_schedule());
+    return v;
+  }();
+  return all;
+}
+
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& g : registry()) v.push_back(g->name());
+    return v;
+  }();
+  return names;
+}
+
+const ScheduleGenerator& find_schedule(const std::string& name) {
+  for (const auto& g : registry())
+    if (name == g->name()) return *g;
+  std::string known;
+  for (const std::string& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+  throw InputError(str("unknown pipeline schedule '", name, "'; choose one of ", known));
+}
+
+}  // namespace mt::pipeline
