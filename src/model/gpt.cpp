@@ -195,8 +195,16 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
     return;
   }
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-  float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
   nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs, prec_);
+  if (prec_ == Precision::bf16) {
+    // Only fcproj's products read gelu(fch) (gelu_backward reads fch): kept as the bf16 they round it to.
+    uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
+    nn::gelu_forward_bf16(fch_gelu16, fch, (size_t)N * 4 * Cs);
+    nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu16, p.fcproj_w->data, p.fcproj_b->data, res2, N,
+                                    4 * Cs, C);
+    return;
+  }
+  float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
   nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs,
                                   C, prec_);
@@ -407,9 +415,15 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     } else {
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-      const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
-                                       fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
+      if (prec_ == Precision::bf16) {
+        const uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+                                         fch_gelu16, p.fcproj_w->data, N, 4 * Cs, C);
+      } else {
+        const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+                                         fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
+      }
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
       nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
                                           ln2, p.fc_w->data, N, C, 4 * Cs, prec_);
@@ -462,12 +476,14 @@ size_t Gpt::activation_bytes(int B, int T) const {
   // This rank's share under tensor parallelism: heads, MLP width and vocabulary rows are split; with sequence
   // parallelism the residual stream and LayerNorm outputs too (N / S rows).
   const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
-  const size_t block = Nr * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
+  // Under bf16 fch_gelu is kept in bf16: half its floats.
+  const size_t mlp = N * Cs * (prec_ == Precision::bf16 ? 4 + 2 : 4 + 4) /*fch fch_gelu*/;
+  const size_t block = Nr * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3) /*atty qkv*/ + mlp +
                        (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
   // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
   // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows.
   const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
-  const size_t moe_block = block - N * Cs * 8 + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
+  const size_t moe_block = block - mlp + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
   size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   size_t biggest = 0;
   for (int l = begin_; l < end_; l++) {
