@@ -81,6 +81,19 @@ void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float*
   rows.reduce(partial, dinp, N, Cin);
 }
 
+void column_parallel_linear_forward(const TpRows& rows, float* out, const uint16_t* inp16, const float* W,
+                                    const float* b, int N, int Cin, int Cl) {
+  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
+  linear_forward(out, inp16, W, b, N, Cin, Cl);
+}
+
+void column_parallel_linear_backward(const TpRows& rows, float* dinp, GradOut dW, GradOut db, const float* dout,
+                                     const uint16_t* inp16, const float* W, int N, int Cin, int Cl) {
+  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
+  linear_backward(dinp, dW, db, dout, inp16, W, N, Cin, Cl, false);
+  rows.reduce(dinp, dinp, N, Cin);
+}
+
 void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks) {
   MT_ASSERT(blocks >= 1 && Cl % blocks == 0, "gather_columns: ", Cl, " columns in ", blocks, " blocks");
   const int S = rows.size(), w = Cl / blocks;
