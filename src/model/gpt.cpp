@@ -1,16 +1,17 @@
 #include "model/gpt.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
 #include "comm/types.h"
+#include "core/error.h"
 #include "nn/layers.h"
 #include "nn/tensor_parallel_layers.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
 
 namespace mt::model {
@@ -173,30 +174,60 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   // Residual-stream tensors (x, res2, res3 and the LayerNorm outputs) have Nr rows: all N, or this rank's
   // N / S under sequence parallelism, where the LayerNorm output is all-gathered before the column-parallel
   // product and the row-parallel product is reduce-scattered instead of all-reduced.
-  float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
+  // Inputs that backward reads only through products (ln1, atty, ln2 of a dense block, fch_gelu) are kept in
+  // bf16 under --precision bf16 (the products round them anyway: the same bits, half the bytes, no repacking in
+  // backward): written in float32 to one scratch, then rounded into the store. Not the LayerNorm outputs under
+  // SP, which are all-gathered in float32, nor an MoE block's ln2, which its experts copy.
+  const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
+  float* tmp = bf16 ? store.get(kScratchMb, "bf16_src", (size_t)N * C) : nullptr;
+  auto kept = [&](const char* name, int rows, int cols) {
+    uint16_t* h = store.get_bf16(smb, key(slot, name), (size_t)rows * cols);
+    pack_bf16(tmp, rows, cols, cols, h);
+    return h;
+  };
+  float* ln1 = keep_ln1 ? tmp : store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
   float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), Nr);
   float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), Nr);
   float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
   float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
-  float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
+  float* atty = bf16 ? tmp : store.get(smb, key(slot, "atty"), (size_t)N * Cs);
   float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
-  float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+  float* ln2 = keep_ln2 ? tmp : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
   float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), Nr);
   float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), Nr);
   nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
   float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
   float* partial = sp_scratch(store, "sp_full", (size_t)N * C);
-  nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs, prec_);
+  if (keep_ln1)
+    nn::column_parallel_linear_forward(rows_, qkv, kept("ln1_16", N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+  else
+    nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs, prec_);
   nn::attention_forward(atty, att, qkv, B, T, Cs, Hs, prec_);
-  nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C, prec_);
+  if (bf16)
+    nn::row_parallel_linear_forward(rows_, partial, res2, kept("atty16", N, Cs), p.attproj_w->data, p.attproj_b->data,
+                                    x, N, Cs, C);
+  else
+    nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C,
+                                    prec_);
   nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
   if (moe_[l]) {
     moe_forward(store, smb, l, ln2, res2, res3, B, T, mb);
     return;
   }
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+  if (keep_ln2)
+    nn::column_parallel_linear_forward(rows_, fch, kept("ln2_16", N, C), p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  else
+    nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs, prec_);
+  if (bf16) {
+    // Only fcproj's products read gelu(fch) (gelu_backward reads fch): kept as the bf16 they round it to.
+    uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
+    nn::gelu_forward_bf16(fch_gelu16, fch, (size_t)N * 4 * Cs);
+    nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu16, p.fcproj_w->data, p.fcproj_b->data, res2, N,
+                                    4 * Cs, C);
+    return;
+  }
   float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-  nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs, prec_);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
   nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs,
                                   C, prec_);
@@ -389,12 +420,12 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T, mb);
       if (moe_[l]) moe_[l]->set_recording(true);
     }
-    const float* ln1 = store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
+    // As block_forward keeps them: ln1, atty and a dense block's ln2 in bf16 under --precision bf16 (not SP's).
+    const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
     const float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
     const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
-    const float* atty = store.get(smb, key(slot, "atty"), (size_t)N * Cs);
     const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
-    const float* ln2 = store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+    const float* ln2 = keep_ln2 ? nullptr : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
     if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
     // Under SP the LayerNorm parameters' gradients of this micro-batch go to dlnp first (summed over the group).
     const nn::GradOut d_ln2_w = sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
@@ -407,21 +438,44 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     } else {
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-      const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-      nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
-                                       fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
+      if (prec_ == Precision::bf16) {
+        const uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+                                         fch_gelu16, p.fcproj_w->data, N, 4 * Cs, C);
+      } else {
+        const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+                                         fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
+      }
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
-                                          ln2, p.fc_w->data, N, C, 4 * Cs, prec_);
+      if (keep_ln2)
+        nn::column_parallel_linear_backward(rows_, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+                                            store.get_bf16(smb, key(slot, "ln2_16"), (size_t)N * C), p.fc_w->data, N, C,
+                                            4 * Cs);
+      else
+        nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+                                            ln2, p.fc_w->data, N, C, 4 * Cs, prec_);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
-    nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
-                                     atty, p.attproj_w->data, N, Cs, C, prec_);
+    if (bf16)
+      nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
+                                       store.get_bf16(smb, key(slot, "atty16"), (size_t)N * Cs), p.attproj_w->data, N,
+                                       Cs, C);
+    else
+      nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
+                                       store.get(smb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->data, N, Cs, C,
+                                       prec_);
     nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs, prec_);
-    nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
-                                        ln1, p.qkv_w->data, N, C, 3 * Cs, prec_);
+    if (keep_ln1)
+      nn::column_parallel_linear_backward(rows_, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+                                          store.get_bf16(smb, key(slot, "ln1_16"), (size_t)N * C), p.qkv_w->data, N, C,
+                                          3 * Cs);
+    else
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+                                          store.get(smb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->data, N, C, 3 * Cs,
+                                          prec_);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)
@@ -462,12 +516,16 @@ size_t Gpt::activation_bytes(int B, int T) const {
   // This rank's share under tensor parallelism: heads, MLP width and vocabulary rows are split; with sequence
   // parallelism the residual stream and LayerNorm outputs too (N / S rows).
   const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
-  const size_t block = Nr * C * 3 /*ln1 res2 ln2*/ + N * Cs * (1 + 3 + 8) /*atty qkv fch fch_gelu*/ +
-                       (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
+  // Under bf16 the inputs only products read are kept in bf16 (block_forward): half their floats.
+  const bool bf16 = prec_ == Precision::bf16;
+  const size_t ln = bf16 && !sp_ ? Nr * C / 2 : Nr * C;  // one LayerNorm output
+  const size_t mlp = N * Cs * (bf16 ? 4 + 2 : 4 + 4) /*fch fch_gelu*/;
+  const size_t block = 2 * ln /*ln1 ln2*/ + Nr * C /*res2*/ + (bf16 ? N * Cs / 2 : N * Cs) /*atty*/ +
+                       N * Cs * 3 /*qkv*/ + mlp + (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
   // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
-  // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows.
+  // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows; and its ln2 in float32.
   const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
-  const size_t moe_block = block - N * Cs * 8 + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
+  const size_t moe_block = block - mlp - ln + Nr * C + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
   size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   size_t biggest = 0;
   for (int l = begin_; l < end_; l++) {
@@ -476,6 +534,7 @@ size_t Gpt::activation_bytes(int B, int T) const {
     biggest = std::max(biggest, b);
   }
   if (recompute_) total += biggest;
+  if (bf16) total += N * C;  // block_forward's float32 scratch for the kept inputs
   return total * sizeof(float);
 }
 

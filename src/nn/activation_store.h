@@ -4,6 +4,7 @@
 // request of the same size, so steady-state training allocates nothing.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,11 @@ class ActivationStore {
   // A buffer of `count` floats for (mb, name); created zeroed on first request, same buffer afterwards
   // (contents kept) as long as the count is unchanged.
   float* get(int mb, const std::string& name, size_t count);
+  // A buffer of `count` bfloat16 values (an input that only products read in backward, kept rounded under
+  // --precision bf16: half the bytes), on the same terms as get; counted in the byte figures.
+  uint16_t* get_bf16(int mb, const std::string& name, size_t count) {
+    return reinterpret_cast<uint16_t*>(get(mb, name, (count + 1) / 2));
+  }
   // A non-float object a layer keeps for backward (an MoE layer's routing), default-constructed on first
   // request, dropped by release(mb). One type per name. Not counted in the byte figures (small: O(N E)).
   template <class T>

@@ -1,5 +1,6 @@
 // Elementwise layers: GELU (tanh form), ReLU and the residual add.
 #include "nn/layers.h"
+#include "tensor/bf16.h"
 #include "tensor/vmath.h"
 
 namespace mt::nn {
@@ -15,6 +16,15 @@ void gelu_forward(float* out, const float* inp, size_t n) {
     float x = inp[i];
     float t = fast_tanh(kGeluK * (x + kGeluC * x * x * x));
     out[i] = 0.5f * x * (1.0f + t);
+  }
+}
+
+void gelu_forward_bf16(uint16_t* out, const float* inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float t = fast_tanh(kGeluK * (x + kGeluC * x * x * x));
+    out[i] = bf16_from_f32(0.5f * x * (1.0f + t));
   }
 }
 

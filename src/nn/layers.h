@@ -26,6 +26,13 @@ void linear_forward(float* out, const float* inp, const float* W, const float* b
 // db[OC] (+)= column sums of dout (db may be null).
 void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
                      int C, int OC, bool accumulate_dinp = false, Precision prec = Precision::fp32);
+// The same with the input kept in bf16 (inp16[N,C], rounded once in forward; --precision bf16 only): the input is
+// read only by products (out = inp W, dW = inp^T dout), which round it to bf16 anyway, so the results are those
+// of the float32 input under Precision::bf16, bit for bit, from half the memory and without repacking it.
+void linear_forward(float* out, const uint16_t* inp16, const float* W, const float* b, int N, int C, int OC,
+                    const float* residual = nullptr);
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, const float* W,
+                     int N, int C, int OC, bool accumulate_dinp = false);
 
 // Embedding lookup: out[N,C] (+)= table[ids[n], :]. Each id must be < rows of table (checked by callers
 // at the data boundary, not here).
@@ -42,6 +49,8 @@ void layernorm_backward(float* dinp, GradOut dw, GradOut db, const float* dout, 
 
 // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out and inp may alias.
 void gelu_forward(float* out, const float* inp, size_t n);
+// The same output rounded to bf16 (out16[i] = bf16(gelu(inp[i]))) for a product's input kept in bf16.
+void gelu_forward_bf16(uint16_t* out16, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 // ReLU. out and inp may alias; backward uses the forward output (y > 0 iff x > 0).

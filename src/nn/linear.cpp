@@ -6,22 +6,40 @@
 
 namespace mt::nn {
 
-void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
-                    const float* residual, Precision prec) {
-  if (b) {
-    // The bias is added by the GEMM kernel as it writes out; a residual is copied in first and summed onto.
-    if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
-    gemm_bias(N, OC, C, inp, W, b, out, residual != nullptr, prec);
-    return;
-  }
-  if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
-  gemm(false, false, N, OC, C, 1.0f, inp, C, W, OC, residual ? 1.0f : 0.0f, out, OC, prec);
+namespace {
+
+// The product with A as the layer holds it: float32 (rounded by the product under bf16) or kept in bf16.
+void product(bool ta, int M, int N, int K, const float* A, int lda, const float* B, float beta, float* C,
+             Precision prec) {
+  gemm(ta, false, M, N, K, 1.0f, A, lda, B, N, beta, C, N, prec);
+}
+void product(bool ta, int M, int N, int K, const uint16_t* A, int lda, const float* B, float beta, float* C,
+             Precision) {
+  gemm_a16(ta, false, M, N, K, 1.0f, A, lda, B, N, beta, C, N);
+}
+void product_bias(int M, int N, int K, const float* A, const float* B, const float* b, float* C, bool acc,
+                  Precision prec) {
+  gemm_bias(M, N, K, A, B, b, C, acc, prec);
+}
+void product_bias(int M, int N, int K, const uint16_t* A, const float* B, const float* b, float* C, bool acc,
+                  Precision) {
+  gemm_bias_a16(M, N, K, A, B, b, C, acc);
 }
 
-void linear_backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const float* inp, const float* W,
-                     int N, int C, int OC, bool accumulate_dinp, Precision prec) {
+template <class In>
+void forward(float* out, const In* inp, const float* W, const float* b, int N, int C, int OC, const float* residual,
+             Precision prec) {
+  // The bias is added by the GEMM kernel as it writes out; a residual is copied in first and summed onto.
+  if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
+  if (b) return product_bias(N, OC, C, inp, W, b, out, residual != nullptr, prec);
+  product(false, N, OC, C, inp, C, W, residual ? 1.0f : 0.0f, out, prec);
+}
+
+template <class In>
+void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const In* inp, const float* W, int N, int C,
+              int OC, bool accumulate_dinp, Precision prec) {
   if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
-  gemm(true, false, C, OC, N, 1.0f, inp, C, dout, OC, dW.beta(), dW.data, OC, prec);
+  product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
   if (float* db = db_out.accumulator(OC)) {
     for (int n = 0; n < N; n++) {
       const float* d = dout + (size_t)n * OC;
@@ -29,6 +47,26 @@ void linear_backward(float* dinp, GradOut dW, GradOut db_out, const float* dout,
       for (int j = 0; j < OC; j++) db[j] += d[j];
     }
   }
+}
+
+}  // namespace
+
+void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
+                    const float* residual, Precision prec) {
+  forward(out, inp, W, b, N, C, OC, residual, prec);
+}
+void linear_forward(float* out, const uint16_t* inp, const float* W, const float* b, int N, int C, int OC,
+                    const float* residual) {
+  forward(out, inp, W, b, N, C, OC, residual, Precision::bf16);
+}
+
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
+                     int C, int OC, bool accumulate_dinp, Precision prec) {
+  backward(dinp, dW, db, dout, inp, W, N, C, OC, accumulate_dinp, prec);
+}
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp, const float* W, int N,
+                     int C, int OC, bool accumulate_dinp) {
+  backward(dinp, dW, db, dout, inp, W, N, C, OC, accumulate_dinp, Precision::bf16);
 }
 
 }  // namespace mt::nn

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "nn/layers.h"
@@ -80,6 +81,19 @@ void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float*
   rows.reduce(partial, dinp, N, Cin);
 }
 
+void column_parallel_linear_forward(const TpRows& rows, float* out, const uint16_t* inp16, const float* W,
+                                    const float* b, int N, int Cin, int Cl) {
+  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
+  linear_forward(out, inp16, W, b, N, Cin, Cl);
+}
+
+void column_parallel_linear_backward(const TpRows& rows, float* dinp, GradOut dW, GradOut db, const float* dout,
+                                     const uint16_t* inp16, const float* W, int N, int Cin, int Cl) {
+  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
+  linear_backward(dinp, dW, db, dout, inp16, W, N, Cin, Cl, false);
+  rows.reduce(dinp, dinp, N, Cin);
+}
+
 void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks) {
   MT_ASSERT(blocks >= 1 && Cl % blocks == 0, "gather_columns: ", Cl, " columns in ", blocks, " blocks");
   const int S = rows.size(), w = Cl / blocks;
@@ -100,23 +114,23 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
                   sizeof(float) * w);
 }
 
-void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
-                                  Precision prec) {
-  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C, false, prec);
-}
+namespace {
 
-void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
-                                 const float* b, const float* residual, int N, int Cin, int C, Precision prec) {
-  if (rows.size() == 1) {
-    linear_forward(out, inp, W, b, N, Cin, C, residual, prec);  // bias and residual fused into the GEMM
-    return;
-  }
+// Precision of a layer input: as asked for float32, bf16 for an input kept in bf16.
+void row_forward(const TpRows& rows, float* partial, float* out, const auto* inp, const float* W, const float* b,
+                 const float* residual, int N, int Cin, int C, Precision prec) {
+  auto linear = [&](float* o, const float* bb, const float* r) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*inp)>, uint16_t>)
+      linear_forward(o, inp, W, bb, N, Cin, C, r);
+    else
+      linear_forward(o, inp, W, bb, N, Cin, C, r, prec);
+  };
+  if (rows.size() == 1) return linear(out, b, residual);  // bias and residual fused into the GEMM
   // Under sequence parallelism only this rank's rows of the sum (reduce-scatter), with its rows of the
   // residual.
   const int Nr = rows.rows_here(N);
   if (!rows.sequence_parallel()) partial = out;
-  linear_forward(partial, inp, W, nullptr, N, Cin, C, nullptr, prec);
+  linear(partial, nullptr, nullptr);
   rows.reduce(partial, out, N, C);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < Nr; n++) {
@@ -124,6 +138,27 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
     const float* r = residual + (size_t)n * C;
     for (int j = 0; j < C; j++) o[j] += r[j] + b[j];
   }
+}
+
+}  // namespace
+
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
+                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
+                                  Precision prec) {
+  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C, false, prec);
+}
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
+                                  const float* dout, const uint16_t* inp16, const float* W, int N, int Cin, int C) {
+  linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp16, W, N, Cin, C, false);
+}
+
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
+                                 const float* b, const float* residual, int N, int Cin, int C, Precision prec) {
+  row_forward(rows, partial, out, inp, W, b, residual, N, Cin, C, prec);
+}
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, const float* W,
+                                 const float* b, const float* residual, int N, int Cin, int C) {
+  row_forward(rows, partial, out, inp16, W, b, residual, N, Cin, C, Precision::bf16);
 }
 
 void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,

@@ -74,6 +74,11 @@ void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* 
 void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
                                      GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
                                      int Cl, Precision prec = Precision::fp32);
+// Both with the input kept in bf16 (inp16[N, Cin], layers.h), without sequence parallelism (no gather).
+void column_parallel_linear_forward(const TpRows& rows, float* out, const uint16_t* inp16, const float* W,
+                                    const float* b, int N, int Cin, int Cl);
+void column_parallel_linear_backward(const TpRows& rows, float* dinp, GradOut dW, GradOut db, const float* dout,
+                                     const uint16_t* inp16, const float* W, int N, int Cin, int Cl);
 // Megatron's optional gather_output: whole[N, S Cl] on every rank from each rank's part[N, Cl] in the full
 // weight's column order (`blocks` equal blocks per part, e.g. 3 for q|k|v: block k of rank q lands at columns
 // k S w + q w, w = Cl / blocks). parts: S x N x Cl scratch. Cost: an all-gather of N Cl floats per rank.
@@ -91,6 +96,11 @@ void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out,
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
                                   const float* dout, const float* inp, const float* W, int N, int Cin, int C,
                                   Precision prec = Precision::fp32);
+// Both with the input kept in bf16 (inp16[N, Cin]; layers.h's linear_* with a bf16 input): --precision bf16.
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, const float* W,
+                                 const float* b, const float* residual, int N, int Cin, int C);
+void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
+                                  const float* dout, const uint16_t* inp16, const float* W, int N, int Cin, int C);
 
 // Vocabulary-parallel logits of the tied head: a column-parallel product with W = wte^T, this rank holding
 // vocabulary rows [v0, v1) of wte[V, C] (Vl = v1 - v0): logits[N, Vl] = f(x) wte[v0:v1]^T, x[Nr, C]. x_full: N x C

@@ -4,6 +4,7 @@
 // blas_onednn.cpp and blas_openblas.cpp hold one each; this header is all the rest of meshtrain sees.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,15 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // writes C (one pass over C instead of two). A, B, C contiguous.
 void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
                Precision prec = Precision::fp32);
+
+// Precision::bf16 products whose A is already bfloat16 (A16, op(A16) as in gemm, row stride lda as stored): an
+// input kept in bf16 (an activation saved for backward, rounded once in forward). The result is gemm(...,
+// Precision::bf16) of the float32 values A16 holds, bit for bit, without rounding or packing A again.
+void gemm_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc);
+// gemm_bias with A16[M,K] bf16 (contiguous): gemm_bias(..., Precision::bf16) of its float32 values.
+void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
+                   bool accumulate);
 
 // Whether Precision::bf16 products run on bf16 instructions here: the oneDNN backend on a CPU whose ISA has
 // them, unless MESHTRAIN_BF16_EMULATE=1 (strict 0|1) or set_bf16_emulation(true) forces the emulated path.

@@ -247,6 +247,29 @@ void gemm_bias(int M, int N, int K, const float* A, const float* B, const float*
   execute(e, A, B, bias, C);
 }
 
+void gemm_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_only(M, N, beta, nullptr, C, ldc);
+  if (!bf16_native())
+    return detail::gemm_a16_emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
+  const int bc = trans_b ? K : N;
+  const uint16_t* b = packed_bf16(1, B, trans_b ? N : K, bc, ldb);
+  const Entry& e = lookup(make_key(trans_a, trans_b, false, M, N, K, lda, bc, ldc, alpha, beta, true), alpha, beta);
+  execute(e, A16, b, nullptr, C);
+}
+
+void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
+                   bool accumulate) {
+  if (M == 0 || N == 0) return;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (K == 0) return scale_only(M, N, beta, bias, C, N);
+  if (!bf16_native()) return detail::gemm_bias_a16_emulated(M, N, K, A16, B, bias, C, accumulate);
+  const uint16_t* b = packed_bf16(1, B, K, N, N);
+  const Entry& e = lookup(make_key(false, false, true, M, N, K, K, N, N, 1.0f, beta, true), 1.0f, beta);
+  execute(e, A16, b, bias, C);
+}
+
 void set_num_threads(int n) {
   MT_CHECK_INPUT(n >= 1, "--threads must be >= 1, got ", n);
   g_threads = n;

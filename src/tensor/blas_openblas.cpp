@@ -62,6 +62,18 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   }
 }
 
+// A already bf16: the emulated path, as every bf16 product here.
+void gemm_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  detail::gemm_a16_emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
+                   bool accumulate) {
+  detail::gemm_bias_a16_emulated(M, N, K, A16, B, bias, C, accumulate);
+}
+
 void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
                Precision prec) {
   if (prec == Precision::bf16) return detail::gemm_bias_bf16_emulated(M, N, K, A, B, bias, C, accumulate);

@@ -29,6 +29,17 @@ float* grow(AlignedBuffer& b, size_t n) {
   return b.data();
 }
 
+// The rows x cols bf16 matrix at src (row stride ld) widened into dst (contiguous): the values pack_rounded
+// would give for the float32 matrix src was rounded from.
+void widen(const uint16_t* src, int rows, int cols, int ld, float* dst) {
+  for (int r = 0; r < rows; r++) {
+    const uint16_t* s = src + (size_t)r * ld;
+    float* d = dst + (size_t)r * cols;
+#pragma omp simd
+    for (int c = 0; c < cols; c++) d[c] = f32_from_bf16(s[c]);
+  }
+}
+
 }  // namespace
 
 bool bf16_native() { return !emulation_forced() && detail::bf16_isa_native(); }
@@ -59,6 +70,27 @@ void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B
   pack_rounded(A, M, K, K, a16);
   pack_rounded(B, K, N, N, b16);
   gemm_bias(M, N, K, a16, b16, bias, C, accumulate, Precision::fp32);
+}
+
+void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+                       const float* B, int ldb, float beta, float* C, int ldc) {
+  thread_local AlignedBuffer a, b;
+  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+  float* a32 = grow(a, (size_t)ar * ac);
+  float* b16 = grow(b, (size_t)br * bc);
+  widen(A16, ar, ac, lda, a32);
+  pack_rounded(B, br, bc, ldb, b16);
+  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
+}
+
+void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
+                            bool accumulate) {
+  thread_local AlignedBuffer a, b;
+  float* a32 = grow(a, (size_t)M * K);
+  float* b16 = grow(b, (size_t)K * N);
+  widen(A16, M, K, K, a32);
+  pack_rounded(B, K, N, N, b16);
+  gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
 }
 
 }  // namespace detail

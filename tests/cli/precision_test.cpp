@@ -109,6 +109,43 @@ TEST(Precision, GptAndMlpProductsFollowTheFlag) {
   EXPECT_LT(std::fabs(mlp["bf16"] - mlp["fp32"]), 1e-2 * mlp["fp32"]);
 }
 
+// Under bf16 the inputs that backward reads only through products (ln1, atty, ln2, gelu(fch): (2 C + C/S + 4 C/S)
+// per row and block) are kept in bf16, half their bytes, at the cost of one N x C float32 scratch: the measured
+// activation peak and the estimate both drop by exactly that, dense and tp 2 (same widths, split); with MoE
+// blocks and SP the LayerNorm outputs stay float32.
+TEST(Precision, ProductOnlyInputsAreKeptInBf16) {
+  TempDir dir;
+  make_random_shard(dir / "d.bin", 3000, 64);
+  const double L = 2, N = 4 * 16, C = 32;
+  auto bytes = [&](const char* p, const std::vector<std::string>& extra) {
+    const std::string s = dir / (std::string("summary_") + p + ".json");
+    RunResult r =
+        run_meshtrain(concat(concat(gpt_common(dir / "d.bin", 1), {"--precision", p, "--summary", s}), extra));
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    const nlohmann::json rank = nlohmann::json::parse(slurp(s))["ranks"][0];
+    return std::pair<double, double>{rank["activation_peak_bytes"].get<double>(),
+                                     rank["activation_bytes"].get<double>()};
+  };
+  struct Case {
+    std::vector<std::string> extra;
+    double saved;  // bytes
+  };
+  const double scratch = N * C * 4;
+  const std::vector<Case> cases = {
+      {{}, L * (2 * C + C + 4 * C) * N * 2 - scratch},
+      {{"--nproc", "2", "--tp", "2"}, L * (2 * C + C / 2 + 4 * C / 2) * N * 2 - scratch},
+      // tp 2 + SP: ln1, ln2 stay float32 (gathered), atty and gelu(fch) halved
+      {{"--nproc", "2", "--tp", "2", "--sequence-parallel"}, L * (C / 2 + 4 * C / 2) * N * 2 - scratch},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra.empty() ? std::string("single") : c.extra.back());
+    const auto [peak32, est32] = bytes("fp32", c.extra);
+    const auto [peak16, est16] = bytes("bf16", c.extra);
+    EXPECT_EQ(peak32 - peak16, c.saved);
+    EXPECT_EQ(est32 - est16, c.saved);
+  }
+}
+
 // Master weights and checkpoints are float32: a bf16 run stopped at step 6 resumes bit for bit in bf16, and
 // the same checkpoint continues in fp32 (other products, so other numbers from step 6 on).
 TEST(Precision, CheckpointsResumeInEitherPrecision) {

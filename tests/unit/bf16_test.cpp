@@ -7,6 +7,8 @@
 // float32 rounding of that sum (1e-6 of sum |a b|), on the native and the emulated path, for the model's
 // shapes, transposed and strided operands, alpha, beta and the bias epilogue; and the same tolerance is
 // broken by the float32 product of unrounded inputs, so the check sees the rounding.
+// Kept-in-bf16 inputs (gemm_a16, a linear layer's bf16 input, GELU written as bf16): the same bits as rounding
+// them inside the product.
 #include "tensor/bf16.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/layers.h"
 #include "tensor/blas.h"
 #include "tensor/fma_peak.h"
 #include "tests/unit/gradcheck.h"
@@ -212,6 +215,82 @@ TEST_P(Bf16Gemm, BiasEpilogue) {
         ASSERT_NEAR(C[i * N + j], want, tol) << acc << " " << i << "," << j;
       }
   }
+}
+
+// A kept in bf16 (gemm_a16, gemm_bias_a16) gives the bits gemm(..., bf16) gives for the float32 A it was rounded
+// from: a saved bf16 activation changes no result.
+TEST_P(Bf16Gemm, PreRoundedAIsTheSameProductBitForBit) {
+  for (int threads : {1, 2}) {
+    mt::set_num_threads(threads);
+    uint64_t seed = 50;
+    for (const Case& c : model_cases()) {
+      SCOPED_TRACE(::testing::Message() << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N " << c.N << " K "
+                                        << c.K << " strided " << c.strided << " threads " << threads);
+      Operands o = make(c, seed++);
+      std::vector<uint16_t> A16(o.A.size());
+      mt::to_bf16(o.A.data(), A16.data(), A16.size());
+      std::vector<float> C = o.C0, C16 = o.C0;
+      mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, c.beta, C.data(), o.ldc,
+               mt::Precision::bf16);
+      mt::gemm_a16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A16.data(), o.lda, o.B.data(), o.ldb, c.beta, C16.data(), o.ldc);
+      ASSERT_EQ(0, std::memcmp(C.data(), C16.data(), sizeof(float) * C.size()));
+    }
+  }
+  const int M = 64, N = 192, K = 48;
+  auto A = mt::testing::randn(M * K, 9, "A"), B = mt::testing::randn(K * N, 9, "B", 0.02f);
+  auto bias = mt::testing::randn(N, 9, "bias"), C0 = mt::testing::randn(M * N, 9, "C");
+  std::vector<uint16_t> A16(A.size());
+  mt::to_bf16(A.data(), A16.data(), A.size());
+  for (int acc = 0; acc < 2; acc++) {
+    auto C = C0, C16 = C0;
+    mt::gemm_bias(M, N, K, A.data(), B.data(), bias.data(), C.data(), acc, mt::Precision::bf16);
+    mt::gemm_bias_a16(M, N, K, A16.data(), B.data(), bias.data(), C16.data(), acc);
+    ASSERT_EQ(0, std::memcmp(C.data(), C16.data(), sizeof(float) * C.size())) << "accumulate " << acc;
+  }
+}
+
+// GELU written straight to bf16 (an fcproj input kept for backward) is the bf16 of the float32 GELU, bit for bit,
+// in and out of a parallel loop.
+TEST(Bf16Activations, GeluToBf16IsRoundedGelu) {
+  const size_t n = 10007;
+  auto x = mt::testing::randn(n, 11, "x", 4.0f);
+  std::vector<float> g(n);
+  std::vector<uint16_t> want(n), got(n, 0xffff);
+  for (int threads : {1, 2}) {
+    mt::set_num_threads(threads);
+    mt::nn::gelu_forward(g.data(), x.data(), n);
+    mt::to_bf16(g.data(), want.data(), n);
+    mt::nn::gelu_forward_bf16(got.data(), x.data(), n);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), n * sizeof(uint16_t))) << threads << " threads";
+  }
+  mt::set_num_threads(1);
+}
+
+// A linear layer whose input is kept in bf16 gives the bf16 layer's output and gradients bit for bit.
+TEST_P(Bf16Gemm, LinearWithBf16InputIsTheBf16Layer) {
+  const int N = 64, C = 192, OC = 48;
+  auto x = mt::testing::randn(N * C, 13, "x"), W = mt::testing::randn(C * OC, 13, "W", 0.02f);
+  auto b = mt::testing::randn(OC, 13, "b"), r = mt::testing::randn(N * OC, 13, "r"),
+       dy = mt::testing::randn(N * OC, 13, "dy");
+  std::vector<uint16_t> x16(x.size());
+  mt::to_bf16(x.data(), x16.data(), x.size());
+  for (int with_bias = 0; with_bias < 2; with_bias++)
+    for (int with_res = 0; with_res < 2; with_res++) {
+      std::vector<float> y(N * OC), y16(N * OC);
+      const float* bb = with_bias ? b.data() : nullptr;
+      const float* rr = with_res ? r.data() : nullptr;
+      mt::nn::linear_forward(y.data(), x.data(), W.data(), bb, N, C, OC, rr, mt::Precision::bf16);
+      mt::nn::linear_forward(y16.data(), x16.data(), W.data(), bb, N, C, OC, rr);
+      ASSERT_EQ(0, std::memcmp(y.data(), y16.data(), y.size() * sizeof(float))) << with_bias << with_res;
+    }
+  std::vector<float> dx(N * C), dx16(N * C), dW(C * OC), dW16(C * OC), db(OC), db16(OC);
+  mt::nn::linear_backward(dx.data(), mt::nn::GradOut(dW.data()), mt::nn::GradOut(db.data()), dy.data(), x.data(),
+                          W.data(), N, C, OC, false, mt::Precision::bf16);
+  mt::nn::linear_backward(dx16.data(), mt::nn::GradOut(dW16.data()), mt::nn::GradOut(db16.data()), dy.data(),
+                          x16.data(), W.data(), N, C, OC, false);
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx16.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dW.data(), dW16.data(), dW.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(db.data(), db16.data(), db.size() * sizeof(float)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Path, Bf16Gemm, ::testing::Values(0, 1),
