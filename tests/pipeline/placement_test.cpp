@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "actions.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
 
@@ -23,28 +24,9 @@ void PrintTo(const Action& a, std::ostream* os);  // schedule_test.cpp
 namespace {
 
 using namespace mt::pipeline;
+using namespace mt::pipeline::test;
 
-Action F(int i, int c = 0) { return {ActionKind::forward, i, c, -1}; }
-Action B(int i, int c = 0) { return {ActionKind::backward, i, c, -1}; }
-Action I(int i, int c = 0) { return {ActionKind::backward_input, i, c, -1}; }
-Action W(int i, int c = 0) { return {ActionKind::backward_weight, i, c, -1}; }
-Action SA(int i, int c, int to) { return {ActionKind::send_act, i, c, to}; }
-Action PA(int i, int c, int from) { return {ActionKind::post_recv_act, i, c, from}; }
-Action WA(int i, int c, int from) { return {ActionKind::wait_recv_act, i, c, from}; }
-Action SG(int i, int c, int to) { return {ActionKind::send_grad, i, c, to}; }
-Action PG(int i, int c, int from) { return {ActionKind::post_recv_grad, i, c, from}; }
-Action WG(int i, int c, int from) { return {ActionKind::wait_recv_grad, i, c, from}; }
-Action STEP() { return {ActionKind::optimizer_step, -1, -1, -1}; }
 using List = std::vector<Action>;
-
-std::string check_error(const ScheduleSpec& spec, const Schedule& s) {
-  try {
-    check_schedule(spec, s);
-  } catch (const ScheduleError& e) {
-    return e.what();
-  }
-  return "(passed)";
-}
 
 std::string placement_error(int p, int V, std::vector<std::vector<Slot>> routes) {
   try {

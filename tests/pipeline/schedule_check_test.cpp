@@ -9,25 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "actions.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
 
 namespace {
 
 using namespace mt::pipeline;
-
-Action F(int i, int c = 0) { return {ActionKind::forward, i, c, -1}; }
-Action B(int i, int c = 0) { return {ActionKind::backward, i, c, -1}; }
-
-// The ScheduleError message, or "(passed)".
-std::string check_error(const ScheduleSpec& spec, const Schedule& s) {
-  try {
-    check_schedule(spec, s);
-  } catch (const ScheduleError& e) {
-    return e.what();
-  }
-  return "(passed)";
-}
+using namespace mt::pipeline::test;
 
 #define EXPECT_CHECK_FAILS(spec, sched, needle)                                  \
   do {                                                                           \

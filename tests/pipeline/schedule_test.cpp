@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "actions.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace mt::pipeline {
@@ -20,17 +21,7 @@ void PrintTo(const Action& a, std::ostream* os) { *os << to_string(a); }
 namespace {
 
 using namespace mt::pipeline;
-
-// The actions, short: F/B compute; SA/PA/WA send, post, wait an activation; SG/PG/WG the same for gradients.
-Action F(int i, int c = 0) { return {ActionKind::forward, i, c, -1}; }
-Action B(int i, int c = 0) { return {ActionKind::backward, i, c, -1}; }
-Action SA(int i, int c, int to) { return {ActionKind::send_act, i, c, to}; }
-Action PA(int i, int c, int from) { return {ActionKind::post_recv_act, i, c, from}; }
-Action WA(int i, int c, int from) { return {ActionKind::wait_recv_act, i, c, from}; }
-Action SG(int i, int c, int to) { return {ActionKind::send_grad, i, c, to}; }
-Action PG(int i, int c, int from) { return {ActionKind::post_recv_grad, i, c, from}; }
-Action WG(int i, int c, int from) { return {ActionKind::wait_recv_grad, i, c, from}; }
-Action STEP() { return {ActionKind::optimizer_step, -1, -1, -1}; }
+using namespace mt::pipeline::test;
 
 std::string summary(const ScheduleSpec& spec, int j) {
   return compute_summary(make_schedule(spec)[j], spec.virtual_stages);
