@@ -3,6 +3,7 @@
 #include "tensor/gemm_bf16.h"
 
 #include <atomic>
+#include <utility>
 
 #include "core/env.h"
 #include "tensor/bf16.h"
@@ -50,46 +51,53 @@ void set_bf16_emulation(std::optional<bool> force) { g_force = force ? (*force ?
 
 namespace detail {
 
+namespace {
+
+// This thread's float32 copies of an emulated product's operands: A as fill_a writes it (rounded, or widened
+// from bf16), B rounded to bf16; both packed contiguous (A stored [ar, ac], B [br, bc]). One pair of buffers per
+// thread, grown and never shrunk, shared by the four entry points below.
+std::pair<AlignedBuffer, AlignedBuffer>& thread_buffers() {
+  thread_local std::pair<AlignedBuffer, AlignedBuffer> ab;
+  return ab;
+}
+
+template <class FillA>
+std::pair<const float*, const float*> operands(int ar, int ac, FillA fill_a, const float* B, int br, int bc,
+                                               int ldb) {
+  auto& [a, b] = thread_buffers();
+  float* a32 = grow(a, (size_t)ar * ac);
+  float* b16 = grow(b, (size_t)br * bc);
+  fill_a(a32);
+  pack_rounded(B, br, bc, ldb, b16);
+  return {a32, b16};
+}
+
+}  // namespace
+
+// Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
 void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc) {
-  thread_local AlignedBuffer a, b;
-  // Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
   const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  float* a16 = grow(a, (size_t)ar * ac);
-  float* b16 = grow(b, (size_t)br * bc);
-  pack_rounded(A, ar, ac, lda, a16);
-  pack_rounded(B, br, bc, ldb, b16);
-  gemm(trans_a, trans_b, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc, Precision::fp32);
+  auto [a32, b16] = operands(ar, ac, [&](float* d) { pack_rounded(A, ar, ac, lda, d); }, B, br, bc, ldb);
+  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
 }
 
 void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B, const float* bias, float* C,
                              bool accumulate) {
-  thread_local AlignedBuffer a, b;
-  float* a16 = grow(a, (size_t)M * K);
-  float* b16 = grow(b, (size_t)K * N);
-  pack_rounded(A, M, K, K, a16);
-  pack_rounded(B, K, N, N, b16);
-  gemm_bias(M, N, K, a16, b16, bias, C, accumulate, Precision::fp32);
+  auto [a32, b16] = operands(M, K, [&](float* d) { pack_rounded(A, M, K, K, d); }, B, K, N, N);
+  gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
 }
 
 void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc) {
-  thread_local AlignedBuffer a, b;
   const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  float* a32 = grow(a, (size_t)ar * ac);
-  float* b16 = grow(b, (size_t)br * bc);
-  widen(A16, ar, ac, lda, a32);
-  pack_rounded(B, br, bc, ldb, b16);
+  auto [a32, b16] = operands(ar, ac, [&](float* d) { widen(A16, ar, ac, lda, d); }, B, br, bc, ldb);
   gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
 }
 
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate) {
-  thread_local AlignedBuffer a, b;
-  float* a32 = grow(a, (size_t)M * K);
-  float* b16 = grow(b, (size_t)K * N);
-  widen(A16, M, K, K, a32);
-  pack_rounded(B, K, N, N, b16);
+  auto [a32, b16] = operands(M, K, [&](float* d) { widen(A16, M, K, K, d); }, B, K, N, N);
   gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
 }
 
