@@ -62,8 +62,7 @@ std::pair<AlignedBuffer, AlignedBuffer>& thread_buffers() {
 }
 
 template <class FillA>
-std::pair<const float*, const float*> operands(int ar, int ac, FillA fill_a, const float* B, int br, int bc,
-                                               int ldb) {
+std::pair<const float*, const float*> operands(int ar, int ac, FillA fill_a, const float* B, int br, int bc, int ldb) {
   auto& [a, b] = thread_buffers();
   float* a32 = grow(a, (size_t)ar * ac);
   float* b16 = grow(b, (size_t)br * bc);
@@ -78,26 +77,30 @@ std::pair<const float*, const float*> operands(int ar, int ac, FillA fill_a, con
 void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc) {
   const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  auto [a32, b16] = operands(ar, ac, [&](float* d) { pack_rounded(A, ar, ac, lda, d); }, B, br, bc, ldb);
+  auto [a32, b16] = operands(
+      ar, ac, [&](float* d) { pack_rounded(A, ar, ac, lda, d); }, B, br, bc, ldb);
   gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
 }
 
 void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B, const float* bias, float* C,
                              bool accumulate) {
-  auto [a32, b16] = operands(M, K, [&](float* d) { pack_rounded(A, M, K, K, d); }, B, K, N, N);
+  auto [a32, b16] = operands(
+      M, K, [&](float* d) { pack_rounded(A, M, K, K, d); }, B, K, N, N);
   gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
 }
 
 void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc) {
   const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  auto [a32, b16] = operands(ar, ac, [&](float* d) { widen(A16, ar, ac, lda, d); }, B, br, bc, ldb);
+  auto [a32, b16] = operands(
+      ar, ac, [&](float* d) { widen(A16, ar, ac, lda, d); }, B, br, bc, ldb);
   gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
 }
 
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate) {
-  auto [a32, b16] = operands(M, K, [&](float* d) { widen(A16, M, K, K, d); }, B, K, N, N);
+  auto [a32, b16] = operands(
+      M, K, [&](float* d) { widen(A16, M, K, K, d); }, B, K, N, N);
   gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
 }
 
