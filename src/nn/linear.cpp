@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "nn/layers.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
 
 namespace mt::nn {
@@ -35,11 +36,21 @@ void forward(float* out, const In* inp, const float* W, const float* b, int N, i
   product(false, N, OC, C, inp, C, W, residual ? 1.0f : 0.0f, out, prec);
 }
 
+const uint16_t* as_bf16(const float* x, int rows, int cols) { return packed_bf16_scratch(1, x, rows, cols, cols); }
+const uint16_t* as_bf16(const uint16_t* x16, int, int) { return x16; }
+
 template <class In>
 void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const In* inp, const float* W, int N, int C,
               int OC, bool accumulate_dinp, Precision prec) {
-  if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
-  product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
+  if (prec == Precision::bf16) {
+    // dout feeds both products: rounded once here, not once per product (one pass over N x OC fewer).
+    const uint16_t* d16 = packed_bf16_scratch(0, dout, N, OC, OC);
+    if (dinp) gemm_a16(false, true, N, C, OC, 1.0f, d16, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    gemm_16(true, false, C, OC, N, 1.0f, as_bf16(inp, N, C), C, d16, OC, dW.beta(), dW.data, OC);
+  } else {
+    if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
+    product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
+  }
   if (float* db = db_out.accumulator(OC)) {
     for (int n = 0; n < N; n++) {
       const float* d = dout + (size_t)n * OC;

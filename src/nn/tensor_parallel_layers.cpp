@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "nn/layers.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
 
 namespace mt::nn {
@@ -171,6 +172,15 @@ void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx
                                     Precision prec) {
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
+  if (prec == Precision::bf16) {
+    // dlogits (N x Vl, the largest operand of the step) feeds both products: rounded once, not once per product.
+    const uint16_t* d16 = packed_bf16_scratch(0, dlogits, N, Vl, Vl);
+    gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte, C, 0.0f, partial, C);
+    rows.reduce(partial, dx, N, C);
+    const uint16_t* x16 = packed_bf16_scratch(1, rows.gather(x, x_full, N, C), N, C, C);
+    gemm_16(true, false, Vl, C, N, 1.0f, d16, Vl, x16, C, dwte.beta(), dwte.data, C);
+    return;
+  }
   gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C, prec);
   rows.reduce(partial, dx, N, C);
   gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);

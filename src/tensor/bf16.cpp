@@ -3,6 +3,8 @@
 // (that instruction flushes float32 denormal inputs to zero, so it would not be round to nearest even).
 #include "tensor/bf16.h"
 
+#include <vector>
+
 #include <omp.h>
 
 #include <cmath>
@@ -39,6 +41,14 @@ void pack_bf16(const float* src, int rows, int cols, int ld, uint16_t* dst) {
 void pack_rounded(const float* src, int rows, int cols, int ld, float* dst) {
 #pragma omp parallel for schedule(static) if (pack_in_parallel(rows, cols))
   for (int r = 0; r < rows; r++) round_to_bf16(src + (size_t)r * ld, dst + (size_t)r * cols, cols);
+}
+
+const uint16_t* packed_bf16_scratch(int slot, const float* src, int rows, int cols, int ld) {
+  thread_local std::vector<uint16_t> buf[2];
+  std::vector<uint16_t>& b = buf[slot];
+  if (b.size() < (size_t)rows * cols) b.resize((size_t)rows * cols);
+  pack_bf16(src, rows, cols, ld, b.data());
+  return b.data();
 }
 
 uint16_t bf16_from_f32_reference(float f) {

@@ -38,6 +38,11 @@ void gemm_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 // gemm_bias with A16[M,K] bf16 (contiguous): gemm_bias(..., Precision::bf16) of its float32 values.
 void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                    bool accumulate);
+// Both operands already bfloat16 (strides as stored): gemm(..., Precision::bf16) of the float32 values they
+// hold. What lets a caller round an operand once and use it in several products (a linear layer's output
+// gradient feeds both dX and dW; an attention head's q, k, v feed every tile) instead of once per product.
+void gemm_16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+             const uint16_t* B16, int ldb, float beta, float* C, int ldc);
 
 // Whether Precision::bf16 products run on bf16 instructions here: the oneDNN backend on a CPU whose ISA has
 // them, unless MESHTRAIN_BF16_EMULATE=1 (strict 0|1) or set_bf16_emulation(true) forces the emulated path.

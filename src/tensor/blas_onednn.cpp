@@ -270,6 +270,16 @@ void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, con
   execute(e, A16, b, bias, C);
 }
 
+void gemm_16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+             const uint16_t* B16, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_only(M, N, beta, nullptr, C, ldc);
+  if (!bf16_native())
+    return detail::gemm_16_emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
+  const Entry& e = lookup(make_key(trans_a, trans_b, false, M, N, K, lda, ldb, ldc, alpha, beta, true), alpha, beta);
+  execute(e, A16, B16, nullptr, C);
+}
+
 void set_num_threads(int n) {
   MT_CHECK_INPUT(n >= 1, "--threads must be >= 1, got ", n);
   g_threads = n;

@@ -69,6 +69,12 @@ void gemm_a16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
   detail::gemm_a16_emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm_16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+             const uint16_t* B16, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  detail::gemm_16_emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
+}
+
 void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                    bool accumulate) {
   detail::gemm_bias_a16_emulated(M, N, K, A16, B, bias, C, accumulate);

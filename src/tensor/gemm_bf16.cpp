@@ -97,6 +97,17 @@ void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float al
   gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
 }
 
+void gemm_16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+                      const uint16_t* B16, int ldb, float beta, float* C, int ldc) {
+  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+  auto& [a, b] = thread_buffers();
+  float* a32 = grow(a, (size_t)ar * ac);
+  float* b32 = grow(b, (size_t)br * bc);
+  widen(A16, ar, ac, lda, a32);
+  widen(B16, br, bc, ldb, b32);
+  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b32, bc, beta, C, ldc, Precision::fp32);
+}
+
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate) {
   auto [a32, b16] = operands(

@@ -19,6 +19,9 @@ void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B
 // The same with A already bf16: A widened to float32 into this thread's copy (exact), B rounded.
 void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc);
+// Both already bf16: both widened into this thread's copies (exact).
+void gemm_16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
+                      const uint16_t* B16, int ldb, float beta, float* C, int ldc);
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate);
 

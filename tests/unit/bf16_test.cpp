@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -291,6 +292,106 @@ TEST_P(Bf16Gemm, LinearWithBf16InputIsTheBf16Layer) {
   EXPECT_EQ(0, std::memcmp(dx.data(), dx16.data(), dx.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(dW.data(), dW16.data(), dW.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(db.data(), db16.data(), db.size() * sizeof(float)));
+}
+
+// Both operands kept in bf16 (gemm_16) gives the bits gemm(..., bf16) gives for the float32 operands they were
+// rounded from, strided or not: rounding an operand once for several products changes no result.
+TEST_P(Bf16Gemm, BothPreRoundedIsTheSameProductBitForBit) {
+  for (int threads : {1, 2}) {
+    mt::set_num_threads(threads);
+    uint64_t seed = 70;
+    for (const Case& c : model_cases()) {
+      SCOPED_TRACE(::testing::Message() << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N " << c.N << " K "
+                                        << c.K << " strided " << c.strided << " threads " << threads);
+      Operands o = make(c, seed++);
+      std::vector<uint16_t> A16(o.A.size()), B16(o.B.size());
+      mt::to_bf16(o.A.data(), A16.data(), A16.size());
+      mt::to_bf16(o.B.data(), B16.data(), B16.size());
+      std::vector<float> C = o.C0, C16 = o.C0;
+      mt::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, c.beta, C.data(), o.ldc,
+               mt::Precision::bf16);
+      mt::gemm_16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A16.data(), o.lda, B16.data(), o.ldb, c.beta, C16.data(), o.ldc);
+      ASSERT_EQ(0, std::memcmp(C.data(), C16.data(), sizeof(float) * C.size()));
+    }
+  }
+}
+
+// The bf16 linear layer's backward (its output gradient rounded once for both products) equals the two products
+// each rounding its own inputs, bit for bit: dX = dY W^T, dW += X^T dY.
+TEST_P(Bf16Gemm, LinearBackwardIsItsTwoBf16Products) {
+  const int N = 70, C = 48, OC = 144;
+  auto x = mt::testing::randn(N * C, 17, "x"), W = mt::testing::randn(C * OC, 17, "W", 0.02f);
+  auto dy = mt::testing::randn(N * OC, 17, "dy"), dW0 = mt::testing::randn(C * OC, 17, "dW0");
+  std::vector<float> dx(N * C), dW = dW0, want_dx(N * C), want_dW = dW0, db(OC, 0.0f);
+  mt::nn::linear_backward(dx.data(), mt::nn::GradOut(dW.data()), mt::nn::GradOut(db.data()), dy.data(), x.data(),
+                          W.data(), N, C, OC, false, mt::Precision::bf16);
+  mt::gemm(false, true, N, C, OC, 1.0f, dy.data(), OC, W.data(), OC, 0.0f, want_dx.data(), C, mt::Precision::bf16);
+  mt::gemm(true, false, C, OC, N, 1.0f, x.data(), C, dy.data(), OC, 1.0f, want_dW.data(), OC, mt::Precision::bf16);
+  EXPECT_EQ(0, std::memcmp(dx.data(), want_dx.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dW.data(), want_dW.data(), dW.size() * sizeof(float)));
+}
+
+// Attention under bf16 (each head's q, k, v and dy rounded once, every tile's products reading them) equals the
+// same tiles with every product rounding its own inputs, bit for bit. T = 80: a full tile of 64 and a partial one.
+TEST_P(Bf16Gemm, AttentionIsItsBf16ProductsTileByTile) {
+  const int B = 2, T = 80, C = 32, H = 2, hs = C / H, C3 = 3 * C, tile = 64;
+  const float scale = 1.0f / std::sqrt((float)hs);
+  auto qkv = mt::testing::randn(B * T * C3, 19, "qkv"), dy = mt::testing::randn(B * T * C, 19, "dy");
+  std::vector<float> y(B * T * C), att((size_t)B * H * T * T), dqkv(B * T * C3);
+  mt::nn::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, H, mt::Precision::bf16);
+  mt::nn::attention_backward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, H, mt::Precision::bf16);
+  // The reference: the float32 attention's tiles with Precision::bf16 products (softmax and its backward as
+  // attention.cpp's comment gives them, on the same float32 values).
+  std::vector<float> want_y(y.size()), P((size_t)T * T), dS((size_t)tile * T), want_dqkv(dqkv.size());
+  const auto bf = mt::Precision::bf16;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++) {
+      const float *q = qkv.data() + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+      float* yy = want_y.data() + (size_t)b * T * C + h * hs;
+      const float* Pgot = att.data() + ((size_t)b * H + h) * T * T;
+      for (int r0 = 0; r0 < T; r0 += tile) {
+        const int r1 = std::min(T, r0 + tile);
+        mt::gemm(false, true, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P.data() + (size_t)r0 * T, T, bf);
+        for (int t = r0; t < r1; t++) {
+          float* row = P.data() + (size_t)t * T;
+          float mx = -INFINITY, sum = 0.0f;
+          for (int j = 0; j <= t; j++) mx = std::max(mx, row[j]);
+          for (int j = 0; j <= t; j++) sum += std::exp(row[j] - mx);
+          for (int j = 0; j < T; j++) ASSERT_NEAR(Pgot[(size_t)t * T + j], j <= t ? std::exp(row[j] - mx) / sum : 0.0f, 1e-6f);
+        }
+        // From here on the layer's own probabilities: the products are what is checked, not exp's last bit.
+        mt::gemm(false, false, r1 - r0, hs, r1, 1.0f, Pgot + (size_t)r0 * T, T, v, C3, 0.0f, yy + (size_t)r0 * C, C, bf);
+      }
+      float* dq = want_dqkv.data() + (size_t)b * T * C3 + h * hs;
+      const float* d = dy.data() + (size_t)b * T * C + h * hs;
+      for (int r0 = (T - 1) / tile * tile; r0 >= 0; r0 -= tile) {
+        const int r1 = std::min(T, r0 + tile), m = r1 - r0;
+        const float beta = r1 == T ? 0.0f : 1.0f;
+        mt::gemm(false, true, m, r1, hs, 1.0f, d + (size_t)r0 * C, C, v, C3, 0.0f, dS.data(), T, bf);
+        for (int i = 0; i < m; i++) {
+          float* row = dS.data() + (size_t)i * T;
+          const float* p = Pgot + (size_t)(r0 + i) * T;
+          float dot = 0.0f;
+          for (int j = 0; j <= r0 + i; j++) dot += p[j] * row[j];
+          for (int j = 0; j < r1; j++) row[j] = j <= r0 + i ? p[j] * (row[j] - dot) * scale : 0.0f;
+        }
+        mt::gemm(false, false, m, hs, r1, 1.0f, dS.data(), T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3, bf);
+        mt::gemm(true, false, r1, hs, m, 1.0f, dS.data(), T, q + (size_t)r0 * C3, C3, beta, dq + C, C3, bf);
+        mt::gemm(true, false, r1, hs, m, 1.0f, Pgot + (size_t)r0 * T, T, d + (size_t)r0 * C, C, beta, dq + 2 * C, C3, bf);
+      }
+    }
+  EXPECT_EQ(0, std::memcmp(y.data(), want_y.data(), y.size() * sizeof(float)));
+  // The softmax backward's dot product is summed in another order here, so dS may differ in its last float32
+  // bit, and an element that sits at a bf16 rounding boundary can round the other way (odds about 1e-7 / 2^-8
+  // per element): nearly every gradient is equal to float32 rounding and none is far off. A wrong operand or a
+  // stale copy moves most of them.
+  size_t off = 0;
+  for (size_t i = 0; i < dqkv.size(); i++) {
+    const float tol = 1e-5f * (1.0f + std::fabs(want_dqkv[i]));
+    off += std::fabs(dqkv[i] - want_dqkv[i]) > tol;
+    ASSERT_NEAR(dqkv[i], want_dqkv[i], 100 * tol) << i;
+  }
+  EXPECT_LE(off, dqkv.size() / 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Path, Bf16Gemm, ::testing::Values(0, 1),
