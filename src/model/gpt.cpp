@@ -174,12 +174,12 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   // Residual-stream tensors (x, res2, res3 and the LayerNorm outputs) have Nr rows: all N, or this rank's
   // N / S under sequence parallelism, where the LayerNorm output is all-gathered before the column-parallel
   // product and the row-parallel product is reduce-scattered instead of all-reduced.
-  // Inputs that backward reads only through products (ln1, atty, ln2 of a dense block, fch_gelu) are kept in
-  // bf16 under --precision bf16 (the products round them anyway: the same bits, half the bytes, no repacking in
-  // backward): written in float32 to one scratch, then rounded into the store. Not the LayerNorm outputs under
-  // SP, which are all-gathered in float32, nor an MoE block's ln2, which its experts copy.
+  // Inputs that backward reads only through products (ln1, qkv, atty, ln2 of a dense block, fch_gelu) are kept
+  // in bf16 under --precision bf16 (the products round them anyway: the same bits, half the bytes, no repacking
+  // in backward): written in float32 to one scratch, then rounded into the store. Not the LayerNorm outputs
+  // under SP, which are all-gathered in float32, nor an MoE block's ln2, which its experts copy.
   const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
-  float* tmp = bf16 ? store.get(kScratchMb, "bf16_src", (size_t)N * C) : nullptr;
+  float* tmp = bf16 ? store.get(kScratchMb, "bf16_src", (size_t)N * std::max(C, 3 * Cs)) : nullptr;
   auto kept = [&](const char* name, int rows, int cols) {
     uint16_t* h = store.get_bf16(smb, key(slot, name), (size_t)rows * cols);
     pack_bf16(tmp, rows, cols, cols, h);
@@ -188,7 +188,7 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   float* ln1 = keep_ln1 ? tmp : store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
   float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), Nr);
   float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), Nr);
-  float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
+  float* qkv = bf16 ? tmp : store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
   float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
   float* atty = bf16 ? tmp : store.get(smb, key(slot, "atty"), (size_t)N * Cs);
   float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
@@ -202,7 +202,10 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
     nn::column_parallel_linear_forward(rows_, qkv, kept("ln1_16", N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
   else
     nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs, prec_);
-  nn::attention_forward(atty, att, qkv, B, T, Cs, Hs, prec_);
+  if (bf16)  // ln1's float32 in tmp is spent (rounded above, or not there under SP): qkv's scratch now
+    nn::attention_forward(atty, att, kept("qkv16", N, 3 * Cs), B, T, Cs, Hs);
+  else
+    nn::attention_forward(atty, att, qkv, B, T, Cs, Hs, prec_);
   if (bf16)
     nn::row_parallel_linear_forward(rows_, partial, res2, kept("atty16", N, Cs), p.attproj_w->data, p.attproj_b->data,
                                     x, N, Cs, C);
@@ -420,9 +423,9 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T, mb);
       if (moe_[l]) moe_[l]->set_recording(true);
     }
-    // As block_forward keeps them: ln1, atty and a dense block's ln2 in bf16 under --precision bf16 (not SP's).
+    // As block_forward keeps them: ln1, qkv, atty and a dense block's ln2 in bf16 under --precision bf16 (SP: not
+    // the LayerNorm outputs).
     const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
-    const float* qkv = store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
     const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
     const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
     const float* ln2 = keep_ln2 ? nullptr : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
@@ -467,7 +470,12 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
                                        store.get(smb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->data, N, Cs, C,
                                        prec_);
-    nn::attention_backward(dqkv, datty, qkv, att, B, T, Cs, Hs, prec_);
+    if (bf16)
+      nn::attention_backward(dqkv, datty, store.get_bf16(smb, key(slot, "qkv16"), (size_t)N * 3 * Cs), att, B, T, Cs,
+                             Hs);
+    else
+      nn::attention_backward(dqkv, datty, store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs), att, B, T, Cs, Hs,
+                             prec_);
     if (keep_ln1)
       nn::column_parallel_linear_backward(rows_, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
                                           store.get_bf16(smb, key(slot, "ln1_16"), (size_t)N * C), p.qkv_w->data, N, C,
@@ -521,7 +529,7 @@ size_t Gpt::activation_bytes(int B, int T) const {
   const size_t ln = bf16 && !sp_ ? Nr * C / 2 : Nr * C;  // one LayerNorm output
   const size_t mlp = N * Cs * (bf16 ? 4 + 2 : 4 + 4) /*fch fch_gelu*/;
   const size_t block = 2 * ln /*ln1 ln2*/ + Nr * C /*res2*/ + (bf16 ? N * Cs / 2 : N * Cs) /*atty*/ +
-                       N * Cs * 3 /*qkv*/ + mlp + (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
+                       (bf16 ? N * Cs * 3 / 2 : N * Cs * 3) /*qkv*/ + mlp + (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
   // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
   // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows; and its ln2 in float32.
   const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
@@ -534,7 +542,7 @@ size_t Gpt::activation_bytes(int B, int T) const {
     biggest = std::max(biggest, b);
   }
   if (recompute_) total += biggest;
-  if (bf16) total += N * C;  // block_forward's float32 scratch for the kept inputs
+  if (bf16) total += N * std::max(C, 3 * Cs);  // block_forward's float32 scratch for the kept inputs
   return total * sizeof(float);
 }
 

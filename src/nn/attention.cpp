@@ -69,60 +69,65 @@ float* thread_scratch(size_t count) {
   return buf.data();
 }
 
-// Under Precision::bf16 one head's operands rounded once into this thread's copies, then every tile's
-// products read them (gemm_16): q, k and v (T x hs each) and, in backward, dy, instead of a rounding pass per
-// product (k and v were rounded for every tile, about 2.5 T rows each at T = 256). The tiles' own P and dS
-// are rounded as they are made. Same values, same products: the results equal the per-product rounding's.
-struct Head16 {
-  uint16_t *q, *k, *v, *dy, *tile;
-  int hs;
-  Head16(int T, int hs_) : hs(hs_) {
-    thread_local std::vector<uint16_t> buf;
-    const size_t per = (size_t)T * hs;
-    if (buf.size() < 4 * per + (size_t)kTile * T) buf.resize(4 * per + (size_t)kTile * T);
-    q = buf.data(), k = q + per, v = k + per, dy = v + per, tile = dy + per;
-  }
-  // The rows x cols block at src (row stride ld) into dst, contiguous.
-  static void pack(const float* src, int rows, int cols, int ld, uint16_t* dst) {
-    for (int r = 0; r < rows; r++) to_bf16(src + (size_t)r * ld, dst + (size_t)r * cols, cols);
-  }
-  void load_qkv(const float* q32, int T, int C3) {
-    pack(q32, T, hs, C3, q);
-    pack(q32 + C3 / 3, T, hs, C3, k);
-    pack(q32 + 2 * (C3 / 3), T, hs, C3, v);
-  }
+// Under Precision::bf16 a head's q, k, v are read as bf16 by every tile's products (gemm_16): from the model's
+// qkv kept in bf16 (qkv16, row stride 3C), or rounded once from a float32 qkv into this thread's copies (row
+// stride hs); in backward dy is rounded once too. Before, every product rounded its own inputs: k and v once per
+// tile, about 2.5 T rows each at T = 256. The tiles' P and dS are rounded as they are made. Same values, same
+// products: the results equal the per-product rounding's (bf16_test.cpp).
+struct HeadOperands {
+  const uint16_t *q, *k, *v;
+  int ld;  // row stride of q, k, v
 };
 
-void forward_head16(const float* q32, float* P, float* y, int T, int C, int hs, float scale) {
-  Head16 h(T, hs);
-  h.load_qkv(q32, T, 3 * C);
+// This thread's bf16 copies: q, k, v, dy (T x hs each) and one tile (kTile x T).
+uint16_t* head_copies(int T, int hs) {
+  thread_local std::vector<uint16_t> buf;
+  const size_t need = 4 * (size_t)T * hs + (size_t)kTile * T;
+  if (buf.size() < need) buf.resize(need);
+  return buf.data();
+}
+
+// The rows x cols block at src (row stride ld) into dst, contiguous.
+void pack_block(const float* src, int rows, int cols, int ld, uint16_t* dst) {
+  for (int r = 0; r < rows; r++) to_bf16(src + (size_t)r * ld, dst + (size_t)r * cols, cols);
+}
+
+HeadOperands round_head(const float* q32, int T, int C, int hs) {
+  uint16_t* q = head_copies(T, hs);
+  const size_t per = (size_t)T * hs;
+  for (int i = 0; i < 3; i++) pack_block(q32 + i * C, T, hs, 3 * C, q + i * per);
+  return {q, q + per, q + 2 * per, hs};
+}
+
+void forward_head16(const HeadOperands& h, float* P, float* y, int T, int C, int hs, float scale) {
+  uint16_t* tile = head_copies(T, hs) + 4 * (size_t)T * hs;
   for (int r0 = 0; r0 < T; r0 += kTile) {
     const int r1 = std::min(T, r0 + kTile), m = r1 - r0;
-    gemm_16(false, true, m, r1, hs, scale, h.q + (size_t)r0 * hs, hs, h.k, hs, 0.0f, P + (size_t)r0 * T, T);
+    gemm_16(false, true, m, r1, hs, scale, h.q + (size_t)r0 * h.ld, h.ld, h.k, h.ld, 0.0f, P + (size_t)r0 * T, T);
     for (int t = r0; t < r1; t++) softmax_row(P + (size_t)t * T, t + 1, T);
-    Head16::pack(P + (size_t)r0 * T, m, r1, T, h.tile);
-    gemm_16(false, false, m, hs, r1, 1.0f, h.tile, r1, h.v, hs, 0.0f, y + (size_t)r0 * C, C);
+    pack_block(P + (size_t)r0 * T, m, r1, T, tile);
+    gemm_16(false, false, m, hs, r1, 1.0f, tile, r1, h.v, h.ld, 0.0f, y + (size_t)r0 * C, C);
   }
 }
 
-void backward_head16(const float* q32, const float* P, const float* dy32, float* dq, float* dk, float* dv, int T,
+void backward_head16(const HeadOperands& h, const float* P, const float* dy32, float* dq, float* dk, float* dv, int T,
                      int C, int hs, float scale) {
   const int C3 = 3 * C;
-  Head16 h(T, hs);
-  h.load_qkv(q32, T, C3);
-  Head16::pack(dy32, T, hs, C, h.dy);
+  uint16_t* dy = head_copies(T, hs) + 3 * (size_t)T * hs;
+  uint16_t* tile = dy + (size_t)T * hs;
+  pack_block(dy32, T, hs, C, dy);
   float* dS = thread_scratch((size_t)kTile * T);
   for (int r0 = (T - 1) / kTile * kTile; r0 >= 0; r0 -= kTile) {
     const int r1 = std::min(T, r0 + kTile), m = r1 - r0;
     const float beta = r1 == T ? 0.0f : 1.0f;
-    gemm_16(false, true, m, r1, hs, 1.0f, h.dy + (size_t)r0 * hs, hs, h.v, hs, 0.0f, dS, T);
+    gemm_16(false, true, m, r1, hs, 1.0f, dy + (size_t)r0 * hs, hs, h.v, h.ld, 0.0f, dS, T);
     for (int i = 0; i < m; i++)
       softmax_backward_row(dS + (size_t)i * T, P + (size_t)(r0 + i) * T, r0 + i + 1, r1, scale);
-    Head16::pack(dS, m, r1, T, h.tile);
-    gemm_16(false, false, m, hs, r1, 1.0f, h.tile, r1, h.k, hs, 0.0f, dq + (size_t)r0 * C3, C3);
-    gemm_16(true, false, r1, hs, m, 1.0f, h.tile, r1, h.q + (size_t)r0 * hs, hs, beta, dk, C3);
-    Head16::pack(P + (size_t)r0 * T, m, r1, T, h.tile);
-    gemm_16(true, false, r1, hs, m, 1.0f, h.tile, r1, h.dy + (size_t)r0 * hs, hs, beta, dv, C3);
+    pack_block(dS, m, r1, T, tile);
+    gemm_16(false, false, m, hs, r1, 1.0f, tile, r1, h.k, h.ld, 0.0f, dq + (size_t)r0 * C3, C3);
+    gemm_16(true, false, r1, hs, m, 1.0f, tile, r1, h.q + (size_t)r0 * h.ld, h.ld, beta, dk, C3);
+    pack_block(P + (size_t)r0 * T, m, r1, T, tile);
+    gemm_16(true, false, r1, hs, m, 1.0f, tile, r1, dy + (size_t)r0 * hs, hs, beta, dv, C3);
   }
 }
 
@@ -138,7 +143,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     const float* v = q + 2 * C;
     float* P = att + (size_t)bh * T * T;
     float* y = out + (size_t)b * T * C + h * hs;
-    if (prec == Precision::bf16) return forward_head16(q, P, y, T, C, hs, scale);
+    if (prec == Precision::bf16) return forward_head16(round_head(q, T, C, hs), P, y, T, C, hs, scale);
     for (int r0 = 0; r0 < T; r0 += kTile) {
       int r1 = std::min(T, r0 + kTile);
       gemm(false, true, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T, prec);
@@ -162,7 +167,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dv = dq + 2 * C;
     const float* P = att + (size_t)bh * T * T;
     const float* dy = dout + (size_t)b * T * C + h * hs;
-    if (prec == Precision::bf16) return backward_head16(q, P, dy, dq, dk, dv, T, C, hs, scale);
+    if (prec == Precision::bf16) return backward_head16(round_head(q, T, C, hs), P, dy, dq, dk, dv, T, C, hs, scale);
     float* dS = thread_scratch((size_t)kTile * T);
     // dk and dv add up over the tiles. The last tile's keys are all T rows, so tiles run last to first: the
     // first one computed writes dk and dv whole (beta 0), the others add, and nothing has to be zeroed first.
@@ -176,6 +181,31 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       gemm(true, false, r1, hs, m, 1.0f, dS, T, q + (size_t)r0 * C3, C3, beta, dk, C3, prec);
       gemm(true, false, r1, hs, m, 1.0f, P + (size_t)r0 * T, T, dy + (size_t)r0 * C, C, beta, dv, C3, prec);
     }
+  });
+}
+
+// qkv kept in bf16: the heads' operands are views into it (no rounding, no copies).
+void attention_forward(float* out, float* att, const uint16_t* qkv16, int B, int T, int C, int H) {
+  const int hs = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt((float)hs);
+  for_each_head(B * H, [&](int bh) {
+    const int b = bh / H, h = bh % H;
+    const uint16_t* q = qkv16 + (size_t)b * T * C3 + h * hs;
+    forward_head16({q, q + C, q + 2 * C, C3}, att + (size_t)bh * T * T, out + (size_t)b * T * C + h * hs, T, C, hs,
+                   scale);
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv16, const float* att, int B, int T, int C,
+                        int H) {
+  const int hs = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt((float)hs);
+  for_each_head(B * H, [&](int bh) {
+    const int b = bh / H, h = bh % H;
+    const uint16_t* q = qkv16 + (size_t)b * T * C3 + h * hs;
+    float* dq = dqkv + (size_t)b * T * C3 + h * hs;
+    backward_head16({q, q + C, q + 2 * C, C3}, att + (size_t)bh * T * T, dout + (size_t)b * T * C + h * hs, dq,
+                    dq + C, dq + 2 * C, T, C, hs, scale);
   });
 }
 

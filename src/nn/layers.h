@@ -68,6 +68,11 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 // dqkv[B,T,3C] overwritten.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H,
                         Precision prec = Precision::fp32);
+// The same under --precision bf16 with qkv kept in bf16 (qkv16[B,T,3C], rounded once after its product: only
+// products read q, k and v): the results of the float32 qkv under Precision::bf16, from half its bytes.
+void attention_forward(float* out, float* att, const uint16_t* qkv16, int B, int T, int C, int H);
+void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv16, const float* att, int B, int T, int C,
+                        int H);
 
 // Softmax cross-entropy, fused with its backward: logits[N,V] is overwritten by
 // dlogits = (softmax(logits) - onehot(target)) * dscale. Returns the sum over rows of -log p[target].

@@ -340,6 +340,17 @@ TEST_P(Bf16Gemm, AttentionIsItsBf16ProductsTileByTile) {
   std::vector<float> y(B * T * C), att((size_t)B * H * T * T), dqkv(B * T * C3);
   mt::nn::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, H, mt::Precision::bf16);
   mt::nn::attention_backward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, H, mt::Precision::bf16);
+  {
+    // qkv kept in bf16 (the model's way): the same bits as the float32 qkv under bf16.
+    std::vector<uint16_t> qkv16(qkv.size());
+    mt::to_bf16(qkv.data(), qkv16.data(), qkv.size());
+    std::vector<float> y16(y.size()), att16(att.size()), dqkv16(dqkv.size());
+    mt::nn::attention_forward(y16.data(), att16.data(), qkv16.data(), B, T, C, H);
+    mt::nn::attention_backward(dqkv16.data(), dy.data(), qkv16.data(), att16.data(), B, T, C, H);
+    EXPECT_EQ(0, std::memcmp(y.data(), y16.data(), y.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(att.data(), att16.data(), att.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(dqkv.data(), dqkv16.data(), dqkv.size() * sizeof(float)));
+  }
   // The reference: the float32 attention's tiles with Precision::bf16 products (softmax and its backward as
   // attention.cpp's comment gives them, on the same float32 values).
   std::vector<float> want_y(y.size()), P((size_t)T * T), dS((size_t)tile * T), want_dqkv(dqkv.size());
