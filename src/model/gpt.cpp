@@ -533,7 +533,9 @@ size_t Gpt::activation_bytes(int B, int T) const {
   // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
   // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows; and its ln2 in float32.
   const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
-  const size_t moe_block = block - mlp - ln + Nr * C + N * (size_t)cfg_.experts + A * (3 * C + 2 * Hx);
+  // Under bf16 the experts' inputs and GELU outputs are kept in bf16 (moe.cpp): half their floats.
+  const size_t experts = bf16 ? A * (2 * C + C / 2 + Hx + Hx / 2) : A * (3 * C + 2 * Hx);
+  const size_t moe_block = block - mlp - ln + Nr * C + N * (size_t)cfg_.experts + experts;
   size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   size_t biggest = 0;
   for (int l = begin_; l < end_; l++) {

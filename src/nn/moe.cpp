@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "nn/layers.h"
+#include "tensor/bf16.h"
 #include "tensor/blas.h"
 
 namespace mt::nn {
@@ -149,20 +150,33 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   const size_t C = (size_t)C_, H = (size_t)H_;
   std::vector<float> xs((size_t)A * C);
   for (int64_t a = 0; a < A; a++) std::memcpy(&xs[a * C], x + (size_t)(st.order[a] / K) * C, sizeof(float) * C);
-  float* xin = store.get(mb, prefix_ + "xin", (size_t)Al * C);
+  // Under bf16 the experts' inputs and GELU outputs, which backward reads only through products, are kept in
+  // bf16 (the same bits the products round them to, half the bytes); xin arrives in float32 and is rounded once.
+  const bool bf16 = prec_ == Precision::bf16;
+  std::vector<float> xin32(bf16 ? (size_t)Al * C : 0);
+  float* xin = bf16 ? xin32.data() : store.get(mb, prefix_ + "xin", (size_t)Al * C);
   exchange(xs.data(), xin, true, st.count.data(), st.incoming.data());
+  uint16_t* xin16 = bf16 ? store.get_bf16(mb, prefix_ + "xin16", (size_t)Al * C) : nullptr;
+  if (bf16) to_bf16(xin, xin16, (size_t)Al * C);
   // Experts.
   float* h = store.get(mb, prefix_ + "h", (size_t)Al * H);
-  float* act = store.get(mb, prefix_ + "a", (size_t)Al * H);
+  float* act = bf16 ? nullptr : store.get(mb, prefix_ + "a", (size_t)Al * H);
+  uint16_t* act16 = bf16 ? store.get_bf16(mb, prefix_ + "a16", (size_t)Al * H) : nullptr;
   float* o = store.get(mb, prefix_ + "o", (size_t)Al * C);
   size_t row = 0;
   for (int le = 0; le < Le; le++) {
     const int64_t n = st.rows_for(le, P);
     if (n == 0) continue;
     const Expert& w = local_[le];
-    linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr, prec_);
-    gelu_forward(act + row * H, h + row * H, (size_t)n * H);
-    linear_forward(o + row * C, act + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr, prec_);
+    if (bf16) {
+      linear_forward(h + row * H, xin16 + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr);
+      gelu_forward_bf16(act16 + row * H, h + row * H, (size_t)n * H);
+      linear_forward(o + row * C, act16 + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr);
+    } else {
+      linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr, prec_);
+      gelu_forward(act + row * H, h + row * H, (size_t)n * H);
+      linear_forward(o + row * C, act + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr, prec_);
+    }
     row += (size_t)n;
   }
   // Combine.
@@ -217,20 +231,33 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
   }
   std::vector<float> dout((size_t)Al * C), dxin((size_t)Al * C), dh((size_t)Al * H);
   exchange(dys.data(), dout.data(), true, st.count.data(), st.incoming.data());
-  const float* xin = store.get(mb, prefix_ + "xin", (size_t)Al * C);
+  const bool bf16 = prec_ == Precision::bf16;  // as forward keeps them
+  const float* xin = bf16 ? nullptr : store.get(mb, prefix_ + "xin", (size_t)Al * C);
+  const uint16_t* xin16 = bf16 ? store.get_bf16(mb, prefix_ + "xin16", (size_t)Al * C) : nullptr;
   const float* h = store.get(mb, prefix_ + "h", (size_t)Al * H);
-  const float* act = store.get(mb, prefix_ + "a", (size_t)Al * H);
+  const float* act = bf16 ? nullptr : store.get(mb, prefix_ + "a", (size_t)Al * H);
+  const uint16_t* act16 = bf16 ? store.get_bf16(mb, prefix_ + "a16", (size_t)Al * H) : nullptr;
   size_t row = 0;
   for (int le = 0; le < Le; le++) {
     const int64_t n = st.rows_for(le, P);
     if (n == 0) continue;
     const Expert& w = local_[le];
     float* dh_e = dh.data() + row * H;
-    linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), dout.data() + row * C, act + row * H,
-                    w.proj_w->data, (int)n, H_, C_, false, prec_);
+    float* dx_e = dxin.data() + row * C;
+    const float* do_e = dout.data() + row * C;
+    if (bf16)
+      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act16 + row * H, w.proj_w->data, (int)n,
+                      H_, C_, false);
+    else
+      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act + row * H, w.proj_w->data, (int)n,
+                      H_, C_, false, prec_);
     gelu_backward(dh_e, h + row * H, dh_e, (size_t)n * H);
-    linear_backward(dxin.data() + row * C, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data,
-                    (int)n, C_, H_, false, prec_);
+    if (bf16)
+      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin16 + row * C, w.fc_w->data, (int)n, C_,
+                      H_, false);
+    else
+      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data, (int)n, C_, H_,
+                      false, prec_);
     row += (size_t)n;
   }
   std::vector<float> dxs((size_t)A * C);
