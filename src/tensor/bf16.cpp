@@ -44,7 +44,7 @@ void pack_rounded(const float* src, int rows, int cols, int ld, float* dst) {
 }
 
 const uint16_t* packed_bf16_scratch(int slot, const float* src, int rows, int cols, int ld) {
-  thread_local std::vector<uint16_t> buf[2];
+  thread_local std::vector<uint16_t> buf[4];
   std::vector<uint16_t>& b = buf[slot];
   if (b.size() < (size_t)rows * cols) b.resize((size_t)rows * cols);
   pack_bf16(src, rows, cols, ld, b.data());

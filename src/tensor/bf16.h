@@ -33,8 +33,9 @@ void round_to_bf16(const float* src, float* dst, size_t n);
 // outside a parallel region and the matrix is large. Cost: one read of the matrix, one write of the copy.
 void pack_bf16(const float* src, int rows, int cols, int ld, uint16_t* dst);
 void pack_rounded(const float* src, int rows, int cols, int ld, float* dst);
-// pack_bf16 into this thread's scratch copy number slot (0 or 1; grown, never shrunk): an operand a caller
-// rounds once and hands to several products (gemm_16, gemm_a16). Valid until the slot's next use on the thread.
+// pack_bf16 into this thread's scratch copy number slot (grown, never shrunk); valid until the slot's next use on
+// the thread. Slots 0 and 1: an operand a caller rounds once and hands to several products (gemm_16, gemm_a16);
+// slots 2 and 3: the GEMM backend's own copies of A and B inside one product.
 const uint16_t* packed_bf16_scratch(int slot, const float* src, int rows, int cols, int ld);
 
 // The same rounding written from the definition, for tests: the two bf16 neighbours of f (truncation and the

@@ -159,13 +159,10 @@ Key make_key(bool ta, bool tb, bool bias, int M, int N, int K, int lda, int ldb,
              std::bit_cast<uint32_t>(beta)};
 }
 
-// The rows x cols matrix at src (row stride ld) as contiguous bf16 in this thread's buffer `slot` (0: A, 1: B).
+// The rows x cols matrix at src (row stride ld) as contiguous bf16 in this thread's copy of operand `slot` (0: A,
+// 1: B): the backend's slots of packed_bf16_scratch, apart from its callers'.
 const uint16_t* packed_bf16(int slot, const float* src, int rows, int cols, int ld) {
-  thread_local std::vector<uint16_t> buf[2];
-  std::vector<uint16_t>& b = buf[slot];
-  if (b.size() < (size_t)rows * cols) b.resize((size_t)rows * cols);
-  pack_bf16(src, rows, cols, ld, b.data());
-  return b.data();
+  return packed_bf16_scratch(2 + slot, src, rows, cols, ld);
 }
 
 bool isa_has(dnnl::cpu_isa isa, dnnl::cpu_isa want) {
