@@ -12,6 +12,7 @@ by dp 2 x pp 2 under ZeRO 3 resumes under the same layout and, resharded, under 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -23,6 +24,29 @@ from parity_harness import parse_args  # noqa: E402
 
 CFG = ref.GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
 STEPS = 20
+
+
+def check_memory(checks: dpc.Tally, paths: dict) -> None:
+    """ZeRO 2 shards a stage's gradients over its dp pair, ZeRO 3 its parameters too: the pair's bytes add up to
+    what each rank of the pair holds under ZeRO 0 (whole tensors of its stage)."""
+    ranks = {}
+    for z, path in paths.items():
+        if not checks.check(os.path.isfile(path), f"ZeRO {z}: no --summary at {path}"):
+            return
+        with open(path) as f:
+            ranks[z] = json.load(f)["ranks"]
+        if not checks.check(len(ranks[z]) == 4, f"ZeRO {z}: {len(ranks[z])} ranks in the summary, want 4"):
+            return
+    for j in (0, 1):
+        whole = {k: ranks[0][2 * j][k] for k in ("param_bytes", "grad_bytes")}
+        checks.check(whole == {k: ranks[0][2 * j + 1][k] for k in whole}, f"ZeRO 0: stage {j}'s pair differs")
+        for z, sharded in ((2, ("grad_bytes",)), (3, ("grad_bytes", "param_bytes"))):
+            for k in whole:
+                pair = ranks[z][2 * j][k] + ranks[z][2 * j + 1][k]
+                want = whole[k] if k in sharded else 2 * whole[k]
+                checks.check(pair == want, f"ZeRO {z}, stage {j}: {k} of the dp pair {pair}, want {want}")
+        print(f"stage {j}: ZeRO 0 holds {whole}; ZeRO 3 pair "
+              f"{[(r['param_bytes'], r['grad_bytes']) for r in ranks[3][2 * j:2 * j + 2]]}")
 
 
 def main() -> None:
@@ -57,14 +81,22 @@ def main() -> None:
                     (f"dp2_pp4_1f1b_M3_z{z}", ["--nproc", 8, "--pp", 4, "--micro-batch-size", 2, "--zero", z]),
                     (f"pp4_interleaved_V2_M4_z{z}", ["--nproc", 4, "--pp", 4, "--schedule", "interleaved",
                                                      "--virtual-stages", 2, "--micro-batch-size", 3, "--zero", z])]
+    # Memory per rank (--summary) of dp 2 x pp 2 under ZeRO 0, 2 and 3, 1F1B: ranks 2j and 2j + 1 are stage j's
+    # dp pair, whose shards tile the stage's tensors.
+    summaries = {"dp2_pp2_1f1b_M2": 0, "dp2_pp2_1f1b_M3_z2": 2, "dp2_pp2_1f1b_M3_z3": 3}
     print(f"\n{'layout':<30}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}{'s':>6}")
     for tag, extra in layouts:
         t0 = time.time()
+        if tag in summaries:
+            dpc.remove_stale(out(tag, "summary.json"))
+            extra = extra + ["--summary", out(tag, "summary.json")]
         got, got_w = run(tag, extra)
         if got is None:
             continue
         wl, wg, dw = lr.compare(tag, got, got_w, want, want_w)
         print(f"{tag:<30}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}{time.time() - t0:>6.1f}")
+
+    check_memory(checks, {z: out(tag, "summary.json") for tag, z in summaries.items()})
 
     ck = os.path.join(args.workdir, "ckpt_pp2")
     dpc.remove_stale(ck)
