@@ -4,7 +4,8 @@ Model: L=4 (so 2 and 4 stages, and 2 stages x 2 chunks, hold whole blocks), H=2,
 20 steps with warmup 3, cosine, weight decay 0.1 and clipping active on some steps (dp_common's problem
 with more layers). Layouts: pp 2, 3, 4 with gpipe and 1f1b at M in {1, P, 2P} micro-batches where B allows,
 interleaved (V=2) at M in {P, 2P}, --recompute, dp 2 x pp 2; ZeRO 2 and 3 (the stage runners pass the
-store's hooks) with 1F1B and interleaved at pp 2 and pp 4, sharded over dp 2 where the batch allows it.
+store's hooks) with 1F1B and interleaved at pp 2 and pp 4 (and GPipe at pp 2), sharded over dp 2 where the
+batch allows it.
 Tolerances and their reasons are dp_common's (step-0 loss 1e-5 rel, loss 2e-3 abs, grad_norm 1e-3 rel,
 weights 5e-3; key slice of c_attn bias apart).
 Also: a checkpoint written under pp 2 resumes in a single process and continues the trajectory; one written
@@ -75,6 +76,8 @@ def main() -> None:
     # of 6 windows, so interleaved pp 4 runs at dp 1 (every bucket alone: binding, gathers and the tie only).
     for z in (2, 3):
         layouts += [(f"dp2_pp2_1f1b_M3_z{z}", ["--nproc", 4, "--pp", 2, "--micro-batch-size", 2, "--zero", z]),
+                    (f"dp2_pp2_gpipe_M3_z{z}", ["--nproc", 4, "--pp", 2, "--schedule", "gpipe",
+                                                "--micro-batch-size", 2, "--zero", z]),
                     (f"dp2_pp2_interleaved_V2_M2_z{z}", ["--nproc", 4, "--pp", 2, "--schedule", "interleaved",
                                                          "--virtual-stages", 2, "--micro-batch-size", 3,
                                                          "--zero", z]),
