@@ -154,13 +154,16 @@ class GptTask : public TrainTask {
 
   void prepare() override {}
 
-  // One pipeline rank's chunks for one training step, as the executor sees them.
+  // One pipeline rank's chunks for one training step, as the executor sees them; hooks (may be null) are the
+  // parameter store's, called around each group's use in every forward and backward (ZeRO 2 and 3).
   struct Runner : TaskStageRunner {
     GptTask& t;
     int64_t step;
     int first, mbs;
     float dscale;
-    Runner(GptTask& task, int64_t s, int f, int m, float d) : t(task), step(s), first(f), mbs(m), dscale(d) {}
+    nn::ParamHooks* hooks;
+    Runner(GptTask& task, int64_t s, int f, int m, float d, nn::ParamHooks* h)
+        : t(task), step(s), first(f), mbs(m), dscale(d), hooks(h) {}
     size_t activation_count() const override {
       return (size_t)t.model_->rows_here(mbs * t.T_) * t.model_->config().n_embd;
     }
@@ -171,21 +174,21 @@ class GptTask : public TrainTask {
       t.targets_.resize((size_t)mbs * t.T_);
       data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
       g.set_moe_position(step, first + i * mbs);
-      loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, nullptr, input);
+      loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, hooks, input);
       return g.last_stage() ? nullptr : g.stage_output(t.store_, key, mbs, t.T_);
     }
     const float* backward(int c, int i, const float* dout) override {
       model::Gpt& g = *t.chunks_[c];
       const int key = i * t.pp_.spec.virtual_stages + c;
-      g.backward(t.store_, key, mbs, t.T_, nullptr, dout);
+      g.backward(t.store_, key, mbs, t.T_, hooks, dout);
       t.store_.release(key);  // the executor copied this micro-batch's output when it sent it
       return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
     }
   };
 
-  std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) override {
+  std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share, nn::ParamHooks* hooks) override {
     if (!pp_.group) return nullptr;
-    return std::make_unique<Runner>(*this, step, share.first, share.micro_size(), dscale());
+    return std::make_unique<Runner>(*this, step, share.first, share.micro_size(), dscale(), hooks);
   }
 
   void begin_step(int64_t) override {
@@ -220,7 +223,7 @@ class GptTask : public TrainTask {
     MoeRecording off(chunks_);  // held-out routing is not the step's
     for (int k = 0; k < batches; k++) {
       if (pp_.group) {
-        r.loss += pipeline_evaluate(k, sh);
+        r.loss += pipeline_evaluate(k, sh, hooks);
         if (chunks_.back()->last_stage()) r.count += (double)sh.count() * T_;
         continue;
       }
@@ -239,13 +242,15 @@ class GptTask : public TrainTask {
 
   // One pipeline rank's chunks running evaluation batch k forward only. Store keys kEvalKey - (i V + c); a
   // chunk's previous micro-batch is released when the next one starts (the executor copied its output into
-  // the message when it sent it).
+  // the message when it sent it). hooks: the parameter store's (ZeRO 3 gathers each group around its use).
   struct EvalRunner : pipeline::StageRunner {
     GptTask& t;
     int64_t batch;
     BatchShare sh;
+    nn::ParamHooks* hooks;
     double loss = 0;
-    EvalRunner(GptTask& task, int64_t k, const BatchShare& share) : t(task), batch(k), sh(share) {}
+    EvalRunner(GptTask& task, int64_t k, const BatchShare& share, nn::ParamHooks* h)
+        : t(task), batch(k), sh(share), hooks(h) {}
     int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
     size_t activation_count() const override {
       return (size_t)t.model_->rows_here(sh.micro_size() * t.T_) * t.model_->config().n_embd;
@@ -258,7 +263,7 @@ class GptTask : public TrainTask {
       t.targets_.resize((size_t)nb * t.T_);
       data::gpt_batch(*t.val_, batch, t.B_, t.T_, sh.micro_first(i), nb, t.inputs_.data(), t.targets_.data());
       g.set_moe_position(batch, sh.micro_first(i));
-      loss += g.forward(t.store_, key(c, i), t.inputs_.data(), t.targets_.data(), nb, t.T_, 0.0f, nullptr, input);
+      loss += g.forward(t.store_, key(c, i), t.inputs_.data(), t.targets_.data(), nb, t.T_, 0.0f, hooks, input);
       return g.last_stage() ? nullptr : g.stage_output(t.store_, key(c, i), nb, t.T_);
     }
     const float* backward(int, int, const float*) override {
@@ -267,14 +272,14 @@ class GptTask : public TrainTask {
     }
   };
 
-  double pipeline_evaluate(int64_t k, const BatchShare& sh) {
+  double pipeline_evaluate(int64_t k, const BatchShare& sh, nn::ParamHooks* hooks) {
     if (sh.micro_count() == 0) return 0;
     // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
     MT_ASSERT(sh.micro_len(sh.micro_count() - 1) == sh.micro_size(), "evaluation micro-batches of unequal size");
     pipeline::ScheduleSpec spec = pp_.spec;
     spec.micro_batches = sh.micro_count();
     if (eval_lists_.size() == 0) eval_lists_ = pipeline::forward_only(pp_.schedule.placement, spec.micro_batches);
-    EvalRunner r(*this, k, sh);
+    EvalRunner r(*this, k, sh, hooks);
     executor_.run(spec, eval_lists_, *pp_.group, r);
     for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count() - 1));
     return r.loss;

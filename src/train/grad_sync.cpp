@@ -42,6 +42,7 @@ StepHooks GradSync::hooks() {
   StepHooks h;
   h.params = &engine_;
   h.micro_batch = [this](int i, int n) { engine_.begin_micro_batch(i, n); };
+  h.accumulate = [this](int n) { engine_.begin_accumulation(n); };
   return h;
 }
 
@@ -69,9 +70,10 @@ double GradSync::grad_norm() {
 namespace {
 
 // Exact data parallelism, ZeRO 0-3: the store reduces bucket by bucket during backward when the step
-// executor calls its hooks; a pipeline's executor does not (the schedule owns the backward pass), so then the
+// executor calls its hooks (the micro-batch loop; a pipeline's executor under ZeRO 2 and 3, once per step
+// after each bucket's last micro-batch); a pipeline's executor under ZeRO 0 and 1 calls none, so then the
 // whole gradient is reduced once the list is over. Copies of a tied tensor (first and last stage) are summed
-// over the tie group first.
+// over the tie group first: with hooks, the store holds the buckets that contain them unreduced until then.
 class ExactSync : public GradSync {
  public:
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
@@ -87,7 +89,10 @@ class ExactSync : public GradSync {
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
     for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
     const double t1 = trace::ChromeTrace::now_us();
-    if (!overlapped_) engine_.reduce_all();
+    if (!overlapped_)
+      engine_.reduce_all();
+    else
+      engine_.reduce_held();
     if (tracer_->enabled()) {
       if (!tied_.empty())
         tracer_->add(trace::Track::comm, "all_reduce tied tensors (first + last stage)", "comm", t0, t1);

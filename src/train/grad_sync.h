@@ -8,8 +8,9 @@
 //   method       store group    reduce(s) after backward                        update
 //   exact        dp             buckets in flight during backward (ZeRO 0-3)     store (ZeRO: own shard,
 //                               when the step executor calls the hooks; else     all-gather)
-//                               (pipeline) the whole gradient over dp (ZeRO
-//                               0/1); tied copies summed over first+last stage
+//                               (pipeline, ZeRO 0/1) the whole gradient over
+//                               dp; tied copies summed over first+last stage
+//                               before their buckets are reduced
 //   compressed   none           codec exchange over dp (parallel/compress)       store
 //   local SGD    none           warm-up: all-reduce; then each rank's own mean   store, then every H steps
 //                                                                                the replicas are averaged
@@ -56,7 +57,8 @@ struct SyncOptions {
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
-  // loop); false: the gradient is reduced whole after the backward (the pipeline executor passes no hooks).
+  // loop; a pipeline under ZeRO 2, 3); false: the gradient is reduced whole after the backward (a pipeline
+  // under ZeRO 0, 1 passes no hooks).
   bool overlapped = true;
   static SyncOptions from(const TrainConfig& cfg);
 };

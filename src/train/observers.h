@@ -65,7 +65,7 @@ class RunLog {
 
 class Evaluator {
  public:
-  // hooks: the engine's (ZeRO 3 gathers parameters through them), null under a pipeline.
+  // hooks: the parameter store's (ZeRO 3 gathers parameters through them, in a pipeline's stages too).
   Evaluator(TrainTask& task, const parallel::Mesh& mesh, int batches, nn::ParamHooks* hooks, RunLog& log)
       : task_(task), mesh_(mesh), batches_(batches), hooks_(hooks), log_(log) {}
   // Collective over dp (and pp): val_loss (and val_accuracy) of the parameters after step s into row.

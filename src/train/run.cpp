@@ -74,9 +74,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   nn::ParamRegistry& params = task->params();
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
-  executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer);
-  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   SyncOptions sync_options = SyncOptions::from(cfg);
+  executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer,
+                                parallel::needs_hooks(sync_options.engine.zero));
+  task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
   store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
@@ -110,7 +111,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
-  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, g.pp() > 1 ? nullptr : store.get(), *log);
+  evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, store.get(), *log);
   cadence = Cadence::from(cfg, task->has_eval());
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
   // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.

@@ -26,16 +26,18 @@ class StepExecutor {
   virtual ~StepExecutor() = default;
   // Forward and backward of this rank's share of step s, and its update (called exactly once).
   virtual void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) = 0;
-  // Whether run() calls the hooks it is given (the micro-batch loop does; the pipeline executor runs the
-  // schedule's backward without them, so the exchange reduces the whole gradient after it).
+  // Whether run() calls the hooks it is given (the micro-batch loop does; the pipeline executor when it was
+  // made to, else it runs the schedule without them and the exchange reduces the whole gradient after it).
   virtual bool calls_hooks() const = 0;
   // Pipeline runs: the executor's accumulated timings on this rank (null otherwise).
   virtual pipeline::PipelineStats* stats() { return nullptr; }
 };
 
 // pp null or of one stage: the micro-batch loop; else the schedule of pp->spec over pp->group. trace (may be
-// null) records the pipeline's computations and messages.
-std::unique_ptr<StepExecutor> make_step_executor(TrainTask& task, const PipelineContext* pp,
-                                                 trace::ChromeTrace* trace);
+// null) records the pipeline's computations and messages. schedule_hooks: the pipeline executor calls the
+// hooks (StepHooks::accumulate before the list, params inside every forward and backward of it), for a
+// parameter store that needs them (parallel::needs_hooks: ZeRO 2 and 3).
+std::unique_ptr<StepExecutor> make_step_executor(TrainTask& task, const PipelineContext* pp, trace::ChromeTrace* trace,
+                                                 bool schedule_hooks = false);
 
 }  // namespace mt::train

@@ -44,6 +44,9 @@ struct TaskStageRunner : pipeline::StageRunner {
 struct StepHooks {
   nn::ParamHooks* params = nullptr;                         // around every parameter group's use
   std::function<void(int index, int count)> micro_batch;    // before each micro-batch
+  // Instead of micro_batch, before a pipeline schedule's step of `count` micro-batches (their passes
+  // interleave): gradients accumulate over all of them and are reduced once (DataParallel::begin_accumulation).
+  std::function<void(int count)> accumulate;
 };
 
 class TrainTask {
@@ -61,8 +64,11 @@ class TrainTask {
   // accumulates the gradient of the global-batch mean loss; returns the micro-batch's summed per-item loss.
   virtual double micro_batch(int64_t step, int first, int count, nn::ParamHooks* hooks) = 0;
   // Pipeline runs: this rank's chunks as the pipeline executor sees them, for the share of step `step`
-  // (null for tasks without pipeline stages). The runner sums the loss it computes (last stage only).
-  virtual std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share) { return nullptr; }
+  // (null for tasks without pipeline stages). The runner sums the loss it computes (last stage only) and calls
+  // hooks (may be null) around every parameter group's use in its chunks' forward and backward.
+  virtual std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share, nn::ParamHooks* hooks) {
+    return nullptr;
+  }
   virtual bool has_eval() const = 0;
   // Evaluation sums over this rank's part (rank of nranks) of the held-out data.
   virtual EvalSums evaluate(int batches, int rank, int nranks, nn::ParamHooks* hooks) = 0;

@@ -119,10 +119,6 @@ void check_layout(const TrainConfig& c) {
   MT_CHECK_INPUT(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
   if (c.pp > 1) {
     MT_CHECK_INPUT(c.model == ModelKind::gpt, "--pp ", c.pp, " needs --model gpt");
-    // ZeRO 2 and 3 shard gradients and parameters layer by layer inside the backward pass; under a pipeline
-    // the schedule owns that pass, and stage 1 already shards the optimizer state, the largest part.
-    MT_CHECK_INPUT(c.zero <= 1, "--zero ", c.zero, " with --pp is not supported: use --zero 1 (optimizer state ",
-                   "sharded over the data-parallel group) or 0");
   }
   if (c.tp > 1) {
     MT_CHECK_INPUT(c.model == ModelKind::gpt, "--tp ", c.tp,

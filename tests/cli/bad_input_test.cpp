@@ -272,14 +272,12 @@ TEST_F(BadInput, BatchNotDivisibleByMicroBatch) {
 }
 
 TEST_F(BadInput, PipelineFlagCombinations) {
-  // Pipeline parallelism takes ZeRO 0 or 1 only, and --stage-layers must describe the stages.
+  // --stage-layers must describe the stages.
   struct Case {
     std::vector<std::string> flags;
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {{"--nproc", "2", "--pp", "2", "--zero", "2"}, {"--zero 2 with --pp is not supported", "--zero 1"}},
-      {{"--nproc", "2", "--pp", "2", "--zero", "3"}, {"--zero 3 with --pp is not supported"}},
       {{"--nproc", "2", "--pp", "2", "--stage-layers", "1,1,0"}, {"--stage-layers gives 3 stage(s)", "has 2"}},
       {{"--nproc", "2", "--pp", "2", "--stage-layers", "1,2"}, {"--stage-layers adds up to 3", "n_layer 2"}},
       {{"--nproc", "2", "--pp", "2", "--stage-layers", "3,-1"}, {"stage 1 has -1 layers"}},

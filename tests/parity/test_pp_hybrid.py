@@ -8,7 +8,9 @@ weights 5e-3, the key slice of each c_attn bias apart); validation losses within
 weights that differ by float32 rounding).
 
 Layouts: tp 2 x pp 2 with each schedule; dp 2 x pp 2 with ZeRO 1; dp 2 x tp 2 x pp 2 (8 ranks) with ZeRO 1,
-with ZeRO 0 and --recompute, and with --sequence-parallel (stages pass half the rows); --stage-layers splits with an empty stage and with virtual stages.
+with ZeRO 3 (1F1B and interleaved: parameters gathered per layer inside the stages, also for evaluation), with
+ZeRO 0 and --recompute, and with --sequence-parallel (stages pass half the rows); --stage-layers splits with an
+empty stage and with virtual stages.
 Also: a checkpoint written by dp 2 x tp 2 x pp 2 resumes under tp 2 x pp 2 and continues the trajectory;
 1F1B holds fewer micro-batches of activations than GPipe on the first stage (measured peak, --summary);
 the --summary pipeline section's ideal bubble is (p - 1) / (m + p - 1); --trace has every computation, send
@@ -52,6 +54,9 @@ def main() -> None:
                                     "--virtual-stages", 2, "--micro-batch-size", 3]),
         ("dp2_pp2_z1_M2", ["--nproc", 4, "--pp", 2, "--zero", 1, "--micro-batch-size", 3]),
         ("dp2_tp2_pp2_z1_M2", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--micro-batch-size", 3]),
+        ("dp2_tp2_pp2_z3_M2", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 3, "--micro-batch-size", 3]),
+        ("dp2_tp2_pp2_z3_interleaved_M2", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 3, "--schedule",
+                                           "interleaved", "--virtual-stages", 2, "--micro-batch-size", 3]),
         ("dp2_tp2_pp2_z0_recompute", ["--nproc", 8, "--tp", 2, "--pp", 2, "--micro-batch-size", 2, "--recompute"]),
         ("dp2_tp2_pp2_z1_sp", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--micro-batch-size", 3,
                                "--sequence-parallel"]),

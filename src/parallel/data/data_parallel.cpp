@@ -1,5 +1,6 @@
 #include "parallel/data/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -12,6 +13,11 @@ DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, co
     : b_(params, dp, opt, experts), stage_(make_zero_stage(opt.zero, b_)) {
   stage_->allocate();
   group_t0_.assign(params.num_groups(), 0.0);
+  tied_.assign(b_.buckets.size(), false);
+  for (const nn::Param& p : params.params())
+    if (p.replicas.summed)
+      for (int i : b_.group_buckets[p.group])
+        if (p.offset >= b_.buckets[i]->begin && p.offset < b_.buckets[i]->begin + b_.buckets[i]->count) tied_[i] = true;
 }
 
 void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) { stage_->initialize(fill); }
@@ -26,7 +32,19 @@ void DataParallel::begin_micro_batch(int index, int count) {
   for (Bucket* b : b_.buckets) b->pending = b->groups;
 }
 
+void DataParallel::begin_accumulation(int count) {
+  MT_ASSERT(count >= 1, "a step of ", count, " micro-batches");
+  b_.last_micro = true;
+  for (Bucket* b : b_.buckets) b->pending = b->groups * count;
+}
+
 void DataParallel::finish_backward() { b_.finish(); }
+
+void DataParallel::reduce_held() {
+  for (Bucket* b : held_) stage_->bucket_ready(*b);
+  held_.clear();
+  b_.finish();
+}
 
 void DataParallel::reduce_all() { stage_->reduce_all(); }
 
@@ -123,7 +141,11 @@ void DataParallel::after_backward(int g) {
   stage_->after_backward(g);
   for (int i : b_.group_buckets[g]) {
     Bucket& b = *b_.buckets[i];
-    if (--b.pending == 0) stage_->bucket_ready(b);
+    if (--b.pending != 0) continue;
+    if (!tied_[i])
+      stage_->bucket_ready(b);
+    else if (std::find(held_.begin(), held_.end(), &b) == held_.end())
+      held_.push_back(&b);  // each micro-batch adds to the full gradient it keeps (begin_micro_batch: 1 visit)
   }
 }
 

@@ -25,6 +25,11 @@
 
 namespace mt::parallel {
 
+// Whether ZeRO stage `zero` needs the hooks wherever the model runs (a pipeline schedule included): stages 2
+// and 3 bind a group's full gradients (and parameters) only around its use; 0 and 1 can instead reduce the
+// whole gradient after a backward that called none (reduce_all).
+inline bool needs_hooks(int zero) { return zero >= 2; }
+
 class DataParallel : public nn::ParamHooks {
  public:
   // `params` is declared but not finalized; this finalizes it with the stage's allocation. dp may be null
@@ -55,7 +60,16 @@ class DataParallel : public nn::ParamHooks {
   // hooks, then finish_backward, grad_norm, clip, update. ----
   void begin_step();
   void begin_micro_batch(int index, int count);
+  // Instead of begin_micro_batch, under a pipeline schedule (its micro-batches' forward and backward passes
+  // interleave, with no boundary between them): gradients accumulate over all `count` micro-batches of the
+  // step, and each bucket is reduced once, when every one of its groups has finished `count` backward passes.
+  // Stages 2 and 3 then hold a bucket's full gradient from its first backward to its last in the step.
+  void begin_accumulation(int count);
+  // Waits for the reductions in flight. Buckets holding a tensor whose copies are summed over the tie group
+  // (nn::Replicas::summed) are not reduced by the hooks: they keep their full gradient (the tensors' grad
+  // pointers stay valid) until reduce_held(), after the exchange has summed the copies.
   void finish_backward();
+  void reduce_held();
   // Without hooks (pipeline parallelism): reduce the whole gradient over the group now: ZeRO 0 all-reduces
   // it, ZeRO 1 reduce-scatters each bucket (this rank keeps its reduced slices).
   void reduce_all();
@@ -99,6 +113,8 @@ class DataParallel : public nn::ParamHooks {
  private:
   BucketSet b_;
   std::unique_ptr<ZeroStage> stage_;
+  std::vector<bool> tied_;     // per bucket: holds a tensor summed over the tie group
+  std::vector<Bucket*> held_;  // ready buckets waiting for reduce_held()
   comm::Communicator* tp_ = nullptr;
   std::vector<double> group_t0_;  // trace: when each group's forward or backward began
 };

@@ -16,7 +16,10 @@
 // this rank's experts.
 //
 // Stages 0 and 1 reduce only after the last micro-batch (gradients accumulate locally first); stages 2 and 3
-// reduce-scatter every micro-batch and accumulate their shard.
+// reduce-scatter every micro-batch and accumulate their shard. Under a pipeline schedule
+// (DataParallel::begin_accumulation) every stage reduces each bucket once per step, after its groups' last
+// backward; stage 3 still gathers a group around every forward and backward of every micro-batch: per step
+// 2 m all-gathers of the stage's parameters and one reduce-scatter of its gradient.
 #pragma once
 
 #include <functional>
