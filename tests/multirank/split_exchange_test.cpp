@@ -6,7 +6,10 @@
 // bit for bit; for every codec the dp ranks end equal and the tp ranks' copies of the vector end equal (the
 // codec's draws and residuals do not depend on the tp rank); under --compress-adaptive the tp ranks decide
 // each layer's setting from the layer's whole norm, so the copies stay equal even when only one tp rank's
-// shard changes (a rank deciding from its shard alone would pick a different setting).
+// shard changes (a rank deciding from its shard alone would pick a different setting). Under dp 2 x pp 2, the
+// tied tensor's copies on the first and last stage end equal after the compressed exchange (randk: each
+// stage's draws differ, so only summing the exchanged parts gives both the same) and after Local SGD's
+// reduce, where each is the sum of the two stages' parts.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,8 +21,10 @@
 #include "core/rng.h"
 #include "nn/params.h"
 #include "parallel/compress/exchange.h"
+#include "parallel/data/data_parallel.h"
 #include "parallel/mesh/mesh.h"
 #include "shm_ranks.h"
+#include "train/grad_sync.h"
 #include "train/replicas.h"
 
 namespace {
@@ -142,6 +147,50 @@ TEST(SplitExchangeAdaptive, TpRanksDecideFromTheWholeLayer) {
       require_same(mesh.tp(), ln.grad, ln.numel, at + ": the tp ranks' copies of ln");
     }
   });
+}
+
+// dp 2 x pp 2: stage j holds "s<j>" and the tied "e" (first stage: group 0; last: group 1). Rank (d, j)'s part
+// of e's gradient, element i: 1 + i + 10 d + 100 j (small integers: every sum is exact).
+void run_tied(mt::train::SyncMethod method, const std::string& spec) {
+  auto res = mt::test::run_shm_ranks(4, [&](mt::comm::Communicator& world) {
+    const Mesh mesh(&world, MeshGrid(4, 2, 1, 2));
+    const int d = mesh.coord().dp, j = mesh.coord().pp;
+    ParamRegistry params;
+    if (j == 0) params.add("e", {6, 4}, {}, 0);
+    params.add("s" + std::to_string(j), {j == 0 ? 10 : 7}, {}, j == 0 ? 0 : 1);
+    if (j == 1) params.add("e", {6, 4}, {}, 1);
+    mt::train::SyncOptions o;
+    o.method = method;
+    o.compress = mt::compress::parse_compress_spec(spec);
+    o.local_every = 1;
+    const mt::train::StoreGroups on = mt::train::store_groups(o, mesh);
+    mt::parallel::DataParallel store(params, on.group, o.engine, on.experts);
+    mt::train::set_replica_facts(params, 0, 1, {"e"}, j == 0);
+    mt::trace::ChromeTrace tracer;
+    auto sync = mt::train::make_grad_sync(o, mesh, store, params, &tracer);
+    for (int64_t step = 0; step < 3; step++) {
+      sync->begin_step();
+      for (mt::nn::Param& p : params.params())
+        for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(1 + i + 10 * d + 100 * j + step);
+      sync->reduce(step);
+      const mt::nn::Param& e = params.get("e");
+      const std::string at =
+          spec + " step " + std::to_string(step) + " (dp " + std::to_string(d) + ", stage " + std::to_string(j) + ")";
+      require_same(mesh.group(mt::parallel::MeshGroup::tie), e.grad, e.numel, at + ": the tied copies");
+      if (method != mt::train::SyncMethod::local_sgd) continue;
+      for (size_t i = 0; i < e.numel; i++) {  // each rank steps on 2 x its share: 2 (part(d, 0) + part(d, 1))
+        const float want = 2.0f * (float)(2 * (1 + i + 10 * d + step) + 100);
+        MT_REQUIRE(mt::Error, e.grad[i] == want, at, ": e[", i, "] = ", e.grad[i], ", want ", want);
+      }
+    }
+  });
+  EXPECT_EQ(res.exit_code, 0) << spec << ": rank " << res.failed_rank << ": " << res.failure;
+}
+
+TEST(SplitExchangeTied, CopiesOnFirstAndLastStageEndEqual) {
+  run_tied(mt::train::SyncMethod::compressed, "randk:0.25");
+  run_tied(mt::train::SyncMethod::compressed, "qsgd:2");
+  run_tied(mt::train::SyncMethod::local_sgd, "");
 }
 
 }  // namespace
