@@ -137,7 +137,11 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
       },
       "CHANGES THE MATH. Compressed gradient exchange (dp > 1, ZeRO 0): topk:RATIO | randk:RATIO "
       "(sparse, error feedback) | qsgd:BITS | nuqsgd:BITS (unbiased stochastic quantization, bit-packed) | "
-      "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback)");
+      "powersgd:RANK (low rank, error feedback) | sign (1 bit + scale, error feedback). With --tp/--pp it runs "
+      "over the data-parallel group of each (tp, pp) coordinate on that rank's part of the model: the codec "
+      "sees each rank's shard of a tensor split by --tp as a tensor of its own (top-k of the shard, PowerSGD "
+      "factors of the shard's matrix, error feedback per shard); the tied embedding's parts on the first and "
+      "last stage are exchanged each on its stage, then summed");
   s->add_flag("--compress-adaptive", c.compress_adaptive,
               "CHANGES THE MATH. Accordion: per layer, the light setting (4x entries / +4 bits / 4x rank / "
               "exact) while the gradient norm changes fast (critical regime), the chosen one otherwise");
@@ -148,7 +152,8 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
-                "steps (dp > 1, ZeRO 0)");
+                "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "
+                "coordinate, each rank its part of the model)");
   s->add_option("--local-sgd-warmup", c.local_sgd_warmup,
                 "exact data parallelism for the first K steps, local steps after (post-local SGD)");
   s->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");

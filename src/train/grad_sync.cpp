@@ -108,19 +108,48 @@ class ExactSync : public GradSync {
   std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
 };
 
-// Compressed exchange (parallel/compress): the codec moves what it chooses over dp.
+// The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
+// their sum over the tie group: a + b on both ends, the same bits whatever each part went through before.
+class TiedCopies {
+ public:
+  explicit TiedCopies(nn::ParamRegistry& p) {
+    for (nn::Param& x : p.params())
+      if (x.replicas.summed) tied_.push_back(&x);
+  }
+  void sum(const parallel::Mesh& mesh, trace::ChromeTrace* tracer) {
+    if (tied_.empty()) return;
+    trace::TraceScope ts(tracer, "all_reduce tied tensors (first + last stage)", "comm");
+    comm::Communicator* tie = mesh.group(parallel::MeshGroup::tie);
+    for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
+  }
+
+ private:
+  std::vector<nn::Param*> tied_;
+};
+
+// Compressed exchange (parallel/compress): the codec moves what it chooses over the dp group of this rank's
+// (tp, pp) coordinate, after the whole backward (a pipeline's schedule included), on this rank's part of the
+// replica: a tp shard is a tensor of its own to the codec (its own top-k, quantization buckets, PowerSGD
+// factors of the shard's [rows, cols] and error-feedback residual). Tied copies: each stage exchanges its part
+// over its dp group, then the parts are summed over the tie group. Summing first would give both ends the same
+// tensor to encode, but a codec's draws and residuals are per tensor of a rank's registry, so the two ends'
+// exchanged copies could differ; summed after, they are equal by construction, and the bytes are the same.
 class CompressedSync : public GradSync {
  public:
   CompressedSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
                  trace::ChromeTrace* t)
       : GradSync(m, store, p, t),
         spec_(o.compress),
-        exchange_(p, m.dp(), o.compress, o.adaptive, o.seed),
-        adaptive_(o.adaptive.enabled) {}
+        exchange_(p, m.dp(), o.compress, o.adaptive, o.seed, m.tp()),
+        adaptive_(o.adaptive.enabled),
+        tied_(p) {}
   void reduce(int64_t s) override {
     engine_.finish_backward();
-    trace::TraceScope ts(tracer_, "compressed gradient exchange (" + spec_.str() + ")", "comm");
-    exchange_.exchange(s);
+    {
+      trace::TraceScope ts(tracer_, "compressed gradient exchange (" + spec_.str() + ")", "comm");
+      exchange_.exchange(s);
+    }
+    tied_.sum(mesh_, tracer_);
   }
   void annotate(nlohmann::json& row) const override {
     if (!adaptive_) return;
@@ -132,17 +161,23 @@ class CompressedSync : public GradSync {
   compress::CompressSpec spec_;
   compress::GradientExchange exchange_;
   bool adaptive_;
+  TiedCopies tied_;
 };
 
 // Local SGD (post-local): exact steps during the warm-up, then each rank steps on its own share's mean and
-// the replicas (and optionally the optimizer state) are averaged every H steps.
+// the replicas (and optionally the optimizer state) are averaged every H steps. Everything runs over the dp
+// group of this rank's (tp, pp) coordinate, on this rank's part of the replica: the tp and pp ranks of one
+// replica step together (one clip norm over the replica), so the parts stay one model between syncs. The
+// tied copies' parts are summed over the tie group every step (local or not: they are one parameter); both
+// ends then step and average the same values, so the copies stay equal.
 class LocalSgdSync : public GradSync {
  public:
   LocalSgdSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
                trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), H_(o.local_every), warmup_(o.local_warmup), state_(o.local_state) {}
+      : GradSync(m, store, p, t), H_(o.local_every), warmup_(o.local_warmup), state_(o.local_state), tied_(p) {}
   void reduce(int64_t s) override {
     engine_.finish_backward();
+    tied_.sum(mesh_, tracer_);
     local_ = s >= warmup_;
     const int n = mesh_.grid().dp();
     if (!local_ && n > 1)
@@ -174,6 +209,7 @@ class LocalSgdSync : public GradSync {
   int H_;
   int64_t warmup_;
   bool state_, local_ = false, synced_ = false;
+  TiedCopies tied_;
 };
 
 // Parameter-server worker (and server: its store only holds the registry): the gradient goes to the

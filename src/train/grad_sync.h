@@ -11,9 +11,13 @@
 //                               (pipeline, ZeRO 0/1) the whole gradient over
 //                               dp; tied copies summed over first+last stage
 //                               before their buckets are reduced
-//   compressed   none           codec exchange over dp (parallel/compress)       store
-//   local SGD    none           warm-up: all-reduce; then each rank's own mean   store, then every H steps
-//                                                                                the replicas are averaged
+//   compressed   none           codec exchange over dp (parallel/compress), then store
+//                               tied copies summed over first+last stage
+//   local SGD    none           tied copies summed; warm-up: all-reduce over     store, then every H steps
+//                               dp; then each rank's own mean                    the replicas are averaged
+//
+// Every method's dp is the data-parallel group of the rank's (tp, pp) coordinate: it exchanges or averages
+// the rank's part of the replica, whatever the split (train_config.cpp's kRefused lists what stays refused).
 //   ps           none           nothing here: the worker pushes to the servers   (servers apply it)
 //
 // The parameter store is the run's parallel::DataParallel (flat buffers, buckets, ZeRO allocation, hooks,

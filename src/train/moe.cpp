@@ -51,8 +51,6 @@ void MoeFlags::validate(const TrainConfig& cfg, int dp) const {
     MT_CHECK_INPUT(mb % group_windows == 0, "--moe-group-windows ", group_windows, " must divide the windows of a ",
                    "micro-batch (", mb, ": ", cfg.micro_batch_size > 0 ? "--micro-batch-size" : "--batch-size / dp",
                    "): a routing group may not span micro-batches or ranks");
-    MT_CHECK_INPUT(cfg.async == AsyncMode::off && !cfg.compress.enabled() && cfg.local_sgd == 0,
-                   "an MoE model trains with synchronous data parallelism (no --async, --compress, --local-sgd)");
   }
 }
 

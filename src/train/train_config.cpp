@@ -126,16 +126,75 @@ void check_layout(const TrainConfig& c) {
   }
 }
 
+// The combinations of the data-parallel methods (--compress, --local-sgd, --async) with each other and with
+// the splits of a replica (--zero, --tp, --pp) that stay refused, each with its reason: the one place that
+// says so. What is not listed works: --compress and --local-sgd run over the data-parallel group of each
+// (tp, pp) coordinate (train/grad_sync.cpp), whatever split of the replica the rank holds. (--async hogwild
+// needs --model mlp, check_async, which has no --tp/--pp to combine with.)
+struct RefusedCombination {
+  bool (*applies)(const TrainConfig&);
+  std::string (*flags)(const TrainConfig&);  // the flags as given, for the message
+  const char* reason;
+};
+
+bool compressing(const TrainConfig& c) { return c.compress.enabled(); }
+bool local_sgd(const TrainConfig& c) { return c.local_sgd > 0; }
+bool asynchronous(const TrainConfig& c) { return c.async != AsyncMode::off; }
+std::string compress_flag(const TrainConfig& c) { return "--compress " + c.compress.str(); }
+std::string local_flag(const TrainConfig& c) { return str("--local-sgd ", c.local_sgd); }
+std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(c.async)); }
+
+const RefusedCombination kRefused[] = {
+    {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
+     [](const TrainConfig& c) { return compress_flag(c) + " with " + local_flag(c); },
+     "both replace the exact gradient exchange; they are alternatives: choose one"},
+    {[](const TrainConfig& c) { return compressing(c) && c.zero > 0; },
+     [](const TrainConfig& c) { return compress_flag(c) + str(" with --zero ", c.zero); },
+     "the codec encodes each rank's whole gradient of its part of the replica once the backward is over, while "
+     "ZeRO's stages are built on the exact exchange (2, 3: buckets reduce-scattered during the backward; 1: the "
+     "update sharded over the group the codec replaces); use --zero 0"},
+    {[](const TrainConfig& c) { return local_sgd(c) && c.zero > 0; },
+     [](const TrainConfig& c) { return local_flag(c) + str(" with --zero ", c.zero); },
+     "between syncs each data-parallel rank steps a replica and optimizer state of its own, which ZeRO would "
+     "share as one sharded copy over those ranks; use --zero 0"},
+    {[](const TrainConfig& c) { return asynchronous(c) && (compressing(c) || local_sgd(c)); },
+     [](const TrainConfig& c) {
+       return async_flag(c) + " with " + (compressing(c) ? compress_flag(c) : local_flag(c));
+     },
+     "the asynchronous methods replace the synchronous exchange that --compress and --local-sgd change: choose one"},
+    {[](const TrainConfig& c) { return asynchronous(c) && c.zero > 0; },
+     [](const TrainConfig& c) { return async_flag(c) + str(" with --zero ", c.zero); },
+     "ps: the servers already hold the parameters and optimizer state in slices and each worker a whole replica; "
+     "hogwild: its threads share one copy, nothing to shard; use --zero 0"},
+    {[](const TrainConfig& c) { return c.async == AsyncMode::ps && (c.tp > 1 || c.pp > 1); },
+     [](const TrainConfig& c) { return async_flag(c) + str(" with --tp ", c.tp, " --pp ", c.pp); },
+     "a worker is one rank that pushes its whole gradient to the servers and pulls whole parameters (slices of "
+     "one flat replica); under --tp/--pp a worker would be several ranks holding different parts, whose pushes, "
+     "pulls and staleness bound would have to move in lockstep, which is not built; use --tp 1 --pp 1"},
+    {[](const TrainConfig& c) {
+       return (c.gpt.moe_every > 0 || c.moe.ep > 1) && (asynchronous(c) || compressing(c) || local_sgd(c));
+     },
+     [](const TrainConfig& c) {
+       return str("an MoE model (--moe-every ", c.gpt.moe_every, " --ep ", c.moe.ep, ") with ",
+                  asynchronous(c)  ? async_flag(c)
+                  : compressing(c) ? compress_flag(c)
+                                   : local_flag(c));
+     },
+     "an MoE layer's experts are reduced over a group of their own (the expert data-parallel group of --ep), "
+     "which these methods, moving one flat replica over dp, do not know; an MoE model trains with synchronous "
+     "data parallelism"},
+};
+
+void check_refused(const TrainConfig& c) {
+  for (const RefusedCombination& r : kRefused)
+    MT_CHECK_INPUT(!r.applies(c), r.flags(c), " is not supported: ", r.reason);
+}
+
 // Asynchronous training (parameter server, Hogwild) and the straggler emulation.
 void check_async(const TrainConfig& c, int world_size) {
   const AsyncMode async = c.async;
   MT_CHECK_INPUT(async == AsyncMode::ps || (c.servers == -1 && c.staleness == 0),
                  "--servers and --staleness need --async ps");
-  if (async != AsyncMode::off) {
-    MT_CHECK_INPUT(c.zero == 0 && c.tp == 1 && c.pp == 1 && !c.compress.enabled() && c.local_sgd == 0, "--async ",
-                   flag_name(async),
-                   " works with plain data parallelism only (no --zero, --tp, --pp, --compress, --local-sgd)");
-  }
   if (async == AsyncMode::ps) {
     MT_CHECK_INPUT(c.servers == -1 || c.servers >= 1, "--servers must be >= 1, got ", c.servers);
     MT_CHECK_INPUT(c.staleness >= 0, "--staleness must be >= 0, got ", c.staleness);
@@ -158,13 +217,13 @@ void check_comm_efficient(const TrainConfig& c, int d) {
   const compress::CompressSpec& cspec = c.compress;
   if (cspec.enabled() || c.local_sgd > 0) {
     const char* what = cspec.enabled() ? "--compress" : "--local-sgd";
-    // The layout first: with --tp or --pp the data-parallel degree is not what the user set.
-    MT_CHECK_INPUT(c.zero == 0 && c.tp == 1 && c.pp == 1, what,
-                   " works with plain data parallelism only (--zero 0, no ", "--tp/--pp), got --zero ", c.zero,
-                   " --tp ", c.tp, " --pp ", c.pp);
+    // The exchange runs over the data-parallel group of each (tp, pp) coordinate: --tp and --pp take ranks.
+    if (c.tp * c.pp > 1)
+      MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank: --tp ", c.tp, " --pp ", c.pp, " on ",
+                     c.tp * c.pp * d, " ranks leave dp ", d, " (nothing to exchange); give ", 2 * c.tp * c.pp,
+                     " ranks or more (a multiple of --tp x --pp = ", c.tp * c.pp, ")");
     MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank (here ", d,
                    "; set --nproc > 1): with one rank nothing is exchanged");
-    MT_CHECK_INPUT(!(cspec.enabled() && c.local_sgd > 0), "--compress and --local-sgd are alternatives: choose one");
   }
   MT_CHECK_INPUT(c.local_sgd >= 0 && c.local_sgd_warmup >= 0, "--local-sgd and --local-sgd-warmup must be >= 0");
   MT_CHECK_INPUT(c.local_sgd > 0 || (c.local_sgd_warmup == 0 && !c.local_sgd_state),
@@ -182,6 +241,7 @@ void TrainConfig::validate(int world_size) const {
   check_optimizer(*this);
   check_outputs(*this);
   check_layout(*this);
+  check_refused(*this);
   check_async(*this, world_size);
   // The mesh and the batch layout check themselves (degrees tile the ranks; batch, micro-batches, schedule).
   const parallel::MeshGrid grid(world_size, dp, tp, pp, async == AsyncMode::ps ? ps_servers() : 0);

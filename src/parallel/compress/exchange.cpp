@@ -54,8 +54,14 @@ bool low_rank_pays(const nn::Param& p, int R) {
 }  // namespace
 
 GradientExchange::GradientExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
-                                   const AdaptiveOptions& adaptive, uint64_t seed)
-    : params_(params), dp_(dp), heavy_(spec), light_spec_(spec.light()), adaptive_(adaptive), seed_(seed) {
+                                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split)
+    : params_(params),
+      dp_(dp),
+      split_(split && split->size() > 1 ? split : nullptr),
+      heavy_(spec),
+      light_spec_(spec.light()),
+      adaptive_(adaptive),
+      seed_(seed) {
   MT_ASSERT(params.finalized() && params.grad(), "GradientExchange needs a finalized registry with gradients");
   MT_CHECK_INPUT(!adaptive.enabled || (adaptive.every >= 1 && adaptive.eta > 0),
                  "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
@@ -98,7 +104,14 @@ void GradientExchange::update_levels(int64_t step) {
   if (!adaptive_.enabled || step == 0 || step % adaptive_.every != 0) return;
   std::vector<double> sq(light_.size(), 0.0);
   for (const nn::Param& p : params_.params())
-    for (size_t i = 0; i < p.numel; i++) sq[p.group] += (double)acc_[p.offset + i] * acc_[p.offset + i];
+    if (!split_ || p.replicas.counted)
+      for (size_t i = 0; i < p.numel; i++) sq[p.group] += (double)acc_[p.offset + i] * acc_[p.offset + i];
+  // The layer's parts on the other tp ranks (the same groups there): every part decides from the whole norm.
+  if (split_) {
+    std::vector<float> part(sq.begin(), sq.end());  // float32 is enough to compare norms; the same on all ranks
+    split_->all_reduce(part.data(), part.data(), part.size(), comm::DType::f32, comm::ReduceOp::sum);
+    sq.assign(part.begin(), part.end());
+  }
   for (size_t g = 0; g < light_.size(); g++) {
     const double cur = std::sqrt(sq[g]), prev = prev_norm_[g];
     // Critical: the accumulated gradient's norm moved by eta or more relative to the last interval.

@@ -1,4 +1,5 @@
-// Compressed gradient exchange over the data-parallel group (ZeRO 0), replacing the exact all-reduce.
+// Compressed gradient exchange over the data-parallel group (ZeRO 0), replacing the exact all-reduce. Under
+// tensor or pipeline parallelism it runs over the dp group of each (tp, pp) coordinate, on the rank's part.
 //
 // Every rank holds its share of the global-batch gradient (the shares sum to the exact gradient). exchange()
 // turns the registry's gradient buffer, in place, into the sum over ranks of what each rank's compressed share
@@ -40,9 +41,13 @@ struct AdaptiveOptions {
 
 class GradientExchange {
  public:
-  // params: finalized, with full (unsharded) gradients; dp: the data-parallel group (may be null: one rank).
+  // params: finalized, with this rank's whole gradient of its part of the replica (no ZeRO shard; a tp shard
+  // of a tensor is a tensor of its own here); dp: the data-parallel group (may be null: one rank). split: the
+  // ranks holding the other parts of the same layers (tp; may be null), over which adaptive sums each
+  // layer's norm (copies of a tensor counted once) so that all of them take the same setting, and the copies
+  // every tp rank holds of a tensor (LayerNorms, biases) stay equal.
   GradientExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
-                   const AdaptiveOptions& adaptive, uint64_t seed);
+                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split = nullptr);
 
   // In place on params.grad(), for optimizer step `step` (steps must come in order).
   void exchange(int64_t step);
@@ -60,6 +65,7 @@ class GradientExchange {
 
   nn::ParamRegistry& params_;
   comm::Communicator* dp_;
+  comm::Communicator* split_;
   CompressSpec heavy_, light_spec_;
   AdaptiveOptions adaptive_;
   uint64_t seed_;
