@@ -31,8 +31,8 @@ std::unique_ptr<FlatSource> engine_source(parallel::DataParallel& engine) {
 // ---- Parameter server. ----
 
 PsSource::PsSource(comm::Communicator& world, parallel::DataParallel& engine, const parallel::PsLayout& layout,
-                   size_t psi, int world_rank)
-    : world_(world), engine_(engine), psi_(psi), is_server_(layout.is_server(world_rank)) {
+                   size_t psi, int world_rank, std::shared_ptr<parallel::PsServer> server)
+    : world_(world), engine_(engine), psi_(psi), is_server_(layout.is_server(world_rank)), server_(std::move(server)) {
   if (is_server_) {
     const comm::Shard s = layout.slice(psi, world_rank - layout.workers);
     offset_ = s.offset;
@@ -42,8 +42,6 @@ PsSource::PsSource(comm::Communicator& world, parallel::DataParallel& engine, co
 
 PsSource::~PsSource() = default;
 
-void PsSource::set_server(std::unique_ptr<parallel::PsServer> s) { server_ = std::move(s); }
-
 void PsSource::from_servers(const float* slice, std::vector<float>& flat) {
   flat.assign(psi_, 0.0f);
   if (is_server_) std::memcpy(flat.data() + offset_, slice, count_ * sizeof(float));
@@ -51,13 +49,14 @@ void PsSource::from_servers(const float* slice, std::vector<float>& flat) {
 }
 
 void PsSource::gather_params(std::vector<float>& flat) {
-  MT_ASSERT(!is_server_ || server_, "parameter server gathered before it started");
+  MT_ASSERT(!is_server_ || server_, "a parameter server's PsSource without its server");
   from_servers(is_server_ ? server_->slice() : nullptr, flat);
 }
 
 void PsSource::gather_state(const float* shard, std::vector<float>& flat) { from_servers(shard, flat); }
 
-// The servers take their slices from the registry when they start; workers receive versions from them.
+// The servers take their slices from the registry when the run begins (PsServer::reload); workers receive versions from
+// them.
 void PsSource::load_params(const float* flat) { engine_.load_full_params(flat); }
 
 void PsSource::load_state(const float* flat, float* shard) {

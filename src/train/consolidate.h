@@ -49,17 +49,14 @@ class FlatSource {
 
 // ZeRO 0-3 (and no data parallelism) through the engine.
 std::unique_ptr<FlatSource> engine_source(parallel::DataParallel& engine);
-// Parameter server: servers hold slice s of the flat buffer (parameters from `server`, once set; optimizer
-// state), workers hold parameters only. Gathers are all-reduces over `world`.
+// Parameter server: servers hold slice s of the flat buffer (parameters in `server`, optimizer state),
+// workers hold parameters only. Gathers are all-reduces over `world`. server: this rank's server (shared with
+// its exchange, ps_sync.h), null on workers.
 class PsSource : public FlatSource {
  public:
-  PsSource(comm::Communicator& world, parallel::DataParallel& engine, const parallel::PsLayout& layout,
-           size_t psi, int world_rank);
+  PsSource(comm::Communicator& world, parallel::DataParallel& engine, const parallel::PsLayout& layout, size_t psi,
+           int world_rank, std::shared_ptr<parallel::PsServer> server);
   ~PsSource() override;
-  // A server's PsServer, created when its loop starts; owned here so that it outlives the loop (the final
-  // save gathers from it).
-  void set_server(std::unique_ptr<parallel::PsServer> s);
-  parallel::PsServer* server() { return server_.get(); }
   void gather_params(std::vector<float>& flat) override;
   void gather_state(const float* shard_state, std::vector<float>& flat) override;
   void load_params(const float* flat) override;
@@ -72,7 +69,7 @@ class PsSource : public FlatSource {
   size_t psi_;
   bool is_server_;
   size_t offset_ = 0, count_ = 0;
-  std::unique_ptr<parallel::PsServer> server_;
+  std::shared_ptr<parallel::PsServer> server_;
 };
 
 // Which of its tensors a rank contributes to the whole model, besides what each tensor's replica facts say

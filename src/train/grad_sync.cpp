@@ -59,6 +59,20 @@ double GradSync::global_loss(double sum) const {
   return sum;
 }
 
+void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) {
+  reduce(s);
+  StepOutcome out;
+  out.loss = global_loss(loss_sum) / items;
+  out.norm = grad_norm();
+  // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
+  out.lr = tail.finish(s, out.loss, out.norm, [&](float f) { opt.scale_next_grads(f); });
+  {
+    trace::TraceScope ts(tracer_, "optimizer step", "compute");
+    update(opt, out.lr, s);
+  }
+  if (sink_) sink_(s, out);
+}
+
 double GradSync::grad_norm() {
   if (!mesh_.replica()) return engine_.grad_norm();
   auto [all, skip] = engine_.grad_sq(not_counted_);
@@ -212,16 +226,6 @@ class LocalSgdSync : public GradSync {
   TiedCopies tied_;
 };
 
-// Parameter-server worker (and server: its store only holds the registry): the gradient goes to the
-// servers as it is (PsWorker::push), so nothing is reduced here.
-class PsSync : public GradSync {
- public:
-  PsSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions&,
-         trace::ChromeTrace* t)
-      : GradSync(m, store, p, t) {}
-  void reduce(int64_t) override { engine_.finish_backward(); }
-};
-
 }  // namespace
 
 std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh,
@@ -235,9 +239,9 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
     case SyncMethod::local_sgd:
       return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
     case SyncMethod::parameter_server:
-      return std::make_unique<PsSync>(mesh, store, params, o, tracer);
+      break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }
-  MT_ASSERT(false, "unknown synchronization method");
+  MT_ASSERT(false, "make_grad_sync builds the synchronous exchanges only (parameter server: make_ps_parts)");
   return nullptr;
 }
 

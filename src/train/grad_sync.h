@@ -2,8 +2,9 @@
 // the step. One implementation per method, chosen once when the run starts (make_grad_sync); the step loop
 // calls the same few methods whatever the method:
 //
-//   begin_step -> task forward/backward with hooks() -> reduce(s) -> global_loss -> grad_norm -> (tail:
-//   divergence check, clip via scale) -> update -> annotate(row)
+//   begin_run -> per step: begin_step(s) -> task forward/backward with hooks() -> step(s): reduce(s) ->
+//   global_loss -> grad_norm -> (tail: divergence check, clip) -> update -> outcome to the sink ->
+//   annotate(row) -> settle(s) before evaluation and checkpoints -> end_run -> report
 //
 //   method       store group    reduce(s) after backward                        update
 //   exact        dp             buckets in flight during backward (ZeRO 0-3)     store (ZeRO: own shard,
@@ -15,10 +16,13 @@
 //                               tied copies summed over first+last stage
 //   local SGD    none           tied copies summed; warm-up: all-reduce over     store, then every H steps
 //                               dp; then each rank's own mean                    the replicas are averaged
+//   ps worker    none           step(s) pushes gradient and loss sum to the      (servers apply it; the
+//                               servers; begin_step waits for parameters at      outcome arrives with
+//                               most K versions old (ps_sync.h)                  the version)
+//   ps server    none           step(s) gathers the workers' pushes for s        its slice, then publishes
 //
 // Every method's dp is the data-parallel group of the rank's (tp, pp) coordinate: it exchanges or averages
 // the rank's part of the replica, whatever the split (train_config.cpp's kRefused lists what stays refused).
-//   ps           none           nothing here: the worker pushes to the servers   (servers apply it)
 //
 // The parameter store is the run's parallel::DataParallel (flat buffers, buckets, ZeRO allocation, hooks,
 // update, whole-tensor gather), built by the run before the exchange over store_groups(): methods that
@@ -33,10 +37,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "nn/params.h"
 #include "optim/optimizer.h"
@@ -44,6 +49,7 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/mesh/mesh.h"
 #include "trace/chrome_trace.h"
+#include "train/step_tail.h"
 #include "train/task.h"
 
 namespace mt::train {
@@ -75,21 +81,51 @@ struct StoreGroups {
 };
 StoreGroups store_groups(const SyncOptions& o, const parallel::Mesh& mesh);
 
+// What a step came to: the global batch's mean loss, the gradient norm before clipping, the learning rate.
+struct StepOutcome {
+  double loss = 0, norm = 0;
+  float lr = 0;
+};
+// Where an exchange hands a step's outcome: at once (synchronous methods) or when it learns it (a
+// parameter-server worker, when the step's version arrives).
+using OutcomeSink = std::function<void(int64_t s, const StepOutcome& out)>;
+
+// What a method adds to the closing summary (collective where the method's report is): a section and a line.
+struct ExchangeReport {
+  std::string key;  // empty: nothing
+  nlohmann::json section;
+  std::string line;
+};
+
 class GradSync {
  public:
   virtual ~GradSync() = default;
 
   // What the task calls around parameter groups and micro-batches.
   virtual StepHooks hooks();
-  void begin_step() { engine_.begin_step(); }
+  // Before the first step (first: the step the run starts at, after a resume).
+  virtual void begin_run(int64_t first) {}
+  // Before step s's forward pass: the parameters it uses are here.
+  virtual void begin_step(int64_t s) { engine_.begin_step(); }
+  // The update of step s, once this rank's backward work is done (loss_sum: its part of the global batch's
+  // loss sum; items: the global batch's item count): reduce, the global mean loss and norm, the tail (checks,
+  // clipping, learning rate), the optimizer; the outcome goes to the sink.
+  virtual void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt);
+  void set_outcome_sink(OutcomeSink sink) { sink_ = std::move(sink); }
+  // Before evaluation, a checkpoint or the end after step s: the parameters after step s are here.
+  virtual void settle(int64_t s) {}
+  // After the last step: every message sent is taken.
+  virtual void end_run() {}
+  // Collective where the method measures something across ranks; steps: the steps this rank ran.
+  virtual ExchangeReport report(int64_t start, int64_t steps) { return {}; }
   // After the backward pass of step s: the gradients the update uses are final.
   virtual void reduce(int64_t s) = 0;
   // The global batch's loss sum from this rank's part (collective over the groups that split it).
   virtual double global_loss(double local_sum) const;
   // Global gradient norm, each element of the model counted once (collective).
-  double grad_norm();
+  virtual double grad_norm();
   // Bytes this rank has sent on the groups gradients are reduced over (dp and the expert group) so far.
-  uint64_t bytes_sent() const;
+  virtual uint64_t bytes_sent() const;
   void scale(float factor) { engine_.scale_grads(factor); }
   virtual void update(optim::Optimizer& opt, float lr, int64_t s) { engine_.update(opt, lr, s); }
   // Method-specific fields of the step's metrics row.
@@ -104,6 +140,7 @@ class GradSync {
   nn::ParamRegistry& params_;
   parallel::DataParallel& engine_;  // the run's parameter store
   trace::ChromeTrace* tracer_;
+  OutcomeSink sink_;
   std::vector<bool> not_counted_;  // per tensor: replicated copies that the norm skips
 };
 

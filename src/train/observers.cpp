@@ -36,6 +36,21 @@ void RunLog::step(const nlohmann::json& row, int64_t s, double loss, float lr, d
   progress_.step(s, loss, lr, items_per_s);
 }
 
+// ---- RowQueue. ----
+
+void RowQueue::merge(int64_t s, const nlohmann::json& part) {
+  auto it = rows_.try_emplace(s, nlohmann::json::object()).first;
+  it->second.update(part);
+  while (!rows_.empty()) {
+    const nlohmann::json& row = rows_.begin()->second;
+    if (!row.contains("loss") || !row.contains("step")) return;  // a part is still to come
+    const double loss = row["loss"].get<double>();
+    log_.step(row, rows_.begin()->first, loss, row["lr"].get<float>(), row[log_.items_key()].get<double>());
+    sum_.final_loss = loss;
+    rows_.erase(rows_.begin());
+  }
+}
+
 // ---- Evaluator. ----
 
 void Evaluator::operator()(int64_t s, nlohmann::json& row) {

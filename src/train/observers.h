@@ -3,6 +3,7 @@
 //
 //   Cadence        when to evaluate, checkpoint and stop after step s (pure)
 //   RunLog         the metrics row (JSONL, lead) and the progress line (lead)
+//   RowQueue       a step's row from its two parts (the loop's, the exchange's outcome), written in order
 //   Evaluator      held-out loss after step s, summed over the groups that split it, into the step's row
 //   Checkpointer   resume, checkpoints on the cadence, the final save, and the last good checkpoint when a
 //                  step diverges (state.h: whole tensors through Consolidation)
@@ -13,11 +14,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "nn/param_hooks.h"
 #include "parallel/mesh/mesh.h"
@@ -26,6 +26,7 @@
 #include "train/consolidate.h"
 #include "train/task.h"
 #include "train/train_config.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 
@@ -40,6 +41,7 @@ struct Cadence {
                            s + 1 == steps);  // --checkpoint-dir alone: one checkpoint at the end
   }
   int64_t end() const { return stop_at > 0 ? std::min(stop_at, steps) : steps; }
+  bool last_after(int64_t s) const { return stop_after(s) || s + 1 == steps; }  // the loop ends after s
 };
 
 class Checkpointer;
@@ -61,6 +63,26 @@ class RunLog {
   trace::Progress progress_;
   std::string items_key_;
   const Checkpointer* ckpt_ = nullptr;
+};
+
+// A step's row comes in two parts: the loop's (step, time, bytes, evaluation, the method's and the task's
+// fields) when this rank's step is over, and the outcome (loss, grad_norm, lr) when the exchange knows it: at
+// once for synchronous methods, with the step's version for a parameter-server worker (possibly steps
+// later). Whole rows are written in step order (RunLog::step) and the last one's loss is the summary's.
+class RowQueue {
+ public:
+  RowQueue(RunLog& log, TrainSummary& sum) : log_(log), sum_(sum) {}
+  void local(int64_t s, const nlohmann::json& part) { merge(s, part); }
+  void outcome(int64_t s, double loss, double norm, float lr) {
+    merge(s, {{"loss", loss}, {"grad_norm", norm}, {"lr", lr}});
+  }
+  size_t pending() const { return rows_.size(); }  // rows still missing a part
+
+ private:
+  void merge(int64_t s, const nlohmann::json& part);
+  RunLog& log_;
+  TrainSummary& sum_;
+  std::map<int64_t, nlohmann::json> rows_;
 };
 
 class Evaluator {

@@ -11,6 +11,7 @@
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
 #include "train/model_registry.h"
+#include "train/ps_sync.h"
 
 namespace mt::train {
 
@@ -61,8 +62,11 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 }  // namespace
 
 Run::Run(const TrainConfig& c, comm::Communicator* world)
-    : cfg(c), mesh(world, grid_of(c, world)), layout(c, mesh.grid().dp()), tail(c.grad_clip, lr_schedule(c)),
-      straggler(c.straggler) {
+    : cfg(c),
+      mesh(world, grid_of(c, world)),
+      layout(c, mesh.grid().dp()),
+      tail(c.grad_clip, lr_schedule(c)),
+      straggler(mesh.server() ? Straggler{} : c.straggler) {  // --straggler slows a worker, never a server
   // Leftovers of killed saves go; another run's checkpoints are refused unless --overwrite-checkpoints.
   if ((world ? world->rank() : 0) == 0 && !cfg.checkpoint_dir.empty())
     checkpoint::clean_checkpoint_dir(cfg.checkpoint_dir, cfg.overwrite_checkpoints);
@@ -75,28 +79,30 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   task->declare_full(full);  // files hold whole tensors
   if (!cfg.trace.empty()) tracer.enable(mesh.world_rank());
   SyncOptions sync_options = SyncOptions::from(cfg);
-  executor = make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr, cfg.trace.empty() ? nullptr : &tracer,
-                                parallel::needs_hooks(sync_options.engine.zero));
+  executor = mesh.server() ? make_server_executor()
+                            : make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr,
+                                                 cfg.trace.empty() ? nullptr : &tracer,
+                                                 parallel::needs_hooks(sync_options.engine.zero));
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
   store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
   if (tracer.enabled()) store->set_trace(&tracer);
   store->set_tensor_group(mesh.tp());  // tensors split over tp: whole-tensor statistics sum there
-  sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
+  const bool ps = cfg.async == AsyncMode::ps;
+  if (!ps) sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
   store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
-  const bool ps = cfg.async == AsyncMode::ps;
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
   opt = make_optimizer(cfg, state_size);
-  if (ps) {
-    auto s = std::make_unique<PsSource>(*world, *store, psl, params.size(), mesh.world_rank());
-    ps_source = s.get();
-    source = std::move(s);
+  if (ps) {  // the exchange and the source share a server's slice
+    PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
+    sync = std::move(parts.sync);
+    source = std::move(parts.source);
   } else {
     source = engine_source(*store);
   }
@@ -111,8 +117,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
+  rows = std::make_unique<RowQueue>(*log, sum);
+  sync->set_outcome_sink([this](int64_t s, const StepOutcome& o) { rows->outcome(s, o.loss, o.norm, o.lr); });
   evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, store.get(), *log);
-  cadence = Cadence::from(cfg, task->has_eval());
+  cadence = Cadence::from(cfg, task->has_eval() && !mesh.server());  // a server holds no model to evaluate
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
   // checked on the servers and as versions arrive, where no checkpoint is in step with the failure.
   if (ps) {

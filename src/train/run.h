@@ -1,9 +1,13 @@
 // One training run as composed parts (internal to src/train): built once by Run's constructor in a fixed
-// order, then driven by one of the step loops (trainer.cpp: synchronous; ps_loop.cpp: parameter server).
+// order, then driven by the one step loop (trainer.cpp run_steps), whatever the method.
 //
 //   mesh -> layout -> task (model + data) -> step executor (micro-batch loop or pipeline schedule) ->
 //   parameter store (flat buffers, ZeRO stage, hooks) -> gradient exchange (method) -> optimizer ->
-//   consolidation (whole tensors) -> checkpointer (resume) -> log, evaluator, cadence, step tail
+//   consolidation (whole tensors) -> checkpointer (resume) -> log, rows, evaluator, cadence, step tail
+//
+// A parameter-server rank gets the same parts, cut for its side (ps_sync.h): a server's step executor
+// computes nothing and its exchange applies the step to its slice; a worker's exchange pushes the gradient
+// and learns the step's outcome when the servers publish it.
 #pragma once
 
 #include <chrono>
@@ -58,12 +62,12 @@ struct Run {
   std::unique_ptr<optim::Optimizer> opt;
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
-  PsSource* ps_source = nullptr;  // the same object as source in a parameter-server run, else null
   std::unique_ptr<Consolidation> state;
   std::unique_ptr<Checkpointer> ckpt;
   int64_t start = 0;
   int64_t items_per_step = 0;
   std::unique_ptr<RunLog> log;
+  std::unique_ptr<RowQueue> rows;  // the exchange's outcomes and the loop's parts of each step's row
   std::unique_ptr<Evaluator> evaluate;
   Cadence cadence;
   StepTail tail;
@@ -96,8 +100,5 @@ class StepMeter {
   std::chrono::steady_clock::time_point t0_;
   uint64_t sent0_ = 0;
 };
-
-// The parameter-server run (this rank a server or a worker); returns the summary's "ps" section.
-nlohmann::json run_parameter_server(Run& run);
 
 }  // namespace mt::train

@@ -1,7 +1,7 @@
-// The synchronous step loop and the run around it. The loop reads top to bottom and is the same for every
-// synchronous method: what differs is which parts run.h assembled (mesh, layout, gradient synchronizer,
-// observers). The parameter-server loop is in ps_loop.cpp, Hogwild's in hogwild_trainer.cpp; both end their
-// steps with the same StepTail.
+// The step loop and the run around it. The loop reads top to bottom and is the same for every method
+// (synchronous ones, the parameter server's workers and servers): what differs is which parts run.h
+// assembled (mesh, layout, step executor, gradient exchange, observers). Hogwild's threads
+// (hogwild_trainer.cpp) end their steps with the same StepTail and use the same observers.
 #include "train/trainer.h"
 
 #include <cstdio>
@@ -22,58 +22,47 @@ namespace mt::train {
 
 namespace {
 
-// The update of a synchronous step, which the step executor calls when this rank's gradients are computed:
-// the gradient synchronized, the global loss and norm, the tail (divergence checks, clipping, learning rate),
-// the optimizer's update.
-struct StepOutcome {
-  double loss = 0, norm = 0;
-  float lr = 0;
-};
-StepOutcome update_step(Run& r, int64_t s, double loss_sum) {
-  GradSync& sync = *r.sync;
-  r.straggler.pause(r.mesh.world_rank());
-  sync.reduce(s);
-  StepOutcome out;
-  out.loss = sync.global_loss(loss_sum) / (double)r.items_per_step;
-  out.norm = sync.grad_norm();
-  // Clipping is applied by the optimizer as it reads the gradients (one pass over them fewer).
-  out.lr = r.tail.finish(s, out.loss, out.norm, [&](float f) { r.opt->scale_next_grads(f); });
-  trace::TraceScope ts(&r.tracer, "optimizer step", "compute");
-  sync.update(*r.opt, out.lr, s);
-  return out;
-}
-
-// One optimizer step after another: data and gradient (the task, through the synchronizer's hooks) and the
-// update (above, called by the executor), then the observers (row, evaluation, checkpoint, stop).
+// One optimizer step after another, whatever the method: the parameters the step uses (the exchange's
+// begin_step), data and gradient (the task, through the exchange's hooks), the update (the exchange's step,
+// called by the executor), then the observers: the row (written once the exchange has given the step's
+// outcome), evaluation and checkpoints (on parameters the exchange has settled), stop.
 void run_steps(Run& r) {
   GradSync& sync = *r.sync;
   const StepHooks hooks = sync.hooks();
-  // Bytes sent on the gradient groups: what communication-efficient methods are judged by.
+  // Bytes the method sends: what communication-efficient methods are judged by.
   StepMeter meter(r, [&] { return sync.bytes_sent(); });
+  const double items = (double)r.items_per_step;
+  sync.begin_run(r.start);
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
     meter.start();
-    sync.begin_step();
-    StepOutcome step;
-    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks,
-                    [&](double loss_sum) { step = update_step(r, s, loss_sum); });
-    nlohmann::json row = {{"step", s}, {"loss", step.loss}, {"lr", step.lr}, {"grad_norm", step.norm}};
-    const double ips = meter.finish(s, row);
+    sync.begin_step(s);
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum) {
+      r.straggler.pause(r.mesh.world_rank());
+      sync.step(s, loss_sum, items, r.tail, *r.opt);
+    });
+    nlohmann::json row = {{"step", s}};
+    meter.finish(s, row);
     sync.annotate(row);
     r.task->annotate(row, r.mesh);
-    if (r.cadence.eval_after(s)) (*r.evaluate)(s, row);
-    r.log->step(row, s, step.loss, step.lr, ips);
-    r.sum.final_loss = step.loss;
-    if (r.cadence.save_after(s)) r.ckpt->save(s + 1);
+    const bool eval_now = r.cadence.eval_after(s), save_now = r.cadence.save_after(s);
+    if (eval_now || save_now || r.cadence.last_after(s)) sync.settle(s);
+    if (eval_now) (*r.evaluate)(s, row);
+    r.rows->local(s, row);
+    if (save_now) r.ckpt->save(s + 1);
     if (r.cadence.stop_after(s)) {
       r.log->message("stopped after step " + std::to_string(s + 1) + " (--stop-at-step)");
       break;
     }
   }
+  sync.end_run();
+  MT_ASSERT(r.rows->pending() == 0, "rows of ", r.rows->pending(), " steps left without their outcome");
 }
 
 // After the last step: the final save, the trace, and the summary (collective over the world).
-TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
+TrainSummary finish_run(Run& r) {
   r.log->finish();
+  const ExchangeReport method = r.sync->report(r.start, r.sum.steps_run);
+  if (!method.line.empty()) r.log->message(method.line);
   r.ckpt->save_final();
   write_trace(r.cfg.trace, r.tracer, r.mesh);
   TrainSummary& sum = r.sum;
@@ -81,7 +70,8 @@ TrainSummary finish_run(Run& r, const nlohmann::json& ps_section) {
   sum.flops_per_step = r.task->flops_per_step();
   sum.params = (int64_t)r.full.size();
   gather_memory(r.mesh, *r.store, *r.opt, *r.task, sum);
-  nlohmann::json sections = {{"ps", ps_section}};
+  nlohmann::json sections = nlohmann::json::object();
+  if (!method.key.empty()) sections[method.key] = method.section;
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
@@ -120,12 +110,8 @@ TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   cfg.validate(world ? world->size() : 1);
   set_num_threads(cfg.threads);
   Run run(cfg, world);
-  nlohmann::json ps_section;
-  if (cfg.async == AsyncMode::ps)
-    ps_section = run_parameter_server(run);
-  else
-    run_steps(run);
-  return finish_run(run, ps_section);
+  run_steps(run);
+  return finish_run(run);
 }
 
 int train_main(const TrainConfig& cfg) {

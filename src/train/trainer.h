@@ -1,6 +1,6 @@
 // Training runs: the entry points. A run is composed of parts (run.h: mesh, batch layout, task, gradient
 // synchronizer, optimizer, state consolidation, observers, step tail) and driven by a short step loop
-// (trainer.cpp; parameter server: ps_loop.cpp; Hogwild: hogwild_trainer.cpp). The model and data live in a
+// (trainer.cpp, for every method but Hogwild; Hogwild: hogwild_trainer.cpp). The model and data live in a
 // TrainTask; TrainConfig::validate is in train_config.cpp.
 #pragma once
 

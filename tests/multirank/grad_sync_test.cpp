@@ -34,7 +34,7 @@ void run_exact(bool overlapped) {
         mt::parallel::DataParallel store(params, on.group, o.engine, on.experts);
         mt::trace::ChromeTrace tracer;
         auto sync = make_grad_sync(o, mesh, store, params, &tracer);
-        sync->begin_step();
+        sync->begin_step(0);
         const StepHooks hooks = sync->hooks();
         if (overlapped) hooks.micro_batch(0, 1);
         for (int k = (int)params.params().size() - 1; k >= 0; k--) {  // backward: the last group first

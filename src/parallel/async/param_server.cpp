@@ -157,6 +157,8 @@ PsServer::PsServer(comm::Communicator& world, comm::Communicator* servers, nn::P
 
 PsServer::~PsServer() = default;
 
+void PsServer::reload() { std::memcpy(data_.data(), params_.data() + sh_.offset, sh_.count * sizeof(float)); }
+
 void PsServer::publish(const VersionInfo& info) {
   auto& slot = free_slot(outbox_, kHead + sh_.count);
   VersionHeader h{info.version, info.loss, info.norm, info.lr};

@@ -107,6 +107,8 @@ class PsServer {
   ~PsServer();
 
   float* slice() { return data_.data(); }
+  // Takes the slice from the registry again (after a resume loaded whole parameters into it).
+  void reload();
   size_t begin() const { return sh_.offset; }
   size_t count() const { return sh_.count; }
   // This slice's optimizer segments (offsets relative to the slice).
