@@ -19,7 +19,7 @@ table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px soli
 thead th{background:#f4f4f4}tbody th{text-align:left;font-weight:normal;background:#fafafa}
 figure{margin:8px 0;display:inline-block;vertical-align:top}.charts{display:flex;flex-wrap:wrap;gap:8px}
 pre{background:#f7f7f7;padding:8px;font-size:12px;overflow:auto;max-height:400px}
-.note{color:#666;font-size:13px}.swimlane{overflow-x:auto;max-width:100%})";
+.note{color:#666;font-size:13px}figure.swimlane{display:block}figure.swimlane svg{max-width:100%;height:auto})";
 
 // The rows' items per second key: GPT rows count tokens, MLP rows examples.
 std::string rate_key(const RunData& r) {
@@ -103,7 +103,8 @@ std::string curves(const std::vector<RunData>& runs) {
   o += curve(runs, "val_loss", "Validation loss (evaluation steps)", "validation loss", false, fixed("val_loss"));
   o += curve(runs, "rate", "Throughput", "items/s (tokens or examples)", true, rate_key);
   if (any_row_has(runs, "mfu")) o += curve(runs, "mfu", "Model FLOPs utilization", "MFU", true, fixed("mfu"));
-  o += curve(runs, "comm_bytes", "Bytes sent per step (this rank's world)", "bytes", true, fixed("comm_bytes"));
+  o += curve(runs, "comm_bytes", "Bytes sent per step (gradient exchange, lead rank)", "bytes", true,
+             fixed("comm_bytes"));
   if (any_row_has(runs, "moe_dropped"))
     o += curve(runs, "moe_dropped", "MoE: fraction of expert choices dropped", "dropped", true, fixed("moe_dropped"));
   return o + "</div>\n";

@@ -12,7 +12,7 @@ namespace mt::report {
 namespace {
 
 // Layout in px: the plot area is the box inside the margins; the title and legend sit in the top margin.
-constexpr double kW = 640, kH = 300, kLeft = 70, kRight = 16, kTop = 52, kBottom = 44;
+constexpr double kW = 560, kH = 300, kLeft = 70, kRight = 16, kTop = 52, kBottom = 44;
 
 // Coordinates with 2 decimals: enough for a 640 px chart, and short.
 std::string px(double v) {

@@ -32,8 +32,8 @@ struct LineChart {
   bool y_from_zero = false;  // bytes, throughput: the axis starts at 0
 };
 
-// 640 x 300 px. A chart whose series hold no finite point says "no data" and draws no dots. Each dot is a
-// <circle class="pt" data-run="NAME"> holding a <title> "NAME: x X, y Y".
+// 560 x 300 px (two side by side on a 1200 px page). A chart whose series hold no finite point says "no data"
+// and draws no dots. Each dot is a <circle class="pt" data-run="NAME"> holding a <title> "NAME: x X, y Y".
 std::string line_chart_svg(const LineChart& chart);
 
 struct BarChart {
@@ -45,7 +45,7 @@ struct BarChart {
 };
 
 // One <rect class="bar"> per (group, series) value, with a <title> "GROUP, SERIES: VALUE"; width adapts to the
-// number of bars (640 to 1600 px).
+// number of bars (560 to 1600 px).
 std::string bar_chart_svg(const BarChart& chart);
 
 }  // namespace mt::report

@@ -13,7 +13,7 @@ three side by side, the page loaded in Chromium must show:
     (per rank: m forwards, m backwards, one optimizer step);
   - MoE: one bar per (expert, admitted / first choice) per MoE block.
 Bad input: a malformed metrics line and a missing directory exit 1 naming the file (and line).
---screenshots DIR also saves a PNG of each page (for docs/report.md).
+--screenshots DIR also saves PNGs of some sections (SHOTS; docs/report.md shows them).
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ import tempfile
 import time
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+# --screenshots: which sections of which page (docs/report.md shows these).
+SHOTS = {"all": ["#overview", "#curves"], "pp2": ["#pipeline"], "moe_ep2": ["#experts"], "dp2": ["#memory"]}
 
 
 class Check:
@@ -145,8 +147,20 @@ PAGE_FACTS = r"""(() => {
 })()"""
 
 
-def page_facts(browser: Browser, url: str, screenshot: str | None) -> tuple[dict, list[str], list[str]]:
-    """Loads url in a new tab; returns (facts, console errors and exceptions, URLs requested)."""
+# The page box from the selected heading to the next h2 (or the end), in CSS px from the top of the page.
+SHOT_BOX = r"""((sel) => {
+  const a = document.querySelector(sel);
+  let b = a.nextElementSibling;
+  while (b && b.tagName !== 'H2') b = b.nextElementSibling;
+  const top = a.getBoundingClientRect().top + window.scrollY;
+  const end = b ? b.getBoundingClientRect().top + window.scrollY : document.body.scrollHeight;
+  return JSON.stringify({top: Math.max(0, top - 8), height: end - top});
+})(%s)"""
+
+
+def page_facts(browser: Browser, url: str, shots: list[tuple[str, str]]) -> tuple[dict, list[str], list[str]]:
+    """Loads url in a new tab; returns (facts, console errors and exceptions, URLs requested). shots: PNGs to
+    take, each of the part of the page from a heading (CSS selector) to the next h2."""
     target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
     s = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
@@ -156,13 +170,15 @@ def page_facts(browser: Browser, url: str, screenshot: str | None) -> tuple[dict
     browser.wait_event("Page.loadEventFired")
     facts = json.loads(browser.call("Runtime.evaluate", {"expression": PAGE_FACTS, "returnByValue": True},
                                     session=s)["result"]["value"])
-    if screenshot:
-        m = browser.call("Page.getLayoutMetrics", session=s)["cssContentSize"]
+    for selector, path in shots:  # the element's box from its top, at most 1500 px tall, 1200 px wide
         browser.call("Emulation.setDeviceMetricsOverride",
-                     {"width": 1400, "height": min(int(m["height"]), 2400), "deviceScaleFactor": 1, "mobile": False},
-                     session=s)
-        png = browser.call("Page.captureScreenshot", {"format": "png"}, session=s)["data"]
-        with open(screenshot, "wb") as f:
+                     {"width": 1200, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=s)
+        box = json.loads(browser.call("Runtime.evaluate", {"expression": SHOT_BOX % json.dumps(selector),
+                                                           "returnByValue": True}, session=s)["result"]["value"])
+        clip = {"x": 0, "y": box["top"], "width": 1200, "height": min(box["height"], 1500), "scale": 1}
+        png = browser.call("Page.captureScreenshot", {"format": "png", "clip": clip, "captureBeyondViewport": True},
+                           session=s)["data"]
+        with open(path, "wb") as f:
             f.write(base64.b64decode(png))
     errors, requests = [], []
     for m in browser.events:
@@ -184,11 +200,11 @@ def read_rows(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def check_page(check: Check, browser: Browser, html: str, runs: dict[str, str], screenshot: str | None):
+def check_page(check: Check, browser: Browser, html: str, runs: dict[str, str], shots: list[tuple[str, str]]):
     """runs: name shown in the page -> run directory."""
     tag = os.path.basename(html)
     url = "file://" + os.path.abspath(html)
-    facts, errors, requests = page_facts(browser, url, screenshot)
+    facts, errors, requests = page_facts(browser, url, shots)
     check(not errors, f"{tag}: no console errors or exceptions {errors[:3]}")
     check(requests == [url], f"{tag}: the page requests nothing but itself (requested {requests[:5]})")
     check(not facts["chartsWithoutMarks"], f"{tag}: every chart laid out {facts['chartsWithoutMarks']}")
@@ -262,7 +278,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--screenshots", help="save a PNG of each report here")
+    ap.add_argument("--screenshots", help="save PNGs of some sections of the reports here (docs/report.md)")
     args = ap.parse_args()
     check = Check()
     exe = find_chromium()
@@ -307,8 +323,9 @@ def main() -> int:
                 if not check(r.returncode == 0 and os.path.isfile(html), f"report {page}: " + r.stdout.decode().strip()
                              + r.stderr.decode().strip()):
                     continue
-                shot = os.path.join(args.screenshots, f"report_{page}.png") if args.screenshots else None
-                check_page(check, browser, html, {os.path.basename(d): d for d in dirs}, shot)
+                shots = [(sel, os.path.join(args.screenshots, f"report_{page}_{sel[1:]}.png"))
+                         for sel in SHOTS.get(page, [])] if args.screenshots else []
+                check_page(check, browser, html, {os.path.basename(d): d for d in dirs}, shots)
         finally:
             browser.close()
 

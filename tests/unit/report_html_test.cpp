@@ -94,11 +94,11 @@ TEST(ReportLineChart, EmptySeriesSayNoData) {
 
 TEST(ReportLineChart, PointsLandInsideThePlot) {
   // y from 10 to 20: the axis is [10, 20]; the first point is on the bottom line (y = 300 - 44), the last
-  // on the top (52); x 0 at the left edge (70), x 4 at the right (640 - 16).
+  // on the top (52); x 0 at the left edge (70), x 4 at the right (560 - 16).
   LineChart c{"t", "t", "x", "y", {{"s", {{0, 10}, {4, 20}}}}, false};
   const std::string svg = line_chart_svg(c);
   EXPECT_NE(svg.find("cx=\"70.00\" cy=\"256.00\""), std::string::npos) << svg;
-  EXPECT_NE(svg.find("cx=\"624.00\" cy=\"52.00\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("cx=\"544.00\" cy=\"52.00\""), std::string::npos) << svg;
 }
 
 TEST(ReportBarChart, OneBarPerValue) {
