@@ -216,19 +216,27 @@ std::string configuration(const std::vector<RunData>& runs) {
   return o;
 }
 
-// Every row of every run, the numbers as the file spells them, folded away by default.
+// Every row of every run, the numbers as the file spells them, folded away by default. Past kMaxTableRows
+// rows, every k-th row, every evaluation row and the last (a 100k-step run would otherwise add ~10 MB).
+constexpr size_t kMaxTableRows = 5000;
+
 std::string data_tables(const std::vector<RunData>& runs) {
   std::string o = "<h2 id=\"data\">Metrics rows</h2>\n";
   for (const RunData& r : runs) {
     const std::vector<std::string> keys = {
         "step", "loss", "val_loss", rate_key(r), "step_time_s", "comm_bytes", "comm_bytes_total", "lr", "grad_norm"};
+    const size_t n = r.rows.size(), stride = (n + kMaxTableRows - 1) / kMaxTableRows;
     std::vector<std::vector<Cell>> rows;
-    for (const nlohmann::json& row : r.rows) {
+    for (size_t i = 0; i < n; i++) {
+      const nlohmann::json& row = r.rows[i];
+      if (i % stride != 0 && i + 1 != n && !row.contains("val_loss")) continue;
       std::vector<Cell> cells;
       for (const std::string& k : keys) cells.push_back({json_text(row.value(k, nlohmann::json())), k, r.name});
       rows.push_back(std::move(cells));
     }
-    o += "<details><summary>" + html_escape(r.name) + ": " + std::to_string(r.rows.size()) + " rows</summary>\n" +
+    const std::string shown =
+        stride == 1 ? "" : str(" (one row in ", stride, ", every evaluation row and the last shown)");
+    o += "<details><summary>" + html_escape(r.name) + ": " + std::to_string(n) + " rows" + shown + "</summary>\n" +
          html_table("rows", keys, rows) + "</details>\n";
   }
   return o;

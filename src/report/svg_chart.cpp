@@ -115,11 +115,14 @@ std::string line_chart_svg(const LineChart& c) {
     const std::string run = html_escape(s.name), colour = series_colour(i);
     const size_t n = std::count_if(s.points.begin(), s.points.end(),
                                    [](auto p) { return std::isfinite(p.first) && std::isfinite(p.second); });
-    const char* radius = n > 200 ? "1.5" : "3";  // dots shrink as they crowd
+    const char* radius = n > 200 ? "1.5" : "3";                                // dots shrink as they crowd
+    const size_t stride = (n + kMaxDots - 1) / std::max<size_t>(kMaxDots, 1);  // 1 up to kMaxDots points
     std::string d, dots;
+    size_t k = 0;
     for (auto [x, y] : s.points) {
       if (!std::isfinite(x) || !std::isfinite(y)) continue;
       d += (d.empty() ? "M" : " L") + px(X(x)) + " " + px(Y(y));
+      if (k++ % stride != 0 && k != n) continue;
       dots += "<circle class=\"pt\" data-run=\"" + run + "\" cx=\"" + px(X(x)) + "\" cy=\"" + px(Y(y)) + "\" r=\"" +
               radius + "\" fill=\"" + colour + "\"><title>" + run + ": x " + short_number(x, 8) + ", y " +
               short_number(y, 8) + "</title></circle>\n";

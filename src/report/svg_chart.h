@@ -34,6 +34,9 @@ struct LineChart {
 
 // 560 x 300 px (two side by side on a 1200 px page). A chart whose series hold no finite point says "no data"
 // and draws no dots. Each dot is a <circle class="pt" data-run="NAME"> holding a <title> "NAME: x X, y Y".
+// The line goes through every finite point; dots are drawn for all of them up to kMaxDots, beyond that for
+// every k-th (k = ceil(n / kMaxDots)) and the last, so a 100k-step run gives a page of a few MB, not 60.
+constexpr size_t kMaxDots = 2000;
 std::string line_chart_svg(const LineChart& chart);
 
 struct BarChart {

@@ -84,6 +84,18 @@ TEST(ReportLineChart, OneDotPerFinitePointPerSeries) {
   EXPECT_NE(svg.find("data-chart=\"loss\""), std::string::npos);
 }
 
+TEST(ReportLineChart, LongSeriesGetEveryKthDotAndTheLast) {
+  LineChart c{"loss", "Loss", "step", "loss", {{"a", {}}, {"b", {}}}, false};
+  for (int i = 0; i < 5000; i++) c.series[0].points.push_back({(double)i, 1.0 / (i + 1)});
+  for (int i = 0; i < (int)kMaxDots; i++) c.series[1].points.push_back({(double)i, 2.0});
+  const std::string svg = line_chart_svg(c);
+  // 5000 points: k = 3, dots at 0, 3, ..., 4998 (1667) and the last, 4999.
+  EXPECT_EQ(count(svg, "<circle class=\"pt\" data-run=\"a\""), 1668u);
+  EXPECT_NE(svg.find("<title>a: x 4999,"), std::string::npos);
+  EXPECT_EQ(count(svg, "<circle class=\"pt\" data-run=\"b\""), kMaxDots);  // up to kMaxDots: every point
+  EXPECT_EQ(count(svg, " L"), 4999u + kMaxDots - 1);                       // the lines go through every point
+}
+
 TEST(ReportLineChart, EmptySeriesSayNoData) {
   LineChart c{"val_loss", "Validation", "step", "loss", {{"a", {}}, {"b", {{1, NAN}}}}, false};
   const std::string svg = line_chart_svg(c);
