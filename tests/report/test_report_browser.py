@@ -139,6 +139,8 @@ PAGE_FACTS = r"""(() => {
   for (const f of document.querySelectorAll('figure.swimlane')) {
     out.swimlanes[f.dataset.chart + '/' + f.dataset.run] = f.querySelectorAll('svg g > rect').length;
   }
+  out.configs = {};
+  for (const pre of document.querySelectorAll('pre.config')) out.configs[pre.dataset.run] = pre.textContent;
   for (const td of document.querySelectorAll('td[data-key][data-run]')) {
     const k = td.dataset.run + '|' + td.dataset.key;
     (out.cells[k] = out.cells[k] || []).push(td.textContent);
@@ -202,6 +204,11 @@ def read_rows(path: str) -> list[dict]:
 
 def check_page(check: Check, browser: Browser, html: str, runs: dict[str, str], shots: list[tuple[str, str]]):
     """runs: name shown in the page -> run directory."""
+    configs = {}
+    for name, d in runs.items():
+        if os.path.isfile(os.path.join(d, "metrics.toml")):
+            with open(os.path.join(d, "metrics.toml")) as f:
+                configs[name] = f.read()
     tag = os.path.basename(html)
     url = "file://" + os.path.abspath(html)
     facts, errors, requests = page_facts(browser, url, shots)
@@ -209,6 +216,8 @@ def check_page(check: Check, browser: Browser, html: str, runs: dict[str, str], 
     check(requests == [url], f"{tag}: the page requests nothing but itself (requested {requests[:5]})")
     check(not facts["chartsWithoutMarks"], f"{tag}: every chart laid out {facts['chartsWithoutMarks']}")
     cells = facts["cells"]
+    check(facts["configs"] == configs, f"{tag}: the configuration shown is each run's metrics.toml, as text "
+          f"({sorted(facts['configs'])} == {sorted(configs)})")
 
     def cell(run: str, key: str) -> list[str]:
         return cells.get(f"{run}|{key}", [])
@@ -313,6 +322,11 @@ def main() -> int:
         if not check(r.returncode == 0, f"train {name} " + r.stderr.decode()[-300:]):
             return 1
 
+    # The resolved configuration beside the metrics (metrics.toml), with markup characters the page must escape.
+    config = 'model = "gpt"\nsteps = 6\nnote = "<b>&amp; not markup</b>"\n'
+    with open(w("dp2", "metrics.toml"), "w") as f:
+        f.write(config)
+
     pages = [(name, [w(name)]) for name in layouts] + [("all", [w(n) for n in layouts])]
     with tempfile.TemporaryDirectory() as profile:
         browser = Browser(exe, profile)
@@ -335,6 +349,9 @@ def main() -> int:
     r = sh([mt, "report", w("bad.jsonl"), "-o", w("bad.html")])
     check(r.returncode == 1 and f"{w('bad.jsonl')}:2:".encode() in r.stderr and not os.path.exists(w("bad.html")),
           f"malformed metrics line: exit 1 naming file:2 ({r.stderr.decode().strip()})")
+    r = sh([mt, "report", w("dp2"), "-o", w("dp2", "metrics.jsonl")])
+    check(r.returncode == 1 and b"is the metrics file of run" in r.stderr,
+          f"-o naming the metrics file: exit 1 ({r.stderr.decode().strip()})")
     r = sh([mt, "report", w("nothing-here"), "-o", w("bad.html")])
     check(r.returncode == 1 and w("nothing-here").encode() in r.stderr,
           f"missing run directory: exit 1 naming it ({r.stderr.decode().strip()})")
