@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "core/error.h"
 #include "report/html.h"
@@ -91,7 +92,7 @@ std::string overview(const std::vector<RunData>& runs) {
 std::string curve(const std::vector<RunData>& runs, const std::string& id, const std::string& title,
                   const std::string& y_label, bool from_zero,
                   const std::function<std::string(const RunData&)>& key_of) {
-  LineChart c{id, title, "step", y_label, {}, from_zero};
+  LineChart c{id, title, "step (the metrics file's, from 0)", y_label, {}, from_zero};
   for (const RunData& r : runs) c.series.push_back({r.name, column(r, key_of(r))});
   return "<figure>" + line_chart_svg(c) + "</figure>\n";
 }
