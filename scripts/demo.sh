@@ -2,7 +2,7 @@
 # The newcomer's main job: set up (apt, idempotent), build, make a byte-level corpus from Debian's
 # `fortunes` package, train a small GPT on it across local worker processes (data-parallel over shared
 # memory, one per core) with progress on the terminal, then print a sample.
-# Outputs land in out/demo/ (metrics.jsonl, model.safetensors, checkpoints/).
+# Outputs land in out/demo/ (metrics.jsonl, summary.json, model.safetensors, checkpoints/, report.html).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh run
@@ -33,8 +33,13 @@ tail -c "$val" "$OUT/corpus.txt" > "$OUT/val.txt"
   --nproc "${DEMO_NPROC:-$(nproc)}" --threads 1 --zero 1 \
   --eval-every 100 --eval-batches 8 --log-every 25 \
   --checkpoint-dir "$OUT/checkpoints" --save-every 250 \
-  --metrics "$OUT/metrics.jsonl" --save "$OUT/model.safetensors"
+  --metrics "$OUT/metrics.jsonl" --summary "$OUT/summary.json" --save "$OUT/model.safetensors"
 
 echo
 echo "=== sample (temperature 0.8, top-k 40) ==="
 "$MT" sample --init "$OUT/model.safetensors" --prompt "The " --max-new-tokens 400 --temperature 0.8 --top-k 40
+
+echo
+echo "=== report ==="
+"$MT" report "$OUT" -o "$OUT/report.html"
+echo "open $OUT/report.html in a browser: loss and validation curves, throughput, bytes sent, memory per rank"

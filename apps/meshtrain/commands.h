@@ -62,6 +62,7 @@ void add_prepare_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_decode_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline
