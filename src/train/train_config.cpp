@@ -219,8 +219,8 @@ void check_comm_efficient(const TrainConfig& c, int d) {
     const char* what = cspec.enabled() ? "--compress" : "--local-sgd";
     // The exchange runs over the data-parallel group of each (tp, pp) coordinate: --tp and --pp take ranks.
     if (c.tp * c.pp > 1)
-      MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank: --tp ", c.tp, " --pp ", c.pp, " on ",
-                     c.tp * c.pp * d, " ranks leave dp ", d, " (nothing to exchange); give ", 2 * c.tp * c.pp,
+      MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank: with --tp ", c.tp, " --pp ", c.pp, ", ",
+                     c.tp * c.pp * d, " ranks give dp ", d, " (nothing to exchange); use ", 2 * c.tp * c.pp,
                      " ranks or more (a multiple of --tp x --pp = ", c.tp * c.pp, ")");
     MT_CHECK_INPUT(d > 1, what, " needs more than one data-parallel rank (here ", d,
                    "; set --nproc > 1): with one rank nothing is exchanged");

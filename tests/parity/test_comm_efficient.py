@@ -270,6 +270,8 @@ def split_section(rn: Runner, checks: dc.Tally, exact_dp2: List[dict], trains) -
       b. --local-sgd 1 --local-sgd-state with SGD (momentum 0.9, no clipping) equals exact data parallelism of
          the same layout (1e-5, as in 2.); each step sends the parameters and the momentum (2 all-reduces of
          rank 0's part);
+      b'. --local-sgd 4 --local-sgd-warmup 3 (AdamW) trains, its steps 0..K equal the layout's exact run (rel
+         1e-6), synced as in 3., and sends one all-reduce of rank 0's part on synced steps only;
       c. lossy methods train (as in 1.) and send their formula's bytes; their loss gap to the layout's exact
          run (last-5 mean) is within 0.03 of the same method's gap at tp 1 pp 1 (measured: within 0.006; the
          gaps themselves are 0.007 to 0.19); gaps and bytes ratios are printed beside the tp 1 rows'."""
@@ -329,6 +331,16 @@ def split_section(rn: Runner, checks: dc.Tally, exact_dp2: List[dict], trains) -
                 checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact {name} by {dw:.2e} > "
                              f"{TOL_SGD_W:g}")
             check_bytes(checks, tag, b, [2 * all_reduce_sent(numel, 4, 2)] * STEPS)
+        tag = f"{name} --local-sgd {LOCAL_H} --local-sgd-warmup {LOCAL_K}"
+        rows = rn.run(f"{name}_local_h_k", layout + ["--local-sgd", LOCAL_H, "--local-sgd-warmup", LOCAL_K])
+        if rows is not None:
+            trains(tag, rows)
+            bad = [s for s in range(LOCAL_K + 1) if rel_diff(rows[s]["loss"], ex[s]["loss"]) > TOL_WARMUP_REL]
+            checks.check(not bad, f"{tag}: the losses of steps 0..K={LOCAL_K} must equal the exact {name} run's; "
+                         f"steps {bad} differ")
+            want_sync = [s < LOCAL_K or (s + 1 - LOCAL_K) % LOCAL_H == 0 for s in range(STEPS)]
+            checks.check([r.get("synced") for r in rows] == want_sync, f"{tag}: synced flags differ from {want_sync}")
+            check_bytes(checks, tag, rows, [all_reduce_sent(numel, 4, 2) if w else 0 for w in want_sync])
         lossy = LOSSY + (["adaptive"] if tp > 1 else [])
         for method in lossy:
             extra = ["--compress", "topk:0.01", "--compress-adaptive", "--compress-adaptive-every", ADAPT_EVERY] \
