@@ -261,11 +261,12 @@ void check_model_flags(const CLI::App& sub, const train::TrainConfig& c, const C
 
 // The run's resolved configuration and where rank 0 writes it (config_file.h has the rule). It must not land on
 // a file the run reads or writes; on the --config file itself only when identical (repeating a run from its own
-// resolved configuration), so a hand-written file is never replaced.
+// resolved configuration), so a hand-written file is never replaced. A path that cannot be written fails on rank 0
+// before the first step, naming it (core/fs.h).
 void set_resolved_config(const CLI::App& sub, train::TrainConfig& c, const std::string& config) {
   const std::string path = resolved_config_path(c.metrics, c.save);
   if (path.empty()) return;
-  const char* from = c.metrics.empty() ? "--save" : "--metrics";
+  const char* from = resolved_config_path(c.metrics, "") == path ? "--metrics" : "--save";
   const std::string text = render_config(sub, other_model_flags(c), kNotRepeated);
   const std::vector<std::pair<const char*, std::string>> files = {
       {"--data", c.data},  {"--val-data", c.val_data}, {"--labels", c.labels}, {"--val-labels", c.val_labels},
@@ -276,8 +277,7 @@ void set_resolved_config(const CLI::App& sub, train::TrainConfig& c, const std::
                    ", which is the ", flag, " file; give ", from, " another name (e.g. ending .jsonl)");
   MT_CHECK_INPUT(config.empty() || !same_file(path, config) || read_file(config) == text, "the run's configuration ",
                  "goes beside ", from, " to ", path, ", which is the --config file, and differs from it; give ", from,
-                 " another path (a --config file is ", "rewritten only by the identical text)");
-  check_output_path(std::string(from) + "'s configuration file", path);
+                 " another path (a --config file is rewritten only by the identical text)");
   c.resolved_config_path = path;
   c.resolved_config = text;
 }

@@ -298,11 +298,13 @@ std::string render_config(const CLI::App& sub, const std::set<std::string>& skip
 }
 
 std::string resolved_config_path(const std::string& metrics, const std::string& save) {
-  const std::string& beside = !metrics.empty() ? metrics : save;
-  if (beside.empty()) return "";
-  const std::string kind = file_kind(resolve_symlinks(beside));
-  if (kind == "character device" || kind == "FIFO") return "";
-  return std::filesystem::path(beside).replace_extension(".toml").string();
+  for (const std::string& beside : {metrics, save}) {
+    if (beside.empty()) continue;
+    const std::string kind = file_kind(resolve_symlinks(beside));
+    if (kind == "character device" || kind == "FIFO") continue;  // no "beside" a device
+    return std::filesystem::path(beside).replace_extension(".toml").string();
+  }
+  return "";
 }
 
 }  // namespace mt::cli

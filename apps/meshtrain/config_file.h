@@ -32,8 +32,8 @@ std::string render_config(const CLI::App& sub, const std::set<std::string>& skip
                           const std::set<std::string>& not_repeated);
 
 // Where a run writes its resolved configuration: --metrics with its extension replaced by .toml
-// (metrics.jsonl -> metrics.toml); without --metrics, --save's (model.safetensors -> model.toml); "" when
-// neither is given or the file is a device or FIFO (--metrics /dev/null), which has no "beside".
+// (metrics.jsonl -> metrics.toml); without --metrics (or when it is a device or FIFO such as /dev/null, which
+// has no "beside"), --save's (model.safetensors -> model.toml); "" when neither gives a place.
 std::string resolved_config_path(const std::string& metrics, const std::string& save);
 
 }  // namespace mt::cli

@@ -115,13 +115,12 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
                  100 * s.bubble_measured, 100 * s.bubble_simulated, 100 * s.bubble_ideal);
 }
 
-// The resolved configuration, once per run (rank 0), once the flags have passed validation.
+}  // namespace
+
 void write_resolved_config(const TrainConfig& cfg, const comm::Communicator* world) {
   if (!cfg.resolved_config_path.empty() && (!world || world->rank() == 0))
     write_file_atomic(cfg.resolved_config_path, cfg.resolved_config);
 }
-
-}  // namespace
 
 TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   cfg.validate(world ? world->size() : 1);
@@ -140,7 +139,6 @@ int train_main(const TrainConfig& cfg) {
   check_outputs(cfg);  // before any work: a bad --save fails now, not after the last step
   if (cfg.async == AsyncMode::hogwild) {  // threads of this process, not ranks
     MT_CHECK_INPUT(!comm::under_mpirun(), "--async hogwild runs threads of one process: do not start it under mpirun");
-    write_resolved_config(cfg, nullptr);
     report(cfg, run_hogwild(cfg));
     return 0;
   }

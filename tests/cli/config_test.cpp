@@ -122,6 +122,35 @@ TEST_F(ConfigFile, WrittenConfigRepeatsAnMlpRun) {
   EXPECT_FALSE(contains(written, "seq-len")) << written;
 }
 
+// Beside --metrics; beside --save when --metrics is absent or a device; Hogwild runs write it too.
+TEST_F(ConfigFile, WhereTheFileGoes) {
+  auto run = [&](const std::vector<std::string>& outputs) {
+    std::vector<std::string> f = flags_run(dir_.path());
+    for (const char* flag : {"--metrics", "--save"}) {  // flags_run's own outputs replaced by `outputs`
+      auto at = std::find(f.begin(), f.end(), flag);
+      f.erase(at, at + 2);
+    }
+    RunResult r = run_meshtrain(concat(f, outputs), 60);
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+  };
+  run({"--metrics", "/dev/null", "--save", dir_ / "w1.safetensors"});
+  EXPECT_TRUE(contains(slurp(dir_ / "w1.toml"), "\nmetrics = '/dev/null'\n"));
+  run({"--metrics", dir_ / "run.jsonl", "--save", dir_ / "w2.safetensors"});
+  EXPECT_TRUE(fs::exists(dir_ / "run.toml"));
+  EXPECT_FALSE(fs::exists(dir_ / "w2.toml"));
+  std::vector<std::string> hogwild = {"train", "--model",     "mlp", "--async",  "hogwild", "--nproc",
+                                      "2",     "--optimizer", "sgd", "--hidden", "8",       "--batch-size",
+                                      "8",     "--steps",     "2",   "--quiet"};
+  IdxImages images{32, 4, 4, std::vector<uint8_t>(32 * 16, 7)};
+  IdxLabels labels{std::vector<uint8_t>(32, 1)};
+  write_idx_images(dir_ / "img.idx", images);
+  write_idx_labels(dir_ / "lab.idx", labels);
+  RunResult r = run_meshtrain(
+      concat(hogwild, {"--data", dir_ / "img.idx", "--labels", dir_ / "lab.idx", "--metrics", dir_ / "hog.jsonl"}), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(slurp(dir_ / "hog.toml"), "\nasync = 'hogwild'\n"));
+}
+
 // --config of a run's own file with nothing beside it: the same outputs again, bit for bit (the file is
 // rewritten with the same text).
 TEST_F(ConfigFile, RepeatingInPlaceGivesTheSameOutputs) {
