@@ -74,7 +74,7 @@ const char* toml_type_name(toml::node_type t) {
   }
 }
 
-// The shortest text that CLI11 reads back as exactly d (TOML accepts it too: 0.001, 1e-08, 300, inf, nan).
+// The shortest text that CLI11 reads back as exactly d, as a TOML float: 0.001, 1e-08, 300.0, inf, nan.
 std::string format_double(double d) {
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof buf, d);
@@ -84,6 +84,8 @@ std::string format_double(double d) {
     std::snprintf(buf, sizeof buf, "%.17g", d);
     s = buf;
   }
+  // A whole number stays a TOML float (300.0, not 300), so the file's types say which flags take numbers.
+  if (s.find_first_not_of("-0123456789") == std::string::npos) s += ".0";
   return s;
 }
 

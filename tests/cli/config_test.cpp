@@ -73,7 +73,7 @@ TEST_F(ConfigFile, WrittenConfigRepeatsTheRun) {
   // Every value spelled as the flag's: given ones, defaults (beta2, hidden is MLP-only so absent), unset ones.
   for (const char* line :
        {"\nlr = 0.00123456789\n", "\nseed = 7\n", "\nrecompute = true\n", "\nbeta2 = 0.95\n", "\nmodel = 'gpt'\n",
-        "\ncomm-timeout = 300\n", "\n# init: not set\n", "\n# resume: not set  (never repeated"})
+        "\ncomm-timeout = 300.0\n", "\n# init: not set\n", "\n# resume: not set  (never repeated"})
     EXPECT_TRUE(contains(written, line)) << "lacks " << line << " in\n" << written;
   EXPECT_FALSE(contains(written, "\nhidden")) << written;
 }
