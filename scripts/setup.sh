@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages meshtrain needs, by profile:
-#   bash scripts/setup.sh run    building and running (the demo): compiler, CMake, oneDNN, CLI11, JSON, ICU,
+#   bash scripts/setup.sh run    building and running (the demo): compiler, CMake, oneDNN, CLI11, toml++, JSON, ICU,
 #                                OpenMPI, fortunes
 #   bash scripts/setup.sh test   the above and what the tests and benchmarks add: GoogleTest, Google
 #                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
@@ -14,6 +14,7 @@ RUN_PKGS=(
   g++ cmake make pkg-config
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN matrix products (default backend); its CMake config wants OpenCL
   libcli11-dev             # command-line parsing
+  libtomlplusplus-dev      # TOML run configuration files (meshtrain train --config)
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
   libicu-dev               # Unicode classes for GPT-2's tokenizer (src/data/unicode_class.cpp)
   libopenmpi-dev openmpi-bin  # multi-host backend and mpirun

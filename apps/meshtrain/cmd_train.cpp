@@ -2,9 +2,14 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <span>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/config_file.h"
+#include "core/fs.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -37,7 +42,8 @@ void add_model_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
   s->add_option("--seq-len", c.seq_len, "GPT tokens per sequence")->capture_default_str();
   s->add_option("--micro-batch-size", c.micro_batch_size,
-                "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)");
+                "split each step's batch into micro-batches of this size, gradients accumulated (0 = off)")
+      ->capture_default_str();
   s->add_flag("--recompute", c.recompute,
               "GPT: keep only each block's input and recompute the block during backward (less activation memory, "
               "about one more forward of compute; same results)");
@@ -80,19 +86,21 @@ void add_output_flags(CLI::App* s, train::TrainConfig& c) {
                 "directory holding another run's checkpoints");
   s->add_flag("--overwrite-checkpoints", c.overwrite_checkpoints,
               "a fresh run deletes the checkpoints already in --checkpoint-dir instead of refusing");
-  s->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)");
+  s->add_option("--save-every", c.save_every, "write a checkpoint every K steps (and at the end)")
+      ->capture_default_str();
   s->add_option("--keep-checkpoints", c.keep_checkpoints, "keep the newest K checkpoints (0 = all)")
       ->capture_default_str();
   s->add_option("--resume", c.resume, "continue from the newest checkpoint in this directory");
   s->add_option("--stop-at-step", c.stop_at_step,
-                "stop this process after that many steps, writing a checkpoint (time-boxed jobs)");
+                "stop this process after that many steps, writing a checkpoint (time-boxed jobs)")
+      ->capture_default_str();
   s->add_option("--divergence-factor", c.divergence_factor,
                 "stop (naming the step and the last good checkpoint) when the loss stays above this x its running "
                 "median (and median + 1) for --divergence-window steps in a row; 0 = off")
       ->capture_default_str();
   s->add_option("--divergence-window", c.divergence_window, "consecutive high steps that count as divergence")
       ->capture_default_str();
-  s->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps");
+  s->add_option("--eval-every", c.eval_every, "evaluate on the held-out data every K steps")->capture_default_str();
   s->add_option("--eval-batches", c.eval_batches, "GPT: batches per evaluation")->capture_default_str();
   s->add_option("--log-every", c.log_every, "progress line every K steps when stderr is not a terminal")
       ->capture_default_str();
@@ -153,9 +161,11 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "
-                "coordinate, each rank its part of the model)");
+                "coordinate, each rank its part of the model)")
+      ->capture_default_str();
   s->add_option("--local-sgd-warmup", c.local_sgd_warmup,
-                "exact data parallelism for the first K steps, local steps after (post-local SGD)");
+                "exact data parallelism for the first K steps, local steps after (post-local SGD)")
+      ->capture_default_str();
   s->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
   add_enum_option(s, "--async", c.async,
                   "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
@@ -227,16 +237,54 @@ void add_moe_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
 }
 
-// Flags that only one model reads: given for the other, they would do nothing, so they are refused.
-void check_model_flags(const CLI::App& sub, const train::TrainConfig& c) {
-  static const char* const kGptOnly[] = {"--n-layer",    "--n-head",       "--n-embd",
-                                         "--vocab-size", "--n-positions",  "--seq-len",
-                                         "--recompute",  "--eval-batches", "--sequence-parallel"};
-  static const char* const kMlpOnly[] = {"--labels", "--val-labels", "--val-fraction", "--hidden"};
+// Flags that only one model reads: given for the other, they would do nothing, so they are refused (and left
+// out of the other model's resolved configuration).
+const std::set<std::string> kGptOnly = {"--n-layer",    "--n-head",       "--n-embd",
+                                        "--vocab-size", "--n-positions",  "--seq-len",
+                                        "--recompute",  "--eval-batches", "--sequence-parallel"};
+const std::set<std::string> kMlpOnly = {"--labels", "--val-labels", "--val-fraction", "--hidden"};
+// Written to the resolved configuration only as comments: repeating a run must not resume it or delete
+// checkpoints unless asked again on the command line.
+const std::set<std::string> kNotRepeated = {"--resume", "--overwrite-checkpoints"};
+
+const std::set<std::string>& other_model_flags(const train::TrainConfig& c) {
+  return c.model == train::ModelKind::gpt ? kMlpOnly : kGptOnly;
+}
+
+// `lines`: where --config set a flag, to name the file's line in the message.
+void check_model_flags(const CLI::App& sub, const train::TrainConfig& c, const ConfigLines& lines,
+                       const std::string& config) {
   const bool gpt = c.model == train::ModelKind::gpt;
-  for (const char* f : gpt ? std::span<const char* const>(kMlpOnly) : std::span<const char* const>(kGptOnly))
-    MT_CHECK_INPUT(sub.count(f) == 0, f, " does nothing for --model ", train::flag_name(c.model),
-                   " (it is for --model ", gpt ? "mlp" : "gpt", "); remove it");
+  for (const std::string& f : other_model_flags(c)) {
+    const auto at = lines.find(f);
+    MT_CHECK_INPUT(sub.count(f) == 0,
+                   at == lines.end() ? "" : str(config, ":", at->second, ": key '", f.substr(2), "': "), f,
+                   " does nothing for --model ", train::flag_name(c.model), " (it is for --model ", gpt ? "mlp" : "gpt",
+                   "); remove it");
+  }
+}
+
+// The run's resolved configuration and where rank 0 writes it (config_file.h has the rule). It must not land on
+// a file the run reads or writes; on the --config file itself only when identical (repeating a run from its own
+// resolved configuration), so a hand-written file is never replaced. A path that cannot be written fails on rank 0
+// before the first step, naming it (core/fs.h).
+void set_resolved_config(const CLI::App& sub, train::TrainConfig& c, const std::string& config) {
+  const std::string path = resolved_config_path(c.metrics, c.save);
+  if (path.empty()) return;
+  const char* from = resolved_config_path(c.metrics, "") == path ? "--metrics" : "--save";
+  const std::string text = render_config(sub, other_model_flags(c), kNotRepeated);
+  const std::vector<std::pair<const char*, std::string>> files = {
+      {"--data", c.data},  {"--val-data", c.val_data}, {"--labels", c.labels}, {"--val-labels", c.val_labels},
+      {"--init", c.init},  {"--metrics", c.metrics},   {"--save", c.save},     {"--summary", c.summary},
+      {"--trace", c.trace}};
+  for (const auto& [flag, file] : files)
+    MT_CHECK_INPUT(file.empty() || !same_file(path, file), "the run's configuration goes beside ", from, " to ", path,
+                   ", which is the ", flag, " file; give ", from, " another name (e.g. ending .jsonl)");
+  MT_CHECK_INPUT(config.empty() || !same_file(path, config) || read_file(config) == text, "the run's configuration ",
+                 "goes beside ", from, " to ", path, ", which is the --config file, and differs from it; give ", from,
+                 " another path (a --config file is rewritten only by the identical text)");
+  c.resolved_config_path = path;
+  c.resolved_config = text;
 }
 
 }  // namespace
@@ -245,6 +293,11 @@ void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<train::TrainConfig>();
   CLI::App* sub = app.add_subcommand("train", "train a GPT or an MLP");
   auto& c = *cfg;
+  auto config = std::make_shared<std::string>();
+  sub->add_option("--config", *config,
+                  "read flags from this TOML file: keys are the flag names without dashes (batch-size = 8); flags "
+                  "given on the command line override it. Every run writes its resolved configuration beside "
+                  "--metrics (metrics.toml), which --config repeats (docs/config.md)");
   // --help lists the flags in this order.
   add_model_flags(sub, c);
   add_optimizer_flags(sub, c);
@@ -257,9 +310,11 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   add_model_parallel_flags(sub, c);
   add_moe_flags(sub, c);
-  sub->callback([cfg, quiet, sub] {
-    check_model_flags(*sub, *cfg);
+  sub->callback([cfg, quiet, sub, config] {
+    const ConfigLines lines = config->empty() ? ConfigLines{} : apply_config_file(*sub, *config);
+    check_model_flags(*sub, *cfg, lines, *config);
     cfg->progress = !*quiet;
+    set_resolved_config(*sub, *cfg, *config);
     int rc = train::train_main(*cfg);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

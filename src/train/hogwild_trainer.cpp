@@ -172,6 +172,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
   MT_CHECK_INPUT(cfg.checkpoint_dir.empty() && cfg.resume.empty() && cfg.trace.empty(),
                  "--async hogwild writes no checkpoints or traces (no --checkpoint-dir, --resume, --trace): the "
                  "shared parameters have no step at which they are consistent");
+  write_resolved_config(cfg, nullptr);
   const int W = cfg.nproc;
   set_num_threads(cfg.threads);
   Shared sh(cfg);

@@ -154,6 +154,9 @@ struct TrainConfig {
   int workers(int world_size) const { return async == AsyncMode::ps ? world_size - ps_servers() : world_size; }
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
+  // The run's resolved configuration (TOML, rendered by the CLI from its flags) and where rank 0 writes it
+  // before the first step; an empty path writes nothing (apps/meshtrain/config_file.h has the rule).
+  std::string resolved_config, resolved_config_path;
 
   // Checks the flags alone; world_size is the number of ranks actually running.
   void validate(int world_size) const;

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/launch.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
 #include "train/model_registry.h"
@@ -106,8 +107,14 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
 
 }  // namespace
 
+void write_resolved_config(const TrainConfig& cfg, const comm::Communicator* world) {
+  if (!cfg.resolved_config_path.empty() && (!world || world->rank() == 0))
+    write_file_atomic(cfg.resolved_config_path, cfg.resolved_config);
+}
+
 TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world) {
   cfg.validate(world ? world->size() : 1);
+  write_resolved_config(cfg, world);
   set_num_threads(cfg.threads);
   Run run(cfg, world);
   run_steps(run);

@@ -35,6 +35,10 @@ struct TrainSummary {
 // input or divergence; every rank throws the same error for the same cause.
 TrainSummary run_training(const TrainConfig& cfg, comm::Communicator* world = nullptr);
 
+// Writes cfg.resolved_config to cfg.resolved_config_path (nothing when the path is empty) on world rank 0 (or
+// with no world): once per run, after the flags have passed validation, before the first step.
+void write_resolved_config(const TrainConfig& cfg, const comm::Communicator* world);
+
 // --async hogwild: cfg.nproc worker threads of this process on shared parameters (hogwild_trainer.cpp).
 TrainSummary run_hogwild(const TrainConfig& cfg);
 
