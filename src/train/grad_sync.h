@@ -1,6 +1,6 @@
 // Gradient synchronization (the exchange): what turns this rank's gradient of its share into the update of
-// the step. One implementation per method, chosen once when the run starts (make_grad_sync); the step loop
-// calls the same few methods whatever the method:
+// the step. One implementation per method, chosen once when the run starts (make_grad_sync; the parameter
+// server's two: make_ps_parts, ps_sync.h); the step loop calls the same few methods whatever the method:
 //
 //   begin_run -> per step: begin_step(s) -> task forward/backward with hooks() -> step(s): reduce(s) ->
 //   global_loss -> grad_norm -> (tail: divergence check, clip) -> update -> outcome to the sink ->
@@ -123,7 +123,7 @@ class GradSync {
   // The global batch's loss sum from this rank's part (collective over the groups that split it).
   virtual double global_loss(double local_sum) const;
   // Global gradient norm, each element of the model counted once (collective).
-  virtual double grad_norm();
+  double grad_norm();
   // Bytes this rank has sent on the groups gradients are reduced over (dp and the expert group) so far.
   virtual uint64_t bytes_sent() const;
   void scale(float factor) { engine_.scale_grads(factor); }

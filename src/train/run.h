@@ -80,7 +80,7 @@ struct Run {
   void announce();
 };
 
-// A step's wall time and bytes, measured the same way by every step loop: start() before the step's work,
+// A step's wall time and bytes, measured the same way for every method: start() before the step's work,
 // finish() after it, which writes them into the step's row (items per second, step time, bytes this step
 // and so far) and counts the step in the run's throughput (every step after the first of this process: the
 // first allocates; a pipeline's timings start over after it too). bytes: the counter the method is judged by.
