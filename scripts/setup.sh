@@ -4,7 +4,8 @@
 #                                OpenMPI, fortunes
 #   bash scripts/setup.sh test   the above and what the tests and benchmarks add: GoogleTest, Google
 #                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
-#                                independent reference), Node.js and npm (the reference GPT-2 encoders)
+#                                independent reference), Node.js and npm (the reference GPT-2 encoders),
+#                                pybind11 and Python's headers (the Python module)
 # No argument means test (everything). Idempotent: packages already present are not touched and apt is not
 # even called. Run as root (or with sudo available).
 set -euo pipefail
@@ -23,6 +24,7 @@ TEST_PKGS=(
   libgtest-dev googletest  # unit tests
   libbenchmark-dev         # micro-benchmarks
   python3-torch python3-numpy # independent reference for parity tests and benchmarks
+  pybind11-dev python3-dev # the Python module `import meshtrain` (python/) and its test
   nodejs npm               # reference GPT-2 encoders (npm packages) for the tokenizer test and bench
 )
 
