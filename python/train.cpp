@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -94,6 +95,9 @@ pb::list read_metrics(const std::string& path) {
 // thrown as the mt::Error the CLI would have printed (module.cpp maps them to Python exceptions).
 void run_cli(const std::vector<std::string>& args) {
   pb::gil_scoped_release no_gil;
+  // One run at a time per process: launching ranks is not reentrant (comm/launch.h) and fd 2 is redirected.
+  static std::mutex one_run;
+  std::lock_guard<std::mutex> lock(one_run);
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   CLI::App app{"meshtrain"};

@@ -101,6 +101,26 @@ def check_train(mt, args, checks: Checks, wd: str, init: str, data: str) -> str:
     for a, b in zip(rows, rows2):
         checks.check(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]),
                      f"nproc 2 step {a['step']}: loss {b['loss']!r} vs single process {a['loss']!r}")
+    # Two Python threads train at once (nproc 2 each): the runs take turns (one job per process) and both succeed.
+    import threading
+    results = [None, None]
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = mt.train(dict(flags, nproc=2, steps=2))
+        except Exception as e:  # noqa: BLE001
+            results[i] = e
+
+    before = os.fstat(2)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    checks.check(all(isinstance(x, list) and [y["loss"] for y in x] == [y["loss"] for y in rows2[:2]] for x in results),
+                 f"two threads training at once: {[x if not isinstance(x, list) else len(x) for x in results]}")
+    after = os.fstat(2)  # stderr is passed through a pipe while training: it must be the original again
+    checks.check((after.st_dev, after.st_ino) == (before.st_dev, before.st_ino), "fd 2 is not stderr after train()")
     print(f"train(): {STEPS} steps, loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; CLI rows and weights equal")
     return saved_py
 
