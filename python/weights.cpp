@@ -41,8 +41,8 @@ pb::dict load_weights(const std::string& path) {
 
 std::map<std::string, std::string> read_metadata(const std::string& path) { return SafetensorsReader(path).metadata(); }
 
-// Any mapping of name -> array-like (NumPy arrays, torch tensors via __array__, nested lists), converted to
-// C-contiguous float32; metadata values may be numbers (written as their str()).
+// A dict (a torch state_dict, an OrderedDict, too) of name -> array-like (NumPy arrays, CPU torch tensors via
+// __array__, nested lists), converted to C-contiguous float32; metadata values may be numbers (written as str()).
 void save_weights(const std::string& path, const pb::dict& weights, const pb::object& metadata) {
   SafetensorsWriter w;
   std::vector<FloatArray> keep;  // the writer reads the data at write()
