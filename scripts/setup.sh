@@ -5,7 +5,8 @@
 #   bash scripts/setup.sh test   the above and what the tests and benchmarks add: GoogleTest, Google
 #                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
 #                                independent reference), Node.js and npm (the reference GPT-2 encoders),
-#                                Chromium (headless: the browser test of meshtrain report's page)
+#                                Chromium (headless: the browser test of meshtrain report's page),
+#                                pybind11 and Python's headers (the Python module)
 # No argument means test (everything). Idempotent: packages already present are not touched and apt is not
 # even called. Run as root (or with sudo available).
 set -euo pipefail
@@ -25,6 +26,7 @@ TEST_PKGS=(
   libgtest-dev googletest  # unit tests
   libbenchmark-dev         # micro-benchmarks
   python3-torch python3-numpy # independent reference for parity tests and benchmarks
+  pybind11-dev python3-dev # the Python module `import meshtrain` (python/) and its test
   nodejs npm               # reference GPT-2 encoders (npm packages) for the tokenizer test and bench
   chromium                 # headless browser for tests/report/test_report_browser.py
 )
