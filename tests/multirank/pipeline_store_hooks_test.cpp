@@ -121,7 +121,7 @@ uint64_t one_step(const mt::parallel::Mesh& mesh, int zero, int m) {
   mt::trace::ChromeTrace tracer;
   auto sync = mt::train::make_grad_sync(o, mesh, store, params, &tracer);
   const uint64_t sent0 = mesh.dp()->counters().total_sent();
-  sync->begin_step();
+  sync->begin_step(0);
   const mt::train::StepHooks hooks = sync->hooks();
   hooks.accumulate(m);
   HookedStage runner(params, hooks.params, zero, r, j);
