@@ -169,7 +169,7 @@ void run_tied(mt::train::SyncMethod method, const std::string& spec) {
     mt::trace::ChromeTrace tracer;
     auto sync = mt::train::make_grad_sync(o, mesh, store, params, &tracer);
     for (int64_t step = 0; step < 3; step++) {
-      sync->begin_step();
+      sync->begin_step(step);
       for (mt::nn::Param& p : params.params())
         for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(1 + i + 10 * d + 100 * j + step);
       sync->reduce(step);
