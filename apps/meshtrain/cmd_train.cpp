@@ -5,6 +5,7 @@
 #include <span>
 
 #include "apps/meshtrain/commands.h"
+#include "parallel/pipeline/schedule.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -189,7 +190,10 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
                 "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "
                 "entries summing to n_layer; default: balanced by estimated cost)")
       ->delimiter(',');
-  add_enum_option(s, "--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved", false);
+  // The names are the schedule registry's; TrainConfig::validate checks the value against it.
+  s->add_option(
+      "--schedule", c.schedule,
+      "pipeline schedule: " + pipeline::schedule_names_joined(" | ") + " (default " + pipeline::kDefaultSchedule + ")");
   s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
 }
 
