@@ -14,7 +14,10 @@ namespace {
 
 // The model, its shape and its data.
 void add_model_flags(CLI::App* s, train::TrainConfig& c) {
-  add_enum_option(s, "--model", c.model, "gpt | mlp", true);
+  std::string models;  // the model registry's rows (train/model_registry.cpp)
+  for (const auto& v : train::flag_values(train::ModelKind{}))
+    models += (models.empty() ? "" : " | ") + std::string(v.name);
+  add_enum_option(s, "--model", c.model, models, true);
   s->add_option("--init", c.init, "safetensors weights to start from (Hugging Face GPT-2 names)");
   s->add_option("--data", c.data, "GPT: llm.c token shard (.bin); MLP: IDX images");
   s->add_option("--labels", c.labels, "MLP: IDX labels for --data");
