@@ -34,7 +34,7 @@ namespace {
 
 struct BenchPipelineArgs {
   int stages = 4, virtual_stages = 2, steps = 4;
-  std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved"};
+  std::vector<std::string> schedules = pipeline::schedule_names();  // every registered generator
   std::vector<int> micro_batches;  // default: p and 2p
   double forward_ms = 20, backward_ratio = 2, activation_kb = 1024, comm_timeout = 120;
 };

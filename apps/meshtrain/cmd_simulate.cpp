@@ -136,7 +136,7 @@ void add_simulate_command(CLI::App& app) {
       "simulate", "replay a pipeline schedule under a cost model: utilization, bubble, swimlane SVG");
   a->spec.name.clear();
   a->spec.stages = a->spec.micro_batches = 0;
-  sub->add_option("--schedule", a->spec.name, "gpipe | 1f1b | interleaved");
+  sub->add_option("--schedule", a->spec.name, pipeline::schedule_names_joined(" | "));
   sub->add_option("--stages", a->spec.stages, "p: pipeline stages (ranks)")->check(kPositiveInt);
   sub->add_option("--micro-batches", a->spec.micro_batches, "m: micro-batches per step")->check(kPositiveInt);
   sub->add_option("--virtual-stages", a->spec.virtual_stages,

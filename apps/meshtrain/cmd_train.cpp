@@ -10,6 +10,7 @@
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/config_file.h"
 #include "core/fs.h"
+#include "parallel/pipeline/schedule.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -18,7 +19,10 @@ namespace {
 
 // The model, its shape and its data.
 void add_model_flags(CLI::App* s, train::TrainConfig& c) {
-  add_enum_option(s, "--model", c.model, "gpt | mlp", true);
+  std::string models;  // the model registry's rows (train/model_registry.cpp)
+  for (const auto& v : train::flag_values(train::ModelKind{}))
+    models += (models.empty() ? "" : " | ") + std::string(v.name);
+  add_enum_option(s, "--model", c.model, models, true);
   s->add_option("--init", c.init, "safetensors weights to start from (Hugging Face GPT-2 names)");
   s->add_option("--data", c.data, "GPT: llm.c token shard (.bin); MLP: IDX images");
   s->add_option("--labels", c.labels, "MLP: IDX labels for --data");
@@ -204,7 +208,10 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
                 "blocks per pipeline stage, e.g. 2,3,3 (pp x virtual-stages "
                 "entries summing to n_layer; default: balanced by estimated cost)")
       ->delimiter(',');
-  add_enum_option(s, "--schedule", c.schedule, "pipeline schedule: gpipe | 1f1b (default) | interleaved", false);
+  // The names are the schedule registry's; TrainConfig::validate checks the value against it.
+  s->add_option(
+      "--schedule", c.schedule,
+      "pipeline schedule: " + pipeline::schedule_names_joined(" | ") + " (default " + pipeline::kDefaultSchedule + ")");
   s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
 }
 

@@ -29,6 +29,12 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 }  // namespace
 
 std::string step_name(int64_t step) {
@@ -40,7 +46,7 @@ std::string step_name(int64_t step) {
 std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
                             const float* flat_params, const NamedFlat& flat_states,
                             const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
-                            int keep) {
+                            int keep, const std::vector<NamedTensor>& factored_states) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_REQUIRE(Error, !ec, "cannot create checkpoint directory ", dir, ": ", ec.message());
@@ -56,6 +62,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Para
     for (auto& [sname, buf] : flat_states) {
       for (const nn::Param& p : params.params()) w.add_f32(sname + "/" + p.name, p.full_shape, buf + p.offset);
     }
+    for (const NamedTensor& t : factored_states) w.add_f32(t.name, t.shape, t.data);  // a repeated name throws
     w.write((tmp / "optimizer.safetensors").string());
     write_file_atomic((tmp / "state.json").string(), state.dump(2) + "\n");
     fsync_dir(tmp);
@@ -230,7 +237,7 @@ std::string resolve_checkpoint(const std::string& dir, std::string* note) {
 }
 
 nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
-                               const NamedFlatOut& flat_states) {
+                               const NamedFlatOut& flat_states, const std::vector<NamedTensorOut>& factored_states) {
   const fs::path p(path);
   nlohmann::json state;
   const std::string state_path = (p / "state.json").string();
@@ -266,6 +273,14 @@ nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry&
                      " elements, expected ", prm.numel);
       ost.read_f32(n, buf + prm.offset, (int64_t)prm.numel);
     }
+  }
+  for (const NamedTensorOut& f : factored_states) {
+    const TensorInfo* t = ost.find(f.name);
+    MT_CHECK_INPUT(t, ost.path(), ": no optimizer tensor ", f.name, " (was the checkpoint written with another",
+                   " --optimizer or model?)");
+    MT_CHECK_INPUT(t->shape == f.shape, ost.path(), ": optimizer tensor ", f.name, " has shape ", shape_str(t->shape),
+                   ", the optimizer declares ", shape_str(f.shape));
+    ost.read_f32(f.name, f.data, t->numel());
   }
   return state;
 }

@@ -27,12 +27,24 @@ namespace mt::checkpoint {
 // so a checkpoint resumes under any data-parallel degree or ZeRO stage.
 using NamedFlat = std::vector<std::pair<std::string, const float*>>;
 using NamedFlatOut = std::vector<std::pair<std::string, float*>>;
+// Factored optimizer state (optim/state_store.h: any non-flat buffer, e.g. a row mean per tensor): one tensor of
+// the optimizer file each, under its declared name and shape, beside the flat buffers' per-parameter tensors.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+struct NamedTensorOut {
+  std::string name;
+  std::vector<int64_t> shape;  // what the optimizer declared; the file's tensor must have it
+  float* data = nullptr;
+};
 
 // Returns the path of the checkpoint written.
 std::string save_checkpoint(const std::string& dir, int64_t step, const nn::ParamRegistry& params,
                             const float* flat_params, const NamedFlat& flat_states,
                             const std::map<std::string, std::string>& model_metadata, const nlohmann::json& state,
-                            int keep);
+                            int keep, const std::vector<NamedTensor>& factored_states = {});
 
 // Read-only check before a run writes into `dir`: it must not hold another run's checkpoints (step_N
 // directories or `latest`), which pruning could mix with this run's (and delete). A fresh run calls it
@@ -65,9 +77,11 @@ std::string resolve_checkpoint(const std::string& dir, std::string* note = nullp
 // Points DIR/latest at the checkpoint directory `name` (atomically).
 void set_latest(const std::string& dir, const std::string& name);
 
-// Loads weights and optimizer state into full flat buffers (shapes must match) and returns state.json.
+// Loads weights and optimizer state into full flat buffers (shapes must match) and the factored state by name
+// (each must be in the file with its declared shape), and returns state.json.
 // A state.json whose step disagrees with its step_N directory name is an InputError naming both.
 nlohmann::json load_checkpoint(const std::string& path, const nn::ParamRegistry& params, float* flat_params,
-                               const NamedFlatOut& flat_states);
+                               const NamedFlatOut& flat_states,
+                               const std::vector<NamedTensorOut>& factored_states = {});
 
 }  // namespace mt::checkpoint

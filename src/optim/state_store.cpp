@@ -27,4 +27,11 @@ std::vector<size_t> StateStore::flat() const {
   return out;
 }
 
+std::vector<size_t> StateStore::factored() const {
+  std::vector<size_t> out;
+  for (size_t k = 0; k < buffers_.size(); k++)
+    if (!buffers_[k].flat) out.push_back(k);
+  return out;
+}
+
 }  // namespace mt::optim

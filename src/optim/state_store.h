@@ -1,7 +1,8 @@
 // The optimizer's state behind one interface: buffers declared by name and shape. A flat buffer holds one
 // float per parameter element this rank updates, indexed like the gradients (segments' state offsets): what
 // ZeRO shards and checkpoints gather into whole tensors. Any other shape (Adafactor's row and column means)
-// is a factored buffer, which the optimizer indexes itself and which files do not hold yet. Checkpoints
+// is a factored buffer, which the optimizer indexes itself and which files hold once, under its declared name and
+// shape (train/consolidate.h says which rank's copy). Checkpoints
 // (train/consolidate.h), the summary's memory figures and Local SGD's state averaging reach the state
 // through the store, never through an optimizer's members; a tier behind it (offload) is the store's
 // business.
@@ -36,6 +37,10 @@ class StateStore {
   size_t bytes() const;
   // The flat buffers' indices in declaration order (what checkpoints hold, and their order in files).
   std::vector<size_t> flat() const;
+  // The factored buffers' indices in declaration order. A factored buffer's name says what it holds: ranks that
+  // declare the same name hold the same values (whole-tensor statistics, reduced over the groups that split the
+  // tensor before the update), so files keep one copy; a per-shard buffer takes a per-shard name.
+  std::vector<size_t> factored() const;
 
  private:
   std::deque<Buffer> buffers_;  // deque: a buffer stays where it is as more are declared

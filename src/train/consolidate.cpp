@@ -1,6 +1,8 @@
 #include "train/consolidate.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 #include "parallel/async/param_server.h"
@@ -97,6 +99,96 @@ void StateConsolidator::to_whole(const float* local, std::vector<float>& whole) 
     if (c) c->all_reduce(whole.data(), whole.data(), whole.size(), comm::DType::f32, comm::ReduceOp::sum);
 }
 
+// ---- Factored optimizer state. ----
+
+namespace {
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= (size_t)d;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s;
+}
+
+// One line per buffer, "name\tdim,dim\n": what a member tells the others it holds.
+std::string name_list(const std::vector<FactoredState>& states) {
+  std::string out;
+  for (const FactoredState& f : states) {
+    MT_ASSERT(f.name.find_first_of("\t\n") == std::string::npos, "factored state name with a tab or newline: ", f.name);
+    out += f.name + "\t" + shape_text(f.shape) + "\n";
+  }
+  return out;
+}
+
+// The (name, shape) lines of name_list, in order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parse_name_list(const char* text, size_t len) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  const std::string all(text, len);
+  size_t at = 0;
+  while (at < all.size()) {
+    const size_t tab = all.find('\t', at), end = all.find('\n', at);
+    MT_ASSERT(tab < end && end != std::string::npos, "malformed factored state list from a peer");
+    std::vector<int64_t> shape;
+    for (size_t d = tab + 1; d < end;) {
+      const size_t comma = std::min(all.find(',', d), end);
+      shape.push_back(std::stoll(all.substr(d, comma - d)));
+      d = comma + 1;
+    }
+    out.push_back({all.substr(at, tab - at), std::move(shape)});
+    at = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void union_factored(comm::Communicator* group, std::vector<FactoredState>& states) {
+  std::sort(states.begin(), states.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (!group || group->size() == 1) return;
+  // 1. Every member's name list, padded to the longest (lengths as floats: exact below 2^24 bytes).
+  const int n = group->size();
+  std::string mine = name_list(states);
+  MT_ASSERT(mine.size() < (1u << 24), "factored state names take ", mine.size(), " bytes");
+  const float my_len = (float)mine.size();
+  std::vector<float> lens((size_t)n);
+  group->all_gather(&my_len, lens.data(), (size_t)n, comm::DType::f32);
+  const size_t width = (size_t)*std::max_element(lens.begin(), lens.end());
+  if (width == 0) return;  // no member holds any (every optimizer so far)
+  mine.resize(width, '\0');
+  std::vector<char> lists(width * (size_t)n);
+  group->all_gather(mine.data(), lists.data(), lists.size(), comm::DType::u8);
+  // 2. Each name's owner: the lowest member declaring it; the others must declare the same shape.
+  std::map<std::string, std::pair<int, std::vector<int64_t>>> owner;
+  for (int r = 0; r < n; r++) {
+    for (auto& [name, shape] : parse_name_list(&lists[width * (size_t)r], (size_t)lens[(size_t)r])) {
+      auto [it, fresh] = owner.try_emplace(name, r, shape);
+      MT_CHECK_INPUT(fresh || it->second.second == shape, "factored optimizer state ", name, " has shape [",
+                     shape_text(it->second.second), "] on rank ", it->second.first, " of group ", group->name(),
+                     " but [", shape_text(shape), "] on rank ", r, ": one name must mean one buffer");
+    }
+  }
+  // 3. Each buffer from its owner, in name order on every member.
+  std::vector<FactoredState> out;
+  size_t k = 0;  // states is sorted by name, as owner is
+  for (auto& [name, o] : owner) {
+    while (k < states.size() && states[k].name < name) k++;
+    const bool have = k < states.size() && states[k].name == name;
+    FactoredState f{name, o.second, have ? std::move(states[k].data) : std::vector<float>(numel_of(o.second))};
+    if (!f.data.empty()) group->broadcast(f.data.data(), f.data.size(), comm::DType::f32, o.first);
+    out.push_back(std::move(f));
+  }
+  states = std::move(out);
+}
+
+void StateConsolidator::factored_to_whole(std::vector<FactoredState>& states) const {
+  for (comm::Communicator* c : {replica_, experts_}) union_factored(c, states);
+}
+
 // ---- Both. ----
 
 void Consolidation::gather_params(std::vector<float>& whole) {
@@ -119,6 +211,22 @@ void Consolidation::gather_states(std::vector<std::pair<std::string, std::vector
 std::vector<std::string> Consolidation::state_names() const {
   std::vector<std::string> out;
   for (size_t k : opt_.state().flat()) out.push_back(opt_.state().at(k).name);
+  return out;
+}
+
+void Consolidation::gather_factored(std::vector<FactoredState>& out) {
+  optim::StateStore& st = opt_.state();
+  out.clear();
+  for (size_t k : st.factored())
+    out.push_back({st.at(k).name, st.at(k).shape, std::vector<float>(st.data(k), st.data(k) + st.size(k))});
+  union_factored(source_.factored_group(), out);
+  whole_.factored_to_whole(out);
+}
+
+std::vector<checkpoint::NamedTensorOut> Consolidation::factored_targets() {
+  optim::StateStore& st = opt_.state();
+  std::vector<checkpoint::NamedTensorOut> out;
+  for (size_t k : st.factored()) out.push_back({st.at(k).name, st.at(k).shape, st.data(k)});
   return out;
 }
 

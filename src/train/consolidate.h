@@ -13,9 +13,19 @@
 //      ranks of an ep run: each contributes its experts, only ep rank 0 the other tensors, and the sum goes
 //      on over the ep group, so the file is the same whatever the ep degree.
 //
+//   3. Factored optimizer state (optim/state_store.h: a buffer of any other shape, per tensor, such as a row
+//      mean): not split by the layout. Ranks declaring the same name hold the same values (whole-tensor
+//      statistics), so the file keeps one copy, named and shaped as declared, taken from the lowest rank of
+//      the group that declares it: union_factored over the source's group (the world under a parameter
+//      server, whose servers each update a slice; none otherwise: dp ranks hold copies), then the replica
+//      group (tp x pp: each stage's tensors), then the ep group. On resume each rank reads the names it
+//      declares.
+//
 // Cost of a gather: ZeRO all-gathers Psi floats per dp rank (per expert-replica rank for experts), then one
 // all-reduce of the whole model (4 x full size bytes) over the replica group (and one more over the ep
-// group with local experts). A scatter is local (every rank reads the whole file).
+// group with local experts); factored state adds per group an all-gather of one float per rank, and when
+// any rank has some, an all-gather of the name lists and one broadcast per buffer. A scatter is local
+// (every rank reads the whole file).
 #pragma once
 
 #include <functional>
@@ -24,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
@@ -45,6 +56,9 @@ class FlatSource {
   // Local: this rank keeps its part of flat.
   virtual void load_params(const float* flat) = 0;
   virtual void load_state(const float* flat, float* shard_state) = 0;
+  // The group whose members hold different factored state (stage 3 above); null: every member of the data-
+  // parallel group holds the same.
+  virtual comm::Communicator* factored_group() { return nullptr; }
 };
 
 // ZeRO 0-3 (and no data parallelism) through the engine.
@@ -61,6 +75,7 @@ class PsSource : public FlatSource {
   void gather_state(const float* shard_state, std::vector<float>& flat) override;
   void load_params(const float* flat) override;
   void load_state(const float* flat, float* shard_state) override;
+  comm::Communicator* factored_group() override { return &world_; }
 
  private:
   void from_servers(const float* slice, std::vector<float>& flat);
@@ -71,6 +86,18 @@ class PsSource : public FlatSource {
   size_t offset_ = 0, count_ = 0;
   std::shared_ptr<parallel::PsServer> server_;
 };
+
+// A factored optimizer state buffer, whole as declared (shape row-major, data its product of floats).
+struct FactoredState {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Collective over group (nothing when null or alone): on return every member holds, sorted by name, every
+// factored buffer some member held, each as the lowest such rank has it. Two members declaring one name with
+// different shapes is an InputError naming the buffer, both shapes, both ranks and the group.
+void union_factored(comm::Communicator* group, std::vector<FactoredState>& states);
 
 // Which of its tensors a rank contributes to the whole model, besides what each tensor's replica facts say
 // (nn::Replicas::saved: one copy of each tp-replicated or tied tensor).
@@ -94,6 +121,8 @@ class StateConsolidator {
   void extract(const float* whole, float* local) const;
   // Collective over the replica group (then the ep group): whole = the sum of every member's contribution.
   void to_whole(const float* local, std::vector<float>& whole) const;
+  // Collective over the replica group, then the ep group: union_factored over each.
+  void factored_to_whole(std::vector<FactoredState>& states) const;
 
  private:
   const nn::ParamRegistry& local_;
@@ -115,8 +144,12 @@ class Consolidation {
   // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named).
   void gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out);
   std::vector<std::string> state_names() const;
+  // Every factored state buffer of the model once, sorted by name (collective over the layout: stage 3 above).
+  void gather_factored(std::vector<FactoredState>& out);
   // Every rank: loads its part of whole parameters and state buffers (the order of opt.state().flat()).
   void load(const float* params, const std::vector<std::vector<float>>& states);
+  // Where a resume reads this rank's factored state: each buffer the optimizer declared, by name and shape.
+  std::vector<checkpoint::NamedTensorOut> factored_targets();
 
  private:
   StateConsolidator whole_;

@@ -49,7 +49,7 @@ BatchLayout::BatchLayout(const TrainConfig& cfg, int dp_ranks) : B_(cfg.batch_si
                    mbs > 0 ? "--micro-batch-size" : "--batch-size / --dp", " x --seq-len ", cfg.seq_len,
                    ") over --tp ", tp, ": they must be divisible");
   }
-  spec_ = {cfg.schedule == ScheduleKind::unset ? "1f1b" : flag_name(cfg.schedule), cfg.pp, micro_count(), cfg.virtual_stages};
+  spec_ = {cfg.schedule.empty() ? pipeline::kDefaultSchedule : cfg.schedule, cfg.pp, micro_count(), cfg.virtual_stages};
   if (cfg.pp > 1) pipeline::validate(spec_);
 }
 

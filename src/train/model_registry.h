@@ -23,6 +23,7 @@ struct TaskGroups {
 
 struct ModelEntry {
   ModelKind kind;
+  const char* name;   // the --model spelling (flag_values(ModelKind) lists the rows')
   const char* items;  // what one item of the throughput is: "tokens", "examples"
   bool has_router;    // MoE blocks possible (--moe-every, --experts, --ep and the routing flags apply)
   std::unique_ptr<TrainTask> (*make)(const TrainConfig& cfg, const BatchLayout& layout, const TaskGroups& groups);

@@ -129,7 +129,7 @@ int64_t Checkpointer::resume() {
   std::vector<std::vector<float>> states(names.size(), std::vector<float>(full.size()));
   checkpoint::NamedFlatOut outs;
   for (size_t k = 0; k < names.size(); k++) outs.push_back({names[k], states[k].data()});
-  nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs);
+  nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs, state_.factored_targets());
   state_.load(whole.data(), states);
   const int64_t start = st["step"].get<int64_t>();
   const std::string model = flag_name(cfg_.model), optimizer = flag_name(cfg_.optimizer);
@@ -185,6 +185,8 @@ void Checkpointer::save(int64_t next_step) {
   state_.gather_params(whole_);
   std::vector<std::pair<std::string, std::vector<float>>> states;
   state_.gather_states(states);
+  std::vector<FactoredState> factored;
+  state_.gather_factored(factored);
   if (!mesh_.lead()) {  // the lead writes; every rank knows what, so all give the same advice on divergence
     written_.push_back(
         {next_step, (std::filesystem::path(cfg_.checkpoint_dir) / checkpoint::step_name(next_step)).string()});
@@ -205,8 +207,10 @@ void Checkpointer::save(int64_t next_step) {
                        {"rng", {{"seed", cfg_.seed}, {"counter", 0}}}};
   if (!cfg_.labels.empty()) st["labels"] = cfg_.labels;
   st.update(run_identity());
-  std::string path = checkpoint::save_checkpoint(cfg_.checkpoint_dir, next_step, state_.layout().full(),
-                                                 whole_.data(), named, metadata_, st, cfg_.keep_checkpoints);
+  std::vector<checkpoint::NamedTensor> tensors;
+  for (const FactoredState& f : factored) tensors.push_back({f.name, f.shape, f.data.data()});
+  std::string path = checkpoint::save_checkpoint(cfg_.checkpoint_dir, next_step, state_.layout().full(), whole_.data(),
+                                                 named, metadata_, st, cfg_.keep_checkpoints, tensors);
   written_.push_back({next_step, path});
 }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "parallel/compress/spec.h"
 #include "parallel/mesh/grid.h"
+#include "parallel/pipeline/schedule.h"
 #include "train/layout.h"
 #include "train/train_config.h"
 
@@ -114,7 +115,9 @@ void check_layout(const TrainConfig& c) {
                  ", got ", c.nproc);
   MT_CHECK_INPUT(c.tp >= 1, "--tp must be >= 1, got ", c.tp);
   MT_CHECK_INPUT(c.pp >= 1, "--pp must be >= 1, got ", c.pp);
-  MT_CHECK_INPUT(c.schedule == ScheduleKind::unset || c.pp > 1, "--schedule ", flag_name(c.schedule), " needs --pp > 1");
+  MT_CHECK_INPUT(c.schedule.empty() || pipeline::has_schedule(c.schedule), "--schedule must be one of ",
+                 pipeline::schedule_names_joined(), "; got '", c.schedule, "'");
+  MT_CHECK_INPUT(c.schedule.empty() || c.pp > 1, "--schedule ", c.schedule, " needs --pp > 1");
   MT_CHECK_INPUT(c.stage_layers.empty() || c.pp > 1, "--stage-layers needs --pp > 1");
   MT_CHECK_INPUT(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
   if (c.pp > 1) {

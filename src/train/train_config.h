@@ -16,7 +16,8 @@ namespace mt::train {
 
 // Flags whose value is one of a few names hold an enum: the CLI maps the name once (apps/meshtrain
 // add_enum_option), and flag_name() gives it back for messages, checkpoints and the summary. A value outside the
-// table (AsyncMode::off, ScheduleKind::unset) is the flag not given and has no spelling.
+// table (AsyncMode::off) is the flag not given and has no spelling. --schedule is not among them: its names are
+// the pipeline schedule registry's (parallel/pipeline/schedules/registry.cpp), so a new schedule needs no edit here.
 // --straggler RANK:MS, parsed once at the CLI: that rank (or Hogwild worker) sleeps MS ms in every step.
 struct Straggler {
   int rank = -1, ms = 0;  // rank -1: none
@@ -33,14 +34,12 @@ enum class OptimizerKind { adamw, sgd };
 enum class AsyncMode { off, ps, hogwild };
 enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
 enum class GradCommDtype { f32, bf16 };
-enum class ScheduleKind { unset, gpipe, one_f_one_b, interleaved };  // unset: 1f1b with --pp > 1
 
 template <class E>
 struct FlagValue {
   const char* name;
   E value;
 };
-inline constexpr FlagValue<ModelKind> kModelValues[] = {{"gpt", ModelKind::gpt}, {"mlp", ModelKind::mlp}};
 inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {{"adamw", OptimizerKind::adamw},
                                                                 {"sgd", OptimizerKind::sgd}};
 inline constexpr FlagValue<AsyncMode> kAsyncValues[] = {{"ps", AsyncMode::ps}, {"hogwild", AsyncMode::hogwild}};
@@ -49,16 +48,14 @@ inline constexpr FlagValue<BackendKind> kBackendValues[] = {
 inline constexpr FlagValue<GradCommDtype> kGradCommDtypeValues[] = {{"f32", GradCommDtype::f32},
                                                                     {"bf16", GradCommDtype::bf16}};
 inline constexpr FlagValue<Precision> kPrecisionValues[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
-inline constexpr FlagValue<ScheduleKind> kScheduleValues[] = {
-    {"gpipe", ScheduleKind::gpipe}, {"1f1b", ScheduleKind::one_f_one_b}, {"interleaved", ScheduleKind::interleaved}};
 inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
                                                                       {"random", nn::SecondPolicy::random}};
-constexpr std::span<const FlagValue<ModelKind>> flag_values(ModelKind) { return kModelValues; }
+// --model's spellings are the model registry's rows (train/model_registry.cpp): a new model is one row there.
+std::span<const FlagValue<ModelKind>> flag_values(ModelKind);
 constexpr std::span<const FlagValue<OptimizerKind>> flag_values(OptimizerKind) { return kOptimizerValues; }
 constexpr std::span<const FlagValue<AsyncMode>> flag_values(AsyncMode) { return kAsyncValues; }
 constexpr std::span<const FlagValue<BackendKind>> flag_values(BackendKind) { return kBackendValues; }
 constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) { return kGradCommDtypeValues; }
-constexpr std::span<const FlagValue<ScheduleKind>> flag_values(ScheduleKind) { return kScheduleValues; }
 constexpr std::span<const FlagValue<Precision>> flag_values(Precision) { return kPrecisionValues; }
 constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
 
@@ -128,7 +125,7 @@ struct TrainConfig {
 
   // Parallel layout. dp = 0: all ranks are data-parallel (world / (tp * pp)).
   int nproc = 1, dp = 0, tp = 1, pp = 1, zero = 0;
-  ScheduleKind schedule = ScheduleKind::unset;
+  std::string schedule;  // a registered schedule generator's name; "": not given (pipeline::kDefaultSchedule)
   int virtual_stages = 1;
   std::vector<int> stage_layers;  // blocks per global stage (--stage-layers 2,3,3); empty: balanced by cost
   BackendKind backend = BackendKind::automatic;

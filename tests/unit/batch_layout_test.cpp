@@ -12,12 +12,11 @@
 
 using mt::train::BatchLayout;
 using mt::train::BatchShare;
-using mt::train::ScheduleKind;
 using mt::train::TrainConfig;
 
 namespace {
 
-TrainConfig config(int B, int mbs, int pp = 1, ScheduleKind schedule = ScheduleKind::unset, int V = 1) {
+TrainConfig config(int B, int mbs, int pp = 1, const std::string& schedule = "", int V = 1) {
   TrainConfig c;
   c.batch_size = B;
   c.micro_batch_size = mbs;
@@ -88,7 +87,7 @@ TEST(BatchLayout, WrittenOutCases) {
   EXPECT_EQ(b.micro_size(), 4);
   EXPECT_EQ(b.micro_count(), 1);
 
-  const BatchLayout c(config(16, 1, 4, ScheduleKind::interleaved, 2), 2);  // 8 micro-batches of 1 over 4 stages x 2 chunks
+  const BatchLayout c(config(16, 1, 4, "interleaved", 2), 2);  // 8 micro-batches of 1 over 4 stages x 2 chunks
   EXPECT_TRUE(c.pipelined());
   EXPECT_EQ(c.schedule().name, "interleaved");
   EXPECT_EQ(c.schedule().stages, 4);
@@ -118,9 +117,13 @@ TEST(BatchLayout, ErrorsNameTheFlags) {
             std::string::npos);
   EXPECT_NE(error_of(config(8, -1), 1).find("--micro-batch-size must be >= 0, got -1"), std::string::npos);
   // interleaved: m % p == 0 (m = 8 / 1 / 2 = 4 micro-batches over 3 stages)
-  EXPECT_NE(error_of(config(8, 2, 3, ScheduleKind::interleaved, 2), 1), "(no error)");
-  // An unknown --schedule no longer reaches the layout: the CLI maps the name to ScheduleKind and rejects it
-  // (tests/cli/bad_input_test.cpp, BadInput.ModeFlagsNameTheirChoices).
+  EXPECT_NE(error_of(config(8, 2, 3, "interleaved", 2), 1), "(no error)");
+  // An unknown schedule name: TrainConfig::validate rejects it first (TrainConfigSchedule below); a layout built
+  // without validate still refuses it, listing the registry's names.
+  EXPECT_NE(error_of(config(8, 2, 2, "zero-bubble"), 1)
+                .find("unknown pipeline schedule 'zero-bubble'; choose one "
+                      "of gpipe, 1f1b, interleaved"),
+            std::string::npos);
   TrainConfig sp = config(4, 1);
   sp.sequence_parallel = true;
   sp.tp = 3;

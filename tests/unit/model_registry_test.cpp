@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "data/idx.h"
 
@@ -14,7 +15,15 @@ namespace {
 using namespace mt::train;
 
 TEST(ModelRegistry, EveryModelFlagValueHasItsRow) {
-  for (const auto& v : kModelValues) EXPECT_EQ(model_entry(v.value).kind, v.value) << v.name;
+  // --model's spellings are the rows' names, one per row.
+  std::vector<std::string> names;
+  for (const auto& v : flag_values(ModelKind{})) {
+    EXPECT_EQ(model_entry(v.value).kind, v.value) << v.name;
+    EXPECT_STREQ(model_entry(v.value).name, v.name);
+    names.push_back(v.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"gpt", "mlp"}));
+  EXPECT_STREQ(flag_name(ModelKind::mlp), "mlp");
   EXPECT_STREQ(model_entry(ModelKind::gpt).items, "tokens");
   EXPECT_STREQ(model_entry(ModelKind::mlp).items, "examples");
   EXPECT_TRUE(model_entry(ModelKind::gpt).has_router);

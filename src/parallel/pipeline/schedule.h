@@ -104,8 +104,11 @@ struct Schedule {
   size_t size() const { return lists.size(); }
 };
 
+// The schedule a pipeline runs when none is named (train --schedule not given).
+inline constexpr const char* kDefaultSchedule = "1f1b";
+
 struct ScheduleSpec {
-  std::string name = "1f1b";  // a generator's name (schedule_names())
+  std::string name = kDefaultSchedule;  // a generator's name (schedule_names())
   int stages = 1;             // p: pipeline ranks
   int micro_batches = 1;      // m
   int virtual_stages = 1;     // V: chunks per rank
@@ -113,6 +116,10 @@ struct ScheduleSpec {
 
 // Generators the registry holds, for help texts and error messages: "gpipe, 1f1b, interleaved".
 const std::vector<std::string>& schedule_names();
+// The same joined by sep, for a flag's help and an unknown name's message.
+std::string schedule_names_joined(const std::string& sep = ", ");
+// Whether the registry holds a generator called name (what a flag checks before any work starts).
+bool has_schedule(const std::string& name);
 
 // Throws mt::InputError naming the flag values when the spec is not one make_schedule can build: an unknown
 // name (the message lists the known ones), p, m, V < 1, or what the generator refuses.

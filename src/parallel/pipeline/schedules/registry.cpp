@@ -31,12 +31,21 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+std::string schedule_names_joined(const std::string& sep) {
+  std::string known;
+  for (const std::string& n : schedule_names()) known += (known.empty() ? "" : sep) + n;
+  return known;
+}
+
+bool has_schedule(const std::string& name) {
+  const std::vector<std::string>& names = schedule_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 const ScheduleGenerator& find_schedule(const std::string& name) {
   for (const auto& g : registry())
     if (name == g->name()) return *g;
-  std::string known;
-  for (const std::string& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
-  throw InputError(str("unknown pipeline schedule '", name, "'; choose one of ", known));
+  throw InputError(str("unknown pipeline schedule '", name, "'; choose one of ", schedule_names_joined()));
 }
 
 }  // namespace mt::pipeline

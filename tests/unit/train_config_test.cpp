@@ -1,0 +1,89 @@
+// TrainConfig::validate, the --schedule part: the accepted names are the schedule registry's
+// (parallel/pipeline/schedules/registry.cpp), not a list in train_config, so a generator added to the registry is
+// accepted with no edit there; an unknown name lists the registered ones; the default is kDefaultSchedule.
+#include "train/train_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "parallel/pipeline/schedule.h"
+#include "train/layout.h"
+
+using mt::train::BatchLayout;
+using mt::train::TrainConfig;
+
+namespace {
+
+// A two-stage pipeline with 4 micro-batches (interleaved's m % p == 0 holds), V chunks per rank.
+TrainConfig pipeline_config(const std::string& schedule, int pp = 2, int V = 1) {
+  TrainConfig c;
+  c.data = "unused.bin";  // validate checks only that it is given
+  c.gpt.n_layer = 4;
+  c.batch_size = 8;
+  c.micro_batch_size = 2;
+  c.nproc = pp;
+  c.pp = pp;
+  c.schedule = schedule;
+  c.virtual_stages = V;
+  return c;
+}
+
+std::string error_of(const TrainConfig& c, int world) {
+  try {
+    c.validate(world);
+  } catch (const mt::InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The generator's own verdict on the spec the layout builds (p = 2, m = 4).
+std::string generator_error(const std::string& name, int V) {
+  try {
+    mt::pipeline::validate({name, 2, 4, V});
+  } catch (const mt::InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The flag adds nothing to the registry: a name is accepted exactly where its generator accepts the spec, and
+// every generator accepts one or two chunks per rank.
+TEST(TrainConfigSchedule, EveryRegisteredNameIsAccepted) {
+  ASSERT_FALSE(mt::pipeline::schedule_names().empty());
+  for (const std::string& name : mt::pipeline::schedule_names()) {
+    int accepted = 0;
+    for (int V : {1, 2}) {
+      const TrainConfig c = pipeline_config(name, 2, V);
+      EXPECT_EQ(error_of(c, 2), generator_error(name, V)) << name << " V=" << V;
+      if (error_of(c, 2) != "(no error)") continue;
+      accepted++;
+      EXPECT_EQ(BatchLayout(c, 1).schedule().name, name);
+    }
+    EXPECT_GE(accepted, 1) << name;
+  }
+}
+
+TEST(TrainConfigSchedule, UnknownNameListsTheRegistry) {
+  const std::string e = error_of(pipeline_config("zero-bubble"), 2);
+  EXPECT_NE(e.find("--schedule must be one of " + mt::pipeline::schedule_names_joined() + "; got 'zero-bubble'"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("gpipe, 1f1b, interleaved"), std::string::npos) << e;
+  // Checked before the pipeline degree, so the message is about the name even without --pp.
+  EXPECT_NE(error_of(pipeline_config("nosuch", 1), 1).find("got 'nosuch'"), std::string::npos);
+}
+
+TEST(TrainConfigSchedule, DefaultAndNeedsPipeline) {
+  EXPECT_EQ(BatchLayout(pipeline_config(""), 1).schedule().name, "1f1b");
+  EXPECT_EQ(std::string(mt::pipeline::kDefaultSchedule), "1f1b");
+  EXPECT_EQ(error_of(pipeline_config(""), 2), "(no error)");
+  TrainConfig one = pipeline_config("gpipe", 1);
+  EXPECT_NE(error_of(one, 1).find("--schedule gpipe needs --pp > 1"), std::string::npos) << error_of(one, 1);
+  one.schedule.clear();
+  EXPECT_EQ(error_of(one, 1), "(no error)");
+}
+
+}  // namespace
