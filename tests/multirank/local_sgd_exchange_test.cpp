@@ -43,7 +43,7 @@ TEST(LocalSgdExchange, WarmupExactThenLocalStepsThenAveraged) {
         });
         const bool want_synced[3] = {true, false, true};
         for (int64_t s = 0; s < 3; s++) {
-          sync->begin_step();
+          sync->begin_step(s);
           for (mt::nn::Param& p : params.params())
             for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(r + 1 + (int64_t)i + s);
           sync->reduce(s);
