@@ -130,12 +130,13 @@ TEST(Precision, ProductOnlyInputsAreKeptInBf16) {
     std::vector<std::string> extra;
     double saved;  // bytes
   };
-  const double scratch = N * C * 4;
+  // Per block: ln1, ln2 (C each), qkv (3C), atty (C) and gelu(fch) (4C) halved, their local widths under tp; less
+  // the block's float32 scratch for them, N x max(C, local 3C) floats.
   const std::vector<Case> cases = {
-      {{}, L * (2 * C + C + 4 * C) * N * 2 - scratch},
-      {{"--nproc", "2", "--tp", "2"}, L * (2 * C + C / 2 + 4 * C / 2) * N * 2 - scratch},
-      // tp 2 + SP: ln1, ln2 stay float32 (gathered), atty and gelu(fch) halved
-      {{"--nproc", "2", "--tp", "2", "--sequence-parallel"}, L * (C / 2 + 4 * C / 2) * N * 2 - scratch},
+      {{}, L * (2 * C + 3 * C + C + 4 * C) * N * 2 - N * 3 * C * 4},
+      {{"--nproc", "2", "--tp", "2"}, L * (2 * C + (3 * C + C + 4 * C) / 2) * N * 2 - N * C * 1.5 * 4},
+      // tp 2 + SP: ln1, ln2 stay float32 (gathered); qkv, atty and gelu(fch) halved
+      {{"--nproc", "2", "--tp", "2", "--sequence-parallel"}, L * ((3 * C + C + 4 * C) / 2) * N * 2 - N * C * 1.5 * 4},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.extra.empty() ? std::string("single") : c.extra.back());
