@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages meshtrain needs, by profile:
-#   bash scripts/setup.sh run    building and running (the demo): compiler, CMake, oneDNN, CLI11, toml++, JSON, ICU,
-#                                OpenMPI, fortunes
+#   bash scripts/setup.sh run    building and running on one machine (the demo): compiler, CMake, oneDNN, CLI11,
+#                                toml++, JSON, ICU, fortunes
+#   bash scripts/setup.sh mpi    the above and OpenMPI (the multi-host backend and mpirun)
 #   bash scripts/setup.sh test   the above and what the tests and benchmarks add: GoogleTest, Google
 #                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
 #                                independent reference), Node.js and npm (the reference GPT-2 encoders),
@@ -18,8 +19,10 @@ RUN_PKGS=(
   libtomlplusplus-dev      # TOML run configuration files (meshtrain train --config)
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
   libicu-dev               # Unicode classes for GPT-2's tokenizer (src/data/unicode_class.cpp)
-  libopenmpi-dev openmpi-bin  # multi-host backend and mpirun
   fortunes                 # a real English text corpus for the demo
+)
+MPI_PKGS=(
+  libopenmpi-dev openmpi-bin  # multi-host backend and mpirun (optional: without it, shared memory only)
 )
 TEST_PKGS=(
   libopenblas-dev          # CBLAS for matrix products (the -DMESHTRAIN_BLAS=openblas backend)
@@ -33,8 +36,10 @@ TEST_PKGS=(
 
 case "${1:-test}" in
   run) PKGS=("${RUN_PKGS[@]}") ;;
-  test) PKGS=("${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
-  *) echo "setup.sh: unknown profile '$1'; use run (build and run) or test (also tests and benchmarks)" >&2; exit 2 ;;
+  mpi) PKGS=("${RUN_PKGS[@]}" "${MPI_PKGS[@]}") ;;
+  test) PKGS=("${RUN_PKGS[@]}" "${MPI_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+  *) echo "setup.sh: unknown profile '$1'; use run (build and run), mpi (and OpenMPI) or test (also tests and" \
+       "benchmarks)" >&2; exit 2 ;;
 esac
 
 missing=()
