@@ -160,6 +160,26 @@ std::string pipeline_of(const RunData& r) {
   return o;
 }
 
+// One MoE block's expert_fraction per step from the rows' "moe" arrays: a line per expert, so a collapse onto a
+// few experts shows when it started.
+LineChart expert_load_over_steps(const RunData& r, const nlohmann::json& layer, const std::string& block) {
+  LineChart c{
+      "expert_load_steps", "Expert load per step, " + block + ": " + r.name, "step", "admitted fraction", {}, true};
+  for (const nlohmann::json& row : r.rows) {
+    if (!row.contains("moe") || !row["moe"].is_array()) continue;
+    for (const nlohmann::json& l : row["moe"]) {
+      if (!l.is_object() || l.value("layer", nlohmann::json()) != layer) continue;
+      const auto frac = l.value("expert_fraction", std::vector<double>{});
+      if (c.series.size() < frac.size()) c.series.resize(frac.size());
+      for (size_t e = 0; e < frac.size(); e++) {
+        c.series[e].name = "expert " + std::to_string(e);
+        c.series[e].points.push_back({row["step"].get<double>(), frac[e]});
+      }
+    }
+  }
+  return c;
+}
+
 std::string experts_of(const RunData& r) {
   const nlohmann::json layers = summary_at(r, "moe", "layers");
   if (!layers.is_array()) return "";
@@ -185,6 +205,8 @@ std::string experts_of(const RunData& r) {
            {e < first.size() ? json_text(l["first_choice_fraction"][e]) : "-", "first_choice_fraction", r.name}});
     }
     o += "<figure>" + bar_chart_svg(c) + "</figure>\n";
+    const LineChart steps = expert_load_over_steps(r, l.value("layer", nlohmann::json()), block);
+    if (!steps.series.empty()) o += "<figure>" + line_chart_svg(steps) + "</figure>\n";
   }
   o += "</div>\n" + html_table("experts", {"", "admitted fraction", "first-choice fraction"}, rows);
   return o;

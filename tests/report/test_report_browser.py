@@ -125,10 +125,10 @@ class Browser:
 PAGE_FACTS = r"""(() => {
   const out = {lines: {}, bars: {}, swimlanes: {}, cells: {}, chartsWithoutMarks: []};
   for (const svg of document.querySelectorAll('svg.line-chart')) {
-    const id = svg.dataset.chart, per = {};
+    const id = svg.dataset.chart;  // charts of one id (a block's expert load per run) add up
+    const per = (out.lines[id] || {dots: {}}).dots;
     for (const c of svg.querySelectorAll('circle.pt')) per[c.dataset.run] = (per[c.dataset.run] || 0) + 1;
-    out.lines[id] = {dots: per, paths: svg.querySelectorAll('path.line').length,
-                     noData: svg.querySelectorAll('.no-data').length};
+    out.lines[id] = {dots: per};
     const box = svg.getBoundingClientRect();
     if (box.width < 100 || box.height < 100) out.chartsWithoutMarks.push(id + ' not laid out');
   }
@@ -269,6 +269,11 @@ def check_page(check: Check, browser: Browser, html: str, runs: dict[str, str], 
             check(facts["bars"].get("expert_load") is not None and
                   [b for b in facts["bars"]["expert_load"]][-len(layers):] == want,
                   f"{tag}: {name} expert load bars {facts['bars'].get('expert_load')} == 2 x experts per block {want}")
+            # Per step: one line per expert of each block, a dot per row (the rows' "moe" entries).
+            experts = len(layers[0]["expert_fraction"])
+            dots = facts["lines"].get("expert_load_steps", {}).get("dots", {})
+            want = {f"expert {e}": len(rows) * len(layers) for e in range(experts)}
+            check(dots == want, f"{tag}: {name} expert load per step: dots per expert {dots} == {want}")
             flat = [x for l in layers for x in l["expert_fraction"]]
             check([float(x) for x in cell(name, "expert_fraction")] == flat,
                   f"{tag}: {name} expert fractions shown == summary {flat}")
