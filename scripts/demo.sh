@@ -28,7 +28,7 @@ tail -c "$val" "$OUT/corpus.txt" > "$OUT/val.txt"
 
 "$MT" train --model gpt --data "$OUT/train.bin" --val-data "$OUT/val.bin" \
   --n-layer 4 --n-head 4 --n-embd 192 --vocab-size 256 --n-positions 128 \
-  --batch-size 16 --seq-len 128 --steps "${DEMO_STEPS:-1000}" \
+  --batch-size 16 --seq-len 128 --steps "${DEMO_STEPS:-500}" \
   --lr 2e-3 --min-lr 2e-4 --warmup-steps 50 --weight-decay 0.1 --grad-clip 1.0 \
   --nproc "${DEMO_NPROC:-$(nproc)}" --threads 1 --zero 1 \
   --eval-every 100 --eval-batches 8 --log-every 25 \
