@@ -53,66 +53,69 @@ namespace detail {
 
 namespace {
 
-// This thread's float32 copies of an emulated product's operands: A as fill_a writes it (rounded, or widened
-// from bf16), B rounded to bf16; both packed contiguous (A stored [ar, ac], B [br, bc]). One pair of buffers per
-// thread, grown and never shrunk, shared by the four entry points below.
+// This thread's float32 copies of an emulated product's operands, both packed contiguous: a float32 operand
+// rounded to bf16, a bf16 one widened (exact). One pair of buffers per thread, grown and never shrunk, shared by
+// every entry point below.
 std::pair<AlignedBuffer, AlignedBuffer>& thread_buffers() {
   thread_local std::pair<AlignedBuffer, AlignedBuffer> ab;
   return ab;
 }
 
-template <class FillA>
-std::pair<const float*, const float*> operands(int ar, int ac, FillA fill_a, const float* B, int br, int bc, int ldb) {
+void copy_rounded(const float* src, int rows, int cols, int ld, float* dst) { pack_rounded(src, rows, cols, ld, dst); }
+void copy_rounded(const uint16_t* src, int rows, int cols, int ld, float* dst) { widen(src, rows, cols, ld, dst); }
+
+// A stored [ar, ac] and B stored [br, bc] (row strides lda, ldb) as their float32 copies.
+template <class TA, class TB>
+std::pair<const float*, const float*> operands(const TA* A, int ar, int ac, int lda, const TB* B, int br, int bc,
+                                               int ldb) {
   auto& [a, b] = thread_buffers();
   float* a32 = grow(a, (size_t)ar * ac);
-  float* b16 = grow(b, (size_t)br * bc);
-  fill_a(a32);
-  pack_rounded(B, br, bc, ldb, b16);
-  return {a32, b16};
+  float* b32 = grow(b, (size_t)br * bc);
+  copy_rounded(A, ar, ac, lda, a32);
+  copy_rounded(B, br, bc, ldb, b32);
+  return {a32, b32};
+}
+
+// Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
+template <class TA, class TB>
+void emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const TA* A, int lda, const TB* B, int ldb,
+              float beta, float* C, int ldc) {
+  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+  auto [a32, b32] = operands(A, ar, ac, lda, B, br, bc, ldb);
+  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b32, bc, beta, C, ldc, Precision::fp32);
+}
+
+template <class TA>
+void emulated_bias(int M, int N, int K, const TA* A, const float* B, const float* bias, float* C, bool accumulate) {
+  auto [a32, b32] = operands(A, M, K, K, B, K, N, N);
+  gemm_bias(M, N, K, a32, b32, bias, C, accumulate, Precision::fp32);
 }
 
 }  // namespace
 
-// Stored shapes: A is [M,K], or [K,M] when transposed; B is [K,N], or [N,K].
 void gemm_bf16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc) {
-  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  auto [a32, b16] = operands(
-      ar, ac, [&](float* d) { pack_rounded(A, ar, ac, lda, d); }, B, br, bc, ldb);
-  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
+  emulated(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_bias_bf16_emulated(int M, int N, int K, const float* A, const float* B, const float* bias, float* C,
                              bool accumulate) {
-  auto [a32, b16] = operands(
-      M, K, [&](float* d) { pack_rounded(A, M, K, K, d); }, B, K, N, N);
-  gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
+  emulated_bias(M, N, K, A, B, bias, C, accumulate);
 }
 
 void gemm_a16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc) {
-  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  auto [a32, b16] = operands(
-      ar, ac, [&](float* d) { widen(A16, ar, ac, lda, d); }, B, br, bc, ldb);
-  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b16, bc, beta, C, ldc, Precision::fp32);
+  emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
                       const uint16_t* B16, int ldb, float beta, float* C, int ldc) {
-  const int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-  auto& [a, b] = thread_buffers();
-  float* a32 = grow(a, (size_t)ar * ac);
-  float* b32 = grow(b, (size_t)br * bc);
-  widen(A16, ar, ac, lda, a32);
-  widen(B16, br, bc, ldb, b32);
-  gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b32, bc, beta, C, ldc, Precision::fp32);
+  emulated(trans_a, trans_b, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
 }
 
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate) {
-  auto [a32, b16] = operands(
-      M, K, [&](float* d) { widen(A16, M, K, K, d); }, B, K, N, N);
-  gemm_bias(M, N, K, a32, b16, bias, C, accumulate, Precision::fp32);
+  emulated_bias(M, N, K, A16, B, bias, C, accumulate);
 }
 
 }  // namespace detail
