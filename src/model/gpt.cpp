@@ -131,12 +131,16 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
       lp.fcproj_w = &params.add(h + "mlp.c_proj.weight", {4 * C, C}, row(4 * Cs), g);
       lp.fcproj_b = &params.add(h + "mlp.c_proj.bias", {C}, {}, g);
     }
+    for (nn::Param* w : {lp.qkv_w, lp.attproj_w, lp.fc_w, lp.fcproj_w})
+      if (w) w->products = true, w->read_f32 = false;
     layers_[l] = lp;
   }
   if (last_stage()) {
     lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
     lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
     if (!first_stage()) wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
+    wte_->products = true;              // the tied logits
+    wte_->read_f32 = first_stage();     // the lookup
   }
 }
 
@@ -174,65 +178,69 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   // Residual-stream tensors (x, res2, res3 and the LayerNorm outputs) have Nr rows: all N, or this rank's
   // N / S under sequence parallelism, where the LayerNorm output is all-gathered before the column-parallel
   // product and the row-parallel product is reduce-scattered instead of all-reduced.
-  // Inputs that backward reads only through products (ln1, qkv, atty, ln2 of a dense block, fch_gelu) are kept
-  // in bf16 under --precision bf16 (the products round them anyway: the same bits, half the bytes, no repacking
-  // in backward): written in float32 to one scratch, then rounded into the store. Not the LayerNorm outputs
-  // under SP, which are all-gathered in float32, nor an MoE block's ln2, which its experts copy.
-  const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
+  // Inputs that backward reads only through products (ln1, qkv, atty, ln2, fch_gelu) are kept in bf16 under
+  // --precision bf16 (the products round them anyway: the same bits, half the bytes, no repacking in backward):
+  // written in float32 to one scratch, then rounded into the store. Under SP the LayerNorm outputs are kept as
+  // this rank's rows and all-gathered in bf16 (half the bytes); an MoE block's ln2 is read in backward only by
+  // the router's product (its forward still routes and dispatches from the float32 rows in the scratch).
+  const bool bf16 = prec_ == Precision::bf16;
   float* tmp = bf16 ? store.get(kScratchMb, "bf16_src", (size_t)N * std::max(C, 3 * Cs)) : nullptr;
   auto kept = [&](const char* name, int rows, int cols) {
     uint16_t* h = store.get_bf16(smb, key(slot, name), (size_t)rows * cols);
     pack_bf16(tmp, rows, cols, cols, h);
     return h;
   };
-  float* ln1 = keep_ln1 ? tmp : store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
+  float* ln1 = bf16 ? tmp : store.get(smb, key(slot, "ln1"), (size_t)Nr * C);
   float* ln1_mean = store.get(smb, key(slot, "ln1_mean"), Nr);
   float* ln1_rstd = store.get(smb, key(slot, "ln1_rstd"), Nr);
   float* qkv = bf16 ? tmp : store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs);
   float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
   float* atty = bf16 ? tmp : store.get(smb, key(slot, "atty"), (size_t)N * Cs);
   float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
-  float* ln2 = keep_ln2 ? tmp : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+  float* ln2 = bf16 ? tmp : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
   float* ln2_mean = store.get(smb, key(slot, "ln2_mean"), Nr);
   float* ln2_rstd = store.get(smb, key(slot, "ln2_rstd"), Nr);
   nn::layernorm_forward(ln1, ln1_mean, ln1_rstd, x, p.ln1_w->data, p.ln1_b->data, Nr, C);
   float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
   float* partial = sp_scratch(store, "sp_full", (size_t)N * C);
-  if (keep_ln1)
-    nn::column_parallel_linear_forward(rows_, qkv, kept("ln1_16", N, C), p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs);
+  uint16_t* gathered16 = bf16 && sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr;
+  if (bf16)
+    nn::column_parallel_linear_forward(rows_, gathered16, qkv, kept("ln1_16", Nr, C), p.qkv_w->weight(), p.qkv_b->data,
+                                       N, C, 3 * Cs);
   else
-    nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->data, p.qkv_b->data, N, C, 3 * Cs, prec_);
-  if (bf16)  // ln1's float32 in tmp is spent (rounded above, or not there under SP): qkv's scratch now
+    nn::column_parallel_linear_forward(rows_, gathered, qkv, ln1, p.qkv_w->weight(), p.qkv_b->data, N, C, 3 * Cs, prec_);
+  if (bf16)  // ln1's float32 in tmp is spent (rounded above): qkv's scratch now
     nn::attention_forward(atty, att, kept("qkv16", N, 3 * Cs), B, T, Cs, Hs);
   else
     nn::attention_forward(atty, att, qkv, B, T, Cs, Hs, prec_);
   if (bf16)
-    nn::row_parallel_linear_forward(rows_, partial, res2, kept("atty16", N, Cs), p.attproj_w->data, p.attproj_b->data,
+    nn::row_parallel_linear_forward(rows_, partial, res2, kept("atty16", N, Cs), p.attproj_w->weight(), p.attproj_b->data,
                                     x, N, Cs, C);
   else
-    nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->data, p.attproj_b->data, x, N, Cs, C,
+    nn::row_parallel_linear_forward(rows_, partial, res2, atty, p.attproj_w->weight(), p.attproj_b->data, x, N, Cs, C,
                                     prec_);
   nn::layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.ln2_w->data, p.ln2_b->data, Nr, C);
+  const uint16_t* ln2_16 = bf16 ? kept("ln2_16", Nr, C) : nullptr;
   if (moe_[l]) {
     moe_forward(store, smb, l, ln2, res2, res3, B, T, mb);
     return;
   }
   float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
-  if (keep_ln2)
-    nn::column_parallel_linear_forward(rows_, fch, kept("ln2_16", N, C), p.fc_w->data, p.fc_b->data, N, C, 4 * Cs);
+  if (bf16)
+    nn::column_parallel_linear_forward(rows_, gathered16, fch, ln2_16, p.fc_w->weight(), p.fc_b->data, N, C, 4 * Cs);
   else
-    nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->data, p.fc_b->data, N, C, 4 * Cs, prec_);
+    nn::column_parallel_linear_forward(rows_, gathered, fch, ln2, p.fc_w->weight(), p.fc_b->data, N, C, 4 * Cs, prec_);
   if (bf16) {
     // Only fcproj's products read gelu(fch) (gelu_backward reads fch): kept as the bf16 they round it to.
     uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
     nn::gelu_forward_bf16(fch_gelu16, fch, (size_t)N * 4 * Cs);
-    nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu16, p.fcproj_w->data, p.fcproj_b->data, res2, N,
+    nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu16, p.fcproj_w->weight(), p.fcproj_b->data, res2, N,
                                     4 * Cs, C);
     return;
   }
   float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
   nn::gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cs);
-  nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->data, p.fcproj_b->data, res2, N, 4 * Cs,
+  nn::row_parallel_linear_forward(rows_, partial, res3, fch_gelu, p.fcproj_w->weight(), p.fcproj_b->data, res2, N, 4 * Cs,
                                   C, prec_);
 }
 
@@ -267,15 +275,18 @@ void Gpt::moe_forward(nn::ActivationStore& store, int smb, int l, const float* l
 }
 
 // dln (this rank's rows) = d MoE / d ln2 given dres_all (all N rows of the block output's gradient).
-void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* dres_all,
-                       float* dln, int B, int T, int mb) {
+void Gpt::moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const uint16_t* ln2_16,
+                       uint16_t* gathered16, const float* dres_all, float* dln, int B, int T, int mb) {
   const int C = cfg_.n_embd, N = B * T, Nr = rows_here(N);
   nn::MoeMlp& m = *moe_[l];
   const MoePosition& pos = store.object<MoePosition>(mb, "moe_pos");
   const float Ng = (float)group_tokens(moe_opt_.group_windows, B, T);
-  const float* x = gather_rows(store, ln2, N, C);
   float* dx = sp_ ? store.get(kScratchMb, "moe_dfull", (size_t)N * C) : dln;
-  m.backward(store, smb, x, dres_all, dx, N, moe_opt_.aux_alpha * Ng * pos.dscale, moe_opt_.z_beta * pos.dscale);
+  const float aux = moe_opt_.aux_alpha * Ng * pos.dscale, z = moe_opt_.z_beta * pos.dscale;
+  if (ln2_16)
+    m.backward(store, smb, rows_.gather(ln2_16, gathered16, N, C), dres_all, dx, N, aux, z);
+  else
+    m.backward(store, smb, gather_rows(store, ln2, N, C), dres_all, dx, N, aux, z);
   if (sp_) std::memcpy(dln, dx + (size_t)tp_->rank() * Nr * C, sizeof(float) * Nr * C);
 }
 
@@ -346,7 +357,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
-    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->data, N,
+    nn::vocab_parallel_logits_forward(rows_, sp_scratch(store, "sp_gather", (size_t)N * C), logits, lnf, wte_->weight(), N,
                                       C, Vl, prec_);
     loss = S == 1 ? nn::softmax_cross_entropy(logits, targets, N, Vl, dscale, nullptr)
                   : nn::vocab_parallel_cross_entropy(*tp_, logits, targets, N, v0_, v1_, dscale);
@@ -394,7 +405,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->data, N, C, Vl,
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->weight(), N, C, Vl,
                                      prec_);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) hk.before_backward(L + 1);
@@ -423,12 +434,14 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
       block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T, mb);
       if (moe_[l]) moe_[l]->set_recording(true);
     }
-    // As block_forward keeps them: ln1, qkv, atty and a dense block's ln2 in bf16 under --precision bf16 (SP: not
-    // the LayerNorm outputs).
-    const bool bf16 = prec_ == Precision::bf16, keep_ln1 = bf16 && !sp_, keep_ln2 = keep_ln1 && !moe_[l];
+    // As block_forward keeps them: ln1, qkv, atty, ln2 and fch_gelu in bf16 under --precision bf16 (the LayerNorm
+    // outputs as this rank's rows under SP, gathered in bf16 for the products).
+    const bool bf16 = prec_ == Precision::bf16;
     const float* att = store.get(smb, key(slot, "att"), (size_t)B * Hs * T * T);
     const float* res2 = store.get(smb, key(slot, "res2"), (size_t)Nr * C);
-    const float* ln2 = keep_ln2 ? nullptr : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+    const float* ln2 = bf16 ? nullptr : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
+    const uint16_t* ln2_16 = bf16 ? store.get_bf16(smb, key(slot, "ln2_16"), (size_t)Nr * C) : nullptr;
+    uint16_t* gathered16 = bf16 && sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr;
     if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
     // Under SP the LayerNorm parameters' gradients of this micro-batch go to dlnp first (summed over the group).
     const nn::GradOut d_ln2_w = sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
@@ -437,38 +450,37 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     const nn::GradOut d_ln1_b = sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
 
     if (moe_[l]) {
-      moe_backward(store, smb, l, ln2, dres_all(), dln, B, T, mb);
+      moe_backward(store, smb, l, ln2, ln2_16, gathered16, dres_all(), dln, B, T, mb);
     } else {
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
       if (prec_ == Precision::bf16) {
         const uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
         nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
-                                         fch_gelu16, p.fcproj_w->data, N, 4 * Cs, C);
+                                         fch_gelu16, p.fcproj_w->weight(), N, 4 * Cs, C);
       } else {
         const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
         nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
-                                         fch_gelu, p.fcproj_w->data, N, 4 * Cs, C, prec_);
+                                         fch_gelu, p.fcproj_w->weight(), N, 4 * Cs, C, prec_);
       }
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
-      if (keep_ln2)
-        nn::column_parallel_linear_backward(rows_, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
-                                            store.get_bf16(smb, key(slot, "ln2_16"), (size_t)N * C), p.fc_w->data, N, C,
-                                            4 * Cs);
+      if (bf16)
+        nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+                                            ln2_16, p.fc_w->weight(), N, C, 4 * Cs);
       else
         nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
-                                            ln2, p.fc_w->data, N, C, 4 * Cs, prec_);
+                                            ln2, p.fc_w->weight(), N, C, 4 * Cs, prec_);
     }
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
     if (bf16)
       nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
-                                       store.get_bf16(smb, key(slot, "atty16"), (size_t)N * Cs), p.attproj_w->data, N,
+                                       store.get_bf16(smb, key(slot, "atty16"), (size_t)N * Cs), p.attproj_w->weight(), N,
                                        Cs, C);
     else
       nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
-                                       store.get(smb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->data, N, Cs, C,
+                                       store.get(smb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->weight(), N, Cs, C,
                                        prec_);
     if (bf16)
       nn::attention_backward(dqkv, datty, store.get_bf16(smb, key(slot, "qkv16"), (size_t)N * 3 * Cs), att, B, T, Cs,
@@ -476,13 +488,13 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     else
       nn::attention_backward(dqkv, datty, store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs), att, B, T, Cs, Hs,
                              prec_);
-    if (keep_ln1)
-      nn::column_parallel_linear_backward(rows_, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
-                                          store.get_bf16(smb, key(slot, "ln1_16"), (size_t)N * C), p.qkv_w->data, N, C,
-                                          3 * Cs);
+    if (bf16)
+      nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+                                          store.get_bf16(smb, key(slot, "ln1_16"), (size_t)Nr * C), p.qkv_w->weight(), N,
+                                          C, 3 * Cs);
     else
       nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
-                                          store.get(smb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->data, N, C, 3 * Cs,
+                                          store.get(smb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->weight(), N, C, 3 * Cs,
                                           prec_);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
@@ -526,16 +538,16 @@ size_t Gpt::activation_bytes(int B, int T) const {
   const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
   // Under bf16 the inputs only products read are kept in bf16 (block_forward): half their floats.
   const bool bf16 = prec_ == Precision::bf16;
-  const size_t ln = bf16 && !sp_ ? Nr * C / 2 : Nr * C;  // one LayerNorm output
+  const size_t ln = bf16 ? Nr * C / 2 : Nr * C;  // one LayerNorm output
   const size_t mlp = N * Cs * (bf16 ? 4 + 2 : 4 + 4) /*fch fch_gelu*/;
   const size_t block = 2 * ln /*ln1 ln2*/ + Nr * C /*res2*/ + (bf16 ? N * Cs / 2 : N * Cs) /*atty*/ +
                        (bf16 ? N * Cs * 3 / 2 : N * Cs * 3) /*qkv*/ + mlp + (size_t)B * (cfg_.n_head / S) * T * T + 4 * Nr /*means, rstds*/;
   // An MoE block keeps, instead of fch and fch_gelu, the router logits and (with about k N admitted rows)
-  // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows; and its ln2 in float32.
+  // the experts' inputs, hidden pre- and post-GELU, outputs and the combined rows.
   const size_t A = N * (size_t)cfg_.moe_top_k, Hx = cfg_.moe_hidden();
   // Under bf16 the experts' inputs and GELU outputs are kept in bf16 (moe.cpp): half their floats.
   const size_t experts = bf16 ? A * (2 * C + C / 2 + Hx + Hx / 2) : A * (3 * C + 2 * Hx);
-  const size_t moe_block = block - mlp - ln + Nr * C + N * (size_t)cfg_.experts + experts;
+  const size_t moe_block = block - mlp + N * (size_t)cfg_.experts + experts;
   size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
   size_t biggest = 0;
   for (int l = begin_; l < end_; l++) {
@@ -545,6 +557,7 @@ size_t Gpt::activation_bytes(int B, int T) const {
   }
   if (recompute_) total += biggest;
   if (bf16) total += N * std::max(C, 3 * Cs);  // block_forward's float32 scratch for the kept inputs
+  if (bf16 && sp_) total += N * C / 2;         // and the bf16 all-gather of a kept LayerNorm output
   return total * sizeof(float);
 }
 

@@ -164,8 +164,9 @@ class Gpt {
                      int mb);
   void moe_forward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* res2, float* res3,
                    int B, int T, int mb);
-  void moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const float* dres_all, float* dln,
-                    int B, int T, int mb);
+  // ln2: this rank's rows in float32, or (--precision bf16) ln2_16 in bf16, gathered under SP into gathered16.
+  void moe_backward(nn::ActivationStore& store, int smb, int l, const float* ln2, const uint16_t* ln2_16,
+                    uint16_t* gathered16, const float* dres_all, float* dln, int B, int T, int mb);
   // A scratch buffer of the store under sequence parallelism (shared by all micro-batches), else null.
   float* sp_scratch(nn::ActivationStore& store, const char* name, size_t count);
   // All N rows of a row-split tensor (nn::TpRows::gather with its scratch from the store): the MoE input.

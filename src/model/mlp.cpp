@@ -43,6 +43,8 @@ Mlp::Mlp(const MlpConfig& cfg, nn::ParamRegistry& params) : cfg_(cfg), params_(p
   for (size_t i = 0; i + 1 < w.size(); i++) {
     std::string n = "fc" + std::to_string(i);
     w_.push_back(&params.add(n + ".weight", {w[i], w[i + 1]}, {}, (int)i));
+    w_.back()->products = true;
+    w_.back()->read_f32 = false;
     b_.push_back(&params.add(n + ".bias", {w[i + 1]}, {}, (int)i));
   }
 }
@@ -72,7 +74,7 @@ double Mlp::forward(nn::ActivationStore& store, int mb, const float* x, const in
   for (size_t i = 0; i < w_.size(); i++) {
     float* out = store.get(mb, act(i + 1), (size_t)N * w[i + 1]);
     hk.before_forward((int)i);
-    nn::linear_forward(out, a, w_[i]->data, b_[i]->data, N, w[i], w[i + 1], nullptr, prec_);
+    nn::linear_forward(out, a, w_[i]->weight(), b_[i]->data, N, w[i], w[i + 1], nullptr, prec_);
     hk.after_forward((int)i);
     if (i + 1 < w_.size()) nn::relu_forward(out, out, (size_t)N * w[i + 1]);
     a = out;
@@ -95,7 +97,7 @@ void Mlp::backward(nn::ActivationStore& store, int mb, int N, nn::ParamHooks* ho
   for (size_t i = L; i-- > 0;) {
     const float* in = store.get(mb, act(i), (size_t)N * w[i]);
     hk.before_backward((int)i);
-    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad_out(), b_[i]->grad_out(), g, in, w_[i]->data, N, w[i],
+    nn::linear_backward(i > 0 ? g2 : nullptr, w_[i]->grad_out(), b_[i]->grad_out(), g, in, w_[i]->weight(), N, w[i],
                         w[i + 1], false, prec_);
     hk.after_backward((int)i);
     if (i > 0) {

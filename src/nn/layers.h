@@ -14,24 +14,26 @@
 #include <cstdint>
 
 #include "nn/grad_out.h"
+#include "nn/weight.h"
 #include "tensor/blas.h"
 
 namespace mt::nn {
 
 // Linear in Conv1D layout: out[N,OC] = inp[N,C] W[C,OC] + b[OC] (+ residual[N,OC]). b and residual may be
-// null; residual may alias out. Fusing the residual add saves one pass and one [N,OC] buffer.
-void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
+// null; residual may alias out. Fusing the residual add saves one pass and one [N,OC] buffer. W: its float32
+// values and, under bf16, its bf16 mirror when the store keeps one (weight.h).
+void linear_forward(float* out, const float* inp, Weight W, const float* b, int N, int C, int OC,
                     const float* residual = nullptr, Precision prec = Precision::fp32);
 // dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] (+)= inp^T dout;
 // db[OC] (+)= column sums of dout (db may be null).
-void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, Weight W, int N,
                      int C, int OC, bool accumulate_dinp = false, Precision prec = Precision::fp32);
 // The same with the input kept in bf16 (inp16[N,C], rounded once in forward; --precision bf16 only): the input is
 // read only by products (out = inp W, dW = inp^T dout), which round it to bf16 anyway, so the results are those
 // of the float32 input under Precision::bf16, bit for bit, from half the memory and without repacking it.
-void linear_forward(float* out, const uint16_t* inp16, const float* W, const float* b, int N, int C, int OC,
+void linear_forward(float* out, const uint16_t* inp16, Weight W, const float* b, int N, int C, int OC,
                     const float* residual = nullptr);
-void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, const float* W,
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, Weight W,
                      int N, int C, int OC, bool accumulate_dinp = false);
 
 // Embedding lookup: out[N,C] (+)= table[ids[n], :]. Each id must be < rows of table (checked by callers

@@ -27,28 +27,37 @@ void product_bias(int M, int N, int K, const uint16_t* A, const float* B, const 
   gemm_bias_a16(M, N, K, A, B, b, C, acc);
 }
 
-template <class In>
-void forward(float* out, const In* inp, const float* W, const float* b, int N, int C, int OC, const float* residual,
-             Precision prec) {
-  // The bias is added by the GEMM kernel as it writes out; a residual is copied in first and summed onto.
-  if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
-  if (b) return product_bias(N, OC, C, inp, W, b, out, residual != nullptr, prec);
-  product(false, N, OC, C, inp, C, W, residual ? 1.0f : 0.0f, out, prec);
-}
-
 const uint16_t* as_bf16(const float* x, int rows, int cols) { return packed_bf16_scratch(1, x, rows, cols, cols); }
 const uint16_t* as_bf16(const uint16_t* x16, int, int) { return x16; }
 
 template <class In>
-void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const In* inp, const float* W, int N, int C,
+void forward(float* out, const In* inp, Weight W, const float* b, int N, int C, int OC, const float* residual,
+             Precision prec) {
+  // The bias is added by the GEMM kernel as it writes out; a residual is copied in first and summed onto.
+  if (residual && residual != out) std::memcpy(out, residual, sizeof(float) * N * OC);
+  if (prec == Precision::bf16 && W.b16) {  // the weight's mirror: no rounding pass over W
+    const uint16_t* x16 = as_bf16(inp, N, C);
+    if (b) return gemm_bias_16(N, OC, C, x16, W.b16, b, out, residual != nullptr);
+    return gemm_16(false, false, N, OC, C, 1.0f, x16, C, W.b16, OC, residual ? 1.0f : 0.0f, out, OC);
+  }
+  if (b) return product_bias(N, OC, C, inp, W.f32, b, out, residual != nullptr, prec);
+  product(false, N, OC, C, inp, C, W.f32, residual ? 1.0f : 0.0f, out, prec);
+}
+
+template <class In>
+void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const In* inp, Weight W, int N, int C,
               int OC, bool accumulate_dinp, Precision prec) {
   if (prec == Precision::bf16) {
     // dout feeds both products: rounded once here, not once per product (one pass over N x OC fewer).
     const uint16_t* d16 = packed_bf16_scratch(0, dout, N, OC, OC);
-    if (dinp) gemm_a16(false, true, N, C, OC, 1.0f, d16, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    const float beta = accumulate_dinp ? 1.0f : 0.0f;
+    if (dinp && W.b16)  // the weight's mirror: no rounding pass over W
+      gemm_16(false, true, N, C, OC, 1.0f, d16, OC, W.b16, OC, beta, dinp, C);
+    else if (dinp)
+      gemm_a16(false, true, N, C, OC, 1.0f, d16, OC, W.f32, OC, beta, dinp, C);
     gemm_16(true, false, C, OC, N, 1.0f, as_bf16(inp, N, C), C, d16, OC, dW.beta(), dW.data, OC);
   } else {
-    if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
+    if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W.f32, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
     product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
   }
   if (float* db = db_out.accumulator(OC)) {
@@ -62,20 +71,20 @@ void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const 
 
 }  // namespace
 
-void linear_forward(float* out, const float* inp, const float* W, const float* b, int N, int C, int OC,
+void linear_forward(float* out, const float* inp, Weight W, const float* b, int N, int C, int OC,
                     const float* residual, Precision prec) {
   forward(out, inp, W, b, N, C, OC, residual, prec);
 }
-void linear_forward(float* out, const uint16_t* inp, const float* W, const float* b, int N, int C, int OC,
+void linear_forward(float* out, const uint16_t* inp, Weight W, const float* b, int N, int C, int OC,
                     const float* residual) {
   forward(out, inp, W, b, N, C, OC, residual, Precision::bf16);
 }
 
-void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, const float* W, int N,
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, Weight W, int N,
                      int C, int OC, bool accumulate_dinp, Precision prec) {
   backward(dinp, dW, db, dout, inp, W, N, C, OC, accumulate_dinp, prec);
 }
-void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp, const float* W, int N,
+void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const uint16_t* inp, Weight W, int N,
                      int C, int OC, bool accumulate_dinp) {
   backward(dinp, dW, db, dout, inp, W, N, C, OC, accumulate_dinp, Precision::bf16);
 }

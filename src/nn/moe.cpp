@@ -28,10 +28,14 @@ MoeMlp::MoeMlp(const RouterConfig& rc, int layer, int C, int hidden, const std::
   e0_ = r * (rc.experts / P);
   e1_ = e0_ + rc.experts / P;
   router_ = &params.add(prefix + "router.weight", {C, rc.experts}, {}, group);
+  router_->products = true;
+  router_->read_f32 = false;
   for (int e = register_all ? 0 : e0_; e < (register_all ? rc.experts : e1_); e++) {
     const std::string n = prefix + "experts." + std::to_string(e) + ".";
     const Expert x{&params.add(n + "c_fc.weight", {C, hidden}, {}, group), &params.add(n + "c_fc.bias", {hidden}, {}, group),
                    &params.add(n + "c_proj.weight", {hidden, C}, {}, group), &params.add(n + "c_proj.bias", {C}, {}, group)};
+    x.fc_w->products = x.proj_w->products = true;
+    x.fc_w->read_f32 = x.proj_w->read_f32 = false;
     if (!register_all) x.fc_w->expert = x.fc_b->expert = x.proj_w->expert = x.proj_b->expert = true;
     if (e >= e0_ && e < e1_) local_.push_back(x);
   }
@@ -112,7 +116,7 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   State& st = store.object<State>(mb, prefix_ + "moe");
   // Router.
   float* logits = store.get(mb, prefix_ + "logits", (size_t)N * E);
-  linear_forward(logits, x, router_->data, nullptr, N, C_, E, nullptr, prec_);
+  linear_forward(logits, x, router_->weight(), nullptr, N, C_, E, nullptr, prec_);
   RouterDraws d = draws;
   d.layer = layer_;
   route(logits, N, rc_, d, st.routing);
@@ -169,13 +173,13 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
     if (n == 0) continue;
     const Expert& w = local_[le];
     if (bf16) {
-      linear_forward(h + row * H, xin16 + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr);
+      linear_forward(h + row * H, xin16 + row * C, w.fc_w->weight(), w.fc_b->data, (int)n, C_, H_, nullptr);
       gelu_forward_bf16(act16 + row * H, h + row * H, (size_t)n * H);
-      linear_forward(o + row * C, act16 + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr);
+      linear_forward(o + row * C, act16 + row * H, w.proj_w->weight(), w.proj_b->data, (int)n, H_, C_, nullptr);
     } else {
-      linear_forward(h + row * H, xin + row * C, w.fc_w->data, w.fc_b->data, (int)n, C_, H_, nullptr, prec_);
+      linear_forward(h + row * H, xin + row * C, w.fc_w->weight(), w.fc_b->data, (int)n, C_, H_, nullptr, prec_);
       gelu_forward(act + row * H, h + row * H, (size_t)n * H);
-      linear_forward(o + row * C, act + row * H, w.proj_w->data, w.proj_b->data, (int)n, H_, C_, nullptr, prec_);
+      linear_forward(o + row * C, act + row * H, w.proj_w->weight(), w.proj_b->data, (int)n, H_, C_, nullptr, prec_);
     }
     row += (size_t)n;
   }
@@ -209,6 +213,16 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
 
 void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const float* dy, float* dx, int N,
                       float aux_scale, float z_scale) {
+  backward_(store, mb, x, nullptr, dy, dx, N, aux_scale, z_scale);
+}
+
+void MoeMlp::backward(ActivationStore& store, int mb, const uint16_t* x16, const float* dy, float* dx, int N,
+                      float aux_scale, float z_scale) {
+  backward_(store, mb, nullptr, x16, dy, dx, N, aux_scale, z_scale);
+}
+
+void MoeMlp::backward_(ActivationStore& store, int mb, const float* x, const uint16_t* x16, const float* dy, float* dx,
+                       int N, float aux_scale, float z_scale) {
   const int E = rc_.experts, K = rc_.top_k, P = ep_size(), Le = e1_ - e0_;
   State& st = store.object<State>(mb, prefix_ + "moe");
   const Routing& R = st.routing;
@@ -246,17 +260,17 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
     float* dx_e = dxin.data() + row * C;
     const float* do_e = dout.data() + row * C;
     if (bf16)
-      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act16 + row * H, w.proj_w->data, (int)n,
+      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act16 + row * H, w.proj_w->weight(), (int)n,
                       H_, C_, false);
     else
-      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act + row * H, w.proj_w->data, (int)n,
+      linear_backward(dh_e, w.proj_w->grad_out(), w.proj_b->grad_out(), do_e, act + row * H, w.proj_w->weight(), (int)n,
                       H_, C_, false, prec_);
     gelu_backward(dh_e, h + row * H, dh_e, (size_t)n * H);
     if (bf16)
-      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin16 + row * C, w.fc_w->data, (int)n, C_,
+      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin16 + row * C, w.fc_w->weight(), (int)n, C_,
                       H_, false);
     else
-      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->data, (int)n, C_, H_,
+      linear_backward(dx_e, w.fc_w->grad_out(), w.fc_b->grad_out(), dh_e, xin + row * C, w.fc_w->weight(), (int)n, C_, H_,
                       false, prec_);
     row += (size_t)n;
   }
@@ -265,7 +279,10 @@ void MoeMlp::backward(ActivationStore& store, int mb, const float* x, const floa
   // Router, then the experts' input gradients on top.
   float* dlogits = store.get(mb, prefix_ + "logits", (size_t)N * E);  // logits are not needed any more
   route_backward(dlogits, R, dgate.data(), aux_scale, z_scale);
-  linear_backward(dx, router_->grad_out(), nullptr, dlogits, x, router_->data, N, C_, E, false, prec_);
+  if (x16)
+    linear_backward(dx, router_->grad_out(), nullptr, dlogits, x16, router_->weight(), N, C_, E, false);
+  else
+    linear_backward(dx, router_->grad_out(), nullptr, dlogits, x, router_->weight(), N, C_, E, false, prec_);
   for (int64_t a = 0; a < A; a++) {
     float* d = dx + (size_t)(st.order[a] / K) * C;
     const float* s = &dxs[a * C];

@@ -62,6 +62,10 @@ class MoeMlp {
   // z_scale: alpha / groups and beta / tokens of the global batch (nn/moe_router.h).
   void backward(ActivationStore& store, int mb, const float* x, const float* dy, float* dx, int N, float aux_scale,
                 float z_scale);
+  // The same with x kept in bf16 (--precision bf16): backward reads x only through the router's product, which
+  // rounds it anyway (the same bits, half the bytes kept).
+  void backward(ActivationStore& store, int mb, const uint16_t* x16, const float* dy, float* dx, int N,
+                float aux_scale, float z_scale);
 
   // What forward keeps for backward besides float buffers (in the store under (mb, prefix + "moe")).
   struct State {
@@ -98,6 +102,8 @@ class MoeMlp {
   void init_param(Param& p, uint64_t seed, int n_layer) const;
 
  private:
+  void backward_(ActivationStore& store, int mb, const float* x, const uint16_t* x16, const float* dy, float* dx, int N,
+                 float aux_scale, float z_scale);
   struct Expert {
     Param *fc_w, *fc_b, *proj_w, *proj_b;
   };

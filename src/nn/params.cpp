@@ -7,6 +7,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "tensor/bf16.h"
 
 namespace mt::nn {
 
@@ -65,6 +66,27 @@ void ParamRegistry::finalize(bool allocate_data, bool allocate_grad) {
   for (size_t i = params_.size(); i-- > 0;) group_first_[params_[i].group] = i;
   for (int g = num_groups(); g-- > 0;) group_first_[g] = std::min(group_first_[g], group_first_[g + 1]);
   finalized_ = true;
+}
+
+void ParamRegistry::enable_mirror() {
+  MT_ASSERT(finalized_ && data_.size() == total_, "enable_mirror needs the finalized flat parameter buffer");
+  if (std::none_of(params_.begin(), params_.end(), [](const Param& p) { return p.products; })) return;
+  mirror_.assign(total_, 0);
+  for (Param& p : params_) p.data16 = p.products ? mirror_.data() + p.offset : nullptr;
+  refresh_mirror();
+}
+
+void ParamRegistry::refresh_mirror(size_t begin, size_t count) {
+  if (mirror_.empty()) return;
+  const size_t end = count > total_ - begin ? total_ : begin + count;
+  for (Param& p : params_) {
+    if (!p.products || p.offset + p.numel <= begin || p.offset >= end || p.numel == 0) continue;
+    MT_ASSERT(p.offset >= begin && p.offset + p.numel <= end, "refresh_mirror: [", begin, ", ", end,
+              ") cuts tensor ", p.name);
+    // As rows of its last axis: pack_bf16 threads over rows when the tensor is large.
+    const int cols = (int)p.local_shape.back(), rows = (int)(p.numel / (size_t)cols);
+    pack_bf16(p.data, rows, cols, cols, mirror_.data() + p.offset);
+  }
 }
 
 void ParamRegistry::zero_grad() {

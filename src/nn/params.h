@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/grad_out.h"
+#include "nn/weight.h"
 #include "tensor/buffer.h"
 
 namespace mt::nn {
@@ -55,6 +56,17 @@ struct Param {
   Replicas replicas;
   float* data = nullptr;
   float* grad = nullptr;
+  // Read by the model's matrix products (set where the model declares it; a LayerNorm's weight, a bias or the
+  // position table are not). Under --precision bf16 the store then keeps a bf16 mirror of it, data16, which the
+  // products read instead of rounding data themselves (ParamRegistry::enable_mirror); null: no mirror.
+  bool products = false;
+  const uint16_t* data16 = nullptr;
+  // Read as float32 by something other than a product (a LayerNorm, a bias, the embedding lookup reading wte).
+  // False only for a weight that products alone read: ZeRO 3 with the mirror gathers such a tensor in bf16
+  // alone, and its data stays null while it is gathered (parallel/data/zero_stage.h).
+  bool read_f32 = true;
+  // What a product takes: the float32 values and the mirror (nn/weight.h).
+  Weight weight() const { return {data, data16}; }
   // The gradient holds no value yet this step (ParamRegistry::begin_grads): its first writer overwrites it.
   bool grad_fresh = false;
 
@@ -109,6 +121,16 @@ class ParamRegistry {
   bool check_grad_writes() const { return check_; }
   void set_check_grad_writes(bool on) { check_ = on; }
 
+  // The bf16 mirror of the tensors products read (Param::products), for --precision bf16. enable_mirror (after
+  // finalize, with the flat parameter buffer allocated) adds a bf16 buffer beside it and points each such
+  // tensor's data16 into it; refresh_mirror(begin, count) rounds the parameters of those tensors lying in flat
+  // range [begin, begin + count) (all by default; a range may not cut a tensor) into it. Keeping it current is
+  // its owner's job: the parameter store refreshes it after every change of the parameters (parallel/data).
+  // Cost: 2 bytes per element of those tensors, one rounding pass over them per refresh.
+  void enable_mirror();
+  bool mirrored() const { return !mirror_.empty(); }
+  void refresh_mirror(size_t begin = 0, size_t count = SIZE_MAX);
+
   // Initializers, drawn per element from the counter-based generator keyed by (seed, name, full index), so
   // any shard draws exactly its part of the full tensor.
   void init_normal(const std::string& name, uint64_t seed, float stddev);
@@ -119,6 +141,7 @@ class ParamRegistry {
   std::map<std::string, size_t> index_;
   std::vector<size_t> group_first_;  // group -> index of its first parameter (size num_groups() + 1)
   AlignedBuffer data_, grad_;
+  std::vector<uint16_t> mirror_;  // enable_mirror: bf16 copies, at the tensors' flat offsets
   size_t total_ = 0;
   bool finalized_ = false;
   bool check_;

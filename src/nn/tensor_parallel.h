@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mt::nn {
 
@@ -19,6 +20,9 @@ class TensorParallelOps {
   virtual void all_gather(const float* local, float* full, size_t count) = 0;
   // local = part r of the sum over the group of full[count].
   virtual void reduce_scatter(const float* full, float* local, size_t count) = 0;
+  // all_gather of bf16 values (an activation kept in bf16 under --precision bf16). This default widens them,
+  // gathers float32 and rounds back (exact: every value is a bf16); a communicator moves the 2 bytes instead.
+  virtual void all_gather_bf16(const uint16_t* local, uint16_t* full, size_t count);
 };
 
 }  // namespace mt::nn

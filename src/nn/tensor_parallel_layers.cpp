@@ -25,6 +25,20 @@ const float* TpRows::gather(const float* local, float* full, int N, int C) const
   return full;
 }
 
+const uint16_t* TpRows::gather(const uint16_t* local16, uint16_t* full16, int N, int C) const {
+  if (!sp_) return local16;
+  tp_->all_gather_bf16(local16, full16, (size_t)N * C);
+  return full16;
+}
+
+void TensorParallelOps::all_gather_bf16(const uint16_t* local, uint16_t* full, size_t count) {
+  const size_t part = count / size();
+  std::vector<float> mine(part), all(count);
+  for (size_t i = 0; i < part; i++) mine[i] = f32_from_bf16(local[i]);
+  all_gather(mine.data(), all.data(), count);
+  to_bf16(all.data(), full, count);
+}
+
 void TpRows::reduce(float* full, float* local, int N, int C) const {
   if (!sp_) {
     sum(full, (size_t)N * C);
@@ -68,13 +82,13 @@ void TpRows::sum_replicated(std::initializer_list<std::pair<Param*, const float*
   }
 }
 
-void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
+void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, Weight W,
                                     const float* b, int N, int Cin, int Cl, Precision prec) {
   linear_forward(out, rows.gather(inp, inp_full, N, Cin), W, b, N, Cin, Cl, nullptr, prec);
 }
 
 void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
-                                     GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
+                                     GradOut db, const float* dout, const float* inp, Weight W, int N, int Cin,
                                      int Cl, Precision prec) {
   // Each rank's dinp is the part of the input gradient flowing through its columns: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dinp_full : dinp;
@@ -82,17 +96,17 @@ void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float*
   rows.reduce(partial, dinp, N, Cin);
 }
 
-void column_parallel_linear_forward(const TpRows& rows, float* out, const uint16_t* inp16, const float* W,
-                                    const float* b, int N, int Cin, int Cl) {
-  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
-  linear_forward(out, inp16, W, b, N, Cin, Cl);
+void column_parallel_linear_forward(const TpRows& rows, uint16_t* inp_full16, float* out, const uint16_t* inp16,
+                                    Weight W, const float* b, int N, int Cin, int Cl) {
+  linear_forward(out, rows.gather(inp16, inp_full16, N, Cin), W, b, N, Cin, Cl);
 }
 
-void column_parallel_linear_backward(const TpRows& rows, float* dinp, GradOut dW, GradOut db, const float* dout,
-                                     const uint16_t* inp16, const float* W, int N, int Cin, int Cl) {
-  MT_ASSERT(!rows.sequence_parallel(), "a bf16-kept input of a column-parallel layer under sequence parallelism");
-  linear_backward(dinp, dW, db, dout, inp16, W, N, Cin, Cl, false);
-  rows.reduce(dinp, dinp, N, Cin);
+void column_parallel_linear_backward(const TpRows& rows, uint16_t* inp_full16, float* dinp_full, float* dinp,
+                                     GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, Weight W, int N,
+                                     int Cin, int Cl) {
+  float* partial = rows.sequence_parallel() ? dinp_full : dinp;
+  linear_backward(partial, dW, db, dout, rows.gather(inp16, inp_full16, N, Cin), W, N, Cin, Cl, false);
+  rows.reduce(partial, dinp, N, Cin);
 }
 
 void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks) {
@@ -118,7 +132,7 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
 namespace {
 
 // Precision of a layer input: as asked for float32, bf16 for an input kept in bf16.
-void row_forward(const TpRows& rows, float* partial, float* out, const auto* inp, const float* W, const float* b,
+void row_forward(const TpRows& rows, float* partial, float* out, const auto* inp, Weight W, const float* b,
                  const float* residual, int N, int Cin, int C, Precision prec) {
   auto linear = [&](float* o, const float* bb, const float* r) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*inp)>, uint16_t>)
@@ -144,44 +158,50 @@ void row_forward(const TpRows& rows, float* partial, float* out, const auto* inp
 }  // namespace
 
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
+                                  const float* dout, const float* inp, Weight W, int N, int Cin, int C,
                                   Precision prec) {
   linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp, W, N, Cin, C, false, prec);
 }
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const uint16_t* inp16, const float* W, int N, int Cin, int C) {
+                                  const float* dout, const uint16_t* inp16, Weight W, int N, int Cin, int C) {
   linear_backward(dinp, dW, db, rows.gather(dout, dout_full, N, C), inp16, W, N, Cin, C, false);
 }
 
-void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, Weight W,
                                  const float* b, const float* residual, int N, int Cin, int C, Precision prec) {
   row_forward(rows, partial, out, inp, W, b, residual, N, Cin, C, prec);
 }
-void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, const float* W,
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, Weight W,
                                  const float* b, const float* residual, int N, int Cin, int C) {
   row_forward(rows, partial, out, inp16, W, b, residual, N, Cin, C, Precision::bf16);
 }
 
-void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, Weight wte,
                                    int N, int C, int Vl, Precision prec) {
-  gemm(false, true, N, Vl, C, 1.0f, rows.gather(x, x_full, N, C), C, wte, C, 0.0f, logits, Vl, prec);
+  const float* xg = rows.gather(x, x_full, N, C);
+  if (prec == Precision::bf16 && wte.b16)  // wte's mirror: no rounding pass over the Vl x C table
+    return gemm_16(false, true, N, Vl, C, 1.0f, packed_bf16_scratch(1, xg, N, C, C), C, wte.b16, C, 0.0f, logits, Vl);
+  gemm(false, true, N, Vl, C, 1.0f, xg, C, wte.f32, C, 0.0f, logits, Vl, prec);
 }
 
 void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
-                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl,
+                                    const float* dlogits, const float* x, Weight wte, int N, int C, int Vl,
                                     Precision prec) {
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
   if (prec == Precision::bf16) {
     // dlogits (N x Vl, the largest operand of the step) feeds both products: rounded once, not once per product.
     const uint16_t* d16 = packed_bf16_scratch(0, dlogits, N, Vl, Vl);
-    gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte, C, 0.0f, partial, C);
+    if (wte.b16)
+      gemm_16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.b16, C, 0.0f, partial, C);
+    else
+      gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.f32, C, 0.0f, partial, C);
     rows.reduce(partial, dx, N, C);
     const uint16_t* x16 = packed_bf16_scratch(1, rows.gather(x, x_full, N, C), N, C, C);
     gemm_16(true, false, Vl, C, N, 1.0f, d16, Vl, x16, C, dwte.beta(), dwte.data, C);
     return;
   }
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte, C, 0.0f, partial, C, prec);
+  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte.f32, C, 0.0f, partial, C, prec);
   rows.reduce(partial, dx, N, C);
   gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);
 }

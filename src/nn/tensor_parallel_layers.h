@@ -33,6 +33,7 @@
 
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "nn/weight.h"
 #include "tensor/blas.h"
 
 namespace mt::nn {
@@ -48,6 +49,8 @@ class TpRows {
   int rows_here(int N) const;
   // All N rows of local[Nr, C]: `full` (scratch, N x C) under SP, else local itself.
   const float* gather(const float* local, float* full, int N, int C) const;
+  // The same for rows kept in bf16 (half the bytes on the wire).
+  const uint16_t* gather(const uint16_t* local16, uint16_t* full16, int N, int C) const;
   // local[Nr, C] = my rows of the sum over the group of full[N, C] (full is clobbered; local may be full).
   void reduce(float* full, float* local, int N, int C) const;
   // In-place all-reduce (no-op without tensor parallelism).
@@ -67,18 +70,20 @@ class TpRows {
 // fused weight such as q|k|v holds the same share of each of its blocks; the product does not care).
 // inp[Nr, Cin] (this rank's rows under SP, else all N); out[N, Cl]. inp_full: N x Cin scratch under SP (the
 // gathered input, rebuilt in backward rather than kept), else unused (may be null).
-void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, const float* W,
+void column_parallel_linear_forward(const TpRows& rows, float* inp_full, float* out, const float* inp, Weight W,
                                     const float* b, int N, int Cin, int Cl, Precision prec = Precision::fp32);
 // dinp[Nr, Cin] = this rank's rows of the group sum of dout[N, Cl] W^T; dW[Cin, Cl] and db[Cl] (+)=.
 // dinp_full: N x Cin scratch under SP (else the sum is formed in dinp).
 void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float* dinp_full, float* dinp, GradOut dW,
-                                     GradOut db, const float* dout, const float* inp, const float* W, int N, int Cin,
+                                     GradOut db, const float* dout, const float* inp, Weight W, int N, int Cin,
                                      int Cl, Precision prec = Precision::fp32);
-// Both with the input kept in bf16 (inp16[N, Cin], layers.h), without sequence parallelism (no gather).
-void column_parallel_linear_forward(const TpRows& rows, float* out, const uint16_t* inp16, const float* W,
-                                    const float* b, int N, int Cin, int Cl);
-void column_parallel_linear_backward(const TpRows& rows, float* dinp, GradOut dW, GradOut db, const float* dout,
-                                     const uint16_t* inp16, const float* W, int N, int Cin, int Cl);
+// Both with the input kept in bf16 (inp16[Nr, Cin], layers.h): under SP gathered in bf16 into inp_full16 (N x Cin
+// scratch; half the bytes of the float32 gather, the same bits since the product rounds its input anyway).
+void column_parallel_linear_forward(const TpRows& rows, uint16_t* inp_full16, float* out, const uint16_t* inp16,
+                                    Weight W, const float* b, int N, int Cin, int Cl);
+void column_parallel_linear_backward(const TpRows& rows, uint16_t* inp_full16, float* dinp_full, float* dinp,
+                                     GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, Weight W, int N,
+                                     int Cin, int Cl);
 // Megatron's optional gather_output: whole[N, S Cl] on every rank from each rank's part[N, Cl] in the full
 // weight's column order (`blocks` equal blocks per part, e.g. 3 for q|k|v: block k of rank q lands at columns
 // k S w + q w, w = Cl / blocks). parts: S x N x Cl scratch. Cost: an all-gather of N Cl floats per rank.
@@ -88,29 +93,29 @@ void split_columns(const TpRows& rows, float* dpart, const float* dwhole, int N,
 
 // Row-parallel linear (Megatron's RowParallelLinear): out[Nr, C] = residual + b + my rows of the group sum
 // of inp[N, Cin] W[Cin, C] (each rank holds Cin of the full input width). partial: N x C scratch under SP.
-void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, const float* W,
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const float* inp, Weight W,
                                  const float* b, const float* residual, int N, int Cin, int C,
                                  Precision prec = Precision::fp32);
 // dinp[N, Cin] = f(dout) W^T, dW[Cin, C] (+)= inp^T f(dout), db[C] (+)= column sums of f(dout), f(dout) = all N rows
 // of dout[Nr, C] (dout_full: N x C scratch under SP, else unused). No reduction: every rank sees all rows.
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const float* inp, const float* W, int N, int Cin, int C,
+                                  const float* dout, const float* inp, Weight W, int N, int Cin, int C,
                                   Precision prec = Precision::fp32);
 // Both with the input kept in bf16 (inp16[N, Cin]; layers.h's linear_* with a bf16 input): --precision bf16.
-void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, const float* W,
+void row_parallel_linear_forward(const TpRows& rows, float* partial, float* out, const uint16_t* inp16, Weight W,
                                  const float* b, const float* residual, int N, int Cin, int C);
 void row_parallel_linear_backward(const TpRows& rows, float* dout_full, float* dinp, GradOut dW, GradOut db,
-                                  const float* dout, const uint16_t* inp16, const float* W, int N, int Cin, int C);
+                                  const float* dout, const uint16_t* inp16, Weight W, int N, int Cin, int C);
 
 // Vocabulary-parallel logits of the tied head: a column-parallel product with W = wte^T, this rank holding
 // vocabulary rows [v0, v1) of wte[V, C] (Vl = v1 - v0): logits[N, Vl] = f(x) wte[v0:v1]^T, x[Nr, C]. x_full: N x C
 // scratch under SP (else unused). The logits are never gathered: the vocabulary-parallel loss reads them as they are.
-void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, const float* wte,
+void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* logits, const float* x, Weight wte,
                                    int N, int C, int Vl, Precision prec = Precision::fp32);
 // dx[Nr, C] = my rows of the group sum of dlogits wte[v0:v1] (dx_full: N x C scratch under SP), then
 // dwte[Vl, C] (+)= dlogits^T f(x).
 void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
-                                    const float* dlogits, const float* x, const float* wte, int N, int C, int Vl,
+                                    const float* dlogits, const float* x, Weight wte, int N, int C, int Vl,
                                     Precision prec = Precision::fp32);
 
 // Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns

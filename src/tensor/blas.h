@@ -43,6 +43,10 @@ void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, con
 // gradient feeds both dX and dW; an attention head's q, k, v feed every tile) instead of once per product.
 void gemm_16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
              const uint16_t* B16, int ldb, float beta, float* C, int ldc);
+// gemm_bias with both A16[M,K] and B16[K,N] already bf16 (contiguous): gemm_bias(..., Precision::bf16) of the
+// float32 values they hold (a layer input kept in bf16, or rounded once, times a weight's bf16 mirror).
+void gemm_bias_16(int M, int N, int K, const uint16_t* A16, const uint16_t* B16, const float* bias, float* C,
+                  bool accumulate);
 
 // Whether Precision::bf16 products run on bf16 instructions here: the oneDNN backend on a CPU whose ISA has
 // them, unless MESHTRAIN_BF16_EMULATE=1 (strict 0|1) or set_bf16_emulation(true) forces the emulated path.

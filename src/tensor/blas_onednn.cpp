@@ -267,6 +267,16 @@ void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, con
   execute(e, A16, b, bias, C);
 }
 
+void gemm_bias_16(int M, int N, int K, const uint16_t* A16, const uint16_t* B16, const float* bias, float* C,
+                  bool accumulate) {
+  if (M == 0 || N == 0) return;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (K == 0) return scale_only(M, N, beta, bias, C, N);
+  if (!bf16_native()) return detail::gemm_bias_16_emulated(M, N, K, A16, B16, bias, C, accumulate);
+  const Entry& e = lookup(make_key(false, false, true, M, N, K, K, N, N, 1.0f, beta, true), 1.0f, beta);
+  execute(e, A16, B16, bias, C);
+}
+
 void gemm_16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A16, int lda,
              const uint16_t* B16, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;

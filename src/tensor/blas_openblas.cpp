@@ -80,6 +80,11 @@ void gemm_bias_a16(int M, int N, int K, const uint16_t* A16, const float* B, con
   detail::gemm_bias_a16_emulated(M, N, K, A16, B, bias, C, accumulate);
 }
 
+void gemm_bias_16(int M, int N, int K, const uint16_t* A16, const uint16_t* B16, const float* bias, float* C,
+                  bool accumulate) {
+  detail::gemm_bias_16_emulated(M, N, K, A16, B16, bias, C, accumulate);
+}
+
 void gemm_bias(int M, int N, int K, const float* A, const float* B, const float* bias, float* C, bool accumulate,
                Precision prec) {
   if (prec == Precision::bf16) return detail::gemm_bias_bf16_emulated(M, N, K, A, B, bias, C, accumulate);

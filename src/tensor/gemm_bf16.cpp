@@ -85,8 +85,8 @@ void emulated(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
   gemm(trans_a, trans_b, M, N, K, alpha, a32, ac, b32, bc, beta, C, ldc, Precision::fp32);
 }
 
-template <class TA>
-void emulated_bias(int M, int N, int K, const TA* A, const float* B, const float* bias, float* C, bool accumulate) {
+template <class TA, class TB>
+void emulated_bias(int M, int N, int K, const TA* A, const TB* B, const float* bias, float* C, bool accumulate) {
   auto [a32, b32] = operands(A, M, K, K, B, K, N, N);
   gemm_bias(M, N, K, a32, b32, bias, C, accumulate, Precision::fp32);
 }
@@ -116,6 +116,11 @@ void gemm_16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alp
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate) {
   emulated_bias(M, N, K, A16, B, bias, C, accumulate);
+}
+
+void gemm_bias_16_emulated(int M, int N, int K, const uint16_t* A16, const uint16_t* B16, const float* bias, float* C,
+                           bool accumulate) {
+  emulated_bias(M, N, K, A16, B16, bias, C, accumulate);
 }
 
 }  // namespace detail

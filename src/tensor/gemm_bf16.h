@@ -24,5 +24,7 @@ void gemm_16_emulated(bool trans_a, bool trans_b, int M, int N, int K, float alp
                       const uint16_t* B16, int ldb, float beta, float* C, int ldc);
 void gemm_bias_a16_emulated(int M, int N, int K, const uint16_t* A16, const float* B, const float* bias, float* C,
                             bool accumulate);
+void gemm_bias_16_emulated(int M, int N, int K, const uint16_t* A16, const uint16_t* B16, const float* bias, float* C,
+                           bool accumulate);
 
 }  // namespace mt::detail

@@ -17,6 +17,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.engine.zero = cfg.zero;
   o.engine.bucket_mb = cfg.bucket_mb;
   o.engine.grad_dtype = cfg.grad_comm_dtype == GradCommDtype::bf16 ? comm::DType::bf16 : comm::DType::f32;
+  o.engine.bf16_mirror = cfg.precision == Precision::bf16;
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;
@@ -217,6 +218,7 @@ class LocalSgdSync : public GradSync {
       for (size_t i = 0; i < count; i++) v[i] *= inv;
     };
     mean(params_.data(), params_.size());
+    engine_.refresh_mirror();
     if (state_)
       for (size_t k = 0; k < opt.state().count(); k++) mean(opt.state().data(k), opt.state().size(k));
   }

@@ -44,6 +44,7 @@ class PsWorkerSync : public GradSync {
     staleness_now_ = s - have;
     begun_.push_back(trace::ChromeTrace::now_us() * 1e-6);
     staleness_.push_back((double)staleness_now_);
+    engine_.refresh_mirror();  // the parameters of version `have` arrived in place
     engine_.begin_step();
   }
   void reduce(int64_t) override { engine_.finish_backward(); }
@@ -51,7 +52,10 @@ class PsWorkerSync : public GradSync {
     reduce(s);
     worker_.push(s, loss_sum);  // the servers apply it; the outcome comes with version s + 1
   }
-  void settle(int64_t s) override { worker_.acquire(s + 1, on_version()); }
+  void settle(int64_t s) override {
+    worker_.acquire(s + 1, on_version());
+    engine_.refresh_mirror();
+  }
   void end_run() override { worker_.flush(); }
   uint64_t bytes_sent() const override { return mesh_.world()->counters().total_sent(); }
   void annotate(nlohmann::json& row) const override {

@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "nn/layers.h"
+#include "nn/tensor_parallel_layers.h"
 #include "tensor/blas.h"
 #include "tensor/fma_peak.h"
 #include "tests/unit/gradcheck.h"
@@ -292,6 +293,77 @@ TEST_P(Bf16Gemm, LinearWithBf16InputIsTheBf16Layer) {
   EXPECT_EQ(0, std::memcmp(dx.data(), dx16.data(), dx.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(dW.data(), dW16.data(), dW.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(db.data(), db16.data(), db.size() * sizeof(float)));
+}
+
+// A weight read from its bf16 mirror (nn::Weight with b16: the store's copy rounded once per step) gives the bf16
+// layer's output and gradients bit for bit, with the input float32 or kept in bf16, with and without bias and
+// residual; and so does gemm_bias_16, the mirror's bias form. The float32 weight passed beside the mirror is
+// poisoned (NaN), so a product that read it instead of the mirror would show.
+TEST_P(Bf16Gemm, LinearReadingTheWeightMirrorIsTheBf16Layer) {
+  const int N = 64, C = 192, OC = 48;
+  auto x = mt::testing::randn(N * C, 19, "x"), W = mt::testing::randn(C * OC, 19, "W", 0.02f);
+  auto b = mt::testing::randn(OC, 19, "b"), r = mt::testing::randn(N * OC, 19, "r"),
+       dy = mt::testing::randn(N * OC, 19, "dy");
+  std::vector<uint16_t> x16(x.size()), W16(W.size());
+  mt::to_bf16(x.data(), x16.data(), x.size());
+  mt::to_bf16(W.data(), W16.data(), W.size());
+  const std::vector<float> poison(W.size(), std::numeric_limits<float>::quiet_NaN());
+  const mt::nn::Weight mirror(poison.data(), W16.data());
+  for (int with_bias = 0; with_bias < 2; with_bias++)
+    for (int with_res = 0; with_res < 2; with_res++) {
+      std::vector<float> y(N * OC), ym(N * OC), ym16(N * OC);
+      const float* bb = with_bias ? b.data() : nullptr;
+      const float* rr = with_res ? r.data() : nullptr;
+      mt::nn::linear_forward(y.data(), x.data(), W.data(), bb, N, C, OC, rr, mt::Precision::bf16);
+      mt::nn::linear_forward(ym.data(), x.data(), mirror, bb, N, C, OC, rr, mt::Precision::bf16);
+      mt::nn::linear_forward(ym16.data(), x16.data(), mirror, bb, N, C, OC, rr);
+      ASSERT_EQ(0, std::memcmp(y.data(), ym.data(), y.size() * sizeof(float))) << with_bias << with_res;
+      ASSERT_EQ(0, std::memcmp(y.data(), ym16.data(), y.size() * sizeof(float))) << with_bias << with_res;
+    }
+  for (int kept = 0; kept < 2; kept++) {
+    std::vector<float> dx(N * C), dxm(N * C), dW(C * OC), dWm(C * OC), db(OC), dbm(OC);
+    mt::nn::linear_backward(dx.data(), mt::nn::GradOut(dW.data()), mt::nn::GradOut(db.data()), dy.data(), x.data(),
+                            W.data(), N, C, OC, false, mt::Precision::bf16);
+    if (kept)
+      mt::nn::linear_backward(dxm.data(), mt::nn::GradOut(dWm.data()), mt::nn::GradOut(dbm.data()), dy.data(),
+                              x16.data(), mirror, N, C, OC, false);
+    else
+      mt::nn::linear_backward(dxm.data(), mt::nn::GradOut(dWm.data()), mt::nn::GradOut(dbm.data()), dy.data(),
+                              x.data(), mirror, N, C, OC, false, mt::Precision::bf16);
+    EXPECT_EQ(0, std::memcmp(dx.data(), dxm.data(), dx.size() * sizeof(float))) << kept;
+    EXPECT_EQ(0, std::memcmp(dW.data(), dWm.data(), dW.size() * sizeof(float))) << kept;
+    EXPECT_EQ(0, std::memcmp(db.data(), dbm.data(), db.size() * sizeof(float))) << kept;
+  }
+  auto C0 = mt::testing::randn(N * OC, 19, "C");
+  for (int acc = 0; acc < 2; acc++) {
+    auto Cw = C0, C16 = C0;
+    mt::gemm_bias(N, OC, C, x.data(), W.data(), b.data(), Cw.data(), acc, mt::Precision::bf16);
+    mt::gemm_bias_16(N, OC, C, x16.data(), W16.data(), b.data(), C16.data(), acc);
+    ASSERT_EQ(0, std::memcmp(Cw.data(), C16.data(), sizeof(float) * Cw.size())) << "accumulate " << acc;
+  }
+}
+
+// The tied logits reading wte's mirror (forward and the input gradient) give the bf16 products' bits.
+TEST_P(Bf16Gemm, TiedLogitsReadingTheMirrorAreTheBf16Products) {
+  const int N = 64, C = 48, V = 65;
+  auto x = mt::testing::randn(N * C, 23, "x"), wte = mt::testing::randn(V * C, 23, "wte", 0.02f);
+  auto dl = mt::testing::randn(N * V, 23, "dlogits");
+  std::vector<uint16_t> w16(wte.size());
+  mt::to_bf16(wte.data(), w16.data(), wte.size());
+  const std::vector<float> poison(wte.size(), std::numeric_limits<float>::quiet_NaN());
+  const mt::nn::TpRows rows(nullptr, false);
+  std::vector<float> lg(N * V), lgm(N * V);
+  mt::nn::vocab_parallel_logits_forward(rows, nullptr, lg.data(), x.data(), wte.data(), N, C, V, mt::Precision::bf16);
+  mt::nn::vocab_parallel_logits_forward(rows, nullptr, lgm.data(), x.data(), {poison.data(), w16.data()}, N, C, V,
+                                        mt::Precision::bf16);
+  EXPECT_EQ(0, std::memcmp(lg.data(), lgm.data(), lg.size() * sizeof(float)));
+  std::vector<float> dx(N * C), dxm(N * C), dw(V * C), dwm(V * C);
+  mt::nn::vocab_parallel_logits_backward(rows, nullptr, nullptr, dx.data(), mt::nn::GradOut(dw.data(), true), dl.data(),
+                                         x.data(), wte.data(), N, C, V, mt::Precision::bf16);
+  mt::nn::vocab_parallel_logits_backward(rows, nullptr, nullptr, dxm.data(), mt::nn::GradOut(dwm.data(), true),
+                                         dl.data(), x.data(), {poison.data(), w16.data()}, N, C, V, mt::Precision::bf16);
+  EXPECT_EQ(0, std::memcmp(dx.data(), dxm.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dw.data(), dwm.data(), dw.size() * sizeof(float)));
 }
 
 // Both operands kept in bf16 (gemm_16) gives the bits gemm(..., bf16) gives for the float32 operands they were

@@ -33,6 +33,9 @@ struct DataParallelOptions {
   int zero = 0;
   double bucket_mb = 8;                        // target bucket size (stages 2, 3: one group per bucket)
   comm::DType grad_dtype = comm::DType::f32;   // bf16 halves the bytes moved and changes the math
+  // --precision bf16: keep the bf16 mirror of the weights products read (nn::ParamRegistry::enable_mirror),
+  // made after every change of the parameters; changes no value (the products round the same way).
+  bool bf16_mirror = false;
 };
 
 struct Bucket {

@@ -12,6 +12,7 @@ DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, co
                            comm::Communicator* experts)
     : b_(params, dp, opt, experts), stage_(make_zero_stage(opt.zero, b_)) {
   stage_->allocate();
+  if (opt.bf16_mirror) stage_->enable_mirror();
   group_t0_.assign(params.num_groups(), 0.0);
   tied_.assign(b_.buckets.size(), false);
   for (const nn::Param& p : params.params())
@@ -20,7 +21,10 @@ DataParallel::DataParallel(nn::ParamRegistry& params, comm::Communicator* dp, co
         if (p.offset >= b_.buckets[i]->begin && p.offset < b_.buckets[i]->begin + b_.buckets[i]->count) tied_[i] = true;
 }
 
-void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) { stage_->initialize(fill); }
+void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) {
+  stage_->initialize(fill);
+  refresh_mirror();
+}
 
 // ---- The step. ----
 
@@ -84,6 +88,7 @@ void DataParallel::scale_grads(float factor) {
 void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
   if (const int k = opt.tensor_sums(); k > 0) opt.set_tensor_sums(tensor_sums(k, opt.piece_sums()));
   stage_->update(opt, lr, step);
+  refresh_mirror();  // once per step, after the update: every product of the next step reads it
 }
 
 std::vector<double> DataParallel::tensor_sums(int k, const optim::PieceSums& fn) {
@@ -155,7 +160,10 @@ void DataParallel::full_params(std::vector<float>& out) { stage_->full_params(ou
 void DataParallel::full_state(const float* shard_state, std::vector<float>& out) {
   stage_->full_state(shard_state, out);
 }
-void DataParallel::load_full_params(const float* full) { stage_->load_full_params(full); }
+void DataParallel::load_full_params(const float* full) {
+  stage_->load_full_params(full);
+  refresh_mirror();
+}
 void DataParallel::load_full_state(const float* full, float* shard_state) {
   stage_->load_full_state(full, shard_state);
 }

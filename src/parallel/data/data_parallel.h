@@ -52,6 +52,12 @@ class DataParallel : public nn::ParamHooks {
   // Initializes every parameter: fill(p) writes p's full tensor into p.data; this rank keeps its part.
   void initialize(const std::function<void(nn::Param&)>& fill);
 
+  // The bf16 mirror (DataParallelOptions::bf16_mirror; zero_stage.h says where each stage keeps it):
+  // the store remakes it after each of its own changes of the parameters (initialize, update, load_full_params);
+  // a method that writes the parameters itself (Local SGD's averaging, a parameter-server worker receiving a
+  // version) calls this after it. A no-op without a mirror.
+  void refresh_mirror() { stage_->refresh_mirror(); }
+
   // Elements of this rank's optimizer state (and of the segments' shard side).
   size_t state_size() const { return stage_->state_size(); }
   const std::vector<optim::Segment>& segments() const { return stage_->segments(); }

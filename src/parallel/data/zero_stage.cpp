@@ -1,8 +1,10 @@
 #include "parallel/data/zero_stage.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "tensor/bf16.h"
 
 namespace mt::parallel {
 
@@ -190,12 +192,32 @@ class Stage2 : public ZeroStage {
 class Stage3 : public Stage2 {
  public:
   using Stage2::Stage2;
+  ~Stage3() override {
+    for (Gathered& g : gat_) {
+      try {
+        g.req16.wait();
+      } catch (...) {
+      }
+    }
+  }
   void allocate() override {
     b_.params.finalize(false, false);
     shard_total_ = b_.build(true);
     gshard_.resize(shard_total_);
     pshard_.resize(shard_total_);
     segments_ = b_.shard_segments(true, true);
+  }
+  void enable_mirror() override {
+    pshard16_.assign(shard_total_, 0);
+    plans_.assign(b_.buckets.size(), {});
+    gat_.resize(b_.buckets.size());
+    for (Bucket* b : b_.buckets) plan(*b, plans_[b->index]);
+    refresh_mirror();
+  }
+  // Once per step after the update (and after initialization and loading): this rank's shard in bf16, what the
+  // groups' bf16 all-gathers send.
+  void refresh_mirror() override {
+    if (!pshard16_.empty()) to_bf16(pshard_.data(), pshard16_.data(), shard_total_);
   }
   void initialize(const std::function<void(nn::Param&)>& fill) override {
     // One bucket's full tensors at a time; keep this rank's slice.
@@ -230,11 +252,7 @@ class Stage3 : public Stage2 {
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
     // A gathered copy or a prefetch in flight would hold the parameters from before this update.
     for (Bucket* b : b_.buckets) {
-      if (b->gather.valid()) {
-        b->gather.wait();
-        b->gather = comm::Request();
-        b->gathered = true;
-      }
+      if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
     }
     opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
@@ -245,38 +263,160 @@ class Stage3 : public Stage2 {
   }
   void load_full_params(const float* full) override { take_bucket_shards(full, pshard_.data()); }
   const float* param_base() override { return pshard_.data(); }
-  size_t param_bytes() const override { return shard_total_ * sizeof(float); }
+  size_t param_bytes() const override { return shard_total_ * (sizeof(float) + (pshard16_.empty() ? 0 : 2)); }
 
  private:
+  // How a bucket is gathered under the mirror. Its float32 part is packed: the elements of the tensors read as
+  // float32, in flat order; rank q's shard holds held[q] of them, and each rank sends m = max held[q] (its own,
+  // padded), so the packed all-gather is n m floats and rank q's run lands at q m.
+  struct MirrorPlan {
+    bool bf16 = false;            // holds a tensor products alone read: the bucket is gathered in bf16
+    std::vector<FlatRange> f32;   // bucket-relative ranges of the tensors read as float32, merged
+    size_t f32_count = 0;         // their elements
+    size_t m = 0;
+    std::vector<size_t> held;
+  };
+  // The buffers of a bucket gathered in bf16 (from the pool, while gathered).
+  struct Gathered {
+    AlignedBuffer w16;         // the bucket's bf16 mirror, b.count values (in float-sized storage)
+    AlignedBuffer send, recv;  // the packed float32 all-gather: m and n m floats
+    comm::Request req16;
+  };
   template <class Fn>
   void each(int g, Fn fn) {
     for (int i : b_.group_buckets[g]) fn(*b_.buckets[i]);
   }
+  template <class Fn>  // fn(p) for each tensor of bucket b, in flat order
+  void tensors(const Bucket& b, Fn fn) {
+    for (nn::Param& p : b_.params.params())
+      if (p.offset >= b.begin && p.offset < b.begin + b.count) fn(p);
+  }
+  // Calls fn(bucket-relative begin, count) for each piece of the float32 ranges inside [lo, lo + n).
+  static void overlap(const MirrorPlan& pl, size_t lo, size_t n, const std::function<void(size_t, size_t)>& fn) {
+    for (const FlatRange& f : pl.f32) {
+      const size_t a = std::max(f.begin, lo), e = std::min(f.begin + f.count, lo + n);
+      if (a < e) fn(a, e - a);
+    }
+  }
+  void plan(const Bucket& b, MirrorPlan& pl) {
+    tensors(b, [&](nn::Param& p) {
+      if (!p.read_f32) {
+        MT_ASSERT(p.products, p.name, " is read neither by products nor as float32");
+        pl.bf16 = true;
+        return;
+      }
+      const size_t at = p.offset - b.begin;
+      if (!pl.f32.empty() && pl.f32.back().begin + pl.f32.back().count == at)
+        pl.f32.back().count += p.numel;
+      else
+        pl.f32.push_back({at, p.numel});
+      pl.f32_count += p.numel;
+    });
+    pl.held.assign(b.n, 0);
+    for (int q = 0; q < b.n; q++) {
+      const comm::Shard sh = comm::shard_of(b.count, b.n, q);
+      overlap(pl, sh.offset, sh.count, [&](size_t, size_t c) { pl.held[q] += c; });
+      pl.m = std::max(pl.m, pl.held[q]);
+    }
+  }
+  bool in_bf16(const Bucket& b) const { return !plans_.empty() && plans_[b.index].bf16; }
+
   void start_gather(Bucket& b) {
     if (b.gathered || b.gather.valid()) return;
+    if (in_bf16(b)) return start_gather16(b);
     if (b.data.size() != b.count) b.data = b_.acquire(b.count);
     if (!b.alone())
       b.gather = b.comm->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
     else
       std::memcpy(b.data.data(), pshard_.data() + b.pos, sizeof(float) * b.count);
   }
-  void ensure_gathered(Bucket& b) {
-    if (b.gathered) return;
-    start_gather(b);
-    if (b.gather.valid()) {
+  void start_gather16(Bucket& b) {
+    const MirrorPlan& pl = plans_[b.index];
+    Gathered& g = gat_[b.index];
+    if (g.req16.valid() || g.w16.size() != 0) return;  // in flight, or gathered alone
+    g.w16 = b_.acquire((b.count + 1) / 2);
+    uint16_t* w16 = reinterpret_cast<uint16_t*>(g.w16.data());
+    if (!b.alone())
+      g.req16 = b.comm->iall_gather(pshard16_.data() + b.pos, w16, b.count, comm::DType::bf16);
+    else
+      std::memcpy(w16, pshard16_.data() + b.pos, sizeof(uint16_t) * b.count);
+    if (pl.f32_count == 0) return;
+    b.data = b_.acquire(pl.f32_count);
+    const float* mine = pshard_.data() + b.pos;  // this rank's shard of the bucket: [b.so, b.so + b.sc)
+    if (b.alone()) {  // the shard is the whole bucket: pack it directly
+      size_t k = 0;
+      overlap(pl, 0, b.count, [&](size_t a, size_t c) {
+        std::memcpy(b.data.data() + k, mine + a, sizeof(float) * c);
+        k += c;
+      });
+      return;
+    }
+    g.send = b_.acquire(pl.m);
+    g.recv = b_.acquire(pl.m * b.n);
+    size_t k = 0;
+    overlap(pl, b.so, b.sc, [&](size_t a, size_t c) {
+      std::memcpy(g.send.data() + k, mine + (a - b.so), sizeof(float) * c);
+      k += c;
+    });
+    std::fill(g.send.data() + k, g.send.data() + pl.m, 0.0f);
+    b.gather = b.comm->iall_gather(g.send.data(), g.recv.data(), pl.m * b.n, comm::DType::f32);
+  }
+  // Waits for b's gathers; under the mirror, unpacks the float32 part: rank q's run, at q m in the receive
+  // buffer, is the next held[q] elements in flat order.
+  void complete(Bucket& b) {
+    if (in_bf16(b)) {
+      Gathered& g = gat_[b.index];
+      if (g.req16.valid()) {
+        g.req16.wait();
+        g.req16 = comm::Request();
+      }
+      if (b.gather.valid()) {
+        b.gather.wait();
+        b.gather = comm::Request();
+        const MirrorPlan& pl = plans_[b.index];
+        size_t k = 0;
+        for (int q = 0; q < b.n; q++) {
+          std::memcpy(b.data.data() + k, g.recv.data() + (size_t)q * pl.m, sizeof(float) * pl.held[q]);
+          k += pl.held[q];
+        }
+        b_.give_back(g.send);
+        b_.give_back(g.recv);
+      }
+    } else if (b.gather.valid()) {
       b.gather.wait();
       b.gather = comm::Request();
     }
-    b_.bind_data(b, b.data.data());
     b.gathered = true;
+  }
+  void ensure_gathered(Bucket& b) {
+    if (b.gathered) return;
+    start_gather(b);
+    complete(b);
+    if (!in_bf16(b)) return b_.bind_data(b, b.data.data());
+    // Product-only tensors: the mirror alone. Tensors read as float32: their place in the packed part.
+    const uint16_t* w16 = reinterpret_cast<const uint16_t*>(gat_[b.index].w16.data());
+    size_t k = 0;
+    tensors(b, [&](nn::Param& p) {
+      p.data16 = p.products ? w16 + (p.offset - b.begin) : nullptr;
+      p.data = p.read_f32 ? b.data.data() + k : nullptr;
+      if (p.read_f32) k += p.numel;
+    });
   }
   void release(Bucket& b) {
     if (!b.gathered) return;
     b_.bind_data(b, nullptr);
     b_.give_back(b.data);
+    if (in_bf16(b)) {
+      tensors(b, [](nn::Param& p) { p.data16 = nullptr; });
+      b_.give_back(gat_[b.index].w16);
+    }
     b.gathered = false;
   }
   AlignedBuffer pshard_;  // this rank's parameter shard
+  // Under the mirror: pshard_ in bf16, each bucket's plan and gather buffers (empty without the mirror).
+  std::vector<uint16_t> pshard16_;
+  std::vector<MirrorPlan> plans_;
+  std::vector<Gathered> gat_;
 };
 
 }  // namespace

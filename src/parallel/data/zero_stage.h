@@ -12,6 +12,14 @@
 //                        (+ 1-2 gathered groups)               gathered before each use, the next group is
 //                                                              prefetched, and they are freed after use
 //
+// Under --precision bf16 (the mirror) stage 3 gathers in two precisions: the tensors that products alone read
+// (nn::Param::read_f32 false: the linear layers' weights, the router's, the experts', the MLP's) arrive only
+// as bf16 (the bucket's all-gather moves 2 bytes per element instead of 4) into the group's mirror, from this
+// rank's shard rounded once per step after the update; the tensors read as float32 (LayerNorms, biases, wte
+// and wpe for the lookup) arrive as float32 in a second, packed all-gather, and their products (the tied
+// logits) round them per product. A bucket without a product-only tensor is gathered in float32 alone. While a
+// group is gathered a product-only tensor's data is null: only its data16 exists.
+//
 // Each bucket is reduced and sharded over its own group (buckets.h): dp, or the expert-replica group for
 // this rank's experts.
 //
@@ -43,6 +51,12 @@ class ZeroStage {
   // fill(p) writes p's full tensor into p.data; this rank keeps its part.
   virtual void initialize(const std::function<void(nn::Param&)>& fill);
 
+  // The bf16 mirror of the weights products read (DataParallelOptions::bf16_mirror, nn::ParamRegistry): stages
+  // 0-2 keep it beside the full parameters (enable_mirror; refresh_mirror rounds them into it); stage 3 keeps
+  // this rank's shard rounded to bf16 (refresh_mirror) and gathers a group's mirror from it with the group.
+  virtual void enable_mirror() { b_.params.enable_mirror(); }
+  virtual void refresh_mirror() { b_.params.refresh_mirror(); }
+
   virtual void begin_step() { b_.params.begin_grads(); }  // first writes overwrite: no zeroing pass
   virtual void begin_micro_batch() {}
   // Hooks around group g (bucket b), before DataParallel's own bookkeeping.
@@ -69,7 +83,9 @@ class ZeroStage {
   virtual void load_full_params(const float* full);
   virtual void load_full_state(const float* full, float* shard_state);
 
-  virtual size_t param_bytes() const { return b_.params.size() * sizeof(float); }
+  virtual size_t param_bytes() const {
+    return b_.params.size() * (sizeof(float) + (b_.params.mirrored() ? sizeof(uint16_t) : 0));
+  }
   virtual size_t grad_bytes() const { return b_.params.size() * sizeof(float); }
 
  protected:

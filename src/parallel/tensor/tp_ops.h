@@ -20,6 +20,9 @@ class CommTensorParallelOps : public nn::TensorParallelOps {
   void all_gather(const float* local, float* full, size_t count) override {
     group_.all_gather(local, full, count, comm::DType::f32);
   }
+  void all_gather_bf16(const uint16_t* local, uint16_t* full, size_t count) override {
+    group_.all_gather(local, full, count, comm::DType::bf16);
+  }
   void reduce_scatter(const float* full, float* local, size_t count) override {
     group_.reduce_scatter(full, local, count, comm::DType::f32, comm::ReduceOp::sum);
   }
