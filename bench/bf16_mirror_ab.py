@@ -37,7 +37,11 @@ DENSE = [("single", []), ("single_mb3", ["--micro-batch-size", 3]), ("recompute"
          ("pp2_1f1b_z3", ["--nproc", 4, "--pp", 2, "--zero", 3, "--micro-batch-size", 3]),
          ("dp2_topk_all", ["--nproc", 2, "--compress", "topk:1"]),
          ("local_sgd", ["--nproc", 2, "--local-sgd", 2]),
-         ("dp2_tp2_pp2_z1", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--micro-batch-size", 3])]
+         ("dp2_tp2_pp2_z1", ["--nproc", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--micro-batch-size", 3]),
+         ("dp3_z3", ["--nproc", 3, "--zero", 3]), ("dp4_z2", ["--nproc", 4, "--zero", 2]),
+         ("dp2_z3_recompute", ["--nproc", 2, "--zero", 3, "--recompute"]),
+         ("pp2_interleaved_z3", ["--nproc", 4, "--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2,
+                                 "--zero", 3, "--micro-batch-size", 3])]
 MOE = [("moe_single", []), ("moe_dp2_ep2", ["--nproc", 2, "--ep", 2]),
        ("moe_dp2_ep2_z3", ["--nproc", 2, "--ep", 2, "--zero", 3, "--micro-batch-size", 2]),
        ("moe_tp2_sp", ["--nproc", 2, "--tp", 2, "--sequence-parallel"])]
