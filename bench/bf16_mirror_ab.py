@@ -60,7 +60,10 @@ def main():
     ap.add_argument("--b", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--only", default="", help="comma-separated tags")
+    ap.add_argument("--precision", default="bf16", help="fp32: check that the float32 path did not move either")
     args = ap.parse_args()
+    global BF16
+    BF16 = ["--precision", args.precision]
     os.makedirs(args.workdir, exist_ok=True)
     only = set(filter(None, args.only.split(",")))
 
