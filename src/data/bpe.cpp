@@ -139,10 +139,47 @@ BpeEncoder::BpeEncoder(const Gpt2Vocab& vocab)
 BpeEncoder::BpeEncoder(const Gpt2Vocab& vocab, PieceCache& shared)
     : vocab_(vocab), cache_(shared), writer_(cache_) {}
 
+void BpeEncoder::encode_short(std::string_view piece, std::vector<int32_t>& out) const {
+  // The tokens in an array, with the merge of each adjacent pair beside it (rank[k], product[k] for tokens k
+  // and k + 1; rank INT32_MAX when there is none). Each step scans for the lowest rank (the first on a tie),
+  // merges, closes the gap, and looks up the two pairs the new token is in. Same lookups as the heap below,
+  // without its bookkeeping: for short pieces the scan is cheaper.
+  constexpr int32_t kNone = INT32_MAX;
+  int32_t id[kShortPiece], rank[kShortPiece], product[kShortPiece];
+  int32_t m = static_cast<int32_t>(piece.size());
+  auto look = [&](int32_t k) {
+    const Gpt2Vocab::Merge g = vocab_.merge(id[k], id[k + 1]);
+    rank[k] = g.rank < 0 ? kNone : g.rank;
+    product[k] = g.id;
+  };
+  for (int32_t k = 0; k < m; ++k) id[k] = vocab_.byte_token(static_cast<unsigned char>(piece[static_cast<size_t>(k)]));
+  for (int32_t k = 0; k + 1 < m; ++k) look(k);
+  while (m > 1) {
+    int32_t best = 0;
+    for (int32_t k = 1; k + 1 < m; ++k)
+      if (rank[k] < rank[best]) best = k;
+    if (rank[best] == kNone) break;
+    id[best] = product[best];
+    for (int32_t k = best + 1; k + 1 < m; ++k) id[k] = id[k + 1];
+    for (int32_t k = best + 1; k + 2 < m; ++k) {
+      rank[k] = rank[k + 1];
+      product[k] = product[k + 1];
+    }
+    --m;
+    if (best + 1 < m) look(best);
+    if (best > 0) look(best - 1);
+  }
+  out.insert(out.end(), id, id + m);
+}
+
 void BpeEncoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   const int32_t n = static_cast<int32_t>(piece.size());
   if (n == 1) {
     out.push_back(vocab_.byte_token(static_cast<unsigned char>(piece[0])));
+    return;
+  }
+  if (n <= kShortPiece) {
+    encode_short(piece, out);
     return;
   }
   // Tokens as a linked list over byte positions (a token lives at the position of its first byte); id -1

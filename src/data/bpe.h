@@ -9,8 +9,9 @@
 // Encoding a piece (pretokenize.h): start from one token per byte; repeatedly merge the adjacent pair with
 // the lowest merge rank, the leftmost one on a tie, until no adjacent pair has a merge (GPT-2's encoder.py
 // merges every occurrence of the best pair in one left-to-right sweep; merging the leftmost one at a time
-// gives the same result because a merge's product only takes part in merges of higher rank). A binary heap
-// of candidate pairs makes this O(n log n) in the piece's length n, so a several-MB run of letters is fine.
+// gives the same result because a merge's product only takes part in merges of higher rank). Short pieces
+// (most of them) scan an array for the lowest rank; longer ones keep a binary heap of candidate pairs, which
+// makes them O(n log n) in the piece's length n, so a several-MB run of letters is fine.
 #pragma once
 
 #include <cstdint>
@@ -77,8 +78,11 @@ class BpeEncoder {
   void encode(std::string_view text, std::vector<int32_t>& out);
   // Appends the ids of one piece, without the cache (the merge loop itself).
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  // Pieces up to this many bytes are merged by a scan over an array (encode_short), longer ones with a heap.
+  static constexpr int32_t kShortPiece = 32;
 
  private:
+  void encode_short(std::string_view piece, std::vector<int32_t>& out) const;
   const Gpt2Vocab& vocab_;
   std::unique_ptr<PieceCache> own_;  // null when shared
   PieceCache& cache_;
