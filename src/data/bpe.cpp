@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <atomic>
 #include <thread>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -131,10 +133,53 @@ void Gpt2Vocab::add_merge(uint64_t k, Merge m) {
   ++merges_;
 }
 
+BpeEncoder::BpeEncoder(const Gpt2Vocab& vocab)
+    : vocab_(vocab), own_(std::make_unique<PieceCache>(size_t{1} << 16)), cache_(*own_), writer_(cache_) {}
+
+BpeEncoder::BpeEncoder(const Gpt2Vocab& vocab, PieceCache& shared)
+    : vocab_(vocab), cache_(shared), writer_(cache_) {}
+
+void BpeEncoder::encode_short(std::string_view piece, std::vector<int32_t>& out) const {
+  // The tokens in an array, with the merge of each adjacent pair beside it (rank[k], product[k] for tokens k
+  // and k + 1; rank INT32_MAX when there is none). Each step scans for the lowest rank (the first on a tie),
+  // merges, closes the gap, and looks up the two pairs the new token is in. Same lookups as the heap below,
+  // without its bookkeeping: for short pieces the scan is cheaper.
+  constexpr int32_t kNone = INT32_MAX;
+  int32_t id[kShortPiece], rank[kShortPiece], product[kShortPiece];
+  int32_t m = static_cast<int32_t>(piece.size());
+  auto look = [&](int32_t k) {
+    const Gpt2Vocab::Merge g = vocab_.merge(id[k], id[k + 1]);
+    rank[k] = g.rank < 0 ? kNone : g.rank;
+    product[k] = g.id;
+  };
+  for (int32_t k = 0; k < m; ++k) id[k] = vocab_.byte_token(static_cast<unsigned char>(piece[static_cast<size_t>(k)]));
+  for (int32_t k = 0; k + 1 < m; ++k) look(k);
+  while (m > 1) {
+    int32_t best = 0;
+    for (int32_t k = 1; k + 1 < m; ++k)
+      if (rank[k] < rank[best]) best = k;
+    if (rank[best] == kNone) break;
+    id[best] = product[best];
+    for (int32_t k = best + 1; k + 1 < m; ++k) id[k] = id[k + 1];
+    for (int32_t k = best + 1; k + 2 < m; ++k) {
+      rank[k] = rank[k + 1];
+      product[k] = product[k + 1];
+    }
+    --m;
+    if (best + 1 < m) look(best);
+    if (best > 0) look(best - 1);
+  }
+  out.insert(out.end(), id, id + m);
+}
+
 void BpeEncoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   const int32_t n = static_cast<int32_t>(piece.size());
   if (n == 1) {
     out.push_back(vocab_.byte_token(static_cast<unsigned char>(piece[0])));
+    return;
+  }
+  if (n <= kShortPiece) {
+    encode_short(piece, out);
     return;
   }
   // Tokens as a linked list over byte positions (a token lives at the position of its first byte); id -1
@@ -183,49 +228,93 @@ void BpeEncoder::encode(std::string_view text, std::vector<int32_t>& out) {
       out.push_back(vocab_.byte_token(static_cast<unsigned char>(piece[0])));
       return;
     }
-    if (piece.size() > kMaxCachedBytes) {
+    if (piece.size() > PieceCache::kMaxBytes) {
       encode_piece(piece, out);
       return;
     }
-    if (cache_.empty()) cache_.reserve(1 << 16);
-    key_.assign(piece);
-    auto it = cache_.find(key_);
-    if (it != cache_.end()) {
-      const int32_t* ids = cached_ids_.data() + it->second.begin;
-      out.insert(out.end(), ids, ids + it->second.count);
+    const uint64_t h = PieceCache::hash(piece);
+    const std::span<const int32_t> hit = cache_.find(piece, h);
+    if (!hit.empty()) {
+      out.insert(out.end(), hit.begin(), hit.end());
       return;
     }
     const size_t before = out.size();
     encode_piece(piece, out);
-    if (cache_.size() >= kMaxCacheEntries) {
-      cache_.clear();
-      cached_ids_.clear();
-    }
-    cache_.emplace(key_, Span{static_cast<uint32_t>(cached_ids_.size()), static_cast<uint32_t>(out.size() - before)});
-    cached_ids_.insert(cached_ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+    writer_.insert(piece, h, std::span<const int32_t>(out).subspan(before));
   });
 }
 
-std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, std::string_view text, int threads) {
-  const std::vector<size_t> cuts = split_points(text, static_cast<size_t>(std::max(threads, 1)));
-  const size_t parts = cuts.size() - 1;
-  std::vector<std::vector<int32_t>> ids(parts);
-  auto work = [&](size_t p) {
-    BpeEncoder enc(vocab);
-    ids[p].reserve((cuts[p + 1] - cuts[p]) / 3);
-    enc.encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), ids[p]);
+namespace {
+
+// A stretch of one document, and whether <|endoftext|> goes before it.
+struct Segment {
+  std::string_view text;
+  bool eot_before;
+};
+
+}  // namespace
+
+std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, const std::vector<std::string_view>& docs, bool eot,
+                                 int threads) {
+  size_t total = 0;
+  for (std::string_view d : docs) total += d.size();
+  PieceCache cache(PieceCache::slots_for_text(total));
+  std::vector<int32_t> all;
+  if (threads <= 1 || total <= kWorkBytes) {
+    BpeEncoder enc(vocab, cache);
+    all.reserve(total / 3);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      if (eot && i > 0) all.push_back(vocab.eot());
+      enc.encode(docs[i], all);
+    }
+    return all;
+  }
+  // Segments: documents cut into parts of about kWorkBytes (an empty document is one empty segment); units: runs of consecutive segments of at least
+  // kWorkBytes (the last may be shorter), first[u] .. first[u + 1].
+  std::vector<Segment> segs;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const std::vector<size_t> cuts = split_points(docs[i], std::max<size_t>(1, docs[i].size() / kWorkBytes));
+    for (size_t p = 0; p + 1 < cuts.size(); ++p)
+      segs.push_back({docs[i].substr(cuts[p], cuts[p + 1] - cuts[p]), eot && i > 0 && p == 0});
+  }
+  std::vector<size_t> first{0};
+  size_t bytes = 0;
+  for (size_t k = 0; k < segs.size(); ++k) {
+    bytes += segs[k].text.size();
+    if (bytes >= kWorkBytes && k + 1 < segs.size()) {
+      first.push_back(k + 1);
+      bytes = 0;
+    }
+  }
+  first.push_back(segs.size());
+  const size_t units = first.size() - 1;
+  std::vector<std::vector<int32_t>> ids(units);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    BpeEncoder enc(vocab, cache);
+    for (size_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
+      size_t unit_bytes = 0;
+      for (size_t k = first[u]; k < first[u + 1]; ++k) unit_bytes += segs[k].text.size();
+      ids[u].reserve(unit_bytes / 3 + 16);
+      for (size_t k = first[u]; k < first[u + 1]; ++k) {
+        if (segs[k].eot_before) ids[u].push_back(vocab.eot());
+        enc.encode(segs[k].text, ids[u]);
+      }
+    }
   };
   std::vector<std::thread> pool;
-  for (size_t p = 1; p < parts; ++p) pool.emplace_back(work, p);
-  if (parts > 0) work(0);
+  for (int t = 1; t < threads && static_cast<size_t>(t) < units; ++t) pool.emplace_back(work);
+  work();
   for (std::thread& t : pool) t.join();
-  if (parts == 1) return std::move(ids[0]);
-  std::vector<int32_t> all;
-  size_t total = 0;
-  for (const auto& v : ids) total += v.size();
-  all.reserve(total);
+  size_t n = 0;
+  for (const auto& v : ids) n += v.size();
+  all.reserve(n);
   for (const auto& v : ids) all.insert(all.end(), v.begin(), v.end());
   return all;
+}
+
+std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, std::string_view text, int threads) {
+  return encode_gpt2(vocab, std::vector<std::string_view>{text}, false, threads);
 }
 
 std::string decode_gpt2(const Gpt2Vocab& vocab, const std::vector<int32_t>& ids) {

@@ -1,5 +1,6 @@
 // GPT-2's byte-level BPE: the vocabulary (encoder.json: token -> id; vocab.bpe: the merges in rank order),
-// the merge loop with a cache of encoded pieces, and whole-text encoding on several threads.
+// the merge loop, encoding through a cache of encoded pieces (bpe_cache.h), and whole-text encoding on
+// several threads.
 //
 // Files: encoder.json maps 50257 tokens to ids; a token is written with bytes_to_unicode's printable
 // stand-ins (byte b -> one code point; ' ' is 'Ġ', '\n' is 'Ċ'); vocab.bpe holds one merge "a b" per line
@@ -8,15 +9,18 @@
 // Encoding a piece (pretokenize.h): start from one token per byte; repeatedly merge the adjacent pair with
 // the lowest merge rank, the leftmost one on a tie, until no adjacent pair has a merge (GPT-2's encoder.py
 // merges every occurrence of the best pair in one left-to-right sweep; merging the leftmost one at a time
-// gives the same result because a merge's product only takes part in merges of higher rank). A binary heap
-// of candidate pairs makes this O(n log n) in the piece's length n, so a several-MB run of letters is fine.
+// gives the same result because a merge's product only takes part in merges of higher rank). Short pieces
+// (most of them) scan an array for the lowest rank; longer ones keep a binary heap of candidate pairs, which
+// makes them O(n log n) in the piece's length n, so a several-MB run of letters is fine.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
+
+#include "data/bpe_cache.h"
 
 namespace mt::data {
 
@@ -63,27 +67,26 @@ class Gpt2Vocab {
   int eot_ = -1;
 };
 
-// Encodes text with one vocabulary; holds a cache of encoded pieces, so one encoder per thread.
+// Encodes text with one vocabulary and a cache of encoded pieces (bpe_cache.h), its own or one shared with
+// the encoders of other threads. One encoder per thread.
 class BpeEncoder {
  public:
-  explicit BpeEncoder(const Gpt2Vocab& vocab) : vocab_(vocab) {}
+  explicit BpeEncoder(const Gpt2Vocab& vocab);  // with a cache of its own (2^16 slots)
+  BpeEncoder(const Gpt2Vocab& vocab, PieceCache& shared);
 
   // Appends the ids of text (pre-tokenized, then each piece merged) to out.
   void encode(std::string_view text, std::vector<int32_t>& out);
   // Appends the ids of one piece, without the cache (the merge loop itself).
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  // Pieces up to this many bytes are merged by a scan over an array (encode_short), longer ones with a heap.
+  static constexpr int32_t kShortPiece = 32;
 
  private:
-  // Pieces up to kMaxCachedBytes long, until the cache holds kMaxCacheEntries; then it starts over.
-  static constexpr size_t kMaxCachedBytes = 64;
-  static constexpr size_t kMaxCacheEntries = 1 << 20;
-  struct Span {
-    uint32_t begin, count;
-  };
+  void encode_short(std::string_view piece, std::vector<int32_t>& out) const;
   const Gpt2Vocab& vocab_;
-  std::unordered_map<std::string, Span> cache_;
-  std::vector<int32_t> cached_ids_;
-  std::string key_;
+  std::unique_ptr<PieceCache> own_;  // null when shared
+  PieceCache& cache_;
+  PieceCache::Writer writer_;
   // encode_piece's linked list over byte positions and its heap of candidate merges, kept between calls.
   struct Cand {
     int32_t rank, pos, a, b;
@@ -93,9 +96,15 @@ class BpeEncoder {
   std::vector<Cand> heap_;
 };
 
-// The ids of text, encoded in up to `threads` parts cut at split_points (pretokenize.h), so the ids do not
-// depend on the thread count.
+// The ids of docs, in order, with <|endoftext|> between consecutive documents when `eot`. `threads` threads
+// share the work: the documents are cut at split_points (pretokenize.h) into parts of about kWorkBytes and
+// grouped into work units of at least that size, which the threads take in turn; all threads share one
+// PieceCache. The ids do not depend on the thread count.
+std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, const std::vector<std::string_view>& docs, bool eot,
+                                 int threads);
+// The ids of one text: encode_gpt2(vocab, {text}, false, threads).
 std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, std::string_view text, int threads);
+inline constexpr size_t kWorkBytes = 32 << 10;
 
 // The bytes of ids, concatenated; InputError naming the position of an id outside the vocabulary.
 std::string decode_gpt2(const Gpt2Vocab& vocab, const std::vector<int32_t>& ids);

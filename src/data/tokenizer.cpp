@@ -1,9 +1,6 @@
 // Byte and GPT-2 tokenizers behind one interface, and documents; see tokenizer.h.
 #include "data/tokenizer.h"
 
-#include <algorithm>
-#include <thread>
-
 #include "core/error.h"
 
 namespace mt::data {
@@ -30,32 +27,7 @@ std::vector<int32_t> Tokenizer::encode(const std::vector<std::string_view>& docs
       for (unsigned char c : d) out.push_back(c);
     return out;
   }
-  if (docs.size() == 1) return encode_gpt2(*gpt2_, docs[0], threads);
-  // Contiguous groups of whole documents of about equal bytes, one per thread.
-  size_t total = 0;
-  for (std::string_view d : docs) total += d.size();
-  const size_t groups = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), docs.size()));
-  std::vector<size_t> first{0};
-  size_t bytes = 0;
-  for (size_t i = 0; i < docs.size() && first.size() < groups; ++i) {
-    bytes += docs[i].size();
-    if (bytes * groups >= total * first.size() && i + 1 < docs.size()) first.push_back(i + 1);
-  }
-  first.push_back(docs.size());
-  std::vector<std::vector<int32_t>> ids(first.size() - 1);
-  auto work = [&](size_t g) {
-    BpeEncoder enc(*gpt2_);
-    for (size_t i = first[g]; i < first[g + 1]; ++i) {
-      if (eot && i > 0) ids[g].push_back(gpt2_->eot());
-      enc.encode(docs[i], ids[g]);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t g = 1; g < ids.size(); ++g) pool.emplace_back(work, g);
-  work(0);
-  for (std::thread& t : pool) t.join();
-  for (const auto& v : ids) out.insert(out.end(), v.begin(), v.end());
-  return out;
+  return encode_gpt2(*gpt2_, docs, eot, threads);
 }
 
 std::string Tokenizer::decode(int32_t id) const {

@@ -23,8 +23,8 @@ class Tokenizer {
   bool has_eot() const { return gpt2_ != nullptr; }
 
   // The ids of documents, in order, with <|endoftext|> between consecutive documents when `eot` (which needs
-  // has_eot()). Documents are encoded independently; `threads` threads share the work (whole documents, or
-  // parts of one cut by split_points), and the ids do not depend on it.
+  // has_eot()). Documents are encoded independently; `threads` threads share the work (encode_gpt2 in bpe.h),
+  // and the ids do not depend on it.
   std::vector<int32_t> encode(const std::vector<std::string_view>& docs, bool eot, int threads) const;
   std::vector<int32_t> encode(std::string_view text) const { return encode({text}, false, 1); }
   // The bytes of one token; InputError for an id outside the vocabulary.

@@ -191,6 +191,40 @@ TEST(Bpe, DocumentsWithEndOfText) {
   EXPECT_TRUE(throws_input_error([] { Tokenizer("byte", "/x"); }, {"--tokenizer-dir /x"}));
 }
 
+TEST(Bpe, WorkUnitsAcrossDocuments) {
+  // Enough text for several work units (kWorkBytes each): small documents grouped into one unit, documents
+  // cut into several, empty ones; the threads' units concatenate to each document encoded alone, joined by
+  // <|endoftext|>.
+  ToyVocab v;
+  const Gpt2Vocab vocab(v.dir.path().string());
+  const int32_t eot = vocab.eot();
+  std::mt19937 rng(11);
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i) {
+    const size_t target = i % 9 == 4 ? 0 : i % 10 == 0 ? 2 * kWorkBytes + rng() % 1000 : 1 + rng() % 3000;
+    std::string d;
+    while (d.size() < target) d += random_piece(rng, 1 + rng() % 12) + (rng() % 4 ? " " : "\n") + "ab ";
+    docs.push_back(d);
+  }
+  const std::vector<std::string_view> views(docs.begin(), docs.end());
+  std::vector<int32_t> expect_eot, expect_plain;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (i) expect_eot.push_back(eot);
+    BpeEncoder alone(vocab);
+    std::vector<int32_t> ids;
+    for_each_piece(docs[i], [&](std::string_view p) { alone.encode_piece(p, ids); });
+    expect_eot.insert(expect_eot.end(), ids.begin(), ids.end());
+    expect_plain.insert(expect_plain.end(), ids.begin(), ids.end());
+  }
+  size_t bytes = 0;
+  for (const std::string& d : docs) bytes += d.size();
+  ASSERT_GT(bytes, 8 * kWorkBytes);  // four documents of more than 2 units, and the small ones
+  for (int threads : {1, 2, 3, 8}) {
+    EXPECT_EQ(encode_gpt2(vocab, views, true, threads), expect_eot) << threads << " threads";
+    EXPECT_EQ(encode_gpt2(vocab, views, false, threads), expect_plain) << threads << " threads";
+  }
+}
+
 TEST(Bpe, SplitDocuments) {
   using D = std::vector<std::string_view>;
   EXPECT_EQ(split_documents("a%\nb%\n%\nc", "%\n"), (D{"a", "b", "c"}));
