@@ -115,7 +115,7 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
-      const int V = name == "interleaved" ? a.virtual_stages : 1;
+      const int V = name == "interleaved" ? a.virtual_stages : name == "zb-v" ? 2 : 1;  // zb-v: two chunks in a V
       const pipeline::ScheduleSpec spec{name, p, m, V};
       pipeline::validate(spec);
       // The peer of the ratio column: 1F1B at the same m, its steps alternating with this schedule's in the same
@@ -193,7 +193,7 @@ void add_bench_pipeline_command(CLI::App& bench) {
   sub->add_option("--stages", a->stages, "p: pipeline ranks (forked, shared memory)")->capture_default_str();
   sub->add_option("--schedules", a->schedules, "which schedules")->delimiter(',')->capture_default_str();
   sub->add_option("--micro-batches", a->micro_batches, "m values (default p and 2p)")->delimiter(',');
-  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved")->capture_default_str();
+  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved (zb-v runs 2)")->capture_default_str();
   sub->add_option("--forward-ms", a->forward_ms, "forward time of one rank's share per micro-batch")
       ->capture_default_str();
   sub->add_option("--backward-ratio", a->backward_ratio, "backward / forward")->capture_default_str();
