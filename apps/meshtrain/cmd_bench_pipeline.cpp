@@ -7,7 +7,9 @@
 //
 // For each schedule and micro-batch count it prints the measured bubble (1 - summed compute / (p x the longest
 // rank's span), first step excluded), the simulated one with the measured stage times and message latency,
-// the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal.
+// the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal; and the step
+// time (the longest rank's span per timed step) with its ratio to 1F1B's at the same m, whose steps alternate
+// with the schedule's in the same job.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +20,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/utsname.h>
 
 #include "apps/meshtrain/commands.h"
 #include "comm/launch.h"
@@ -37,9 +41,11 @@ struct BenchPipelineArgs {
   std::vector<std::string> schedules = pipeline::schedule_names();  // every registered generator
   std::vector<int> micro_batches;  // default: p and 2p
   double forward_ms = 20, backward_ratio = 2, activation_kb = 1024, comm_timeout = 120;
+  double weight_share = 0.5;  // the weight half's share of a split backward (zero-bubble schedules)
 };
 
-// Stage work as sleeps: forward F / V per chunk, backward R F / V; the activation is a real buffer.
+// Stage work as sleeps: forward F / V per chunk, backward R F / V (split: input half (1 - w) R F / V, weight half
+// w R F / V); the activation is a real buffer.
 class SleepRunner : public pipeline::StageRunner {
  public:
   SleepRunner(const BenchPipelineArgs& a, int V, size_t n) : a_(a), V_(V), out_(n, 1.0f), grad_(n, 1.0f) {}
@@ -52,6 +58,11 @@ class SleepRunner : public pipeline::StageRunner {
     sleep_ms(a_.backward_ratio * a_.forward_ms / V_);
     return grad_.data();
   }
+  const float* backward_input(int, int, const float*) override {
+    sleep_ms((1 - a_.weight_share) * a_.backward_ratio * a_.forward_ms / V_);
+    return grad_.data();
+  }
+  void backward_weight(int, int) override { sleep_ms(a_.weight_share * a_.backward_ratio * a_.forward_ms / V_); }
 
  private:
   static void sleep_ms(double ms) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); }
@@ -71,6 +82,8 @@ void check_args(const BenchPipelineArgs& a, const std::vector<int>& ms) {
   MT_CHECK_INPUT(a.forward_ms > 0 && a.forward_ms <= 60000, "--forward-ms must be in (0, 60000], got ", a.forward_ms);
   MT_CHECK_INPUT(a.backward_ratio >= 0 && a.backward_ratio <= 100, "--backward-ratio must be in [0, 100], got ",
                  a.backward_ratio);
+  MT_CHECK_INPUT(a.weight_share >= 0 && a.weight_share <= 1, "--weight-share must be in [0, 1], got ",
+                 a.weight_share);
   MT_CHECK_INPUT(a.activation_kb > 0 && std::isfinite(a.activation_kb), "--activation-kb must be finite and > 0, got ",
                  a.activation_kb);
   MT_CHECK_INPUT(a.comm_timeout > 0, "--comm-timeout must be > 0 seconds, got ", a.comm_timeout);
@@ -90,44 +103,75 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   const int p = a.stages;
   std::vector<int> ms = a.micro_batches.empty() ? std::vector<int>{p, 2 * p} : a.micro_batches;
   check_args(a, ms);
-  std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x, "
-              "activation %.0f KB, %d steps (first not timed)\n",
-              p, a.forward_ms, a.backward_ratio, a.activation_kb, a.steps);
-  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s\n", "schedule", "m", "V", "measured", "simulated", "nominal",
-              "ideal", "diff pp", "msg ms");
+  struct utsname host {};
+  uname(&host);
+  std::printf("host: kernel %s %s (compute is emulated by sleeping: no instruction set involved)\n", host.release,
+              host.machine);
+  std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
+              "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed)\n",
+              p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps);
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s\n", "schedule", "m", "V", "measured", "simulated",
+              "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b");
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
-      const int V = name == "interleaved" ? a.virtual_stages : 1;
+      const int V = name == "interleaved" ? a.virtual_stages : name == "zb-v" ? 2 : 1;  // zb-v: two chunks in a V
       const pipeline::ScheduleSpec spec{name, p, m, V};
       pipeline::validate(spec);
+      // The peer of the ratio column: 1F1B at the same m, its steps alternating with this schedule's in the same
+      // job, so a slower spell of the machine falls on both.
+      const bool with_peer = name != "1f1b";
+      const pipeline::ScheduleSpec peer{"1f1b", p, m, 1};
       comm::LaunchOptions lo;
       lo.nproc = p;
       lo.backend = "shm";
       lo.timeout_s = a.comm_timeout;
       const int rc = comm::launch(lo, [&](comm::Communicator& world) {
-        const auto lists = pipeline::make_schedule(spec);
-        SleepRunner runner(a, V, (size_t)(a.activation_kb * 1024 / sizeof(float)));
-        pipeline::PipelineStats st;
-        pipeline::PipelineExecutor ex;
+        const size_t n = (size_t)(a.activation_kb * 1024 / sizeof(float));
+        const pipeline::Schedule lists = pipeline::make_schedule(spec);
+        const pipeline::Schedule peer_lists = with_peer ? pipeline::make_schedule(peer) : pipeline::Schedule{};
+        SleepRunner runner(a, V, n), peer_runner(a, 1, n);
+        pipeline::PipelineStats st, peer_st;
+        pipeline::PipelineExecutor ex, peer_ex;
         for (int s = 0; s < a.steps; s++) {
-          pipeline::PipelineStats one;
+          pipeline::PipelineStats one, peer_one;
+          if (with_peer) {
+            world.barrier();
+            peer_ex.run(peer, peer_lists, world, peer_runner, &peer_one);
+            if (s > 0) peer_st.add(peer_one);
+          }
           world.barrier();  // steps start together, as after a training step's reductions
           ex.run(spec, lists, world, runner, &one);
           if (s > 0) st.add(one);
         }
-        const size_t k = plan::packed_size(V);
-        std::vector<float> mine(k), all(k * p);
-        plan::pack(st, V, mine.data());
-        world.all_gather(mine.data(), all.data(), all.size(), comm::DType::f32);
+        // Every rank's stats on rank 0: this schedule's, then the peer's.
+        auto gather = [&](const pipeline::PipelineStats& mine_st, int chunks) {
+          const size_t k = plan::packed_size(chunks);
+          std::vector<float> mine(k), all(k * p);
+          plan::pack(mine_st, chunks, mine.data());
+          world.all_gather(mine.data(), all.data(), all.size(), comm::DType::f32);
+          std::vector<pipeline::PipelineStats> ranks;
+          for (int j = 0; j < p; j++) ranks.push_back(plan::unpack(&all[k * j], chunks));
+          return ranks;
+        };
+        const std::vector<pipeline::PipelineStats> ranks = gather(st, V);
+        const std::vector<pipeline::PipelineStats> peer_ranks = with_peer ? gather(peer_st, 1) : ranks;
         if (world.rank() != 0) return;
-        std::vector<pipeline::PipelineStats> ranks;
-        for (int j = 0; j < p; j++) ranks.push_back(plan::unpack(&all[k * j], V));
         const plan::BubbleReport b = plan::bubble_report(spec, ranks, true);
-        const double nominal = plan::simulate(spec, plan::CostModel{a.forward_ms, a.backward_ratio, 0.0}).bubble_fraction;
-        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f\n", name.c_str(), m, V,
+        plan::CostModel nominal_cost;
+        nominal_cost.forward = a.forward_ms;
+        nominal_cost.backward_ratio = a.backward_ratio;
+        nominal_cost.weight_share = a.weight_share;
+        const double nominal = plan::simulate(spec, nominal_cost).bubble_fraction;
+        // The step time: the longest rank's span, per timed step.
+        auto step_ms = [&](const std::vector<pipeline::PipelineStats>& rs) {
+          double span_us = 0;
+          for (const pipeline::PipelineStats& r : rs) span_us = std::max(span_us, r.span_us);
+          return span_us / 1e3 / (a.steps - 1);
+        };
+        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f\n", name.c_str(), m, V,
                     100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
-                    100 * (b.measured - b.simulated), b.cost.comm);
+                    100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks));
         if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
           for (int j = 0; j < p; j++)
             std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,
@@ -149,10 +193,13 @@ void add_bench_pipeline_command(CLI::App& bench) {
   sub->add_option("--stages", a->stages, "p: pipeline ranks (forked, shared memory)")->capture_default_str();
   sub->add_option("--schedules", a->schedules, "which schedules")->delimiter(',')->capture_default_str();
   sub->add_option("--micro-batches", a->micro_batches, "m values (default p and 2p)")->delimiter(',');
-  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved")->capture_default_str();
+  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved (zb-v runs 2)")->capture_default_str();
   sub->add_option("--forward-ms", a->forward_ms, "forward time of one rank's share per micro-batch")
       ->capture_default_str();
   sub->add_option("--backward-ratio", a->backward_ratio, "backward / forward")->capture_default_str();
+  sub->add_option("--weight-share", a->weight_share,
+                  "w: the weight half's share of a split backward (zero-bubble schedules; the input half takes 1 - w)")
+      ->capture_default_str();
   sub->add_option("--activation-kb", a->activation_kb, "size of each activation message")->capture_default_str();
   sub->add_option("--steps", a->steps, "steps per configuration (the first is not timed)")->capture_default_str();
   sub->add_option("--comm-timeout", a->comm_timeout, "deadline of every wait (s)")->capture_default_str();

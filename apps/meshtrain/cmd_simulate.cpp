@@ -88,6 +88,9 @@ void run_simulate(SimulateArgs& a) {
   const pipeline::Schedule schedule = pipeline::make_schedule(spec);  // validates
   const plan::SimResult r = plan::simulate(spec, schedule, a.cost);
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
+  bool split = false;  // the lists hold split backwards (zero-bubble schedules)
+  for (const auto& list : schedule.lists)
+    for (const pipeline::Action& x : list) split = split || x.kind == pipeline::ActionKind::backward_weight;
 
   std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p, m,
               V, V > 1 ? "s" : "");
@@ -95,12 +98,21 @@ void run_simulate(SimulateArgs& a) {
     std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
                 V > 1 ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str() : "stage",
                 num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+    if (split)
+      std::printf("cost of the split backward: input half (I) %s, weight half (W) %s per %s\n",
+                  num((1 - a.cost.weight_share) * a.cost.backward_ratio * a.cost.forward / V).c_str(),
+                  num(a.cost.weight_share * a.cost.backward_ratio * a.cost.forward / V).c_str(),
+                  V > 1 ? "chunk" : "stage");
   } else {
     std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
     for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
       std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s\n", s,
                   schedule.placement.slot(0, (int)s).rank, schedule.placement.slot(0, (int)s).chunk,
                   num(a.cost.stage_forward[s]).c_str(), num(a.cost.stage_backward[s]).c_str());
+    if (split)
+      std::printf("  the split backward: input half (I) %s, weight half (W) %s of each stage's backward (assumed, "
+                  "not measured)\n",
+                  num(1 - a.cost.weight_share).c_str(), num(a.cost.weight_share).c_str());
   }
   if (a.actions) {
     for (int j = 0; j < p; j++) {
@@ -144,6 +156,10 @@ void add_simulate_command(CLI::App& app) {
       ->capture_default_str()->check(kPositiveInt);
   sub->add_option("--backward-ratio", a->cost.backward_ratio, "R: backward time / forward time")
       ->capture_default_str()->check(finite_non_negative("backward ratio"));
+  sub->add_option("--weight-share", a->cost.weight_share,
+                  "w: the weight-gradient half's share of a split backward (zero-bubble schedules; the input half "
+                  "takes 1 - w)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   sub->add_option("--comm-cost", a->cost.comm,
                   "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
       ->capture_default_str()->check(finite_non_negative("message cost"));

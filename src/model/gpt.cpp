@@ -378,7 +378,30 @@ const float* Gpt::stage_input_grad(nn::ActivationStore& store, int B, int T) {
 }
 
 void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout) {
+  backward_pass(store, mb, B, T, hooks, dout, false);
+}
+
+void Gpt::backward_input(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout) {
+  backward_pass(store, mb, B, T, hooks, dout, true);
+}
+
+// The whole backward, or (input_only) its input half: the same kernels with the parameter gradients skipped
+// (GradOut null), the output gradients the weight half needs copied under (mb, "h{l}.d_*"), the recomputed
+// intermediates kept under the micro-batch, and the parameters bracketed as a use, not as final gradients.
+void Gpt::backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout,
+                        bool input_only) {
   nn::GroupHooks hk(params_, hooks);
+  // The parameter gradient of p (skipped in the input half).
+  auto grad = [&](nn::Param* p) { return input_only ? nn::GradOut() : p->grad_out(); };
+  // Keeps an output gradient that a parameter gradient reads, for the weight half.
+  auto keep = [&](int l, const char* name, const float* src, size_t n) {
+    if (input_only) std::memcpy(store.get(mb, key(l, name), n), src, sizeof(float) * n);
+  };
+  // Around a group's use. Opened as a backward either way (ZeRO 3 gathers the parameters, ZeRO 2 and 3 bind the
+  // gradient buffers: an MoE block's experts and router write theirs in the input half); closed as a use only
+  // in the input half (ZeRO 3 frees the parameters), since the gradients are final only at backward_weight.
+  auto open = [&](int g) { hk.before_backward(g); };
+  auto close = [&](int g) { input_only ? hk.after_forward(g) : hk.after_backward(g); };
   const int S = tp_size();
   const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Hs = cfg_.n_head / S, Vl = (int)(v1_ - v0_);
   const int N = B * T, Nr = rows_here(N);
@@ -399,17 +422,21 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
   float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
   auto dres_all = [&]() -> const float* { return rows_.gather(dres, dres_full, N, C); };
 
-  if (first_stage()) hk.before_backward(0);  // wte's gradient: the logits' part now, the lookup's at the end
+  if (first_stage()) open(0);  // wte's gradient: the logits' part now, the lookup's at the end
   if (last_stage()) {
   const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
   const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
-  if (!first_stage()) hk.before_backward(L + 1);  // this stage's wte copy is in group L+1
-  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, wte_->grad_out(), dlogits, lnf, wte_->weight(), N, C, Vl,
+  if (!first_stage()) open(L + 1);  // this stage's wte copy is in group L+1
+  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, grad(wte_), dlogits, lnf, wte_->weight(), N, C, Vl,
                                      prec_);
   std::memset(dres, 0, sizeof(float) * Nr * C);
-  if (first_stage()) hk.before_backward(L + 1);
-  if (sp_) {
+  if (first_stage()) open(L + 1);
+  keep(L, "d_lnf", dln, (size_t)Nr * C);
+  if (input_only) {
+    nn::layernorm_backward(dres, nullptr, nullptr, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
+                           store.get(mb, "lnf_rstd", Nr), Nr, C);
+  } else if (sp_) {
     std::memset(dlnp, 0, sizeof(float) * 2 * C);
     nn::layernorm_backward(dres, dlnp, dlnp + C, dln, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
                            store.get(mb, "lnf_rstd", Nr), Nr, C);
@@ -418,7 +445,7 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     nn::layernorm_backward(dres, lnf_w_->grad_out(), lnf_b_->grad_out(), dln, xL, lnf_w_->data,
                            store.get(mb, "lnf_mean", N), store.get(mb, "lnf_rstd", N), N, C);
   }
-  hk.after_backward(L + 1);
+  close(L + 1);
   } else {
     MT_ASSERT(dout, "a stage before the last needs the gradient of its output");
     std::memcpy(dres, dout, sizeof(float) * Nr * C);
@@ -426,9 +453,11 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
 
   for (int l = end_ - 1; l >= begin_; l--) {
     const LayerParams& p = layers_[l];
-    hk.before_backward(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
+    open(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
     const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)Nr * C);
-    const int smb = recompute_ ? kScratchMb : mb, slot = recompute_ ? -1 : l;
+    // The input half keeps recomputed intermediates under the micro-batch: the weight half reads them.
+    const bool scratch = recompute_ && !input_only;
+    const int smb = scratch ? kScratchMb : mb, slot = scratch ? -1 : l;
     if (recompute_) {
       if (moe_[l]) moe_[l]->set_recording(false);  // counted in forward already
       block_forward(store, smb, slot, l, x, store.get(kScratchMb, "rc_out", (size_t)Nr * C), B, T, mb);
@@ -442,44 +471,48 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     const float* ln2 = bf16 ? nullptr : store.get(smb, key(slot, "ln2"), (size_t)Nr * C);
     const uint16_t* ln2_16 = bf16 ? store.get_bf16(smb, key(slot, "ln2_16"), (size_t)Nr * C) : nullptr;
     uint16_t* gathered16 = bf16 && sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr;
-    if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
+    if (sp_ && !input_only) std::memset(dlnp, 0, sizeof(float) * 4 * C);
     // Under SP the LayerNorm parameters' gradients of this micro-batch go to dlnp first (summed over the group).
-    const nn::GradOut d_ln2_w = sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
-    const nn::GradOut d_ln2_b = sp_ ? nn::GradOut(dlnp + C) : p.ln2_b->grad_out();
-    const nn::GradOut d_ln1_w = sp_ ? nn::GradOut(dlnp + 2 * C) : p.ln1_w->grad_out();
-    const nn::GradOut d_ln1_b = sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
+    const nn::GradOut d_ln2_w = input_only ? nn::GradOut() : sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
+    const nn::GradOut d_ln2_b = input_only ? nn::GradOut() : sp_ ? nn::GradOut(dlnp + C) : p.ln2_b->grad_out();
+    const nn::GradOut d_ln1_w = input_only ? nn::GradOut() : sp_ ? nn::GradOut(dlnp + 2 * C) : p.ln1_w->grad_out();
+    const nn::GradOut d_ln1_b = input_only ? nn::GradOut() : sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
 
     if (moe_[l]) {
       moe_backward(store, smb, l, ln2, ln2_16, gathered16, dres_all(), dln, B, T, mb);
     } else {
       // res3 = res2 + gelu(ln2 Wfc + bfc) Wfcproj + bfcproj
       const float* fch = store.get(smb, key(slot, "fch"), (size_t)N * 4 * Cs);
+      keep(l, "d_res3", dres, (size_t)Nr * C);
       if (prec_ == Precision::bf16) {
         const uint16_t* fch_gelu16 = store.get_bf16(smb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs);
-        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, grad(p.fcproj_w), grad(p.fcproj_b), dres,
                                          fch_gelu16, p.fcproj_w->weight(), N, 4 * Cs, C);
       } else {
         const float* fch_gelu = store.get(smb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs);
-        nn::row_parallel_linear_backward(rows_, dres_full, dfch, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(), dres,
+        nn::row_parallel_linear_backward(rows_, dres_full, dfch, grad(p.fcproj_w), grad(p.fcproj_b), dres,
                                          fch_gelu, p.fcproj_w->weight(), N, 4 * Cs, C, prec_);
       }
       nn::gelu_backward(dfch, fch, dfch, (size_t)N * 4 * Cs);
+      keep(l, "d_fch", dfch, (size_t)N * 4 * Cs);
       if (bf16)
-        nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+        nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, grad(p.fc_w), grad(p.fc_b), dfch,
                                             ln2_16, p.fc_w->weight(), N, C, 4 * Cs);
       else
-        nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.fc_w->grad_out(), p.fc_b->grad_out(), dfch,
+        nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, grad(p.fc_w), grad(p.fc_b), dfch,
                                             ln2, p.fc_w->weight(), N, C, 4 * Cs, prec_);
     }
+    keep(l, "d_ln2", dln, (size_t)Nr * C);
     nn::layernorm_backward(dres, d_ln2_w, d_ln2_b, dln, res2, p.ln2_w->data, store.get(smb, key(slot, "ln2_mean"), Nr),
                            store.get(smb, key(slot, "ln2_rstd"), Nr), Nr, C);
     // res2 = x + attention(ln1(x)) Wproj + bproj
+    keep(l, "d_res2", dres, (size_t)Nr * C);
     if (bf16)
-      nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
+      nn::row_parallel_linear_backward(rows_, dres_full, datty, grad(p.attproj_w), grad(p.attproj_b), dres,
                                        store.get_bf16(smb, key(slot, "atty16"), (size_t)N * Cs), p.attproj_w->weight(), N,
                                        Cs, C);
     else
-      nn::row_parallel_linear_backward(rows_, dres_full, datty, p.attproj_w->grad_out(), p.attproj_b->grad_out(), dres,
+      nn::row_parallel_linear_backward(rows_, dres_full, datty, grad(p.attproj_w), grad(p.attproj_b), dres,
                                        store.get(smb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->weight(), N, Cs, C,
                                        prec_);
     if (bf16)
@@ -488,21 +521,28 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     else
       nn::attention_backward(dqkv, datty, store.get(smb, key(slot, "qkv"), (size_t)N * 3 * Cs), att, B, T, Cs, Hs,
                              prec_);
+    keep(l, "d_qkv", dqkv, (size_t)N * 3 * Cs);
     if (bf16)
-      nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+      nn::column_parallel_linear_backward(rows_, gathered16, dfull, dln, grad(p.qkv_w), grad(p.qkv_b), dqkv,
                                           store.get_bf16(smb, key(slot, "ln1_16"), (size_t)Nr * C), p.qkv_w->weight(), N,
                                           C, 3 * Cs);
     else
-      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, p.qkv_w->grad_out(), p.qkv_b->grad_out(), dqkv,
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, dln, grad(p.qkv_w), grad(p.qkv_b), dqkv,
                                           store.get(smb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->weight(), N, C, 3 * Cs,
                                           prec_);
+    keep(l, "d_ln1", dln, (size_t)Nr * C);
     nn::layernorm_backward(dres, d_ln1_w, d_ln1_b, dln, x, p.ln1_w->data, store.get(smb, key(slot, "ln1_mean"), Nr),
                            store.get(smb, key(slot, "ln1_rstd"), Nr), Nr, C);
-    if (sp_)
+    if (sp_ && !input_only)
       rows_.sum_replicated({{p.ln2_w, dlnp}, {p.ln2_b, dlnp + C}, {p.ln1_w, dlnp + 2 * C}, {p.ln1_b, dlnp + 3 * C}});
-    hk.after_backward(1 + l);
+    close(1 + l);
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
+  if (input_only) {  // the embeddings' gradients are the weight half's
+    keep(-1, "d_x0", dres, (size_t)Nr * C);
+    close(0);
+    return;
+  }
   const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
   const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", Nr));
   if (S == 1) {
@@ -518,6 +558,122 @@ void Gpt::backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHo
     rows_.sum_replicated({{wpe_, dwpe}}, (size_t)T * C);
   } else {
     nn::embedding_backward(wpe_->grad_acc(), dres, pos, N, C);
+  }
+  hk.after_backward(0);
+}
+
+// The weight half: every parameter gradient the input half skipped, from the output gradients it kept and the
+// forward's (or the recomputation's) activations, with the same kernels in the same order as the whole
+// backward, so each parameter gets the same bits; the groups' hooks hear here that their gradients are final.
+// Under sequence parallelism the products' inputs and output gradients are all-gathered again (the tensor
+// group runs the same list, so its collectives match).
+void Gpt::backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks) {
+  nn::GroupHooks hk(params_, hooks);
+  const int S = tp_size();
+  const int C = cfg_.n_embd, L = cfg_.n_layer, Cs = C / S, Vl = (int)(v1_ - v0_);
+  const int N = B * T, Nr = rows_here(N);
+  float* dfull = sp_ ? store.get(kScratchMb, "sp_dfull", (size_t)N * C) : nullptr;
+  float* dlnp = sp_ ? store.get(kScratchMb, "sp_dln_params", (size_t)4 * C) : nullptr;
+  float* dres_full = sp_scratch(store, "sp_dres_full", (size_t)N * C);
+  float* gathered = sp_scratch(store, "sp_gather", (size_t)N * C);
+  auto kept = [&](int l, const char* name, size_t n) -> const float* { return store.get(mb, key(l, name), n); };
+
+  if (first_stage()) hk.before_backward(0);
+  if (last_stage()) {
+    const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
+    const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
+    const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
+    if (!first_stage()) hk.before_backward(L + 1);
+    nn::vocab_parallel_logits_backward(rows_, gathered, dfull, nullptr, wte_->grad_out(), dlogits, lnf, wte_->weight(), N,
+                                       C, Vl, prec_);
+    if (first_stage()) hk.before_backward(L + 1);
+    const float* dlnf = kept(L, "d_lnf", (size_t)Nr * C);
+    if (sp_) {
+      std::memset(dlnp, 0, sizeof(float) * 2 * C);
+      nn::layernorm_backward(nullptr, dlnp, dlnp + C, dlnf, xL, lnf_w_->data, store.get(mb, "lnf_mean", Nr),
+                             store.get(mb, "lnf_rstd", Nr), Nr, C);
+      rows_.sum_replicated({{lnf_w_, dlnp}, {lnf_b_, dlnp + C}});
+    } else {
+      nn::layernorm_backward(nullptr, lnf_w_->grad_out(), lnf_b_->grad_out(), dlnf, xL, lnf_w_->data,
+                             store.get(mb, "lnf_mean", N), store.get(mb, "lnf_rstd", N), N, C);
+    }
+    hk.after_backward(L + 1);
+  }
+  for (int l = end_ - 1; l >= begin_; l--) {
+    const LayerParams& p = layers_[l];
+    hk.before_backward(1 + l);
+    const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)Nr * C);
+    const int slot = l;  // backward_input kept recomputed intermediates under the micro-batch too
+    const bool bf16 = prec_ == Precision::bf16;
+    uint16_t* gathered16 = bf16 && sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr;
+    const float* res2 = store.get(mb, key(slot, "res2"), (size_t)Nr * C);
+    if (sp_) std::memset(dlnp, 0, sizeof(float) * 4 * C);
+    const nn::GradOut d_ln2_w = sp_ ? nn::GradOut(dlnp) : p.ln2_w->grad_out();
+    const nn::GradOut d_ln2_b = sp_ ? nn::GradOut(dlnp + C) : p.ln2_b->grad_out();
+    const nn::GradOut d_ln1_w = sp_ ? nn::GradOut(dlnp + 2 * C) : p.ln1_w->grad_out();
+    const nn::GradOut d_ln1_b = sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
+    if (!moe_[l]) {  // an MoE block's experts and router took their gradients in backward_input
+      const float* d_res3 = kept(l, "d_res3", (size_t)Nr * C);
+      const float* dfch = kept(l, "d_fch", (size_t)N * 4 * Cs);
+      if (bf16)
+        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(),
+                                         d_res3, store.get_bf16(mb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs),
+                                         p.fcproj_w->weight(), N, 4 * Cs, C);
+      else
+        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(),
+                                         d_res3, store.get(mb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs),
+                                         p.fcproj_w->weight(), N, 4 * Cs, C, prec_);
+      if (bf16)
+        nn::column_parallel_linear_backward(rows_, gathered16, nullptr, nullptr, p.fc_w->grad_out(), p.fc_b->grad_out(),
+                                            dfch, store.get_bf16(mb, key(slot, "ln2_16"), (size_t)Nr * C),
+                                            p.fc_w->weight(), N, C, 4 * Cs);
+      else
+        nn::column_parallel_linear_backward(rows_, gathered, dfull, nullptr, p.fc_w->grad_out(), p.fc_b->grad_out(),
+                                            dfch, store.get(mb, key(slot, "ln2"), (size_t)Nr * C), p.fc_w->weight(), N, C,
+                                            4 * Cs, prec_);
+    }
+    nn::layernorm_backward(nullptr, d_ln2_w, d_ln2_b, kept(l, "d_ln2", (size_t)Nr * C), res2, p.ln2_w->data,
+                           store.get(mb, key(slot, "ln2_mean"), Nr), store.get(mb, key(slot, "ln2_rstd"), Nr), Nr, C);
+    const float* d_res2 = kept(l, "d_res2", (size_t)Nr * C);
+    if (bf16)
+      nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.attproj_w->grad_out(), p.attproj_b->grad_out(),
+                                       d_res2, store.get_bf16(mb, key(slot, "atty16"), (size_t)N * Cs),
+                                       p.attproj_w->weight(), N, Cs, C);
+    else
+      nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.attproj_w->grad_out(), p.attproj_b->grad_out(),
+                                       d_res2, store.get(mb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->weight(), N,
+                                       Cs, C, prec_);
+    const float* dqkv = kept(l, "d_qkv", (size_t)N * 3 * Cs);
+    if (bf16)
+      nn::column_parallel_linear_backward(rows_, gathered16, nullptr, nullptr, p.qkv_w->grad_out(), p.qkv_b->grad_out(),
+                                          dqkv, store.get_bf16(mb, key(slot, "ln1_16"), (size_t)Nr * C),
+                                          p.qkv_w->weight(), N, C, 3 * Cs);
+    else
+      nn::column_parallel_linear_backward(rows_, gathered, dfull, nullptr, p.qkv_w->grad_out(), p.qkv_b->grad_out(),
+                                          dqkv, store.get(mb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->weight(), N, C,
+                                          3 * Cs, prec_);
+    nn::layernorm_backward(nullptr, d_ln1_w, d_ln1_b, kept(l, "d_ln1", (size_t)Nr * C), x, p.ln1_w->data,
+                           store.get(mb, key(slot, "ln1_mean"), Nr), store.get(mb, key(slot, "ln1_rstd"), Nr), Nr, C);
+    if (sp_)
+      rows_.sum_replicated({{p.ln2_w, dlnp}, {p.ln2_b, dlnp + C}, {p.ln1_w, dlnp + 2 * C}, {p.ln1_b, dlnp + 3 * C}});
+    hk.after_backward(1 + l);
+  }
+  if (!first_stage()) return;
+  const float* dx0 = kept(-1, "d_x0", (size_t)Nr * C);
+  const auto* ids = reinterpret_cast<const int32_t*>(store.get(mb, "ids", N));
+  const auto* pos = reinterpret_cast<const int32_t*>(store.get(mb, "pos", Nr));
+  if (S == 1) {
+    nn::embedding_backward(wte_->grad_acc(), dx0, ids, N, C);
+  } else {
+    nn::vocab_parallel_embedding_backward(wte_->grad_acc(), rows_.gather(dx0, dres_full, N, C), ids, v0_, v1_, N, C);
+  }
+  if (sp_) {
+    float* dwpe = store.get(kScratchMb, "sp_dwpe", (size_t)T * C);
+    std::memset(dwpe, 0, sizeof(float) * T * C);
+    nn::embedding_backward(dwpe, dx0, pos, Nr, C);
+    rows_.sum_replicated({{wpe_, dwpe}}, (size_t)T * C);
+  } else {
+    nn::embedding_backward(wpe_->grad_acc(), dx0, pos, N, C);
   }
   hk.after_backward(0);
 }

@@ -113,6 +113,18 @@ class Gpt {
   // gradient of its input in stage_input_grad() (valid until the next backward).
   void backward(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr,
                 const float* dout = nullptr);
+  // The backward split in two (a pipeline's zero-bubble schedules): backward_input computes what backward
+  // computes except the parameter gradients (the input's gradient in stage_input_grad(), as backward leaves
+  // it) and keeps, under mb, the output gradients those need (and, with recomputation, the recomputed
+  // intermediates); backward_weight then accumulates the parameter gradients of mb from them and calls the
+  // groups' after_backward hooks (backward_input opens each group with before_backward and closes it with
+  // after_forward: its parameters were used, its gradients are not final).
+  // Together they give every parameter gradient the bits backward gives, when the weight halves of a step run
+  // in the order of the micro-batches. Release mb only after backward_weight. An MoE block's experts and router
+  // take their gradients in backward_input (not split).
+  void backward_input(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr,
+                      const float* dout = nullptr);
+  void backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr);
   const float* stage_output(nn::ActivationStore& store, int mb, int B, int T);
   const float* stage_input_grad(nn::ActivationStore& store, int B, int T);
   // After forward without targets: out[B,V] = logits of the last position of each sequence.
@@ -157,6 +169,8 @@ class Gpt {
     nn::Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w,
         *fcproj_b;
   };
+  void backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks, const float* dout,
+                     bool input_only);
   static constexpr int kScratchMb = -1;  // store slot shared by all micro-batches (one backward at a time)
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   // One transformer block from input x to output res3, intermediates under (smb, "h{slot}.*").

@@ -8,6 +8,7 @@
 // backward reads x and dout, adds into dinp.
 #include <cmath>
 
+#include "core/error.h"
 #include "nn/layers.h"
 #include "tensor/blas.h"
 
@@ -77,13 +78,22 @@ void layernorm_backward(float* dinp, GradOut dw_out, GradOut db_out, const float
                         const float* w, const float* mean, const float* rstd, int N, int C) {
   float* dw = dw_out.accumulator(C);
   float* db = db_out.accumulator(C);
-  if (num_threads() <= 1) {  // one pass: input and parameter gradients together
+  MT_ASSERT((dw == nullptr) == (db == nullptr), "layernorm_backward: dw and db are both given or both skipped");
+  if (!dw) {  // the input half of a split backward
+    if (!dinp) return;
+#pragma omp parallel for schedule(static) if (num_threads() > 1)
+    for (int n = 0; n < N; n++) layernorm_backward_rows(dinp, nullptr, nullptr, dout, inp, w, mean, rstd, n, n + 1, C, false);
+    return;
+  }
+  if (dinp && num_threads() <= 1) {  // one pass: input and parameter gradients together
     layernorm_backward_rows(dinp, dw, db, dout, inp, w, mean, rstd, 0, N, C, true);
     return;
   }
+  if (dinp) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; n++) layernorm_backward_rows(dinp, dw, db, dout, inp, w, mean, rstd, n, n + 1, C, false);
-  for (int n = 0; n < N; n++) {
+    for (int n = 0; n < N; n++) layernorm_backward_rows(dinp, dw, db, dout, inp, w, mean, rstd, n, n + 1, C, false);
+  }
+  for (int n = 0; n < N; n++) {  // the parameter gradients (alone: the weight half of a split backward)
     const float* x = inp + (size_t)n * C;
     const float* g = dout + (size_t)n * C;
     const float m = mean[n], s = rstd[n];

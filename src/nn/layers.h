@@ -25,7 +25,9 @@ namespace mt::nn {
 void linear_forward(float* out, const float* inp, Weight W, const float* b, int N, int C, int OC,
                     const float* residual = nullptr, Precision prec = Precision::fp32);
 // dinp[N,C] = dout W^T (or += when accumulate_dinp; dinp may be null to skip); dW[C,OC] (+)= inp^T dout;
-// db[OC] (+)= column sums of dout (db may be null).
+// db[OC] (+)= column sums of dout (db may be null). dW null skips the weight product: a split backward (a
+// pipeline's zero-bubble schedules) calls once with dW, db null (its input half) and once with dinp null (its
+// weight half), the same products as one call, bit for bit.
 void linear_backward(float* dinp, GradOut dW, GradOut db, const float* dout, const float* inp, Weight W, int N,
                      int C, int OC, bool accumulate_dinp = false, Precision prec = Precision::fp32);
 // The same with the input kept in bf16 (inp16[N,C], rounded once in forward; --precision bf16 only): the input is
@@ -45,7 +47,9 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // LayerNorm over the last axis, eps 1e-5: out[N,C], mean[N], rstd[N] saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
                        int C);
-// dinp[N,C] accumulated (+=: LayerNorm sits on the residual stream); dw, db (+)=.
+// dinp[N,C] accumulated (+=: LayerNorm sits on the residual stream); dw, db (+)=. For a split backward, dinp
+// null skips the input gradient and dw, db null (both) skip the parameter gradients; the two halves give the
+// bits of one call.
 void layernorm_backward(float* dinp, GradOut dw, GradOut db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int N, int C);
 

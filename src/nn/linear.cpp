@@ -55,10 +55,10 @@ void backward(float* dinp, GradOut dW, GradOut db_out, const float* dout, const 
       gemm_16(false, true, N, C, OC, 1.0f, d16, OC, W.b16, OC, beta, dinp, C);
     else if (dinp)
       gemm_a16(false, true, N, C, OC, 1.0f, d16, OC, W.f32, OC, beta, dinp, C);
-    gemm_16(true, false, C, OC, N, 1.0f, as_bf16(inp, N, C), C, d16, OC, dW.beta(), dW.data, OC);
+    if (dW) gemm_16(true, false, C, OC, N, 1.0f, as_bf16(inp, N, C), C, d16, OC, dW.beta(), dW.data, OC);
   } else {
     if (dinp) gemm(false, true, N, C, OC, 1.0f, dout, OC, W.f32, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, C, prec);
-    product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
+    if (dW) product(true, C, OC, N, inp, C, dout, dW.beta(), dW.data, prec);
   }
   if (float* db = db_out.accumulator(OC)) {
     for (int n = 0; n < N; n++) {

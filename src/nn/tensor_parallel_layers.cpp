@@ -91,9 +91,11 @@ void column_parallel_linear_backward(const TpRows& rows, float* inp_full, float*
                                      GradOut db, const float* dout, const float* inp, Weight W, int N, int Cin,
                                      int Cl, Precision prec) {
   // Each rank's dinp is the part of the input gradient flowing through its columns: the whole is their sum.
-  float* partial = rows.sequence_parallel() ? dinp_full : dinp;
-  linear_backward(partial, dW, db, dout, rows.gather(inp, inp_full, N, Cin), W, N, Cin, Cl, false, prec);
-  rows.reduce(partial, dinp, N, Cin);
+  // A split backward's halves: dinp null skips the input gradient and its reduction, dW null the weight
+  // gradient and the gather of the input (under SP) it reads.
+  float* partial = !dinp ? nullptr : rows.sequence_parallel() ? dinp_full : dinp;
+  linear_backward(partial, dW, db, dout, dW ? rows.gather(inp, inp_full, N, Cin) : inp, W, N, Cin, Cl, false, prec);
+  if (dinp) rows.reduce(partial, dinp, N, Cin);
 }
 
 void column_parallel_linear_forward(const TpRows& rows, uint16_t* inp_full16, float* out, const uint16_t* inp16,
@@ -104,9 +106,10 @@ void column_parallel_linear_forward(const TpRows& rows, uint16_t* inp_full16, fl
 void column_parallel_linear_backward(const TpRows& rows, uint16_t* inp_full16, float* dinp_full, float* dinp,
                                      GradOut dW, GradOut db, const float* dout, const uint16_t* inp16, Weight W, int N,
                                      int Cin, int Cl) {
-  float* partial = rows.sequence_parallel() ? dinp_full : dinp;
-  linear_backward(partial, dW, db, dout, rows.gather(inp16, inp_full16, N, Cin), W, N, Cin, Cl, false);
-  rows.reduce(partial, dinp, N, Cin);
+  // A split backward's halves as in the float32 form above.
+  float* partial = !dinp ? nullptr : rows.sequence_parallel() ? dinp_full : dinp;
+  linear_backward(partial, dW, db, dout, dW ? rows.gather(inp16, inp_full16, N, Cin) : inp16, W, N, Cin, Cl, false);
+  if (dinp) rows.reduce(partial, dinp, N, Cin);
 }
 
 void gather_columns(const TpRows& rows, float* parts, float* whole, const float* part, int N, int Cl, int blocks) {
@@ -188,22 +191,29 @@ void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx
                                     const float* dlogits, const float* x, Weight wte, int N, int C, int Vl,
                                     Precision prec) {
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
+  // A split backward's halves: dx null skips the input gradient, dwte null the weight gradient.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
   if (prec == Precision::bf16) {
     // dlogits (N x Vl, the largest operand of the step) feeds both products: rounded once, not once per product.
     const uint16_t* d16 = packed_bf16_scratch(0, dlogits, N, Vl, Vl);
-    if (wte.b16)
-      gemm_16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.b16, C, 0.0f, partial, C);
-    else
-      gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.f32, C, 0.0f, partial, C);
-    rows.reduce(partial, dx, N, C);
+    if (dx) {
+      if (wte.b16)
+        gemm_16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.b16, C, 0.0f, partial, C);
+      else
+        gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.f32, C, 0.0f, partial, C);
+      rows.reduce(partial, dx, N, C);
+    }
+    if (!dwte) return;
     const uint16_t* x16 = packed_bf16_scratch(1, rows.gather(x, x_full, N, C), N, C, C);
     gemm_16(true, false, Vl, C, N, 1.0f, d16, Vl, x16, C, dwte.beta(), dwte.data, C);
     return;
   }
-  gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte.f32, C, 0.0f, partial, C, prec);
-  rows.reduce(partial, dx, N, C);
-  gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);
+  if (dx) {
+    gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte.f32, C, 0.0f, partial, C, prec);
+    rows.reduce(partial, dx, N, C);
+  }
+  if (dwte)
+    gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

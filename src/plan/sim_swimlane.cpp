@@ -12,6 +12,15 @@ namespace {
 // Shades from dark to light, one per chunk (cycling past 4): chunk 0 is the darkest.
 const char* const kForward[] = {"#2b6cb0", "#4a90d9", "#7fb3e6", "#b3d4f2"};
 const char* const kBackward[] = {"#b7521b", "#dd7a32", "#eda066", "#f5c59c"};
+// The weight-gradient half of a split backward (the input half is drawn as a backward).
+const char* const kWeight[] = {"#2f7d32", "#4caf50", "#81c784", "#b9e0bb"};
+
+bool split_backward(const SimResult& r) {
+  for (const auto& lane : r.boxes)
+    for (const Box& b : lane)
+      if (b.kind == pipeline::ActionKind::backward_weight) return true;
+  return false;
+}
 
 std::string pct(double x) {
   char buf[32];
@@ -34,14 +43,19 @@ trace::Swimlane swimlane_of(const pipeline::ScheduleSpec& spec, const CostModel&
                 V > 1 ? str(", V = ", V, " chunks per rank") : std::string(), "  -  utilization ", pct(r.utilization));
   d.subtitle = str("bubble ", pct(r.bubble_fraction), " (ideal (p-1)/(", V > 1 ? "Vm" : "m", "+p-1) = ",
                    pct(theoretical_bubble(spec)), "); busy ", num(r.busy), " of ", num(p * r.makespan),
-                   "; backward = ", num(cost.backward_ratio), " x forward; message cost ", num(cost.comm));
+                   "; backward = ", num(cost.backward_ratio), " x forward",
+                   split_backward(r) ? str(" (input half ", num(1 - cost.weight_share), ", weight half ",
+                                           num(cost.weight_share), " of it)")
+                                     : std::string(),
+                   "; message cost ", num(cost.comm));
   d.time_label = V > 1 ? str("time (1 = forward of one rank's ", V, " chunks; one chunk takes 1/", V, ")")
                        : std::string("time (1 = forward of one stage)");
   d.end_time = r.makespan;
   for (int c = 0; c < V && c < 4; c++) {
     std::string chunk = V > 1 ? str(", chunk ", c) : std::string();
     d.legend.push_back({kForward[c], "forward" + chunk});
-    d.legend.push_back({kBackward[c], "backward" + chunk});
+    d.legend.push_back({kBackward[c], (split_backward(r) ? "backward, input half (B)" : "backward") + chunk});
+    if (split_backward(r)) d.legend.push_back({kWeight[c], "backward, weight half (W)" + chunk});
   }
   for (int j = 0; j < p; j++) {
     trace::SwimlaneLane lane;
@@ -52,13 +66,17 @@ trace::Swimlane swimlane_of(const pipeline::ScheduleSpec& spec, const CostModel&
       lane.name += ")";
     }
     for (const Box& b : r.boxes[j]) {
-      const bool fwd = b.kind == pipeline::ActionKind::forward;
+      const bool fwd = b.kind == pipeline::ActionKind::forward, wgt = b.kind == pipeline::ActionKind::backward_weight;
       trace::SwimlaneBox box;
       box.start = b.start;
       box.end = b.end;
-      box.fill = (fwd ? kForward : kBackward)[b.chunk % 4];
+      box.fill = (fwd ? kForward : wgt ? kWeight : kBackward)[b.chunk % 4];
       box.label = V > 1 ? str(b.micro_batch, "c", b.chunk) : str(b.micro_batch);
-      box.tooltip = str("rank ", j, ": ", fwd ? "forward" : "backward", " of micro-batch ", b.micro_batch,
+      const char* what = fwd ? "forward"
+                         : wgt ? "weight half of the backward"
+                         : b.kind == pipeline::ActionKind::backward_input ? "input half of the backward"
+                                                                          : "backward";
+      box.tooltip = str("rank ", j, ": ", what, " of micro-batch ", b.micro_batch,
                         V > 1 ? str(", chunk ", b.chunk) : std::string(), " (stage ", r.placement.stage_of(j, b.chunk),
                         "), ", num(b.start), " to ", num(b.end));
       lane.boxes.push_back(std::move(box));

@@ -19,11 +19,9 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
   MT_CHECK_INPUT(finite_nonneg(cost.backward_ratio), "simulator: backward ratio must be >= 0, got ",
                  cost.backward_ratio);
   MT_CHECK_INPUT(finite_nonneg(cost.comm), "simulator: message cost must be >= 0, got ", cost.comm);
+  MT_CHECK_INPUT(finite_nonneg(cost.weight_share) && cost.weight_share <= 1,
+                 "simulator: the weight half's share of a split backward must be in [0, 1], got ", cost.weight_share);
   pipeline::check_schedule(spec, schedule);
-  for (const auto& list : schedule.lists)
-    for (const Action& a : list)
-      MT_CHECK_INPUT(a.kind != ActionKind::backward_input && a.kind != ActionKind::backward_weight,
-                     "simulator: the cost model has no times for a split backward (", pipeline::to_string(a), ")");
 
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
   const pipeline::Placement& pl = schedule.placement;
@@ -66,8 +64,12 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
       double& t = r.finish[j];
       for (; pc[j] < schedule[j].size(); pc[j]++) {
         const Action& a = schedule[j][pc[j]];
-        if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
-          const double d = a.kind == ActionKind::forward ? t_fwd_of(j, a.chunk) : t_bwd_of(j, a.chunk);
+        if (pipeline::is_compute(a.kind)) {
+          const double w = cost.weight_share;
+          const double d = a.kind == ActionKind::forward          ? t_fwd_of(j, a.chunk)
+                           : a.kind == ActionKind::backward       ? t_bwd_of(j, a.chunk)
+                           : a.kind == ActionKind::backward_input ? (1 - w) * t_bwd_of(j, a.chunk)
+                                                                  : w * t_bwd_of(j, a.chunk);
           r.boxes[j].push_back({t, t + d, a.kind, a.micro_batch, a.chunk});
           r.busy_per_rank[j] += d;
           t += d;

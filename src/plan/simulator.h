@@ -7,7 +7,10 @@
 //
 // Cost model, in units of F (the defaults give the textbook cells: forward 1, backward 2 when V = 1):
 //   forward of one chunk   F / V           (a rank's layers are split evenly over its V chunks)
-//   backward of one chunk  R F / V
+//   backward of one chunk  R F / V; split in two (zero-bubble schedules): its input half (B, "I") takes
+//                          (1 - w) R F / V and its weight half (W) w R F / V, w the weight share (default 1/2:
+//                          with R = 2, F = B = W = 1 unit, the zero-bubble papers' assumption). Under measured
+//                          stage times the same share splits each stage's backward: assumed, not measured.
 //   send                   0 on the sender, which goes on at once (isend)
 //   message                arrives C after both its send is issued and its receive posted (a rendezvous:
 //                          what shm and MPI do for large tensors; with C = 0 the posting time does not matter)
@@ -28,6 +31,7 @@ struct CostModel {
   double forward = 1.0;         // F: forward of one rank's share of the model; one chunk takes F / V
   double backward_ratio = 2.0;  // R: backward = R * forward
   double comm = 0.0;            // C: one activation or gradient message, posted and sent -> arrived
+  double weight_share = 0.5;    // w: the weight-gradient half's share of a split backward (input half: 1 - w)
   // Optional, measured: per global stage s (p V entries), the forward and backward time of one micro-batch
   // through that stage; when given they replace forward and backward_ratio (stages of unequal cost, e.g. the
   // last one with the logits, or ranks slowed by others).
@@ -37,7 +41,7 @@ struct CostModel {
 // One computation as it ran: [start, end) on its rank.
 struct Box {
   double start = 0, end = 0;
-  pipeline::ActionKind kind = pipeline::ActionKind::forward;  // forward or backward
+  pipeline::ActionKind kind = pipeline::ActionKind::forward;  // forward, backward, backward_input or _weight
   int micro_batch = -1;
   int chunk = -1;
 };
@@ -53,9 +57,8 @@ struct SimResult {
   double bubble_fraction = 0;           // 1 - utilization
 };
 
-// Replays `schedule` (checked first with check_schedule, so a broken list throws ScheduleError; lists with
-// a split backward throw mt::InputError: the cost model has no times for its halves).
-// Throws mt::InputError for a cost model with negative or non-finite times or F = 0.
+// Replays `schedule` (checked first with check_schedule, so a broken list throws ScheduleError).
+// Throws mt::InputError for a cost model with negative or non-finite times, F = 0 or w outside [0, 1].
 SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule& schedule, const CostModel& cost);
 // make_schedule(spec), then the above.
 SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {});

@@ -184,6 +184,20 @@ class GptTask : public TrainTask {
       t.store_.release(key);  // the executor copied this micro-batch's output when it sent it
       return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
     }
+    // The split backward (zero-bubble schedules): the input half keeps what the weight half reads under the
+    // micro-batch's key, which the weight half releases.
+    const float* backward_input(int c, int i, const float* dout) override {
+      model::Gpt& g = *t.chunks_[c];
+      const int key = i * t.pp_.spec.virtual_stages + c;
+      g.backward_input(t.store_, key, mbs, t.T_, hooks, dout);
+      return g.first_stage() ? nullptr : g.stage_input_grad(t.store_, mbs, t.T_);
+    }
+    void backward_weight(int c, int i) override {
+      model::Gpt& g = *t.chunks_[c];
+      const int key = i * t.pp_.spec.virtual_stages + c;
+      g.backward_weight(t.store_, key, mbs, t.T_, hooks);
+      t.store_.release(key);
+    }
   };
 
   std::unique_ptr<TaskStageRunner> stage_runner(int64_t step, const BatchShare& share, nn::ParamHooks* hooks) override {

@@ -192,7 +192,7 @@ std::string error_of(const ScheduleSpec& spec) {
 
 TEST(Schedule, RejectsBadSpecsNamingTheValues) {
   EXPECT_NE(error_of({"zigzag", 2, 2, 1}).find("unknown pipeline schedule 'zigzag'; choose one of gpipe, 1f1b, "
-                                               "interleaved"),
+                                               "interleaved, zb-h1, zb-h2, zb-v"),
             std::string::npos);
   EXPECT_NE(error_of({"gpipe", 0, 2, 1}).find("p must be at least 1, got 0"), std::string::npos);
   EXPECT_NE(error_of({"1f1b", 2, 0, 1}).find("m must be at least 1, got 0"), std::string::npos);

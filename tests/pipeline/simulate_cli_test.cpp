@@ -86,7 +86,7 @@ TEST(SimulateCli, BadSpecsAreRejectedWithTheirValues) {
 
   RunResult u = simulate({"--schedule", "pipedream", "--stages", "2", "--micro-batches", "2"});
   EXPECT_EQ(u.exit_code, 1) << u.describe();
-  EXPECT_TRUE(contains(u.err, "unknown pipeline schedule 'pipedream'; choose one of gpipe, 1f1b, interleaved"))
+  EXPECT_TRUE(contains(u.err, "unknown pipeline schedule 'pipedream'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v"))
       << u.err;
 
   RunResult v = simulate({"--schedule", "interleaved", "--stages", "2", "--micro-batches", "2"});

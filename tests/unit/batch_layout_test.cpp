@@ -122,7 +122,7 @@ TEST(BatchLayout, ErrorsNameTheFlags) {
   // without validate still refuses it, listing the registry's names.
   EXPECT_NE(error_of(config(8, 2, 2, "zero-bubble"), 1)
                 .find("unknown pipeline schedule 'zero-bubble'; choose one "
-                      "of gpipe, 1f1b, interleaved"),
+                      "of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v"),
             std::string::npos);
   TrainConfig sp = config(4, 1);
   sp.sequence_parallel = true;

@@ -226,7 +226,10 @@ void ListRun::backward(const Action& a) {
   st_.backward_us += t1 - t0;
   st_.chunk_backward_us[a.chunk] += t1 - t0;
   st_.backwards++;
-  if (trace_) trace_->add(trace::Track::compute, compute_name('B', a), "backward", t0, t1);
+  if (trace_) {
+    const char kind = a.kind == ActionKind::backward_input ? 'I' : 'B';
+    trace_->add(trace::Track::compute, compute_name(kind, a), "backward", t0, t1);
+  }
   recycle(act_in_, key);
   recycle(grad_in_, key);
   poll_sends();

@@ -41,7 +41,7 @@ using OptimizerStep = std::function<void()>;
 // Runs schedule[pp.rank()]. pp: the pipeline group (rank j = pipeline position). Messages are tagged by
 // (kind, micro-batch, stage). stats (may be null) accumulates this call's timings (its span leaves out the
 // optimizer step); trace (may be null or disabled) records every computation (compute track: "F3c1" =
-// forward of micro-batch 3, chunk 1) and every receive (from post to arrival seen) and send (from issue to
+// forward of micro-batch 3, chunk 1; B a backward, I and W the input and weight halves of a split one) and every receive (from post to arrival seen) and send (from issue to
 // completion seen) on the p2p track.
 void run_actions(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
                  PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr, const OptimizerStep& step = {});

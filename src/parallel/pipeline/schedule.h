@@ -45,13 +45,17 @@
 //          j=1    F0 F1 F2 B0 F3 B1 B2 B3              forward one backward, then the remaining backwards
 //          j=2    F0 F1 B0 F2 B1 F3 B2 B3
 //          j=3    F0 B0 F1 B1 F2 B2 F3 B3
+//    zb-h1, zb-h2 the backward split in its input half (I: what the previous stage waits for) and its weight
+//                 half (W: the parameter gradients, deferred into the bubble); 1F1B's order of F and I after a
+//                 warm-up of p - j - 1 (zb-h2: 2 (p - 1 - j)) forwards, W of micro-batch i after I of i + j
+//                 (zb-h2: i + 2 j); schedules/zb_h1.cpp and zb_h2.cpp draw them for p = 4, m = 8.
 //    interleaved  Megatron-LM's order over the m * V (micro-batch, chunk) pairs: forwards go through
 //                 groups of p micro-batches chunk by chunk (chunk 0 of micro-batches 0..p-1, then chunk 1 of
 //                 the same, ..., then chunk 0 of micro-batches p..2p-1); backwards the same with chunks
 //                 from last to first; warm-up of (p - j - 1) * 2 + (V - 1) * p forwards (at most m * V),
 //                 then one forward one backward, then the remaining backwards.
 //
-//  Every schedule runs the backwards of each chunk in ascending micro-batch order (GPipe could as well run
+//  Every schedule runs the backwards (and the weight halves) of each chunk in ascending micro-batch order (GPipe could as well run
 //  them in reverse, the makespan is the same). Ascending makes every schedule accumulate a parameter's
 //  gradient over micro-batches in the same order, 0, 1, ..., m - 1, the order of the single-process run
 //  with micro-batches, so no float32 difference between layouts comes from the choice of schedule.
@@ -79,7 +83,7 @@ enum class ActionKind : uint8_t {
   optimizer_step,   // this rank's gradients are final: the executor calls the run's update (the same part the
                     // micro-batch loop calls after its last micro-batch), after completing the sends so far
   backward_input,   // the split backward (zero-bubble B): the input's gradient only, what the previous stage
-                    // waits for; no generator emits it yet
+                    // waits for (zb-h1, zb-h2)
   backward_weight,  // the split backward (zero-bubble W): the parameter gradients of (micro_batch, chunk),
                     // after its backward_input; frees the activations
 };

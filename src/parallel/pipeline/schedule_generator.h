@@ -35,5 +35,13 @@ const ScheduleGenerator& find_schedule(const std::string& name);
 std::unique_ptr<ScheduleGenerator> make_gpipe_schedule();
 std::unique_ptr<ScheduleGenerator> make_one_f_one_b_schedule();
 std::unique_ptr<ScheduleGenerator> make_interleaved_schedule();
+std::unique_ptr<ScheduleGenerator> make_zb_h1_schedule();
+std::unique_ptr<ScheduleGenerator> make_zb_h2_schedule();
+std::unique_ptr<ScheduleGenerator> make_zb_v_schedule();
+
+// The zero-bubble schedules' order on one rank (schedules/deferred_weight.cpp), chunk 0: `warmup` forwards (at
+// most m), then forward and input-gradient half alternately, then the remaining input halves; the weight half
+// of micro-batch i right after the input half of i + lag, the W's still owed after the last input half at the end.
+std::vector<Action> deferred_weight_order(int m, int warmup, int lag);
 
 }  // namespace mt::pipeline

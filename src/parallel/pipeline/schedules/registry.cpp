@@ -15,6 +15,9 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_gpipe_schedule());
     v.push_back(make_one_f_one_b_schedule());
     v.push_back(make_interleaved_schedule());
+    v.push_back(make_zb_h1_schedule());
+    v.push_back(make_zb_h2_schedule());
+    v.push_back(make_zb_v_schedule());
     return v;
   }();
   return all;
