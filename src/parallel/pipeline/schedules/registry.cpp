@@ -15,6 +15,7 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_gpipe_schedule());
     v.push_back(make_one_f_one_b_schedule());
     v.push_back(make_interleaved_schedule());
+    v.push_back(make_pipedream_2bw_schedule());
     return v;
   }();
   return all;
