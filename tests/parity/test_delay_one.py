@@ -73,7 +73,8 @@ def main() -> None:
             exact = hist_d
 
     def compare(tag, got, got_w, first=0):
-        wl, wg = dpc.compare_steps(got, hist[first:], checks, tag, loss_abs=TOL_LOSS_ABS)
+        wl, wg = dpc.compare_steps(got, hist[first:], checks, tag, loss_abs=TOL_LOSS_ABS,
+                                   against="the delay-1 reference")
         dw = float("nan")
         if got_w is not None:
             dw, where, dk = dpc.weight_diffs(got_w, W[-1], CFG)
@@ -125,14 +126,16 @@ def main() -> None:
         if checks.check(not missing, f"optimizer.safetensors lacks weights.previous/ tensors {missing[:3]}"):
             # Key slice of each c_attn bias apart (dp_common.weight_diffs): its gradient is rounding noise.
             dm, dp_ = dpc.weight_diffs(model, W[STOP], CFG)[0], dpc.weight_diffs(prev, W[STOP - 1], CFG)[0]
-            print(f"checkpoint at step {STOP}: model vs W({STOP}) {dm:.2e}, weights.previous vs W({STOP - 1}) {dp_:.2e}")
+            print(f"checkpoint at step {STOP}: model vs W({STOP}) {dm:.2e}, "
+                  f"weights.previous vs W({STOP - 1}) {dp_:.2e}")
             checks.check(dm <= TOL_W_ABS, f"checkpoint model.safetensors differs from W({STOP}) by {dm:.2e}")
             checks.check(dp_ <= TOL_W_ABS, f"checkpoint weights.previous differs from W({STOP - 1}) by {dp_:.2e}")
             checks.check(dpc.weight_diffs(W[STOP - 1], W[STOP], CFG)[0] > 3 * TOL_W_ABS,
                          "test setup: W(7) and W(8) are too close to tell which one the file holds")
         with open(os.path.join(step_dir, "state.json")) as f:
             st = json.load(f)
-        checks.check(st.get("weight_versions") == 2, f"state.json weight_versions {st.get('weight_versions')!r}, want 2")
+        checks.check(st.get("weight_versions") == 2,
+                     f"state.json weight_versions {st.get('weight_versions')!r}, want 2")
         for tag, extra in (("resume_single", ["--delayed-update"]),
                            ("resume_pp2_2bw", ["--nproc", 2, "--pp", 2, "--schedule", "pipedream-2bw",
                                                "--micro-batch-size", 6])):

@@ -23,7 +23,8 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
     find_schedule("zero-bubble");
     FAIL() << "no error";
   } catch (const mt::InputError& e) {
-    EXPECT_STREQ(e.what(), "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, pipedream-2bw");
+    EXPECT_STREQ(e.what(),
+                 "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, pipedream-2bw");
   }
   EXPECT_THROW(validate({"Gpipe", 2, 2, 1}), mt::InputError);  // names are exact
 }

@@ -27,6 +27,7 @@ void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) { sta
 void DataParallel::begin_step() {
   stage_->begin_step();
   if (versions_) {
+    trace::TraceScope ts(b_.trace, "weight versions: the step's version in", "compute");
     stage_->release_params();  // no gathered copy of the version before the swap
     versions_->before_forward();
   }
@@ -95,6 +96,7 @@ void DataParallel::scale_grads(float factor) {
 
 void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
   if (versions_) {
+    trace::TraceScope ts(b_.trace, "weight versions: the updated version in", "compute");
     stage_->release_params();
     versions_->before_update();
   }

@@ -20,8 +20,9 @@ class PipeDream2Bw : public ScheduleGenerator {
   PipeDream2Bw() : order_(make_one_f_one_b_schedule()) {}
   const char* name() const override { return "pipedream-2bw"; }
   void validate(const ScheduleSpec& spec) const override {
-    MT_CHECK_INPUT(spec.virtual_stages == 1, "pipeline schedule pipedream-2bw runs one chunk per rank, got V = ",
-                   spec.virtual_stages, " virtual stages");
+    MT_CHECK_INPUT(spec.virtual_stages == 1,
+                   "pipeline schedule pipedream-2bw runs one chunk per rank, got V = ", spec.virtual_stages,
+                   " virtual stages");
   }
   ActionLists compute_order(const ScheduleSpec& spec, const Placement& placement) const override {
     return order_->compute_order(spec, placement);
