@@ -5,7 +5,7 @@ process. Reports the final validation loss of each, the gap in %, wall time per 
 weight memory per stage from --summary (param_bytes: 2BW keeps two versions of each stage's weights).
 
 Model: 4 layers, 4 heads, width 128, context 64, byte vocabulary, on tinyshakespeare (first 90% train, last 10%
-validation, made with `meshtrain prepare`); AdamW lr 1e-3, 20 warm-up steps then cosine to 1e-4, clip 1.0,
+validation, made with `meshtrain prepare`); AdamW lr 1e-3 (--lr), 20 warm-up steps then cosine to lr / 10, clip 1.0,
 batch 16 x 64 tokens in micro-batches of 4 (m = 4 at pp 2), --steps (default 300), evaluation every 50 steps on
 8 validation batches. Goal (issue 26): 2BW within 3% of 1F1B's final validation loss at equal steps; issue 28:
 --delayed-update within 2% of the exact run.
@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--meshtrain", default=os.path.join(ROOT, "build", "meshtrain"))
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "..", "shared", "data"))
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine to lr / 10)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "delay_one"))
     ap.add_argument("--pairs", default="pp,single", help="which pairs run: pp (1f1b vs pipedream-2bw at pp 2), "
                     "single (exact vs --delayed-update at one process)")
@@ -121,7 +122,7 @@ def main():
         cmd = [a.meshtrain, "train", "--data", os.path.join(work, "train.bin"), "--val-data",
                os.path.join(work, "val.bin"), "--n-layer", "4", "--n-head", "4", "--n-embd", "128",
                "--vocab-size", "256", "--seq-len", "64", "--batch-size", "16", "--micro-batch-size", "4",
-               "--steps", str(a.steps), "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-steps", "20",
+               "--steps", str(a.steps), "--lr", repr(a.lr), "--min-lr", repr(a.lr / 10), "--warmup-steps", "20",
                "--grad-clip", "1.0", "--eval-every", "50", "--eval-batches", "8", "--seed", "1337", "--threads", "1",
                "--quiet", "--metrics", metrics, "--summary", summary] + extra
         t0 = time.monotonic()
@@ -138,7 +139,7 @@ def main():
                             param_bytes=[rk["param_bytes"] for rk in ranks]))
         print(f"{label:<26} final val {val[-1][1]:.4f}  {step_s * 1e3:7.1f} ms/step  "
               f"param_bytes per rank {[rk['param_bytes'] for rk in ranks]}", flush=True)
-    write_outputs(a.out, host, a.steps, results)
+    write_outputs(a.out, host + f"; lr {a.lr:g}", a.steps, results)
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ Checkpoints: a delayed run stopped at step 8 holds W(8) in model.safetensors and
 process and, resharded, at pp 2 under pipedream-2bw, it continues the reference's trajectory. A checkpoint of
 a run without the rule is refused by a run with it (it holds no W(t-1)).
 Bad input: pipedream-2bw with --zero 2 and --delayed-update with --async ps are refused naming both flags.
+--help: both --delayed-update and --schedule's pipedream-2bw say CHANGES THE MATH (one-step-stale weights).
 """
 from __future__ import annotations
 
@@ -162,6 +163,14 @@ def main() -> None:
                                      ["--nproc", 3, "--async", "ps", "--delayed-update"]),
                        out("bad_ps", "jsonl"), out("bad_ps", "log"), ["--delayed-update", "--async ps"], checks,
                        "--delayed-update with --async ps")
+    # --- --help says that both change the math (whitespace collapsed: the help wraps its lines)
+    import re
+    import subprocess
+    text = re.sub(r"\s+", " ", subprocess.run([args.meshtrain, "train", "--help"], capture_output=True, text=True,
+                                               timeout=60).stdout)
+    for want in ("--delayed-update CHANGES THE MATH (one-step-stale weights)",
+                 "pipedream-2bw CHANGES THE MATH: the delay-1 rule of --delayed-update (one-step-stale weights"):
+        checks.check(want in text, f"meshtrain train --help does not say {want!r}")
     checks.finish()
 
 
