@@ -17,10 +17,7 @@ void DelayOneVersions::bind(float* resident, size_t n) {
   if (n) std::memcpy(s_.data(), a_, n * sizeof(float));
 }
 
-void DelayOneVersions::before_forward() {
-  float* s = s_.data();
-  for (size_t i = 0; i < n_; i++) std::swap(a_[i], s[i]);
-}
+void DelayOneVersions::before_forward() { std::swap_ranges(a_, a_ + n_, s_.data()); }
 
 void DelayOneVersions::before_update() {
   if (n_) std::memcpy(a_, s_.data(), n_ * sizeof(float));

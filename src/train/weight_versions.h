@@ -3,7 +3,8 @@
 // layout. The rule, in the words: the gradient used at step t is that of step t's global batch
 // evaluated at the weights W(t-1) (W(-1) = W(0)), clipped by its own global norm, and applied by the optimizer
 // to W(t): W(t+1) = opt(W(t), g_t). The metrics row of step t reports the loss and pre-clip norm of that
-// evaluation. The rule does not depend on the layout, so every layout equals the rule at one process.
+// evaluation. The rule does not depend on the layout, so every layout equals the rule at one process to float32
+// rounding (tests/parity/test_delay_one.py).
 //
 // Two buffers of the rank's resident parameters (ZeRO 0-2: the registry's whole flat buffer; ZeRO 3: its
 // packed shards): A, the one the model reads and the optimizer updates (the store's; its address is held by
@@ -15,8 +16,9 @@
 //   before_update        A <- S:      A = W(t)    S = W(t)       the clip and the optimizer see g_t at W(t-1)
 //   optimizer            A = W(t+1)   S = W(t)
 //
-// Cost per step: one swap and one copy of the resident parameters (5 passes over 4 x resident bytes); memory:
-// one more copy of them (4 x resident bytes), the second weight version. Nothing is communicated: every rank
+// Cost per step: one swap and one copy of the resident parameters (6 x 4 bytes of memory traffic per resident
+// float: the swap reads and writes both buffers, the copy reads one and writes the other); memory: one more
+// copy of them (4 bytes per resident float), the second weight version. Nothing is communicated: every rank
 // applies the rule to its own part, so the versions of a ZeRO 1/2 replica (whole on each rank, updated in
 // shards and all-gathered) stay equal across the data-parallel group because A does.
 #pragma once
