@@ -11,7 +11,8 @@ acts on some steps and not others (asserted from the reference).
 meshtrain runs, each compared with the reference (not with each other):
   --delayed-update at one process, dp 2 (ZeRO 0, 1, 2, 3), tp 2;
   --schedule pipedream-2bw at pp 2 (M 2), pp 4 (M 4), dp 2 x pp 2, tp 2 x pp 2;
-  --delayed-update with --schedule 1f1b at dp 2 x pp 2 under ZeRO 2 (the flushed form takes ZeRO 2).
+  --delayed-update with --schedule 1f1b at dp 2 x pp 2 under ZeRO 2 and 3 (the flushed form takes them), and
+  with the interleaved schedule (pp 2, 2 chunks per rank).
 Tolerances (test_gpt_parity's, with its reasons): step-0 loss 1e-5 rel, loss 2e-4 abs, grad_norm 1e-3 rel,
 lr 1e-6 rel, final weights 2e-4 abs (the key slice of each c_attn bias within sum(lr): its true gradient is
 zero, see dp_common.weight_diffs). The comparison can fail: the same reference at delay 0 (the exact run) and
@@ -99,6 +100,10 @@ def main() -> None:
                             "--micro-batch-size", 6]),
         ("dp2_pp2_1f1b_z2_delayed", ["--nproc", 4, "--pp", 2, "--micro-batch-size", 3, "--zero", 2,
                                      "--delayed-update"]),
+        ("dp2_pp2_1f1b_z3_delayed", ["--nproc", 4, "--pp", 2, "--micro-batch-size", 3, "--zero", 3,
+                                     "--delayed-update"]),
+        ("pp2_interleaved_V2_delayed", ["--nproc", 2, "--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2,
+                                        "--micro-batch-size", 3, "--delayed-update"]),
     ]
     print(f"\n{'layout':<34}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}")
     for tag, extra in layouts:
