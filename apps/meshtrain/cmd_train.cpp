@@ -11,6 +11,7 @@
 #include "apps/meshtrain/config_file.h"
 #include "core/fs.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_generator.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -184,6 +185,12 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "--async ps: a worker computes at most K steps ahead of the slowest (0: synchronous, equal to "
                 "exact data parallelism)")
       ->capture_default_str();
+  s->add_flag("--delayed-update", c.delayed_update,
+              "CHANGES THE MATH (one-step-stale weights). The delayed parameter update (ZeRO-Offload's DPU, "
+              "PipeDream-2BW's rule): step t's gradient is taken at the weights W(t-1) (W(-1) = W(0)), clipped by "
+              "its own norm and applied to W(t): W(t+1) = opt(W(t), g_t); the row of step t reports that "
+              "evaluation's loss and norm. Keeps a second copy of the weights; any exact layout (dp, ZeRO 0-3, "
+              "tp, pp) gives the same run; not with --async or --local-sgd");
   s->add_option_function<std::string>(
       "--straggler", [&c](const std::string& v) { c.straggler = train::Straggler::parse(v); },
                 "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "
@@ -209,9 +216,16 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
                 "entries summing to n_layer; default: balanced by estimated cost)")
       ->delimiter(',');
   // The names are the schedule registry's; TrainConfig::validate checks the value against it.
-  s->add_option(
-      "--schedule", c.schedule,
-      "pipeline schedule: " + pipeline::schedule_names_joined(" | ") + " (default " + pipeline::kDefaultSchedule + ")");
+  std::string stale;  // the generators whose update rule keeps two weight versions
+  for (const std::string& n : pipeline::schedule_names())
+    if (pipeline::find_schedule(n).weight_versions() > 1) stale += (stale.empty() ? "" : ", ") + n;
+  s->add_option("--schedule", c.schedule,
+                "pipeline schedule: " + pipeline::schedule_names_joined(" | ") + " (default " +
+                    pipeline::kDefaultSchedule + ")" +
+                    (stale.empty() ? std::string()
+                                   : "; " + stale +
+                                         " CHANGES THE MATH: the delay-1 rule of --delayed-update (one-step-stale "
+                                         "weights, two weight versions per stage), in 1F1B's order"));
   s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
 }
 

@@ -19,6 +19,9 @@ class EngineSource : public FlatSource {
   void gather_state(const float* shard, std::vector<float>& flat) override { e_.full_state(shard, flat); }
   void load_params(const float* flat) override { e_.load_full_params(flat); }
   void load_state(const float* flat, float* shard) override { e_.load_full_state(flat, shard); }
+  bool has_other_params() override { return e_.versions() != nullptr; }
+  void gather_other_params(std::vector<float>& flat) override { e_.full_other_params(flat); }
+  void load_other_params(const float* flat) override { e_.load_full_other_params(flat); }
 
  private:
   parallel::DataParallel& e_;
@@ -206,11 +209,17 @@ void Consolidation::gather_states(std::vector<std::pair<std::string, std::vector
     out[k].first = st.at(flat[k]).name;
     whole_.to_whole(flat_.data(), out[k].second);
   }
+  if (source_.has_other_params()) {
+    source_.gather_other_params(flat_);
+    out.emplace_back(kOtherParams, std::vector<float>());
+    whole_.to_whole(flat_.data(), out.back().second);
+  }
 }
 
 std::vector<std::string> Consolidation::state_names() const {
   std::vector<std::string> out;
   for (size_t k : opt_.state().flat()) out.push_back(opt_.state().at(k).name);
+  if (source_.has_other_params()) out.push_back(kOtherParams);
   return out;
 }
 
@@ -233,13 +242,19 @@ std::vector<checkpoint::NamedTensorOut> Consolidation::factored_targets() {
 void Consolidation::load(const float* params, const std::vector<std::vector<float>>& states) {
   optim::StateStore& st = opt_.state();
   const std::vector<size_t> flat = st.flat();
-  MT_ASSERT(states.size() == flat.size(), states.size(), " state buffers for an optimizer with ", flat.size());
+  const bool other = source_.has_other_params();
+  MT_ASSERT(states.size() == flat.size() + other, states.size(), " state buffers for an optimizer with ", flat.size(),
+            other ? " and a second weight version" : "");
   std::vector<float> local(whole_.local_size());
   whole_.extract(params, local.data());
   source_.load_params(local.data());
   for (size_t k = 0; k < flat.size(); k++) {
     whole_.extract(states[k].data(), local.data());
     source_.load_state(local.data(), st.data(flat[k]));
+  }
+  if (other) {
+    whole_.extract(states.back().data(), local.data());
+    source_.load_other_params(local.data());
   }
 }
 

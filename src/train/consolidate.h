@@ -59,6 +59,10 @@ class FlatSource {
   // The group whose members hold different factored state (stage 3 above); null: every member of the data-
   // parallel group holds the same.
   virtual comm::Communicator* factored_group() { return nullptr; }
+  // A second weight version (train/weight_versions.h), laid out and gathered as the parameters.
+  virtual bool has_other_params() { return false; }
+  virtual void gather_other_params(std::vector<float>& flat) {}
+  virtual void load_other_params(const float* flat) {}
 };
 
 // ZeRO 0-3 (and no data parallelism) through the engine.
@@ -141,12 +145,15 @@ class Consolidation {
   // Runs before every parameter gather (Local SGD averages its replicas there: a sync the run keeps).
   void set_before_gather(std::function<void()> fn) { before_gather_ = std::move(fn); }
   void gather_params(std::vector<float>& whole);
-  // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named).
+  // One whole buffer per optimizer state buffer, with its name (a PS worker's are empty but named), then the
+  // second weight version of the delay-1 rule when the run keeps one (kOtherParams: its tensors are
+  // "weights.previous/<param name>" in the checkpoint's optimizer file, beside "adamw.m/<param name>").
   void gather_states(std::vector<std::pair<std::string, std::vector<float>>>& out);
   std::vector<std::string> state_names() const;
+  static constexpr const char* kOtherParams = "weights.previous";
   // Every factored state buffer of the model once, sorted by name (collective over the layout: stage 3 above).
   void gather_factored(std::vector<FactoredState>& out);
-  // Every rank: loads its part of whole parameters and state buffers (the order of opt.state().flat()).
+  // Every rank: loads its part of whole parameters and state buffers (the order of state_names()).
   void load(const float* params, const std::vector<std::vector<float>>& states);
   // Where a resume reads this rank's factored state: each buffer the optimizer declared, by name and shape.
   std::vector<checkpoint::NamedTensorOut> factored_targets();

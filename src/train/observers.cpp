@@ -8,6 +8,7 @@
 #include "checkpoint/weights.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "train/weight_versions.h"
 
 namespace mt::train {
 
@@ -97,7 +98,8 @@ nlohmann::json Checkpointer::run_identity() const {
                       {"warmup_steps", c.warmup_steps},
                       {"weight_decay", c.weight_decay},
                       {"grad_clip", c.grad_clip},
-                      {"grad_comm_dtype", flag_name(c.grad_comm_dtype)}};
+                      {"grad_comm_dtype", flag_name(c.grad_comm_dtype)},
+                      {"delayed_update", delay_one(c)}};  // the delay-1 rule, by either flag
   if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
   if (c.model == ModelKind::mlp && c.val_data.empty()) j["val_fraction"] = c.val_fraction;  // splits --data
   if (c.optimizer == OptimizerKind::adamw) {
@@ -123,6 +125,16 @@ int64_t Checkpointer::resume() {
   std::string fallback;
   const std::string path = checkpoint::resolve_checkpoint(cfg_.resume, &fallback);
   if (mesh_.lead() && !fallback.empty()) std::fprintf(stderr, "meshtrain: warning: %s\n", fallback.c_str());
+  if (delay_one(cfg_)) {  // the second weight version must be in the files: say so before reading them
+    nlohmann::json st;
+    try {
+      st = nlohmann::json::parse(read_file(path + "/state.json"));
+    } catch (const std::exception&) {  // load_checkpoint names what is wrong with the file
+    }
+    MT_CHECK_INPUT(!st.is_object() || st.value("weight_versions", 1) == 2, path,
+                   " was written by a run without the delay-1 rule (no --delayed-update or --schedule pipedream-2bw):"
+                   " it holds no previous weight version W(t-1) for this run to resume the rule with");
+  }
   const nn::ParamRegistry& full = state_.layout().full();
   std::vector<float> whole(full.size());
   const std::vector<std::string> names = state_.state_names();
@@ -204,7 +216,8 @@ void Checkpointer::save(int64_t next_step) {
                        {"tp", g.tp()},
                        {"pp", g.pp()},
                        {"zero", cfg_.zero},
-                       {"rng", {{"seed", cfg_.seed}, {"counter", 0}}}};
+                       {"rng", {{"seed", cfg_.seed}, {"counter", 0}}},
+                       {"weight_versions", delay_one(cfg_) ? 2 : 1}};
   if (!cfg_.labels.empty()) st["labels"] = cfg_.labels;
   st.update(run_identity());
   std::vector<checkpoint::NamedTensor> tensors;

@@ -12,6 +12,7 @@
 #include "tensor/blas.h"
 #include "train/model_registry.h"
 #include "train/ps_sync.h"
+#include "train/weight_versions.h"
 
 namespace mt::train {
 
@@ -93,6 +94,8 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   if (!ps) sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);
   store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
+  // The delay-1 rule (--delayed-update, pipedream-2bw): a second weight version beside the store's.
+  store->set_versions(make_weight_versions(cfg));
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
@@ -168,6 +171,9 @@ void Run::announce() {
   if (g.pp() > 1)
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
+  if (store->versions())
+    log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
+                 "two weight versions kept");
 }
 
 }  // namespace mt::train

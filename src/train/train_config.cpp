@@ -11,6 +11,7 @@
 #include "parallel/compress/spec.h"
 #include "parallel/mesh/grid.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_generator.h"
 #include "train/layout.h"
 #include "train/train_config.h"
 
@@ -152,6 +153,10 @@ bool asynchronous(const TrainConfig& c) { return c.async != AsyncMode::off; }
 std::string compress_flag(const TrainConfig& c) { return "--compress " + c.compress.str(); }
 std::string local_flag(const TrainConfig& c) { return str("--local-sgd ", c.local_sgd); }
 std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(c.async)); }
+// A schedule whose update rule keeps two weight versions (pipedream-2bw): asynchronous by the terms.
+bool async_schedule(const TrainConfig& c) {
+  return c.pp > 1 && !c.schedule.empty() && pipeline::find_schedule(c.schedule).weight_versions() > 1;
+}
 
 const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
@@ -192,6 +197,24 @@ const RefusedCombination kRefused[] = {
      "an MoE layer's experts are reduced over a group of their own (the expert data-parallel group of --ep), "
      "which these methods, moving one flat replica over dp, do not know; an MoE model trains with synchronous "
      "data parallelism"},
+    {[](const TrainConfig& c) { return c.delayed_update && asynchronous(c); },
+     [](const TrainConfig& c) { return "--delayed-update with " + async_flag(c); },
+     "the delay-1 rule applies one global gradient per step to the weights one step ahead of those it was taken "
+     "at; ps workers already compute on parameters up to --staleness versions old, pulled from the servers "
+     "(which keep no second version), and Hogwild's threads update shared weights with no step at all: there "
+     "is no W(t-1) and W(t) to keep"},
+    {[](const TrainConfig& c) { return c.delayed_update && local_sgd(c); },
+     [](const TrainConfig& c) { return "--delayed-update with " + local_flag(c); },
+     "every H steps Local SGD averages the replicas' weights, which would average only the version the "
+     "optimizer updates while each replica's one-step-older version stayed its own: the two versions would no "
+     "longer be one step apart; choose one"},
+    {[](const TrainConfig& c) { return async_schedule(c) && c.zero >= 2; },
+     [](const TrainConfig& c) { return str("--schedule ", c.schedule, " with --zero ", c.zero); },
+     "an asynchronous schedule is meant to run step t+1's forwards while step t's last backwards drain (2BW "
+     "without a flush; this build still flushes between steps), which ZeRO 2 and 3 cannot cross: they hold a "
+     "stage's whole gradient (and gather its parameters) only within a step "
+     "and reduce-scatter at its update; use --zero 0 or 1, or --delayed-update with --schedule 1f1b (the same "
+     "update rule with a flush between steps, which takes ZeRO 2 and 3)"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -207,10 +207,11 @@ def read_metrics_range(path: str, first: int, end: int, checks: Checks, label: s
 
 
 def compare_steps(got: Sequence[dict], want: Sequence[dict], checks: Checks, label: str,
-                  loss_abs: float = TOL_LOSS_ABS, check_gn_lr: bool = True) -> Tuple[float, float]:
-    """Step by step against the single-process records (same steps, in order): one check per run, naming
-    how many steps differ and the first of them (every differing step is printed). Step 0 (if present)
-    has its loss compared at TOL_LOSS0_REL. Returns (worst |loss diff|, worst grad_norm rel diff)."""
+                  loss_abs: float = TOL_LOSS_ABS, check_gn_lr: bool = True,
+                  against: str = "the single-process run") -> Tuple[float, float]:
+    """Step by step against the single-process records, or those `against` names (same steps, in order): one
+    check per run, naming how many steps differ and the first of them (every differing step is printed). Step
+    0 (if present) has its loss compared at TOL_LOSS0_REL. Returns (worst |loss diff|, worst grad_norm rel diff)."""
     worst_loss = worst_gn = 0.0
     bad_steps = []
     for g, w in zip(got, want):
@@ -230,8 +231,8 @@ def compare_steps(got: Sequence[dict], want: Sequence[dict], checks: Checks, lab
         if bad:
             bad_steps.append((s, "; ".join(bad)))
             print(f"  {label}: step {s}: {bad_steps[-1][1]}")
-    checks.check(not bad_steps, f"{label}: {len(bad_steps)} of {len(want)} steps differ from the single-process "
-                 f"run (steps {[s for s, _ in bad_steps][:10]}); first: step {bad_steps[0][0]}: {bad_steps[0][1]}"
+    checks.check(not bad_steps, f"{label}: {len(bad_steps)} of {len(want)} steps differ from {against} "
+                 f"(steps {[s for s, _ in bad_steps][:10]}); first: step {bad_steps[0][0]}: {bad_steps[0][1]}"
                  if bad_steps else "")
     return worst_loss, worst_gn
 

@@ -14,7 +14,7 @@ namespace {
 using namespace mt::pipeline;
 
 TEST(ScheduleRegistry, FindsEachGeneratorByName) {
-  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"}));
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "pipedream-2bw"}));
   for (const std::string& name : schedule_names()) EXPECT_EQ(find_schedule(name).name(), name);
 }
 
@@ -23,7 +23,9 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
     find_schedule("zero-bubble");
     FAIL() << "no error";
   } catch (const mt::InputError& e) {
-    EXPECT_STREQ(e.what(), "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v");
+    EXPECT_STREQ(e.what(),
+                 "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v,
+                 pipedream-2bw");
   }
   EXPECT_THROW(validate({"Gpipe", 2, 2, 1}), mt::InputError);  // names are exact
 }
@@ -40,3 +42,14 @@ TEST(ScheduleRegistry, MakeScheduleIsTheGeneratorsOrderPlusMessages) {
 }
 
 }  // namespace
+
+// PipeDream-2BW is 1F1B's compute order with the delay-1 rule's two weight versions; the others keep one.
+TEST(ScheduleRegistry, PipeDream2BwIsOneFOneBsOrderWithTwoWeightVersions) {
+  for (const auto& [p, m] : {std::pair{2, 1}, std::pair{2, 4}, std::pair{3, 5}, std::pair{4, 8}}) {
+    const Schedule s = make_schedule({"pipedream-2bw", p, m, 1});
+    EXPECT_EQ(s.lists, make_schedule({"1f1b", p, m, 1}).lists) << "p " << p << " m " << m;
+  }
+  EXPECT_THROW(validate({"pipedream-2bw", 2, 4, 2}), mt::InputError);
+  for (const std::string& name : schedule_names())
+    EXPECT_EQ(find_schedule(name).weight_versions(), name == "pipedream-2bw" ? 2 : 1) << name;
+}

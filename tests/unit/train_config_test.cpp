@@ -97,3 +97,60 @@ TEST(TrainConfigSchedule, DefaultAndNeedsPipeline) {
 }
 
 }  // namespace
+
+// The delay-1 rule (--delayed-update, --schedule pipedream-2bw): what stays refused names both flags.
+TEST(TrainConfigDelayOne, RefusedCombinationsNameBothFlags) {
+  auto refused = [](const TrainConfig& c, int world, const std::string& a, const std::string& b) {
+    const std::string e = error_of(c, world);
+    EXPECT_NE(e.find(a), std::string::npos) << e;
+    EXPECT_NE(e.find(b), std::string::npos) << e;
+    EXPECT_NE(e.find("is not supported"), std::string::npos) << e;
+  };
+  for (int z : {2, 3}) {
+    TrainConfig c = pipeline_config("pipedream-2bw", 2);
+    c.nproc = 4;
+    c.zero = z;
+    refused(c, 4, "--schedule pipedream-2bw", "--zero " + std::to_string(z));
+    c.schedule = "1f1b";  // the synchronous schedule takes ZeRO 2, 3, with or without the delayed update
+    EXPECT_EQ(error_of(c, 4), "(no error)");
+    c.delayed_update = true;
+    EXPECT_EQ(error_of(c, 4), "(no error)");
+  }
+  for (int z : {0, 1}) {
+    TrainConfig c = pipeline_config("pipedream-2bw", 2);
+    c.nproc = 4;
+    c.zero = z;
+    EXPECT_EQ(error_of(c, 4), "(no error)") << "ZeRO " << z;
+  }
+  TrainConfig ps;
+  ps.data = "unused.bin";
+  ps.nproc = 3;
+  ps.async = mt::train::AsyncMode::ps;
+  EXPECT_EQ(error_of(ps, 3), "(no error)");
+  ps.delayed_update = true;
+  refused(ps, 3, "--delayed-update", "--async ps");
+  TrainConfig hog;
+  hog.data = "unused.bin";
+  hog.model = mt::train::ModelKind::mlp;
+  hog.optimizer = mt::train::OptimizerKind::sgd;
+  hog.async = mt::train::AsyncMode::hogwild;
+  hog.nproc = 2;
+  EXPECT_EQ(error_of(hog, 1), "(no error)");
+  hog.delayed_update = true;
+  refused(hog, 1, "--delayed-update", "--async hogwild");
+  TrainConfig local;
+  local.data = "unused.bin";
+  local.nproc = 2;
+  local.local_sgd = 4;
+  EXPECT_EQ(error_of(local, 2), "(no error)");
+  local.delayed_update = true;
+  refused(local, 2, "--delayed-update", "--local-sgd 4");
+  TrainConfig dp;
+  dp.data = "unused.bin";
+  dp.nproc = 2;
+  dp.delayed_update = true;
+  for (int z = 0; z <= 3; z++) {
+    dp.zero = z;
+    EXPECT_EQ(error_of(dp, 2), "(no error)") << "--delayed-update --zero " << z;
+  }
+}

@@ -28,7 +28,21 @@ void DataParallel::initialize(const std::function<void(nn::Param&)>& fill) {
 
 // ---- The step. ----
 
-void DataParallel::begin_step() { stage_->begin_step(); }
+void DataParallel::begin_step() {
+  stage_->begin_step();
+  if (versions_) {
+    trace::TraceScope ts(b_.trace, "weight versions: the step's version in", "compute");
+    stage_->release_params();  // no gathered copy of the version before the swap
+    versions_->before_forward();
+    refresh_mirror();  // the products read the mirror of the version just swapped in
+  }
+}
+
+void DataParallel::set_versions(std::unique_ptr<ParamVersions> v) {
+  MT_ASSERT(!versions_, "the parameter store keeps one ParamVersions part");
+  versions_ = std::move(v);
+  if (versions_) versions_->bind(stage_->resident(), stage_->resident_count());
+}
 
 void DataParallel::begin_micro_batch(int index, int count) {
   stage_->begin_micro_batch();
@@ -86,9 +100,16 @@ void DataParallel::scale_grads(float factor) {
 }
 
 void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
+  if (versions_) {
+    trace::TraceScope ts(b_.trace, "weight versions: the updated version in", "compute");
+    stage_->release_params();
+    versions_->before_update();
+  }
   if (const int k = opt.tensor_sums(); k > 0) opt.set_tensor_sums(tensor_sums(k, opt.piece_sums()));
   stage_->update(opt, lr, step);
-  refresh_mirror();  // once per step, after the update: every product of the next step reads it
+  // Once per step, after the update: every product of the next step reads it (with versions kept, begin_step
+  // swaps in the version the step reads and refreshes it then).
+  if (!versions_) refresh_mirror();
 }
 
 std::vector<double> DataParallel::tensor_sums(int k, const optim::PieceSums& fn) {
@@ -163,6 +184,14 @@ void DataParallel::full_state(const float* shard_state, std::vector<float>& out)
 void DataParallel::load_full_params(const float* full) {
   stage_->load_full_params(full);
   refresh_mirror();
+}
+void DataParallel::full_other_params(std::vector<float>& out) {
+  MT_ASSERT(versions_, "no other parameter version is kept");
+  stage_->full_params_of(versions_->other(), out);
+}
+void DataParallel::load_full_other_params(const float* full) {
+  MT_ASSERT(versions_, "no other parameter version is kept");
+  stage_->load_full_params_into(full, versions_->other());
 }
 void DataParallel::load_full_state(const float* full, float* shard_state) {
   stage_->load_full_state(full, shard_state);

@@ -18,6 +18,7 @@
 #include "nn/params.h"
 #include "optim/optimizer.h"
 #include "parallel/data/buckets.h"
+#include "parallel/data/param_versions.h"
 #include "parallel/data/zero_shards.h"
 #include "parallel/data/zero_stage.h"
 #include "tensor/buffer.h"
@@ -57,6 +58,11 @@ class DataParallel : public nn::ParamHooks {
   // a method that writes the parameters itself (Local SGD's averaging, a parameter-server worker receiving a
   // version) calls this after it. A no-op without a mirror.
   void refresh_mirror() { stage_->refresh_mirror(); }
+
+  // A part keeping a second version of the resident parameters (param_versions.h), called at the step's
+  // begin_step (before the first forward) and update (before the optimizer). Set once, after initialize().
+  void set_versions(std::unique_ptr<ParamVersions> v);
+  ParamVersions* versions() const { return versions_.get(); }
 
   // Elements of this rank's optimizer state (and of the segments' shard side).
   size_t state_size() const { return stage_->state_size(); }
@@ -101,11 +107,15 @@ class DataParallel : public nn::ParamHooks {
   void full_state(const float* shard_state, std::vector<float>& out);
   void load_full_params(const float* full);
   void load_full_state(const float* full, float* shard_state);
+  // The same for the other version kept by versions() (as full_params and load_full_params).
+  void full_other_params(std::vector<float>& out);
+  void load_full_other_params(const float* full);
   // The buckets' flat ranges in backward order: what ZeRO shards (parallel/data/zero_shards.h).
   std::vector<FlatRange> bucket_ranges() const { return b_.ranges(); }
 
-  // Bytes this rank holds persistently for parameters and gradients (transient bucket buffers excluded).
-  size_t param_bytes() const { return stage_->param_bytes(); }
+  // Bytes this rank holds persistently for parameters (every version kept) and gradients (transient bucket
+  // buffers excluded).
+  size_t param_bytes() const { return stage_->param_bytes() + (versions_ ? versions_->bytes() : 0); }
   size_t grad_bytes() const { return stage_->grad_bytes(); }
   // Bytes of the transient buffers (stages 2, 3: gradient buckets in flight, gathered parameters), which
   // are pooled: the most this rank ever held at once.
@@ -119,6 +129,7 @@ class DataParallel : public nn::ParamHooks {
  private:
   BucketSet b_;
   std::unique_ptr<ZeroStage> stage_;
+  std::unique_ptr<ParamVersions> versions_;
   std::vector<bool> tied_;     // per bucket: holds a tensor summed over the tie group
   std::vector<Bucket*> held_;  // ready buckets waiting for reduce_held()
   comm::Communicator* tp_ = nullptr;

@@ -16,9 +16,9 @@ void ZeroStage::initialize(const std::function<void(nn::Param&)>& fill) {
 
 void ZeroStage::reduce_all() { MT_ASSERT(false, "reduce_all is for ZeRO 0 and 1"); }
 
-void ZeroStage::full_params(std::vector<float>& out) {
+void ZeroStage::full_params_of(const float* resident, std::vector<float>& out) {
   out.resize(b_.params.size());
-  std::memcpy(out.data(), b_.params.data(), sizeof(float) * b_.params.size());
+  std::memcpy(out.data(), resident, sizeof(float) * b_.params.size());
 }
 
 void ZeroStage::full_state(const float* shard_state, std::vector<float>& out) {
@@ -26,8 +26,8 @@ void ZeroStage::full_state(const float* shard_state, std::vector<float>& out) {
   gather_shards(shard_state, out.data());
 }
 
-void ZeroStage::load_full_params(const float* full) {
-  std::memcpy(b_.params.data(), full, sizeof(float) * b_.params.size());
+void ZeroStage::load_full_params_into(const float* full, float* resident) {
+  std::memcpy(resident, full, sizeof(float) * b_.params.size());
 }
 
 void ZeroStage::load_full_state(const float* full, float* shard_state) { take_bucket_shards(full, shard_state); }
@@ -249,20 +249,24 @@ class Stage3 : public Stage2 {
   void after_backward(int g) override {
     each(g, [&](Bucket& b) { release(b); });
   }
-  void update(optim::Optimizer& opt, float lr, int64_t step) override {
-    // A gathered copy or a prefetch in flight would hold the parameters from before this update.
+  void release_params() override {
     for (Bucket* b : b_.buckets) {
       if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
     }
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t step) override {
+    // A gathered copy or a prefetch in flight would hold the parameters from before this update.
+    release_params();
     opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
   }
-  void full_params(std::vector<float>& out) override {
+  void full_params_of(const float* resident, std::vector<float>& out) override {
     out.resize(b_.params.size());
-    gather_shards(pshard_.data(), out.data());
+    gather_shards(resident, out.data());
   }
-  void load_full_params(const float* full) override { take_bucket_shards(full, pshard_.data()); }
+  void load_full_params_into(const float* full, float* resident) override { take_bucket_shards(full, resident); }
   const float* param_base() override { return pshard_.data(); }
+  size_t resident_count() const override { return shard_total_; }
   size_t param_bytes() const override { return shard_total_ * (sizeof(float) + (pshard16_.empty() ? 0 : 2)); }
 
  private:

@@ -72,15 +72,24 @@ class ZeroStage {
   // The reduced gradient this rank owns, as (pointer, count) pieces; where segments' grad offsets point.
   virtual void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) = 0;
   virtual const float* grad_base() { return b_.params.grad(); }
-  // Where segments' param offsets point (the stage's update passes the same base).
+  // Where segments' param offsets point (the stage's update passes the same base): the parameters this rank
+  // keeps resident, resident_count() floats.
   virtual const float* param_base() { return b_.params.data(); }
+  float* resident() { return const_cast<float*>(param_base()); }
+  virtual size_t resident_count() const { return b_.params.size(); }
+  // Waits for parameter gathers in flight and frees gathered copies (stage 3), so that the resident
+  // parameters can be rewritten (an update, a version swap) without a copy holding the old values.
+  virtual void release_params() {}
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
   virtual void update(optim::Optimizer& opt, float lr, int64_t step) = 0;
 
   // Consolidation (collective over dp where the stage shards; every rank gets the full flat buffer).
-  virtual void full_params(std::vector<float>& out);
+  void full_params(std::vector<float>& out) { full_params_of(param_base(), out); }
+  void load_full_params(const float* full) { load_full_params_into(full, resident()); }
+  // The same for a buffer laid out as the resident parameters (another version of them).
+  virtual void full_params_of(const float* resident, std::vector<float>& out);
+  virtual void load_full_params_into(const float* full, float* resident);
   virtual void full_state(const float* shard_state, std::vector<float>& out);
-  virtual void load_full_params(const float* full);
   virtual void load_full_state(const float* full, float* shard_state);
 
   virtual size_t param_bytes() const {

@@ -26,6 +26,11 @@ class ScheduleGenerator {
   }
   // Step 1 of schedule.h: the compute actions of each rank, in order, for a valid spec.
   virtual ActionLists compute_order(const ScheduleSpec& spec, const Placement& placement) const = 0;
+  // Versions of each stage's weights the schedule's update rule keeps. 1: synchronous, every micro-batch of
+  // step t reads W(t), and the run equals the single-process one. 2: the delay-1 rule (PipeDream-2BW): step
+  // t's gradient is taken at W(t-1) and applied to W(t), which changes the math (train/weight_versions.h
+  // keeps the second version; the run composes it when the generator asks for it).
+  virtual int weight_versions() const { return 1; }
 };
 
 // The generator called name; throws mt::InputError listing the known names when there is none.
@@ -35,6 +40,7 @@ const ScheduleGenerator& find_schedule(const std::string& name);
 std::unique_ptr<ScheduleGenerator> make_gpipe_schedule();
 std::unique_ptr<ScheduleGenerator> make_one_f_one_b_schedule();
 std::unique_ptr<ScheduleGenerator> make_interleaved_schedule();
+std::unique_ptr<ScheduleGenerator> make_pipedream_2bw_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_h1_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_h2_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_v_schedule();

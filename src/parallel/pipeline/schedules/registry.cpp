@@ -18,6 +18,7 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_zb_h1_schedule());
     v.push_back(make_zb_h2_schedule());
     v.push_back(make_zb_v_schedule());
+    v.push_back(make_pipedream_2bw_schedule());
     return v;
   }();
   return all;

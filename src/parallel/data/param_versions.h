@@ -1,0 +1,30 @@
+// Other versions of the parameters a rank holds, beside the ones the optimizer updates: the interface through
+// which the parameter store (data_parallel.h) hands its resident parameters to a part that keeps versions
+// (train/weight_versions.h: the delay-1 rule of PipeDream-2BW and the delayed parameter update). The store
+// calls it at the two points of a step where the version matters; the part decides what the buffer holds.
+//
+// resident: what this rank keeps of the parameters, in the ZeRO stage's layout (ZeRO 0-2: the whole flat
+// buffer of the rank's registry, which the model reads; ZeRO 3: this rank's packed shards, which the model's
+// gathers read), n floats. Its address never changes: layers and gathers hold it.
+#pragma once
+
+#include <cstddef>
+
+namespace mt::parallel {
+
+class ParamVersions {
+ public:
+  virtual ~ParamVersions() = default;
+  // Once, after the store initialized the parameters: the buffer and its size.
+  virtual void bind(float* resident, size_t n) = 0;
+  // After the step's begin, before its first forward: resident must hold the version the step reads.
+  virtual void before_forward() = 0;
+  // Before the optimizer reads resident (its statistics phase too): it must hold the version it updates.
+  virtual void before_update() = 0;
+  // Between steps: the other version kept (same layout as resident, n floats); consolidation gathers it and
+  // a resume loads it.
+  virtual float* other() = 0;
+  virtual size_t bytes() const = 0;
+};
+
+}  // namespace mt::parallel
