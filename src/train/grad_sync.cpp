@@ -32,6 +32,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.local_warmup = cfg.local_sgd_warmup;
   o.local_state = cfg.local_sgd_state;
   o.freeze_step = cfg.freeze_step;
+  o.batch_windows = cfg.batch_size;
   return o;
 }
 
@@ -103,7 +104,8 @@ class ExactSync : public GradSync {
  public:
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), probe_(p) {
+      : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
+        probe_(p) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
   }
@@ -128,8 +130,8 @@ class ExactSync : public GradSync {
     double sum[1] = {probe_.local_sum()};
     parallel::sum_across(mesh_.dp(), sum, 1);
     if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
-    const double M = (double)probe_.micro_batches() * mesh_.grid().dp();
-    noise_valid_ = std::fmod(items, M) == 0;  // an even split (the estimator's small batches are equal)
+    const int M = probe_.micro_batches() * mesh_.grid().dp();
+    noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
     if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
   }
   void annotate(nlohmann::json& row) const override {
@@ -161,6 +163,7 @@ class ExactSync : public GradSync {
  private:
   int zero_;
   bool overlapped_;
+  int windows_;
   std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
   NoiseProbe probe_;
   NoiseScale noise_;

@@ -71,6 +71,7 @@ struct SyncOptions {
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
   int64_t freeze_step = 0;      // onebit: exact gradients for steps < K, compressed momentum after
+  int batch_windows = 0;        // the global batch in windows (the noise scale needs an even split of them)
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
   // loop; a pipeline under ZeRO 2, 3); false: the gradient is reduced whole after the backward (a pipeline
   // under ZeRO 0, 1 passes no hooks).

@@ -4,7 +4,8 @@
 // reducing g's bucket), this rank's contribution c_i of the micro-batch to g's gradient is the gradient now
 // minus the gradient before the micro-batch (a copy of the buffer is kept when there are several
 // micro-batches); |c_i|^2 adds up over groups and micro-batches. At the update, with the step's M = dp x n
-// micro-batches of B / M items each (an even split) and c = (1/M) gbar for each small batch's mean gradient
+// micro-batches of B / M items each (an even split of the global batch's windows; otherwise nothing is
+// logged) and c = (1/M) gbar for each small batch's mean gradient
 // gbar:
 //   |g_small|^2 = M^2 (sum over ranks and micro-batches of |c|^2) / M,  B_small = B / M
 //   |g_big|^2   = the step's gradient norm squared (the reduced gradient, before clipping), B_big = B

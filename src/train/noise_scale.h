@@ -7,7 +7,8 @@
 // which gives the unbiased estimators
 //   |G|^2     = (B_big |g_big|^2 - B_small |g_small|^2) / (B_big - B_small)
 //   tr(Sigma) = (|g_small|^2 - |g_big|^2) / (1 / B_small - 1 / B_big)
-// where |g_small|^2 is the mean over the step's small batches of each one's mean-gradient squared norm. One
+// where |g_small|^2 is the mean over the step's small batches of each one's mean-gradient squared norm. B counts
+// the run's items (tokens for the GPT, examples for the MLP), so B_simple is in those units. One
 // step's ratio is very noisy (|G|^2 can even come out negative), so the logged value is the ratio of the two
 // estimators' exponential moving averages (as the paper does): with decay a (0.95 by default) and
 // bias correction after t steps,
