@@ -110,10 +110,11 @@ class ExactSync : public GradSync {
       if (x.replicas.summed) tied_.push_back(&x);
   }
   // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
-  // the micro-batch loop under ZeRO 0 and 1.
+  // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
+  // then computed on the ranks holding the experts, so its small-batch gradient is nowhere whole).
   StepHooks hooks() override {
     StepHooks h = GradSync::hooks();
-    if (!overlapped_ || zero_ > 1 || mesh_.grid().pp() > 1) return h;
+    if (!overlapped_ || zero_ > 1 || mesh_.grid().pp() > 1 || mesh_.grid().ep() > 1) return h;
     probing_ = true;
     probe_.set_inner(h.params);
     h.params = &probe_;

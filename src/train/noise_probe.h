@@ -12,7 +12,8 @@
 // so dp = 1 with 4 micro-batches and dp = 4 with 1 see the same small batches. Tensors every tp rank holds count
 // once (nn::Replicas::counted) and the sum is taken over dp and the replica's other parts: one scalar
 // all-reduce per step, the only communication. Valid for the micro-batch loop with ZeRO 0 and 1 (2 and 3 move
-// gradients into bucket buffers as they finish) and an even split of the batch; elsewhere nothing is measured.
+// gradients into bucket buffers as they finish), without expert parallelism (--ep > 1: a micro-batch's expert
+// gradients are computed on other ranks) and with an even split of the batch; elsewhere nothing is measured.
 #pragma once
 
 #include <vector>
