@@ -5,7 +5,7 @@
 // error feedback of b1 M + (1-b1) N g_r, the server's of the mean). Every rank's result is bit-identical to every
 // other rank's (the replicas stay equal); against the serial recomputation it agrees to 1e-5 relative, not bit for
 // bit, because the compiler contracts m u + g (and b1 M + ...) into fused multiply-adds differently in the library
-// and in this file (measured: last-bit differences in a few elements).
+// and in this file (measured: last-bit differences in a few elements). The 1-bit exchange's bytes follow its formula.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,9 +156,21 @@ TEST(OnebitExchange, RanksAgreeBitForBitAndWithTheSerialRule) {
     build_registry(reg);
     mt::compress::OnebitMomentumExchange ex(reg, &world, b1);
     std::vector<float> m(reg.size(), 0.0f), g(reg.size());
+    // Bytes this rank sends per exchange: the payloads of the tensors others serve, and those it serves to the
+    // N - 1 others: (P - P_r) + (N - 1) P_r with P = sum_t 4 + ceil(n_t / 8).
+    size_t P = 0, Pr = 0;
+    for (size_t t = 0; t < reg.params().size(); t++) {
+      const size_t b = 4 + (reg.params()[t].numel + 7) / 8;
+      P += b;
+      if (ex.owner(t) == world.rank()) Pr += b;
+    }
     for (int64_t s = 0; s < kSteps; s++) {
       for (size_t i = 0; i < reg.size(); i++) g[i] = grad_value(world.rank(), s, i);
+      const uint64_t before = world.counters().total_sent();
       ex.exchange(g.data(), scale, m.data(), m.data());
+      const uint64_t sent = world.counters().total_sent() - before;
+      MT_REQUIRE(mt::Error, sent == (P - Pr) + (kRanks - 1) * Pr, "step ", s, ": sent ", sent, " bytes, expected ",
+                 (P - Pr) + (kRanks - 1) * Pr);
       require_same_on_all_ranks(world, m.data(), m.size(), s);
       for (const auto& p : reg.params())
         for (size_t i = p.offset; i < p.offset + p.numel; i++)
