@@ -82,6 +82,9 @@ GOALS = {
     "topk:0.01": dict(bytes=30, gap=5),
     "qsgd:4": dict(bytes=7, gap=2),
     "local-sgd 8": dict(syncs=8, gap=3),
+    # issue 27: with AdamW on the GPT, after their warm-up (bytes per step from the warm-up's end on)
+    "topk:0.001 dgc": dict(bytes_after=30, gap=3),
+    "onebit-adam": dict(bytes_after=30, gap=3),
 }
 
 
@@ -110,11 +113,20 @@ def method_list(model, warm):
         ("ps staleness 2, straggler 20 ms", ["--async", "ps", "--servers", "1", "--staleness", "2",
                                              "--straggler", "1:20"], 3, "#7f7f7f", dot),
     ]
+    # issue 27: DGC (sparsity warm-up over the first 10% of the steps) and 1-bit Adam (AdamW for the first 10%),
+    # beside plain top-k at the same ratio; 1-bit Adam replaces the model's optimizer (GPT with AdamW only).
+    m.append(("topk:0.001", ["--compress", "topk:0.001"], 2, "#aec7e8", None))
+    m.append(("topk:0.001 dgc", ["--compress", "topk:0.001", "--dgc", "--dgc-warmup-steps", str(warm)], 2,
+              "#393b79", None))
+    if model == "gpt":
+        m.append(("onebit-adam", ["--optimizer", "onebit-adam", "--freeze-step", str(warm)], 2, "#e6550d", None))
+    after = {"topk:0.001 dgc": warm, "onebit-adam": warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model == "gpt-sgd":  # the optimizer control: only the methods whose goal GPT with AdamW misses
-        m = [x for x in m if x[0] in ("exact", "topk:0.01", "powersgd:4", "local-sgd 8")]
-    return [dict(key=k, flags=f, nproc=n, color=c, dash=d) for k, f, n, c, d in m]
+        m = [x for x in m if x[0] in ("exact", "topk:0.01", "powersgd:4", "local-sgd 8", "topk:0.001",
+                                      "topk:0.001 dgc")]
+    return [dict(key=k, flags=f, nproc=n, color=c, dash=d, after=after.get(k, 0)) for k, f, n, c, d in m]
 
 
 def model_config(model, quick, work, data):
@@ -210,7 +222,7 @@ def verdict(run, goal):
     if run["final_val_loss"] is None or run.get("gap_pct") is None:
         return f"MISS: run {run['status']}"
     misses = []
-    for what, ratio_key in (("bytes", "bytes_ratio"), ("syncs", "sync_ratio")):
+    for what, ratio_key in (("bytes", "bytes_ratio"), ("syncs", "sync_ratio"), ("bytes_after", "bytes_after_ratio")):
         if what in goal:
             r = run.get(ratio_key) or 0.0
             if r < goal[what]:
@@ -223,7 +235,9 @@ def verdict(run, goal):
 def goal_text(goal):
     if goal is None:
         return "—"
-    part = f">= {goal['bytes']}x fewer bytes" if "bytes" in goal else f">= {goal['syncs']}x fewer syncs"
+    part = (f">= {goal['bytes']}x fewer bytes" if "bytes" in goal else
+            f">= {goal['bytes_after']}x fewer bytes per step after warm-up" if "bytes_after" in goal else
+            f">= {goal['syncs']}x fewer syncs")
     return f"{part}, gap <= {goal['gap']}%"
 
 
@@ -243,12 +257,20 @@ def run_one(model, m, seed, cfg, args, env, timeout):
     metrics = os.path.join(args.out, "metrics", f"{model}_{tag}_seed{seed}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = ([args.meshtrain, "train"] + cfg["flags"] +
+    common = list(cfg["flags"])
+    if "--optimizer" in m["flags"]:  # the method brings its optimizer (1-bit Adam): drop the model's
+        i = common.index("--optimizer")
+        del common[i:i + 2]
+    cmd = ([args.meshtrain, "train"] + common +
            ["--steps", str(cfg["steps"]), "--eval-every", str(cfg["every"]), "--seed", str(seed),
             "--threads", "1", "--nproc", str(m["nproc"]), "--metrics", metrics, "--quiet"] + m["flags"])
     status, rc, wall, err = run_process(cmd, timeout, env)
     one = dict(seed=seed, command=cmd, status=status, exit_code=rc, wall_s=wall, metrics_file=metrics)
-    one.update(summarize(read_metrics(metrics), cfg["steps"]))
+    rows = read_metrics(metrics)
+    one.update(summarize(rows, cfg["steps"]))
+    # Bytes per step once the method compresses (after its warm-up; all steps for the others).
+    later = [r["comm_bytes"] for r in rows if r["step"] >= m["after"] and "comm_bytes" in r]
+    one["bytes_per_step_after"] = float(np.mean(later)) if later else None
     if status == "ok" and one["final_val_loss"] is None:
         one["status"] = "incomplete (no evaluation after the last step)"
     elif status == "ok" and not math.isfinite(one["final_val_loss"]):
@@ -272,7 +294,7 @@ def aggregate(m, per_seed, seeds):
     ok = [r for r in runs if r["status"] == "ok"] if not bad else []
     use = ok or runs[:1]
     for k in ("final_val_loss", "final_val_accuracy", "bytes_total", "syncs", "train_s", "wall_s",
-              "staleness_mean", "wait_s_total"):
+              "staleness_mean", "wait_s_total", "bytes_per_step_after"):
         agg[k] = mean_of([r.get(k) for r in use]) if (ok or k in ("wall_s", "train_s")) else None
     if "staleness_max" in use[0]:
         agg["staleness_max"] = max(r.get("staleness_max", 0) for r in use)
@@ -298,6 +320,8 @@ def compare(agg, exact):
             agg["bytes_ratio"] = exact["bytes_total"] / agg["bytes_total"]
         if agg["syncs"]:
             agg["sync_ratio"] = exact["syncs"] / agg["syncs"]
+        if agg.get("bytes_per_step_after") and exact.get("bytes_per_step_after"):
+            agg["bytes_after_ratio"] = exact["bytes_per_step_after"] / agg["bytes_per_step_after"]
     agg["verdict"] = verdict(agg, agg["goal"])
 
 
@@ -310,7 +334,8 @@ def run_model(model, args, work, env):
     if model == "gpt-sgd":  # a control, not a measurement of noise: one seed of exact DP too
         seeds = seeds[:1]
     exact_seeds = list(range(SEED, SEED + max(len(seeds), 1 if model == "gpt-sgd" else args.exact_seeds)))
-    methods = method_list(model, cfg["every"])
+    methods = [m for m in method_list(model, cfg["every"])
+               if not args.methods or m["key"] == "exact" or m["key"] in args.methods]
     total = sum(len(exact_seeds) if m["key"] == "exact" else len(seeds) for m in methods)
     count, out, exact = 0, [], None
     for m in methods:
@@ -390,6 +415,13 @@ def table_md(results):
                 key += f" (mean staleness {r['staleness_mean']:.2f})"
             out.append(f"| {key} | {loss} | {gap} | {byt} | {ratio} | {syncs} | {r['wall_s']:.1f} | "
                        f"{goal_text(r['goal'])} | {r['verdict']} |")
+        after = [r for r in res["runs"] if r.get("bytes_after_ratio") and r["key"] in GOALS and
+                 "bytes_after" in GOALS[r["key"]]]
+        if after:
+            ex_b = ex["bytes_per_step_after"] if ex else None
+            out += ["", "After warm-up (steps from the end of each method's warm-up on): " + "; ".join(
+                f"{r['key']} {fmt_bytes(r['bytes_per_step_after'])}/step ({r['bytes_after_ratio']:.1f}x fewer than "
+                f"exact's {fmt_bytes(ex_b)})" for r in after) + "."]
         line = noise_line(res)
         if line:
             out += ["", line]
@@ -543,6 +575,8 @@ def main():
     ap.add_argument("--gpt-seeds", type=int, default=1, help="seeds per GPT method")
     ap.add_argument("--exact-seeds", type=int, default=3, help="seeds of exact DP (at least the methods' seeds): "
                     "the spread of its final loss shows the seed noise")
+    ap.add_argument("--methods", type=lambda s: s.split(","), default=None,
+                    help="comma-separated method keys to run (exact always runs); default: all")
     ap.add_argument("--timeout", type=float, help="deadline per run in seconds (default: MLP 300, GPT 900)")
     args = ap.parse_args()
     args.meshtrain = os.path.abspath(args.meshtrain)

@@ -163,6 +163,20 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--compress-adaptive-eta", c.compress_adaptive_eta,
                 "Accordion: relative change of the gradient norm that marks a critical regime")
       ->capture_default_str();
+  s->add_flag("--dgc", c.dgc,
+              "CHANGES THE MATH. Deep Gradient Compression with --compress topk:RATIO: each rank clips its share "
+              "of the gradient at --grad-clip / sqrt(dp) (instead of the global clip after the exchange), "
+              "accumulates it as momentum-corrected velocity (u = m u + g, v += u; m = --momentum with "
+              "--optimizer sgd, which then applies no momentum itself; m = 0 with adamw, whose first moment is "
+              "the momentum), sends the top-k of v and zeroes u and v where sent");
+  s->add_option("--dgc-warmup-steps", c.dgc_warmup,
+                "DGC sparsity warm-up: W steps in 4 equal stages keeping 25%, 6.25%, 1.5625%, 0.390625% "
+                "(never less than RATIO), then RATIO; 0: RATIO from the start")
+      ->capture_default_str();
+  s->add_option("--freeze-step", c.freeze_step,
+                "--optimizer onebit-adam (CHANGES THE MATH after K): AdamW with exact gradients for steps < K, "
+                "then the variance frozen and the momentum exchanged as signs with a scale, error feedback on "
+                "the worker and the server side; --grad-clip then applies to each rank's share of the gradient");
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

@@ -4,14 +4,19 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "optim/onebit_adam.h"
+#include "parallel/compress/onebit.h"
+#include "train/noise_probe.h"
+#include "train/noise_scale.h"
 
 namespace mt::train {
 
 SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   SyncOptions o;
   o.compress = cfg.compress;
-  o.method = cfg.async == AsyncMode::ps ? SyncMethod::parameter_server
-             : o.compress.enabled()     ? SyncMethod::compressed
+  o.method = cfg.async == AsyncMode::ps                    ? SyncMethod::parameter_server
+             : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
+             : o.compress.enabled()                        ? SyncMethod::compressed
              : cfg.local_sgd > 0        ? SyncMethod::local_sgd
                                         : SyncMethod::exact;
   o.engine.zero = cfg.zero;
@@ -19,10 +24,16 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.engine.grad_dtype = cfg.grad_comm_dtype == GradCommDtype::bf16 ? comm::DType::bf16 : comm::DType::f32;
   o.engine.bf16_mirror = cfg.precision == Precision::bf16;
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
+  // DGC: the momentum moves into the exchange with SGD (the optimizer then runs without it: make_optimizer);
+  // with AdamW it stays in Adam's moments (m = 0 here). The clip threshold moves into the exchange too.
+  o.dgc = {cfg.dgc, cfg.dgc && cfg.optimizer == OptimizerKind::sgd ? (float)cfg.momentum : 0.0f,
+           cfg.dgc ? cfg.grad_clip : 0.0, cfg.dgc_warmup};
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;
   o.local_warmup = cfg.local_sgd_warmup;
   o.local_state = cfg.local_sgd_state;
+  o.freeze_step = cfg.freeze_step;
+  o.batch_windows = cfg.batch_size;
   return o;
 }
 
@@ -71,6 +82,7 @@ void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& ta
     trace::TraceScope ts(tracer_, "optimizer step", "compute");
     update(opt, out.lr, s);
   }
+  last_ = out;
   if (sink_) sink_(s, out);
 }
 
@@ -93,9 +105,42 @@ class ExactSync : public GradSync {
  public:
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped) {
+      : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
+        probe_(p) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
+  }
+  // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
+  // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
+  // then computed on the ranks holding the experts, so its small-batch gradient is nowhere whole).
+  StepHooks hooks() override {
+    StepHooks h = GradSync::hooks();
+    if (!overlapped_ || zero_ > 1 || mesh_.grid().pp() > 1 || mesh_.grid().ep() > 1) return h;
+    probing_ = true;
+    probe_.set_inner(h.params);
+    h.params = &probe_;
+    h.micro_batch = [this](int i, int n) {
+      probe_.begin_micro_batch(i, n);
+      engine_.begin_micro_batch(i, n);
+    };
+    return h;
+  }
+  void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
+    GradSync::step(s, loss_sum, items, tail, opt);
+    if (!probing_) return;
+    // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2.
+    double sum[1] = {probe_.local_sum()};
+    parallel::sum_across(mesh_.dp(), sum, 1);
+    if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
+    const int M = probe_.micro_batches() * mesh_.grid().dp();
+    noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
+    if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
+  }
+  void annotate(nlohmann::json& row) const override {
+    if (!probing_ || !noise_valid_ || !noise_.last().valid) return;
+    row["noise_scale"] = noise_.b_simple();  // moving-average B_simple (noise_scale.h)
+    row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
+    row["noise_trace"] = noise_.last().trace;
   }
   void reduce(int64_t) override {
     engine_.finish_backward();
@@ -120,7 +165,11 @@ class ExactSync : public GradSync {
  private:
   int zero_;
   bool overlapped_;
+  int windows_;
   std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
+  NoiseProbe probe_;
+  NoiseScale noise_;
+  bool probing_ = false, noise_valid_ = false;
 };
 
 // The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
@@ -155,7 +204,8 @@ class CompressedSync : public GradSync {
                  trace::ChromeTrace* t)
       : GradSync(m, store, p, t),
         spec_(o.compress),
-        exchange_(p, m.dp(), o.compress, o.adaptive, o.seed, m.tp()),
+        exchange_(p, m.dp(), o.compress, o.adaptive, o.seed, m.tp(), o.dgc),
+        dgc_(o.dgc.enabled),
         adaptive_(o.adaptive.enabled),
         tied_(p) {}
   void reduce(int64_t s) override {
@@ -167,6 +217,10 @@ class CompressedSync : public GradSync {
     tied_.sum(mesh_, tracer_);
   }
   void annotate(nlohmann::json& row) const override {
+    if (dgc_) {
+      row["dgc_density"] = exchange_.density();
+      row["dgc_clip"] = exchange_.clip_factor();
+    }
     if (!adaptive_) return;
     row["compress_light"] = exchange_.light_fraction();
     row["compress_levels"] = exchange_.light_layers();
@@ -175,7 +229,7 @@ class CompressedSync : public GradSync {
  private:
   compress::CompressSpec spec_;
   compress::GradientExchange exchange_;
-  bool adaptive_;
+  bool dgc_, adaptive_;
   TiedCopies tied_;
 };
 
@@ -228,6 +282,43 @@ class LocalSgdSync : public GradSync {
   TiedCopies tied_;
 };
 
+// 1-bit Adam's exchange (parallel/compress/onebit.h): exact data parallelism for steps < K (the whole gradient
+// all-reduced once the backward is over), then no gradient exchange: the update first mixes this rank's
+// gradient share into the synchronized momentum and exchanges that as signs (OnebitMomentumExchange), and the
+// optimizer (optim::OnebitAdam) takes the result as its momentum. After K the step's norm is this rank's
+// share's (no communication), so --grad-clip clips each rank's share.
+class OnebitSync : public GradSync {
+ public:
+  OnebitSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
+             trace::ChromeTrace* t)
+      : GradSync(m, store, p, t), K_(o.freeze_step), tied_(p) {}
+  void reduce(int64_t s) override {
+    engine_.finish_backward();
+    tied_.sum(mesh_, tracer_);
+    if (s < K_ && mesh_.grid().dp() > 1) {
+      trace::TraceScope ts(tracer_, "all_reduce gradients (dp, 1-bit Adam warm-up)", "comm");
+      mesh_.dp()->all_reduce(params_.grad(), params_.grad(), params_.size(), comm::DType::f32, comm::ReduceOp::sum);
+    }
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t s) override {
+    if (s >= K_) {
+      auto* ob = dynamic_cast<optim::OnebitAdam*>(&opt);
+      MT_ASSERT(ob, "the 1-bit Adam exchange needs optim::OnebitAdam");
+      if (!exchange_)
+        exchange_ = std::make_unique<compress::OnebitMomentumExchange>(params_, mesh_.dp(), ob->beta1());
+      trace::TraceScope ts(tracer_, "1-bit momentum exchange (dp)", "comm");
+      exchange_->exchange(params_.grad(), ob->take_grad_scale(), ob->momentum(), params_.grad());
+    }
+    engine_.update(opt, lr, s);
+  }
+  void annotate(nlohmann::json& row) const override { row["onebit_compressed"] = exchange_ != nullptr; }
+
+ private:
+  int64_t K_;
+  TiedCopies tied_;
+  std::unique_ptr<compress::OnebitMomentumExchange> exchange_;
+};
+
 }  // namespace
 
 std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::Mesh& mesh,
@@ -240,6 +331,8 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
       return std::make_unique<CompressedSync>(mesh, store, params, o, tracer);
     case SyncMethod::local_sgd:
       return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
+    case SyncMethod::onebit:
+      return std::make_unique<OnebitSync>(mesh, store, params, o, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }

@@ -20,6 +20,9 @@
 //                               servers; begin_step waits for parameters at      outcome arrives with
 //                               most K versions old (ps_sync.h)                  the version)
 //   ps server    none           step(s) gathers the workers' pushes for s        its slice, then publishes
+//   1-bit Adam   none           s < K: tied copies summed, all-reduce over dp;  store (OnebitAdam: AdamW
+//                               s >= K: nothing (each rank keeps its share)      before K); s >= K: first the
+//                                                                                momentum exchange (signs, EF)
 //
 // Every method's dp is the data-parallel group of the rank's (tp, pp) coordinate: it exchanges or averages
 // the rank's part of the replica, whatever the split (train_config.cpp's kRefused lists what stays refused).
@@ -54,7 +57,7 @@
 
 namespace mt::train {
 
-enum class SyncMethod { exact, compressed, local_sgd, parameter_server };
+enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit };
 
 // Everything the synchronizers need from the flags, parsed once.
 struct SyncOptions {
@@ -62,10 +65,13 @@ struct SyncOptions {
   parallel::DataParallelOptions engine;
   compress::CompressSpec compress;
   compress::AdaptiveOptions adaptive;
+  compress::DgcOptions dgc;
   uint64_t seed = 0;
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
+  int64_t freeze_step = 0;      // onebit: exact gradients for steps < K, compressed momentum after
+  int batch_windows = 0;        // the global batch in windows (the noise scale needs an even split of them)
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
   // loop; a pipeline under ZeRO 2, 3); false: the gradient is reduced whole after the backward (a pipeline
   // under ZeRO 0, 1 passes no hooks).
@@ -141,6 +147,7 @@ class GradSync {
   parallel::DataParallel& engine_;  // the run's parameter store
   trace::ChromeTrace* tracer_;
   OutcomeSink sink_;
+  StepOutcome last_;               // the last step() of this rank's outcome
   std::vector<bool> not_counted_;  // per tensor: replicated copies that the norm skips
 };
 

@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "optim/onebit_adam.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
@@ -39,10 +40,13 @@ void Straggler::pause(int me) const {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n) {
-  if (cfg.optimizer == OptimizerKind::sgd)
-    return std::make_unique<optim::Sgd>(n, optim::SgdConfig{(float)cfg.momentum, (float)cfg.weight_decay});
-  return std::make_unique<optim::AdamW>(
-      n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
+  if (cfg.optimizer == OptimizerKind::sgd)  // --dgc: the momentum is applied in the exchange (dgc.h)
+    return std::make_unique<optim::Sgd>(
+        n, optim::SgdConfig{cfg.dgc ? 0.0f : (float)cfg.momentum, (float)cfg.weight_decay});
+  const optim::AdamWConfig adam{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay};
+  if (cfg.optimizer == OptimizerKind::onebit_adam)
+    return std::make_unique<optim::OnebitAdam>(n, optim::OnebitAdamConfig{adam, cfg.freeze_step});
+  return std::make_unique<optim::AdamW>(n, adam);
 }
 
 optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
@@ -66,7 +70,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c),
       mesh(world, grid_of(c, world)),
       layout(c, mesh.grid().dp()),
-      tail(c.grad_clip, lr_schedule(c)),
+      tail(c.dgc ? 0.0 : c.grad_clip, lr_schedule(c)),  // --dgc: each rank clips its share in the exchange
       straggler(mesh.server() ? Straggler{} : c.straggler) {  // --straggler slows a worker, never a server
   // Leftovers of killed saves go; another run's checkpoints are refused unless --overwrite-checkpoints.
   if ((world ? world->rank() : 0) == 0 && !cfg.checkpoint_dir.empty())

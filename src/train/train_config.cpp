@@ -150,6 +150,7 @@ struct RefusedCombination {
 bool compressing(const TrainConfig& c) { return c.compress.enabled(); }
 bool local_sgd(const TrainConfig& c) { return c.local_sgd > 0; }
 bool asynchronous(const TrainConfig& c) { return c.async != AsyncMode::off; }
+bool onebit(const TrainConfig& c) { return c.optimizer == OptimizerKind::onebit_adam; }
 std::string compress_flag(const TrainConfig& c) { return "--compress " + c.compress.str(); }
 std::string local_flag(const TrainConfig& c) { return str("--local-sgd ", c.local_sgd); }
 std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(c.async)); }
@@ -167,6 +168,36 @@ const RefusedCombination kRefused[] = {
      "the codec encodes each rank's whole gradient of its part of the replica once the backward is over, while "
      "ZeRO's stages are built on the exact exchange (2, 3: buckets reduce-scattered during the backward; 1: the "
      "update sharded over the group the codec replaces); use --zero 0"},
+    {[](const TrainConfig& c) { return c.dgc && c.compress.method != compress::Method::topk; },
+     [](const TrainConfig& c) { return "--dgc with " + (compressing(c) ? compress_flag(c) : "no --compress"); },
+     "Deep Gradient Compression sends the top-k of the accumulated velocity: it needs --compress topk:RATIO "
+     "(e.g. topk:0.001)"},
+    {[](const TrainConfig& c) { return c.dgc && c.compress_adaptive; },
+     [](const TrainConfig&) { return std::string("--dgc with --compress-adaptive"); },
+     "DGC sets the kept fraction itself (its sparsity warm-up, --dgc-warmup-steps) while Accordion switches "
+     "it by the gradient norm: choose one"},
+    {[](const TrainConfig& c) { return c.dgc && c.pp > 1; },
+     [](const TrainConfig& c) { return str("--dgc with --pp ", c.pp); },
+     "DGC clips each rank's share of the gradient by its norm before exchanging it, and under a pipeline the "
+     "tied embedding's parts on the first and last stage are only summed after the exchange, so that norm "
+     "is not defined yet; use --pp 1"},
+    {[](const TrainConfig& c) { return onebit(c) && (compressing(c) || local_sgd(c) || asynchronous(c)); },
+     [](const TrainConfig& c) {
+       return std::string("--optimizer onebit-adam with ") +
+              (compressing(c) ? compress_flag(c) : local_sgd(c) ? local_flag(c) : async_flag(c));
+     },
+     "1-bit Adam brings its own exchange (exact gradients during the warm-up, then the momentum as signs with "
+     "error feedback), which replaces the exchange these flags choose: choose one"},
+    {[](const TrainConfig& c) { return onebit(c) && c.zero > 0; },
+     [](const TrainConfig& c) { return str("--optimizer onebit-adam with --zero ", c.zero); },
+     "after the freeze step every rank mixes its whole gradient into the whole synchronized momentum and keeps "
+     "error-feedback state for all of it, which ZeRO would shard; use --zero 0"},
+    {[](const TrainConfig& c) { return onebit(c) && (c.tp > 1 || c.pp > 1 || c.gpt.moe_every > 0 || c.moe.ep > 1); },
+     [](const TrainConfig& c) {
+       return str("--optimizer onebit-adam with --tp ", c.tp, " --pp ", c.pp, " --moe-every ", c.gpt.moe_every);
+     },
+     "the compressed momentum exchange runs over one flat replica per data-parallel rank; its split over "
+     "tensor, pipeline and expert groups is not built; use --tp 1 --pp 1 and a dense model"},
     {[](const TrainConfig& c) { return local_sgd(c) && c.zero > 0; },
      [](const TrainConfig& c) { return local_flag(c) + str(" with --zero ", c.zero); },
      "between syncs each data-parallel rank steps a replica and optimizer state of its own, which ZeRO would "
@@ -261,6 +292,12 @@ void check_comm_efficient(const TrainConfig& c, int d) {
   MT_CHECK_INPUT(c.local_sgd > 0 || (c.local_sgd_warmup == 0 && !c.local_sgd_state),
                  "--local-sgd-warmup and --local-sgd-state need --local-sgd H");
   MT_CHECK_INPUT(cspec.enabled() || !c.compress_adaptive, "--compress-adaptive needs --compress METHOD");
+  MT_CHECK_INPUT(c.optimizer != OptimizerKind::onebit_adam || c.freeze_step >= 0,
+                 "--optimizer onebit-adam needs --freeze-step K >= 0 (AdamW for the first K steps)");
+  MT_CHECK_INPUT(c.freeze_step == -1 || c.optimizer == OptimizerKind::onebit_adam,
+                 "--freeze-step needs --optimizer onebit-adam, got --optimizer ", flag_name(c.optimizer));
+  MT_CHECK_INPUT(c.dgc_warmup >= 0, "--dgc-warmup-steps must be >= 0, got ", c.dgc_warmup);
+  MT_CHECK_INPUT(c.dgc || c.dgc_warmup == 0, "--dgc-warmup-steps needs --dgc");
   MT_CHECK_INPUT(c.compress_adaptive_every >= 1 && c.compress_adaptive_eta > 0,
                  "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
 }

@@ -30,7 +30,7 @@ struct Straggler {
 constexpr int kMaxThreads = 1024;
 
 enum class ModelKind { gpt, mlp };
-enum class OptimizerKind { adamw, sgd };
+enum class OptimizerKind { adamw, sgd, onebit_adam };
 enum class AsyncMode { off, ps, hogwild };
 enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
 enum class GradCommDtype { f32, bf16 };
@@ -40,8 +40,8 @@ struct FlagValue {
   const char* name;
   E value;
 };
-inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {{"adamw", OptimizerKind::adamw},
-                                                                {"sgd", OptimizerKind::sgd}};
+inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {
+    {"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}, {"onebit-adam", OptimizerKind::onebit_adam}};
 inline constexpr FlagValue<AsyncMode> kAsyncValues[] = {{"ps", AsyncMode::ps}, {"hogwild", AsyncMode::hogwild}};
 inline constexpr FlagValue<BackendKind> kBackendValues[] = {
     {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};
@@ -138,6 +138,10 @@ struct TrainConfig {
   bool compress_adaptive = false;  // Accordion: light setting in critical regimes
   int compress_adaptive_every = 10;
   double compress_adaptive_eta = 0.5;
+  bool dgc = false;                // Deep Gradient Compression on --compress topk (parallel/compress/dgc.h)
+  int64_t dgc_warmup = 0;
+  int64_t freeze_step = -1;        // --optimizer onebit-adam: AdamW for steps < K, compressed momentum after
+                                   // (-1: not given, required)          // sparsity warm-up steps (4 stages: 25%, 6.25%, 1.5625%, 0.39% kept)
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
   int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
   bool local_sgd_state = false;    // also average the optimizer state at each sync

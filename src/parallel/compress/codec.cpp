@@ -210,6 +210,18 @@ void decode_add(const CompressSpec& spec, const uint8_t* in, size_t n, float* y)
   MT_ASSERT(false, "decode_add: ", spec.str(), " is not a per-tensor codec");
 }
 
+std::vector<uint32_t> sparse_indices(const CompressSpec& spec, const uint8_t* in, size_t n) {
+  MT_ASSERT(spec.method == Method::topk || spec.method == Method::randk, "sparse_indices: ", spec.str(),
+            " is not a sparse codec");
+  const size_t k = kept(spec, n);
+  std::vector<uint32_t> idx(k);
+  for (size_t j = 0; j < k; j++) {
+    std::memcpy(&idx[j], in + 8 * j, 4);
+    MT_REQUIRE(Error, idx[j] < n, "sparse payload index ", idx[j], " out of range ", n);
+  }
+  return idx;
+}
+
 void pack_bits(const uint32_t* codes, size_t n, int bits, uint8_t* out) {
   std::memset(out, 0, bytes_for_bits(n, bits));
   for (size_t i = 0; i < n; i++) {

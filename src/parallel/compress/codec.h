@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "parallel/compress/spec.h"
 
@@ -54,6 +55,8 @@ struct DrawKey {
 void encode(const CompressSpec& spec, const float* x, size_t n, const DrawKey& key, uint8_t* out);
 // y[i] += decoded payload (y has n elements).
 void decode_add(const CompressSpec& spec, const uint8_t* payload, size_t n, float* y);
+// The indices a topk / randk payload carries, in payload order (DGC's momentum factor masking).
+std::vector<uint32_t> sparse_indices(const CompressSpec& spec, const uint8_t* payload, size_t n);
 
 // b-bit codes, little-endian within the byte stream (code i occupies bits [i b, (i + 1) b)).
 void pack_bits(const uint32_t* codes, size_t n, int bits, uint8_t* out);

@@ -54,15 +54,20 @@ bool low_rank_pays(const nn::Param& p, int R) {
 }  // namespace
 
 GradientExchange::GradientExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
-                                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split)
+                                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split,
+                                   const DgcOptions& dgc)
     : params_(params),
       dp_(dp),
       split_(split && split->size() > 1 ? split : nullptr),
       heavy_(spec),
       light_spec_(spec.light()),
       adaptive_(adaptive),
-      seed_(seed) {
+      seed_(seed),
+      dgc_(dgc),
+      step_spec_(spec) {
   MT_ASSERT(params.finalized() && params.grad(), "GradientExchange needs a finalized registry with gradients");
+  MT_CHECK_INPUT(!dgc.enabled || (spec.method == Method::topk && !adaptive.enabled),
+                 "--dgc needs --compress topk:RATIO and no --compress-adaptive, got --compress ", spec.str());
   MT_CHECK_INPUT(!adaptive.enabled || (adaptive.every >= 1 && adaptive.eta > 0),
                  "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
   if (dp_) {
@@ -84,13 +89,34 @@ GradientExchange::GradientExchange(nn::ParamRegistry& params, comm::Communicator
       for (size_t i = 0; i < q_[t].size(); i++) q_[t][i] = (float)rng.normal(i);
     }
   }
+  if (dgc_.enabled) {
+    std::vector<size_t> sizes;
+    for (const nn::Param& p : params.params()) sizes.push_back(p.numel);
+    momentum_ = DgcMomentum(sizes, dgc_.momentum);
+  }
   light_.assign(params.num_groups(), adaptive_.enabled ? 1 : 0);
   prev_norm_.assign(params.num_groups(), -1.0);
   if (adaptive_.enabled) acc_.assign(params.size(), 0.0f);
 }
 
 const CompressSpec& GradientExchange::spec_of(const nn::Param& p) const {
+  if (dgc_.enabled) return step_spec_;
   return light_[p.group] ? light_spec_ : heavy_;
+}
+
+float GradientExchange::dgc_clip() const {
+  if (dgc_.clip <= 0) return 1.0f;
+  double sq = 0;
+  const float* g = params_.grad();
+  for (const nn::Param& p : params_.params())
+    if (!split_ || p.replicas.counted)
+      for (size_t i = 0; i < p.numel; i++) sq += (double)g[p.offset + i] * g[p.offset + i];
+  if (split_) {  // the other tp parts of this rank's share: one norm, one factor for all of them
+    float part = (float)sq;
+    split_->all_reduce(&part, &part, 1, comm::DType::f32, comm::ReduceOp::sum);
+    sq = part;
+  }
+  return dgc_clip_factor(std::sqrt(sq), dgc_.clip, n_);
 }
 
 double GradientExchange::light_fraction() const {
@@ -136,6 +162,10 @@ void GradientExchange::exchange(int64_t step) {
 void GradientExchange::exchange_codec(int64_t step) {
   auto& ps = params_.params();
   const size_t T = ps.size();
+  if (dgc_.enabled) {
+    step_spec_.ratio = dgc_density(heavy_.ratio, dgc_.warmup, step);
+    clip_ = dgc_clip();
+  }
   std::vector<size_t> off(T + 1, 0);
   for (size_t t = 0; t < T; t++) off[t + 1] = off[t] + payload_bytes(spec_of(ps[t]), ps[t].numel);
   const size_t B = off[T];
@@ -146,16 +176,22 @@ void GradientExchange::exchange_codec(int64_t step) {
     float* g = params_.grad() + p.offset;
     const bool ef = spec.error_feedback() && !residual_[t].empty();
     scratch_.assign(g, g + p.numel);
-    if (ef)
+    if (dgc_.enabled) {  // local clipping, then u = m u + g: scratch = u
+      if (clip_ != 1.0f)
+        for (size_t i = 0; i < p.numel; i++) scratch_[i] *= clip_;
+      momentum_.correct(t, scratch_.data(), p.numel);
+    }
+    if (ef)  // DGC: v = v + u (the residual is DGC's accumulated velocity v)
       for (size_t i = 0; i < p.numel; i++) scratch_[i] += residual_[t][i];
     encode(spec, scratch_.data(), p.numel, {seed_, step, r_, (int)t}, out_.data() + off[t]);
     if (ef) {
-      // What was not sent stays for the next step: residual = x - decode(payload).
+      // What was not sent stays for the next step: residual = x - decode(payload) (DGC: v is 0 where sent).
       for (size_t i = 0; i < p.numel; i++) residual_[t][i] = scratch_[i];
       std::vector<float> dec(p.numel, 0.0f);
       decode_add(spec, out_.data() + off[t], p.numel, dec.data());
       for (size_t i = 0; i < p.numel; i++) residual_[t][i] -= dec[i];
     }
+    if (dgc_.enabled) momentum_.mask(t, sparse_indices(spec, out_.data() + off[t], p.numel));
   }
   all_.resize(B * n_);
   if (n_ > 1)

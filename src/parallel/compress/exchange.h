@@ -20,6 +20,9 @@
 //     critical regime, which gets the light setting (CompressSpec::light) for the next K steps, else the chosen
 //     (heavy) one. The first 2K steps are treated as critical (no earlier interval to compare with). The
 //     decision uses the exchanged gradient, the same on every rank.
+//   dgc (Deep Gradient Compression, dgc.h; topk only): each rank clips its share, accumulates it as momentum-
+//     corrected velocity, sends the top-k of the accumulated velocity at the step's warm-up density and clears
+//     both velocities where it sent; the payloads move and decode as for topk.
 //
 // Residuals and PowerSGD's Q are this rank's state; a resumed run starts them afresh (zero, seeded).
 #pragma once
@@ -29,6 +32,7 @@
 
 #include "comm/communicator.h"
 #include "nn/params.h"
+#include "parallel/compress/dgc.h"
 #include "parallel/compress/spec.h"
 
 namespace mt::compress {
@@ -45,9 +49,11 @@ class GradientExchange {
   // of a tensor is a tensor of its own here); dp: the data-parallel group (may be null: one rank). split: the
   // ranks holding the other parts of the same layers (tp; may be null), over which adaptive sums each
   // layer's norm (copies of a tensor counted once) so that all of them take the same setting, and the copies
-  // every tp rank holds of a tensor (LayerNorms, biases) stay equal.
+  // every tp rank holds of a tensor (LayerNorms, biases) stay equal; DGC sums its clipping norm over it the
+  // same way. dgc: Deep Gradient Compression (spec must be topk, adaptive off).
   GradientExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
-                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split = nullptr);
+                   const AdaptiveOptions& adaptive, uint64_t seed, comm::Communicator* split = nullptr,
+                   const DgcOptions& dgc = {});
 
   // In place on params.grad(), for optimizer step `step` (steps must come in order).
   void exchange(int64_t step);
@@ -56,12 +62,17 @@ class GradientExchange {
   // layers on the light setting.
   const std::vector<int>& light_layers() const { return light_; }
   double light_fraction() const;
+  // DGC: the fraction of entries kept in the last exchange and the clipping factor this rank applied.
+  double density() const { return step_spec_.ratio; }
+  float clip_factor() const { return clip_; }
+  const DgcMomentum& momentum() const { return momentum_; }
 
  private:
   const CompressSpec& spec_of(const nn::Param& p) const;
   void update_levels(int64_t step);
   void exchange_codec(int64_t step);
   void exchange_powersgd();
+  float dgc_clip() const;
 
   nn::ParamRegistry& params_;
   comm::Communicator* dp_;
@@ -69,6 +80,10 @@ class GradientExchange {
   CompressSpec heavy_, light_spec_;
   AdaptiveOptions adaptive_;
   uint64_t seed_;
+  DgcOptions dgc_;
+  DgcMomentum momentum_;     // DGC: per tensor velocity u
+  CompressSpec step_spec_;   // DGC: heavy_ at this step's warm-up density
+  float clip_ = 1.0f;
   int n_ = 1, r_ = 0;
   std::vector<std::vector<float>> residual_;  // per tensor (error feedback)
   std::vector<std::vector<float>> q_;         // per tensor: PowerSGD's Q [cols, max rank] (matrices only)
