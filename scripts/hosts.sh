@@ -160,9 +160,12 @@ run_mpirun() {
   # --map-by ppr:n:node fills host 0 with ranks 0..n-1, host 1 with n..2n-1 (the mesh's tp-fastest order then
   # keeps a tp group of n inside one host). The TCP interfaces are pinned to the private range so neither the
   # runtime (oob) nor MPI (btl) tries another route; vader (shared memory) and UCX are not loaded at all.
+  # --leave-session-attached keeps each orted in the foreground of its agent: daemonized (the default for an
+  # rsh agent), an orted sometimes vanished before reporting and mpirun waited forever (here 1 of 60 launches of
+  # `hostname` hung, 4 of 40 with verbose logging; none of 160 with this option).
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
-      --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
+      --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
       --mca pml ob1 --mca btl tcp,self --mca osc pt2pt \
       --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
       -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x MT_HOSTS_PREFIX="$PREFIX" \
