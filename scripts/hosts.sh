@@ -84,6 +84,7 @@ down() {
     fi
     ip netns del "$ns" 2>/dev/null || true  # its veth ends go with it, and so do their peers
   done
+  rm -rf "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$PREFIX"-h*  # the hosts' private temporary directories (hosts_rsh.sh)
 }
 
 set_rate() {  # set_rate I RATE|off: tbf on both directions of host I's link
@@ -160,9 +161,10 @@ run_mpirun() {
   # --map-by ppr:n:node fills host 0 with ranks 0..n-1, host 1 with n..2n-1 (the mesh's tp-fastest order then
   # keeps a tp group of n inside one host). The TCP interfaces are pinned to the private range so neither the
   # runtime (oob) nor MPI (btl) tries another route; vader (shared memory) and UCX are not loaded at all.
-  # --leave-session-attached keeps each orted in the foreground of its agent: daemonized (the default for an
-  # rsh agent), an orted sometimes vanished before reporting and mpirun waited forever (here 1 of 60 launches of
-  # `hostname` hung, 4 of 40 with verbose logging; none of 160 with this option).
+  # --leave-session-attached keeps each orted in the foreground of its agent, so an orted that fails is reported
+  # and ends the job; daemonized (the default for an rsh agent) it vanished and mpirun waited forever. (The
+  # failure was two daemons creating the same session directory in the shared /tmp, 1 launch in 40-60; each host
+  # now has its own TMPDIR, see hosts_rsh.sh.)
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
       --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \

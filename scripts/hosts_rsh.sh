@@ -16,4 +16,10 @@ if ! ip netns list 2>/dev/null | awk '{print $1}' | grep -qx -- "$host"; then
        "$(ip netns list 2>/dev/null | awk '{print $1}' | tr '\n' ' ')); is the hostfile for this set of hosts?" >&2
   exit 255
 fi
+# A host of its own has its own /tmp: OpenMPI names its session directory after the hostname (the same in every
+# namespace) and the job, so daemons sharing /tmp collide ("mkdir /tmp/ompi.<host>.0/jf.N: File exists") and one
+# of them dies. Each host gets a private temporary directory (removed by hosts.sh down).
+tmp="${MT_HOSTS_TMP:-/tmp/mt-hosts}/$host"
+mkdir -p "$tmp"
+export TMPDIR="$tmp" OMPI_MCA_orte_tmpdir_base="$tmp"
 exec ip netns exec "$host" /bin/sh -c "$*"
