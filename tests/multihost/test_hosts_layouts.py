@@ -9,7 +9,8 @@ Layouts (2 hosts x n ranks, rank r on host r // n; the mesh orders ranks tp fast
                 also: OpenMPI's transport log shows only tcp and self initialised (no vader: no shared memory
                 between hosts) and every rank reaching the 3 others over tcp on the host hosts.sh put it on
   dp4_z3        2 x 2, --dp 4 --zero 3             and sharded parameters
-  dp4_z0_ring   2 x 2, --dp 4, OpenMPI's iallreduce pinned to its ring algorithm (bytes checked)
+  dp4_z0_hier   2 x 2, --dp 4: the MPI backend's hierarchical all-reduce, chosen by itself (bytes checked)
+  dp4_z0_flat_ring  the same with MESHTRAIN_MPI_HIER=0 and OpenMPI's iallreduce pinned to its ring (bytes checked)
   tp2_dp2       2 x 2, --tp 2 --dp 2               tp inside a host, dp across hosts (bytes checked)
   dp2_pp2       2 x 2, --dp 2 --pp 2               one pipeline stage per host (bytes checked)
   dp2_tp2_pp2   2 x 4, --dp 2 --tp 2 --pp 2 --zero 1   the 3-D mesh, 8 ranks oversubscribed on the machine
@@ -17,8 +18,11 @@ Layouts (2 hosts x n ranks, rank r on host r // n; the mesh orders ranks tp fast
 Bytes between hosts B_wire: the sum of the hosts' eth0 tx_bytes minus what the launcher's br0 received (mpirun
 and its daemons talking to each other), read before and after each run. The payload formula P counts float32
 bytes (Psi parameters, the tied wte once; S = 4 Psi):
-  dp4_z0_ring   per step 3 S: a ring over 4 ranks with 2 ranks per host has 2 of its 4 edges between hosts, and
-                a ring all-reduce sends 2 (n-1)/n S = 1.5 S over every edge.
+  dp4_z0_hier   per step 2 S: inside each host first, then each of the 2 local ranks sends its half of the host's
+                partial sum to the other host and gets the other half of the result back (src/comm/mpi/
+                hier_allreduce.h: 2 (H-1) S over H hosts).
+  dp4_z0_flat_ring  per step 3 S: a ring over 4 ranks with 2 ranks per host has 2 of its 4 edges between hosts,
+                and a ring all-reduce sends 2 (n-1)/n S = 1.5 S over every edge.
   tp2_dp2       per step 2 (S + 4 R): each of the 2 dp groups ({0,2}, {1,3}) has one rank per host, and a
                 2-rank all-reduce of X bytes moves X each way whatever the algorithm; the two tp ranks hold
                 Psi + R parameters between them (R: the tensors tp replicates: LayerNorms, row-parallel biases,
@@ -31,10 +35,10 @@ bytes (Psi parameters, the tied wte once; S = 4 Psi):
 Per step the wire carries the payload plus Ethernet/IP/TCP headers (66 bytes per segment of up to 1448 bytes:
 4.6% at most), acknowledgements, MPI's match headers and meshtrain's 32-byte collective descriptors and scalar
 reductions (loss, norm); once per run the start-up (MPI's modex and connection set-up, tens of KB). The check:
-P <= B_wire <= 1.10 P + 64 KB. The lower bound fails if ranks on different hosts reach each other in any way but
+P <= B_wire <= 1.15 P + 64 KB. The lower bound fails if ranks on different hosts reach each other in any way but
 the wire (shared memory between hosts); the upper bound fails for a layout that sends more than its formula
-(a 4-rank all-reduce with recursive doubling sends 4 S instead of 3 S; tp across hosts would add every
-activation all-reduce).
+(the flat all-reduce instead of the hierarchical one: 3 S or more instead of 2 S; a 4-rank all-reduce with
+recursive doubling: 4 S instead of 3 S; tp across hosts would add every activation all-reduce).
 
 MT_MULTIHOST_ONLY=tag,tag runs only those layouts (the single-process run always).
 
@@ -61,7 +65,7 @@ STEPS = 12
 CFG = dpc.CFG
 PSI = dpc.PSI
 C, V, TMAX = CFG.n_embd, CFG.vocab_size, CFG.n_positions
-WIRE_REL, WIRE_ABS = 0.10, 64 * 1024
+WIRE_REL, WIRE_ABS = 0.15, 64 * 1024
 COMM_TIMEOUT_S, MPIRUN_TIMEOUT_S = 60, 180  # a run takes 3-30 s here
 
 
@@ -163,7 +167,9 @@ def run_layouts(args, checks: dpc.Tally, prefix: str) -> None:
     layouts = [
         ("dp4_z1", 2, ["--mca", "btl_base_verbose", 100], ["--dp", 4, "--zero", 1], None, True),
         ("dp4_z3", 2, [], ["--dp", 4, "--zero", 3], None, True),
-        ("dp4_z0_ring", 2, ["--mca", "coll_libnbc_iallreduce_algorithm", 1], ["--dp", 4, "--zero", 0], 3 * S, True),
+        ("dp4_z0_hier", 2, [], ["--dp", 4, "--zero", 0], 2 * S, True),
+        ("dp4_z0_flat_ring", 2, ["-x", "MESHTRAIN_MPI_HIER=0", "--mca", "coll_libnbc_iallreduce_algorithm", 1],
+         ["--dp", 4, "--zero", 0], 3 * S, True),
         ("tp2_dp2", 2, [], ["--tp", 2, "--dp", 2], 2 * (S + 4 * R), True),
         ("dp2_pp2", 2, [], ["--dp", 2, "--pp", 2, "--micro-batch-size", 3],
          2 * B * T * C * 4 + 2 * 2 * 4 * V * C, False),
