@@ -78,9 +78,9 @@ down() {
   local ns pids
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(net|h[0-9]+)\$" || true); do
     # Processes left in a namespace (a crashed run's orted or ranks) keep it alive after `ip netns del`.
-    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-    if [ -n "$pids" ]; then
-      kill -KILL $pids 2>/dev/null || true
+    read -ra pids <<< "$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)"
+    if [ ${#pids[@]} -gt 0 ]; then
+      kill -KILL "${pids[@]}" 2>/dev/null || true
     fi
     ip netns del "$ns" 2>/dev/null || true  # its veth ends go with it, and so do their peers
   done
@@ -129,8 +129,8 @@ up() {
   trap - ERR
   # Wait (bounded) until every host answers the launcher over the bridge.
   for ((i = 0; i < k; i++)); do
-    local ok=0 t out
-    for t in $(seq 1 50); do
+    local ok=0 out
+    for _ in $(seq 1 50); do
       # A TCP connect to a closed port: "refused" (a reset) proves the path works; no ping needed.
       out="$(ip netns exec "$NET" timeout 2 bash -c "exec 3<>/dev/tcp/$SUBNET.$((i + 1))/9" 2>&1 || true)"
       if [[ "$out" == *refused* ]]; then

@@ -1,7 +1,6 @@
 // The MPI backend under mpirun (registered by extra.cmake as comm_mpi_np<N>, run with --gtest_filter=Mpi*):
 // the same checks as the shm backend. Outside mpirun these tests skip.
 #include <gtest/gtest.h>
-
 #include <mpi.h>
 
 #include <cmath>
@@ -120,12 +119,11 @@ TEST(Mpi, HierarchicalAllReduceIsTheRankOrderFoldForEveryHostSplit) {
                                 }
                                 auto what = [] { return std::string("test all-reduce"); };
                                 h.run(in.data(), out.data(), count, op, 60, what);
-                                MT_REQUIRE(Error, std::memcmp(out.data(), want.data(), count * 4) == 0, "hosts of ",
-                                           k, ", count ", count, ", ", reduce_op_name(op),
-                                           ": not the rank-order fold");
+                                MT_REQUIRE(Error, std::memcmp(out.data(), want.data(), count * 4) == 0, "hosts of ", k,
+                                           ", count ", count, ", ", reduce_op_name(op), ": not the rank-order fold");
                                 h.run(in.data(), in.data(), count, op, 60, what);
-                                MT_REQUIRE(Error, std::memcmp(in.data(), want.data(), count * 4) == 0, "hosts of ",
-                                           k, ", count ", count, ", ", reduce_op_name(op), ", in place");
+                                MT_REQUIRE(Error, std::memcmp(in.data(), want.data(), count * 4) == 0, "hosts of ", k,
+                                           ", count ", count, ", ", reduce_op_name(op), ", in place");
                               }
                             }
                           }

@@ -9,8 +9,9 @@ Layouts (2 hosts x n ranks, rank r on host r // n; the mesh orders ranks tp fast
                 also: OpenMPI's transport log shows only tcp and self initialised (no vader: no shared memory
                 between hosts) and every rank reaching the 3 others over tcp on the host hosts.sh put it on
   dp4_z3        2 x 2, --dp 4 --zero 3             and sharded parameters
-  dp4_z0_hier   2 x 2, --dp 4: the MPI backend's hierarchical all-reduce, chosen by itself (bytes checked)
-  dp4_z0_flat_ring  the same with MESHTRAIN_MPI_HIER=0 and OpenMPI's iallreduce pinned to its ring (bytes checked)
+  dp4_z0_hier   2 x 2, --dp 4, MESHTRAIN_MPI_HIER=1: the backend's hierarchical all-reduce, which it then picks
+                from the hosts the ranks run on (bytes checked)
+  dp4_z0_flat_ring  the same without it (the default) and OpenMPI's iallreduce pinned to its ring (bytes checked)
   tp2_dp2       2 x 2, --tp 2 --dp 2               tp inside a host, dp across hosts (bytes checked)
   dp2_pp2       2 x 2, --dp 2 --pp 2               one pipeline stage per host (bytes checked)
   dp2_tp2_pp2   2 x 4, --dp 2 --tp 2 --pp 2 --zero 1   the 3-D mesh, 8 ranks oversubscribed on the machine
@@ -167,8 +168,8 @@ def run_layouts(args, checks: dpc.Tally, prefix: str) -> None:
     layouts = [
         ("dp4_z1", 2, ["--mca", "btl_base_verbose", 100], ["--dp", 4, "--zero", 1], None, True),
         ("dp4_z3", 2, [], ["--dp", 4, "--zero", 3], None, True),
-        ("dp4_z0_hier", 2, [], ["--dp", 4, "--zero", 0], 2 * S, True),
-        ("dp4_z0_flat_ring", 2, ["-x", "MESHTRAIN_MPI_HIER=0", "--mca", "coll_libnbc_iallreduce_algorithm", 1],
+        ("dp4_z0_hier", 2, ["-x", "MESHTRAIN_MPI_HIER=1"], ["--dp", 4, "--zero", 0], 2 * S, True),
+        ("dp4_z0_flat_ring", 2, ["--mca", "coll_libnbc_iallreduce_algorithm", 1],
          ["--dp", 4, "--zero", 0], 3 * S, True),
         ("tp2_dp2", 2, [], ["--tp", 2, "--dp", 2], 2 * (S + 4 * R), True),
         ("dp2_pp2", 2, [], ["--dp", 2, "--pp", 2, "--micro-batch-size", 3],

@@ -1,6 +1,8 @@
 #include "comm/mpi/hier_allreduce.h"
 
+#include <algorithm>
 #include <climits>
+#include <utility>
 #include <vector>
 
 #include "comm/mpi/mpi_comm.h"
@@ -21,6 +23,7 @@ void check(int rc, const char* what) {
 }
 
 constexpr int kChainTag = 1;
+constexpr int kSegment = 64 * 1024;  // floats per pipelined segment of a chunk (256 KB)
 
 }  // namespace
 
@@ -63,7 +66,7 @@ HierAllReduce::~HierAllReduce() {
 }
 
 std::unique_ptr<HierAllReduce> HierAllReduce::for_hosts_of(MPI_Comm comm) {
-  if (env_flag("MESHTRAIN_MPI_HIER") == false) return nullptr;
+  if (env_flag("MESHTRAIN_MPI_HIER") != true) return nullptr;  // off unless asked for: see the header
   int n = 0, r = 0;
   MPI_Comm_size(comm, &n);
   MPI_Comm_rank(comm, &r);
@@ -105,34 +108,50 @@ void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, doub
   std::vector<int> rcnt(k, m), rdis(k);
   for (int l = 0; l < k; ++l) rdis[l] = l * m;
   MPI_Request req;
-  check(MPI_Ialltoallv(in, cnt.data(), dis.data(), MPI_FLOAT, pieces.data(), rcnt.data(), rdis.data(), MPI_FLOAT,
-                       node_, &req),
+  check(MPI_Ialltoallv(in, cnt.data(), dis.data(), MPI_FLOAT, pieces.data(), rcnt.data(), rdis.data(), MPI_FLOAT, node_,
+                       &req),
         "MPI_Ialltoallv");
   wait_request(&req, timeout_s, step("all-to-all inside the host"));
 
-  // 2. the chain: continue the previous host's partial fold with this host's pieces, in rank order.
-  std::vector<float> partial(host_ > 0 ? m : 0), acc(m);
-  std::vector<const void*> srcs;
+  // 2 and 3, in segments so that both directions of a link work at once: while segment s + 1 of the partial sum
+  // travels forward along the chain, segment s of the result travels back in the broadcast.
+  const int nseg = m == 0 ? 0 : static_cast<int>((static_cast<size_t>(m) + kSegment - 1) / kSegment);
+  std::vector<float> partial(host_ > 0 ? m : 0), acc(m), res(host_ < hosts_ - 1 ? m : 0);
+  float* const result = host_ == hosts_ - 1 ? acc.data() : res.data();
+  std::vector<MPI_Request> recvs(nseg, MPI_REQUEST_NULL), sends(nseg, MPI_REQUEST_NULL);
+  std::vector<MPI_Request> bcasts(nseg, MPI_REQUEST_NULL);
+  auto seg = [&](int s) {  // (offset, length) of segment s of this rank's chunk
+    return std::pair<size_t, int>(size_t(s) * kSegment, std::min<int>(kSegment, m - s * kSegment));
+  };
   if (host_ > 0) {
-    check(MPI_Irecv(partial.data(), m, MPI_FLOAT, host_ - 1, kChainTag, cross_, &req), "MPI_Irecv");
-    wait_request(&req, timeout_s, step("partial sum from the previous host"));
-    srcs.push_back(partial.data());
+    for (int s = 0; s < nseg; ++s) {
+      check(MPI_Irecv(partial.data() + seg(s).first, seg(s).second, MPI_FLOAT, host_ - 1, kChainTag, cross_, &recvs[s]),
+            "MPI_Irecv");
+    }
   }
-  for (int l = 0; l < k; ++l) srcs.push_back(pieces.data() + static_cast<size_t>(l) * m);
-  if (m > 0) {
-    reduce_into(acc.data(), srcs.data(), static_cast<int>(srcs.size()), static_cast<size_t>(m), DType::f32,
+  std::vector<const void*> srcs(k + (host_ > 0 ? 1 : 0));
+  for (int s = 0; s < nseg; ++s) {
+    const auto [off, len] = seg(s);
+    int i = 0;
+    if (host_ > 0) {
+      wait_request(&recvs[s], timeout_s, step("partial sum from the previous host"));
+      srcs[i++] = partial.data() + off;
+    }
+    for (int l = 0; l < k; ++l) srcs[i++] = pieces.data() + static_cast<size_t>(l) * m + off;
+    reduce_into(acc.data() + off, srcs.data(), i, static_cast<size_t>(len), DType::f32,
                 op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum, 1);
+    if (host_ < hosts_ - 1) {
+      check(MPI_Isend(acc.data() + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
+    }
+    check(MPI_Ibcast(result + off, len, MPI_FLOAT, hosts_ - 1, cross_, &bcasts[s]), "MPI_Ibcast");
   }
-  if (host_ < hosts_ - 1) {
-    check(MPI_Isend(acc.data(), m, MPI_FLOAT, host_ + 1, kChainTag, cross_, &req), "MPI_Isend");
-    wait_request(&req, timeout_s, step("partial sum to the next host"));
+  if (nseg > 0) {
+    wait_requests(nseg, sends.data(), timeout_s, step("partial sum to the next host"), {}, nullptr);
+    wait_requests(nseg, bcasts.data(), timeout_s, step("broadcast from the last host"), {}, nullptr);
   }
 
-  // 3. the last host's chunk to every host; 4. the k chunks to every rank of the host.
-  check(MPI_Ibcast(acc.data(), m, MPI_FLOAT, hosts_ - 1, cross_, &req), "MPI_Ibcast");
-  wait_request(&req, timeout_s, step("broadcast from the last host"));
-  check(MPI_Iallgatherv(acc.data(), m, MPI_FLOAT, out, cnt.data(), dis.data(), MPI_FLOAT, node_, &req),
-        "MPI_Iallgatherv");
+  // 4. the k chunks to every rank of the host.
+  check(MPI_Iallgatherv(result, m, MPI_FLOAT, out, cnt.data(), dis.data(), MPI_FLOAT, node_, &req), "MPI_Iallgatherv");
   wait_request(&req, timeout_s, step("all-gather inside the host"));
 }
 

@@ -18,9 +18,16 @@
 // Cost, S = 4 N bytes: between hosts, step 2 sends S/k per local rank over each of the H - 1 host boundaries and
 // step 3 broadcasts S/k per local rank to H - 1 hosts: 2 (H - 1) S in total, what a ring over the H hosts sends,
 // and the minimum for S bytes uncompressed (2 S on 2 hosts, where a flat ring over 2 x 2 ranks sends 3 S and
-// recursive doubling 4 S). Inside a host each rank sends (k - 1)/k S twice. Latency: the chain is H - 1 hops in
-// sequence, so this suits few hosts; with one host or one rank per host the flat MPI all-reduce is used instead.
+// recursive doubling 4 S). Inside a host each rank sends (k - 1)/k S twice. Steps 2 and 3 go in segments of 256 KB
+// per chunk, so that the broadcast of segment s back along the chain overlaps the partial sums of segment s + 1
+// going forward: both directions of a link carry data at once. The chain is still H - 1 hops in sequence (its
+// first segment's latency), so this suits few hosts; with one host or one rank per host the flat MPI all-reduce
+// is used instead.
 // Float32 sum, avg (the caller divides) and max only; every wait has the caller's deadline.
+// Measured (bench/hier_allreduce_hosts.sh, 2 x 2 ranks, 200 Mbit/s links): the bytes between hosts drop from 3 S
+// to 2 S, but the time is 1.4-1.9x OpenMPI's flat all-reduce at 1-8 MB (best of 3 rounds each): the chain's
+// segments and the broadcast do not keep both directions of the link busy as OpenMPI's algorithms do (each
+// 256 KB segment is a rendezvous message over TCP). Hence it is opt-in (MESHTRAIN_MPI_HIER=1) until it is faster.
 #pragma once
 
 #include <mpi.h>
@@ -44,9 +51,10 @@ class HierAllReduce {
   HierAllReduce(const HierAllReduce&) = delete;
   HierAllReduce& operator=(const HierAllReduce&) = delete;
 
-  // The hosts of `comm` from MPI_Comm_split_type(SHARED): a HierAllReduce when there are >= 2 hosts with the same
-  // number >= 2 of ranks each, in contiguous rank ranges; otherwise (or with MESHTRAIN_MPI_HIER=0) nullptr.
-  // Collective over `comm`.
+  // With MESHTRAIN_MPI_HIER=1, the hosts of `comm` from MPI_Comm_split_type(SHARED): a HierAllReduce when there
+  // are >= 2 hosts with the same number >= 2 of ranks each, in contiguous rank ranges; otherwise nullptr.
+  // Unset or 0: nullptr (off by default: on 2 x 2 ranks over 200 Mbit/s links it took 1.4-1.9x the time of
+  // OpenMPI's flat MPI_Iallreduce at 1-8 MB, bench/results/multihost/). Collective over `comm`.
   static std::unique_ptr<HierAllReduce> for_hosts_of(MPI_Comm comm);
 
   // in: N floats (may alias out exactly); out: N floats, the left fold described above. op: sum or max (avg is
