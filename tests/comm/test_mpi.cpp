@@ -1,8 +1,14 @@
 // The MPI backend under mpirun (registered by extra.cmake as comm_mpi_np<N>, run with --gtest_filter=Mpi*):
 // the same checks as the shm backend. Outside mpirun these tests skip.
 #include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
 
 #include "comm/launch.h"
+#include "comm/mpi/hier_allreduce.h"
+#include "comm/mpi/mpi_comm.h"
 #include "tests/comm/comm_checks.h"
 
 namespace mt::comm {
@@ -64,6 +70,82 @@ TEST(Mpi, MismatchedCollectiveReported) {
                           return;
                         }
                         throw Error("mismatch not detected");
+                      })
+                .exit_code,
+            0);
+}
+
+// Rank p's element i: signs and magnitudes from 2^-10 to 2^10 mixed, so float32 sums depend on their order.
+float order_sensitive_input(int p, size_t i) {
+  uint64_t x = (uint64_t(p) + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t(i) + 7) * 0xC2B2AE3D27D4EB4Full;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  const float mant = 1.0f + float(x & 0xFFFFFF) / float(1 << 24);
+  const int e = int((x >> 24) % 21) - 10;
+  return std::ldexp((x >> 45) & 1 ? -mant : mant, e);
+}
+
+// Every split of the world into hosts of k contiguous ranks (k = 1 .. n dividing n, made up with MPI_Comm_split
+// on one machine) gives the left fold over ranks in rank order, bit for bit, for sum and max, in and out of
+// place, at sizes 0, 1, fewer elements than ranks per host, and uneven chunks; the inputs are such that another
+// order (the right fold) gives other bits somewhere when n >= 3.
+TEST(Mpi, HierarchicalAllReduceIsTheRankOrderFoldForEveryHostSplit) {
+  MT_NEED_MPIRUN();
+  EXPECT_EQ(run_ranks(mpi_opts(),
+                      [](Communicator& w) {
+                        const int n = w.size(), r = w.rank();
+                        long differ = 0;
+                        for (int k = 1; k <= n; ++k) {
+                          if (n % k) continue;
+                          MPI_Comm node;
+                          MPI_Comm_split(MPI_COMM_WORLD, r / k, r, &node);
+                          {
+                            mpi::HierAllReduce h(MPI_COMM_WORLD, node);
+                            MT_REQUIRE(Error, h.hosts() == n / k && h.per_host() == k, "shape");
+                            for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(1031), size_t(100'003)}) {
+                              for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+                                std::vector<float> in(count), out(count, NAN), want(count);
+                                for (size_t i = 0; i < count; ++i) {
+                                  in[i] = order_sensitive_input(r, i);
+                                  float a = order_sensitive_input(0, i), b = order_sensitive_input(n - 1, i);
+                                  for (int p = 1; p < n; ++p) {
+                                    const float x = order_sensitive_input(p, i);
+                                    a = op == ReduceOp::max ? std::max(a, x) : a + x;
+                                  }
+                                  for (int p = n - 2; p >= 0; --p) b = order_sensitive_input(p, i) + b;
+                                  want[i] = a;
+                                  if (op == ReduceOp::sum && b != a) ++differ;
+                                }
+                                auto what = [] { return std::string("test all-reduce"); };
+                                h.run(in.data(), out.data(), count, op, 60, what);
+                                MT_REQUIRE(Error, std::memcmp(out.data(), want.data(), count * 4) == 0, "hosts of ", k,
+                                           ", count ", count, ", ", reduce_op_name(op), ": not the rank-order fold");
+                                h.run(in.data(), in.data(), count, op, 60, what);
+                                MT_REQUIRE(Error, std::memcmp(in.data(), want.data(), count * 4) == 0, "hosts of ", k,
+                                           ", count ", count, ", ", reduce_op_name(op), ", in place");
+                              }
+                            }
+                          }
+                          MPI_Comm_free(&node);
+                        }
+                        MT_REQUIRE(Error, n < 3 || differ > 0, "the inputs do not depend on the order");
+                        // Hosts that are not contiguous rank ranges are refused on every rank.
+                        if (n >= 4 && n % 2 == 0) {
+                          MPI_Comm node;
+                          MPI_Comm_split(MPI_COMM_WORLD, r % 2, r, &node);
+                          bool refused = false;
+                          try {
+                            mpi::HierAllReduce h(MPI_COMM_WORLD, node);
+                          } catch (const CommError& e) {
+                            refused = std::string(e.what()).find("contiguous") != std::string::npos;
+                          }
+                          MPI_Comm_free(&node);
+                          MT_REQUIRE(Error, refused, "a split into ranks {0, 2, ..} and {1, 3, ..} was not refused");
+                        }
+                        // On one machine every rank shares the host: the flat MPI all-reduce is kept.
+                        auto* m = dynamic_cast<mpi::MpiCommunicator*>(&w);
+                        MT_REQUIRE(Error, m && m->hierarchical() == nullptr, "one host, yet hierarchical");
                       })
                 .exit_code,
             0);

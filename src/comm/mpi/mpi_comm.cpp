@@ -135,6 +135,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
   MPI_Group_translate_ranks(mine, size(), ranks.data(), world, world_of_.data());
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
+  hier_ = HierAllReduce::for_hosts_of(comm_);
 }
 
 int MpiCommunicator::world_rank_of(int p) const {
@@ -144,6 +145,7 @@ int MpiCommunicator::world_rank_of(int p) const {
 
 MpiCommunicator::~MpiCommunicator() {
   stop_progress_thread();
+  hier_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -204,6 +206,20 @@ void MpiCommunicator::run_reducing(const CollArgs& a) {
   const bool f32 = a.dtype == DType::f32;
   auto what = [&] { return str(describe(a), " on group '", name(), "' (rank ", r, ")"); };
   MPI_Request req;
+  if (a.kind == OpKind::all_reduce && hier_) {
+    std::vector<float> in, acc;
+    const float* src = static_cast<const float*>(a.send);
+    float* dst = static_cast<float*>(a.recv);
+    if (!f32) {
+      in = widen(a.send, a.count);
+      src = in.data();
+      acc.resize(a.count);
+      dst = acc.data();
+    }
+    hier_->run(src, dst, a.count, a.op, a.timeout_s, what);
+    finish(dst, a.recv, a.count, a.dtype, a.op, n);
+    return;
+  }
   if (a.kind == OpKind::all_reduce || a.kind == OpKind::reduce) {
     const bool out_here = a.kind == OpKind::all_reduce || r == a.root;
     const int cnt = to_int(a.count, a);

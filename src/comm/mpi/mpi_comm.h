@@ -9,6 +9,10 @@
 // for clarity. bf16 is reduced by widening to float32, reducing float32 in MPI and rounding once (float32
 // accumulation, twice the bytes on the wire); bf16 data that is only moved travels as 16-bit words.
 // Counts above INT_MAX elements are rejected (MPI's int counts).
+// All-reduce on a group spread over several hosts with several ranks on each (MPI_Comm_split_type SHARED, equal
+// contiguous rank ranges per host) goes through HierAllReduce instead of MPI_Iallreduce when MESHTRAIN_MPI_HIER=1:
+// inside each host first, across hosts once per host, and the sum a left fold in rank order whatever the host
+// split (hier_allreduce.h; off by default, being slower than OpenMPI's own on the measured link).
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +24,7 @@
 
 #include "comm/communicator.h"
 #include "comm/launch.h"
+#include "comm/mpi/hier_allreduce.h"
 
 namespace mt::comm::mpi {
 
@@ -30,6 +35,7 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override;
   const char* backend() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
+  const HierAllReduce* hierarchical() const { return hier_.get(); }  // null: all-reduce is MPI's own
 
  protected:
   void run_collective(const CollArgs& a) override;
@@ -46,6 +52,7 @@ class MpiCommunicator : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm desc_comm_ = MPI_COMM_NULL;  // the descriptor exchange's own context (never matches user messages)
   std::vector<int> world_of_;            // group rank -> world rank
+  std::unique_ptr<HierAllReduce> hier_;  // set when the group spans >= 2 hosts with >= 2 ranks on each
 };
 
 // Initialises MPI if needed (MPI_THREAD_MULTIPLE; finalised at exit) and runs body with the world.

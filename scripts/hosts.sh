@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# K "hosts" on one machine, as Linux network namespaces, for trying meshtrain's multi-host runs without a
+# cluster. Each host is a namespace <P>-h<i> with its own loopback and one interface eth0 (address
+# 10.77.0.<i+1>/24); eth0 is one end of a veth pair whose other end, v<i>, is a port of the bridge br0 in the
+# namespace <P>-net (the switch). <P>-net also holds the launcher's address 10.77.0.254 on br0: mpirun runs
+# there and reaches its daemons (orted) over the same bridge. Nothing is added to the machine's own network
+# namespace (no address, no route, no interface): the private range exists only inside these namespaces and
+# traffic never leaves the machine. Namespaces share the filesystem, /dev/shm and process table with the
+# machine; only the network is separate, so MPI is told to use TCP only (btl tcp,self, pml ob1): no shared
+# memory between hosts.
+#
+#   [<P>-h0: lo, eth0 10.77.0.1] ==veth== v0 \
+#   [<P>-h1: lo, eth0 10.77.0.2] ==veth== v1 -- br0 10.77.0.254  [<P>-net: the switch and mpirun]
+#   ...                                      /
+#
+# Commands (P is --prefix, default mt; several sets with different prefixes can exist at once):
+#   hosts.sh up K [--rate R]      make K hosts (tearing down an older set with the same prefix first);
+#                                 with --rate, every link gets R each way (tc tbf: e.g. 100mbit, 1gbit)
+#   hosts.sh down                 remove the set: kill what still runs in its namespaces, delete them
+#                                 (idempotent: nothing to remove is not an error, also after a crash)
+#   hosts.sh status               namespaces, addresses, qdiscs and byte counters of the set
+#   hosts.sh rate I R | off       limit host I's link to R each way (tbf), or remove the limit
+#   hosts.sh cut I | heal I       take host I's link down (ip link set down) or bring it back up
+#   hosts.sh bytes                one line per host, "h<i> TX RX" (bytes of its eth0), then "launcher TX RX" (br0
+#                                 in <P>-net: the launcher's own traffic, mpirun to its daemons). Bytes between
+#                                 hosts = the hosts' TX summed minus the launcher's RX.
+#   hosts.sh hostfile N           an OpenMPI hostfile with N slots on every host (to stdout)
+#   hosts.sh mpirun N ARGS...     mpirun over all K hosts with N ranks per host (ranks by host: rank r runs on
+#                                 host r / N), TCP only, from the launcher namespace; ARGS is the program
+#   hosts.sh exec I CMD...        run CMD inside host I's namespace
+# Exit status: 0 on success; 2 on a usage error; 3 when namespaces cannot be made here (not root, no `ip`,
+# no veth/bridge support), with the reason on stderr (tests skip on 3).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PREFIX="${MT_HOSTS_PREFIX:-mt}"
+SUBNET=10.77.0
+RATE=""
+
+die() { echo "hosts.sh: $*" >&2; exit 2; }
+cannot() { echo "hosts.sh: cannot make network namespaces here: $*" >&2; exit 3; }
+
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX="$2"; shift 2 ;;
+    --rate) [ $# -ge 2 ] || die "--rate needs a value (e.g. 100mbit)"; RATE="$2"; shift 2 ;;
+    --) shift; args+=("$@"); break ;;
+    *) args+=("$1"); shift
+       # everything after `mpirun N` or `exec I` belongs to the program
+       if [ ${#args[@]} -eq 2 ] && { [ "${args[0]}" = mpirun ] || [ "${args[0]}" = exec ]; }; then
+         args+=("$@"); break
+       fi ;;
+  esac
+done
+set -- "${args[@]+"${args[@]}"}"
+[ $# -ge 1 ] || die "usage: hosts.sh [--prefix P] up K [--rate R] | down | status | rate I R|off | cut I | heal I | bytes | hostfile N | mpirun N PROGRAM... | exec I CMD..."
+# Interface names are at most 15 bytes and namespace names become file names: keep the prefix short and plain.
+[[ "$PREFIX" =~ ^[A-Za-z0-9][A-Za-z0-9_]{0,9}$ ]] || die "--prefix '$PREFIX' must be 1-10 letters, digits or _"
+NET="$PREFIX-net"
+
+host_ns() { echo "$PREFIX-h$1"; }
+hosts() {  # the host indices of the current set, in order
+  ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$PREFIX-h\([0-9][0-9]*\)\$/\1/p" | sort -n
+}
+need_set() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$NET" || die "no hosts with prefix '$PREFIX' (run: hosts.sh up K)"; }
+need_host() {
+  [[ "$1" =~ ^[0-9]+$ ]] || die "host index '$1' is not a number"
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$(host_ns "$1")" || die "no host $1 in set '$PREFIX' (hosts: $(hosts | tr '\n' ' '))"
+}
+
+preflight() {
+  [ "$(id -u)" = 0 ] || cannot "not root (uid $(id -u)); network namespaces, veth pairs and bridges need CAP_NET_ADMIN"
+  command -v ip > /dev/null || cannot "the ip command is missing (Debian package iproute2)"
+}
+
+down() {
+  local ns pids
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(net|h[0-9]+)\$" || true); do
+    # Processes left in a namespace (a crashed run's orted or ranks) keep it alive after `ip netns del`.
+    read -ra pids <<< "$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)"
+    if [ ${#pids[@]} -gt 0 ]; then
+      kill -KILL "${pids[@]}" 2>/dev/null || true
+    fi
+    ip netns del "$ns" 2>/dev/null || true  # its veth ends go with it, and so do their peers
+  done
+  rm -rf "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$PREFIX"-h*  # the hosts' private temporary directories (hosts_rsh.sh)
+}
+
+set_rate() {  # set_rate I RATE|off: tbf on both directions of host I's link
+  local i="$1" r="$2" ns; ns="$(host_ns "$i")"
+  ip -n "$ns" link show eth0 > /dev/null 2>&1 || die "host $i has no eth0"
+  tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
+  tc -n "$NET" qdisc del dev "v$i" root 2>/dev/null || true
+  [ "$r" = off ] && return 0
+  # burst: at least one full frame at the rate's timer granularity; 64 KB keeps 1 Gbit/s reachable while a
+  # 100 Mbit/s link still shapes to within a few percent over a transfer of megabytes.
+  tc -n "$ns" qdisc add dev eth0 root tbf rate "$r" burst 64kb latency 100ms ||
+    die "tc tbf with rate '$r' failed on host $i (rates look like 100mbit, 1gbit)"
+  tc -n "$NET" qdisc add dev "v$i" root tbf rate "$r" burst 64kb latency 100ms
+}
+
+up() {
+  local k="$1" i ns
+  [[ "$k" =~ ^[0-9]+$ ]] && [ "$k" -ge 1 ] && [ "$k" -le 200 ] || die "up: K '$k' must be 1..200"
+  preflight
+  down
+  ip netns add "$NET" || cannot "ip netns add $NET failed"
+  trap down ERR
+  ip netns exec "$NET" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 || true
+  ip -n "$NET" link set lo up
+  ip -n "$NET" link add br0 type bridge || { down; cannot "no bridge support (ip link add type bridge failed)"; }
+  ip -n "$NET" addr add "$SUBNET.254/24" dev br0
+  ip -n "$NET" link set br0 up
+  for ((i = 0; i < k; i++)); do
+    ns="$(host_ns "$i")"
+    ip netns add "$ns"
+    # No IPv6: its neighbour and router chatter would add bytes to the counters the tests read.
+    ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 || true
+    ip -n "$ns" link set lo up
+    ip -n "$NET" link add "v$i" type veth peer name eth0 netns "$ns" ||
+      { down; cannot "no veth support (ip link add type veth failed)"; }
+    ip -n "$NET" link set "v$i" master br0
+    ip -n "$NET" link set "v$i" up
+    ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    [ -z "$RATE" ] || set_rate "$i" "$RATE"
+  done
+  trap - ERR
+  # Wait (bounded) until every host answers the launcher over the bridge.
+  for ((i = 0; i < k; i++)); do
+    local ok=0 out
+    for _ in $(seq 1 50); do
+      # A TCP connect to a closed port: "refused" (a reset) proves the path works; no ping needed.
+      out="$(ip netns exec "$NET" timeout 2 bash -c "exec 3<>/dev/tcp/$SUBNET.$((i + 1))/9" 2>&1 || true)"
+      if [[ "$out" == *refused* ]]; then
+        ok=1; break
+      fi
+      sleep 0.1
+    done
+    [ "$ok" = 1 ] || { down; cannot "host $i ($SUBNET.$((i + 1))) cannot be reached from the launcher within 5 s"; }
+  done
+  echo "hosts.sh: $k hosts up: $(for ((i = 0; i < k; i++)); do printf '%s=%s.%d ' "$(host_ns $i)" "$SUBNET" $((i + 1)); done)launcher $NET=$SUBNET.254${RATE:+, links $RATE each way}"
+}
+
+hostfile() {
+  local n="$1" i
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "hostfile: slots '$n' must be >= 1"
+  for i in $(hosts); do echo "$(host_ns "$i") slots=$n max_slots=$n"; done
+}
+
+run_mpirun() {
+  local n="$1"; shift
+  [ $# -ge 1 ] || die "mpirun: no program given"
+  need_set
+  local k hf; k="$(hosts | wc -l)"
+  command -v mpirun > /dev/null || die "mpirun is not on PATH (bash scripts/setup.sh mpi)"
+  hf="$(mktemp "${TMPDIR:-/tmp}/mt-hostfile.XXXXXX")"
+  hostfile "$n" > "$hf"
+  local rc=0
+  # --map-by ppr:n:node fills host 0 with ranks 0..n-1, host 1 with n..2n-1 (the mesh's tp-fastest order then
+  # keeps a tp group of n inside one host). The TCP interfaces are pinned to the private range so neither the
+  # runtime (oob) nor MPI (btl) tries another route; vader (shared memory) and UCX are not loaded at all.
+  # --leave-session-attached keeps each orted in the foreground of its agent, so an orted that fails is reported
+  # and ends the job; daemonized (the default for an rsh agent) it vanished and mpirun waited forever. (The
+  # failure was two daemons creating the same session directory in the shared /tmp, 1 launch in 40-60; each host
+  # now has its own TMPDIR, see hosts_rsh.sh.)
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
+      --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
+      --mca pml ob1 --mca btl tcp,self --mca osc pt2pt \
+      --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
+      -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x MT_HOSTS_PREFIX="$PREFIX" \
+      "$@" || rc=$?
+  rm -f "$hf"
+  return $rc
+}
+
+cmd="$1"; shift
+case "$cmd" in
+  up) [ $# -eq 1 ] || die "usage: hosts.sh up K [--rate R]"; up "$1" ;;
+  down) [ $# -eq 0 ] || die "usage: hosts.sh down"; down ;;
+  status)
+    need_set
+    echo "launcher $NET:"; ip -n "$NET" -br addr show br0
+    for i in $(hosts); do
+      echo "host $i $(host_ns "$i"): $(ip -n "$(host_ns "$i")" -br addr show eth0)"
+      tc -n "$(host_ns "$i")" qdisc show dev eth0 | sed 's/^/  /'
+    done ;;
+  rate) [ $# -eq 2 ] || die "usage: hosts.sh rate I R|off"; need_host "$1"; set_rate "$1" "$2" ;;
+  cut) [ $# -eq 1 ] || die "usage: hosts.sh cut I"; need_host "$1"; ip -n "$(host_ns "$1")" link set eth0 down ;;
+  heal) [ $# -eq 1 ] || die "usage: hosts.sh heal I"; need_host "$1"; ip -n "$(host_ns "$1")" link set eth0 up ;;
+  bytes)
+    need_set
+    for i in $(hosts); do
+      ns="$(host_ns "$i")"
+      echo "h$i $(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes) $(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)"
+    done
+    echo "launcher $(ip netns exec "$NET" cat /sys/class/net/br0/statistics/tx_bytes) $(ip netns exec "$NET" cat /sys/class/net/br0/statistics/rx_bytes)" ;;
+  hostfile) [ $# -eq 1 ] || die "usage: hosts.sh hostfile N"; need_set; hostfile "$1" ;;
+  mpirun) [ $# -ge 2 ] || die "usage: hosts.sh mpirun N PROGRAM [ARGS...]"; run_mpirun "$@" ;;
+  exec) [ $# -ge 2 ] || die "usage: hosts.sh exec I CMD..."; need_host "$1"; ns="$(host_ns "$1")"; shift; exec ip netns exec "$ns" "$@" ;;
+  *) die "unknown command '$cmd' (up, down, status, rate, cut, heal, bytes, hostfile, mpirun, exec)" ;;
+esac

@@ -1,0 +1,158 @@
+#include "comm/mpi/hier_allreduce.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+#include <vector>
+
+#include "comm/mpi/mpi_comm.h"
+#include "comm/reduce.h"
+#include "core/env.h"
+#include "core/error.h"
+
+namespace mt::comm::mpi {
+
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CommError(str(what, " failed: ", std::string(msg, len)));
+}
+
+constexpr int kChainTag = 1;
+constexpr int kSegment = 64 * 1024;  // floats per pipelined segment of a chunk (256 KB)
+
+}  // namespace
+
+HierAllReduce::HierAllReduce(MPI_Comm comm, MPI_Comm node) {
+  int n = 0, r = 0, k = 0, j = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(node, &k);
+  MPI_Comm_rank(node, &j);
+  // Every rank learns every rank's (node size, node rank, lowest rank on its node) to check the shape: host h
+  // holds exactly the ranks h k .. h k + k - 1.
+  int lead = r;
+  check(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce (host layout)");
+  int mine[3] = {k, j, lead};
+  std::vector<int> all(3 * static_cast<size_t>(n));
+  check(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm), "MPI_Allgather (host layout)");
+  for (int p = 0; p < n; ++p) {
+    const int* q = &all[3 * static_cast<size_t>(p)];
+    MT_REQUIRE(CommError, q[0] == k && q[1] == p % k && q[2] == p - p % k, "hierarchical all-reduce: rank ", p,
+               " is local rank ", q[1], " of ", q[0], " on the host whose lowest rank is ", q[2], ", but rank ", r,
+               "'s host has ", k, " ranks: hosts must hold equal, contiguous ranges of ranks");
+  }
+  MT_REQUIRE(CommError, n % k == 0, "hierarchical all-reduce: ", n, " ranks in hosts of ", k);
+  per_host_ = k;
+  hosts_ = n / k;
+  host_ = r / k;
+  local_ = j;
+  check(MPI_Comm_split(comm, host_, r, &node_), "MPI_Comm_split (host)");
+  check(MPI_Comm_split(comm, local_, host_, &cross_), "MPI_Comm_split (across hosts)");
+  MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+}
+
+HierAllReduce::~HierAllReduce() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
+}
+
+std::unique_ptr<HierAllReduce> HierAllReduce::for_hosts_of(MPI_Comm comm) {
+  if (env_flag("MESHTRAIN_MPI_HIER") != true) return nullptr;  // off unless asked for: see the header
+  int n = 0, r = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &r);
+  if (n < 4) return nullptr;  // 2 hosts x 2 ranks at least
+  MPI_Comm shared;
+  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &shared), "MPI_Comm_split_type");
+  int k = 0, j = 0;
+  MPI_Comm_size(shared, &k);
+  MPI_Comm_rank(shared, &j);
+  int lead = r;
+  check(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, shared), "MPI_Allreduce (host layout)");
+  // The same decision on every rank: the shape holds everywhere (node sizes equal, ranks contiguous).
+  int ok = k >= 2 && k < n && n % k == 0 && j == r % k && lead == r - r % k ? 1 : 0, all_ok = 0;
+  int kmin = k, kmax = k;
+  check(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
+  check(MPI_Allreduce(MPI_IN_PLACE, &kmin, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
+  check(MPI_Allreduce(MPI_IN_PLACE, &kmax, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce (host layout)");
+  std::unique_ptr<HierAllReduce> out;
+  if (all_ok && kmin == kmax) out = std::make_unique<HierAllReduce>(comm, shared);
+  MPI_Comm_free(&shared);
+  return out;
+}
+
+void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, double timeout_s,
+                        const std::function<std::string()>& what) {
+  const int k = per_host_;
+  MT_REQUIRE(CommError, n <= static_cast<size_t>(INT_MAX), what(), ": ", n, " elements exceed MPI's int counts");
+  std::vector<int> cnt(k), dis(k);
+  for (int l = 0; l < k; ++l) {
+    const Shard s = shard_of(n, k, l);
+    cnt[l] = static_cast<int>(s.count);
+    dis[l] = static_cast<int>(s.offset);
+  }
+  const int m = cnt[local_];
+  auto step = [&](const char* name) { return [&what, name] { return str(what(), ", ", name); }; };
+
+  // 1. pieces[l]: chunk local_ of local rank l's input.
+  std::vector<float> pieces(static_cast<size_t>(k) * m);
+  std::vector<int> rcnt(k, m), rdis(k);
+  for (int l = 0; l < k; ++l) rdis[l] = l * m;
+  MPI_Request req;
+  check(MPI_Ialltoallv(in, cnt.data(), dis.data(), MPI_FLOAT, pieces.data(), rcnt.data(), rdis.data(), MPI_FLOAT, node_,
+                       &req),
+        "MPI_Ialltoallv");
+  wait_request(&req, timeout_s, step("all-to-all inside the host"));
+
+  // 2 and 3, in segments so that both directions of a link work at once: while segment s + 1 of the partial sum
+  // travels forward along the chain, segment s of the result travels back in the broadcast.
+  const int nseg = m == 0 ? 0 : static_cast<int>((static_cast<size_t>(m) + kSegment - 1) / kSegment);
+  std::vector<float> partial(host_ > 0 ? m : 0), acc(m), res(host_ < hosts_ - 1 ? m : 0);
+  float* const result = host_ == hosts_ - 1 ? acc.data() : res.data();
+  std::vector<MPI_Request> recvs(nseg, MPI_REQUEST_NULL), sends(nseg, MPI_REQUEST_NULL);
+  std::vector<MPI_Request> bcasts(nseg, MPI_REQUEST_NULL);
+  auto seg = [&](int s) {  // (offset, length) of segment s of this rank's chunk
+    return std::pair<size_t, int>(size_t(s) * kSegment, std::min<int>(kSegment, m - s * kSegment));
+  };
+  if (host_ > 0) {
+    for (int s = 0; s < nseg; ++s) {
+      check(MPI_Irecv(partial.data() + seg(s).first, seg(s).second, MPI_FLOAT, host_ - 1, kChainTag, cross_, &recvs[s]),
+            "MPI_Irecv");
+    }
+  }
+  std::vector<const void*> srcs(k + (host_ > 0 ? 1 : 0));
+  for (int s = 0; s < nseg; ++s) {
+    const auto [off, len] = seg(s);
+    int i = 0;
+    if (host_ > 0) {
+      wait_request(&recvs[s], timeout_s, step("partial sum from the previous host"));
+      srcs[i++] = partial.data() + off;
+    }
+    for (int l = 0; l < k; ++l) srcs[i++] = pieces.data() + static_cast<size_t>(l) * m + off;
+    reduce_into(acc.data() + off, srcs.data(), i, static_cast<size_t>(len), DType::f32,
+                op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum, 1);
+    if (host_ < hosts_ - 1) {
+      check(MPI_Isend(acc.data() + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
+    }
+    check(MPI_Ibcast(result + off, len, MPI_FLOAT, hosts_ - 1, cross_, &bcasts[s]), "MPI_Ibcast");
+  }
+  if (nseg > 0) {
+    wait_requests(nseg, sends.data(), timeout_s, step("partial sum to the next host"), {}, nullptr);
+    wait_requests(nseg, bcasts.data(), timeout_s, step("broadcast from the last host"), {}, nullptr);
+  }
+
+  // 4. the k chunks to every rank of the host.
+  check(MPI_Iallgatherv(result, m, MPI_FLOAT, out, cnt.data(), dis.data(), MPI_FLOAT, node_, &req), "MPI_Iallgatherv");
+  wait_request(&req, timeout_s, step("all-gather inside the host"));
+}
+
+}  // namespace mt::comm::mpi
