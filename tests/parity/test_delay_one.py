@@ -9,7 +9,7 @@ Problem: test_pp_equality's model (L=4, H=2, C=32, V=64, so 2 and 4 stages hold 
 16 steps, AdamW with dp_common's hyperparameters (lr 1e-3 -> 1e-4, warmup 3, wd 0.1, clip 2.5). Clipping
 acts on some steps and not others (asserted from the reference).
 meshtrain runs, each compared with the reference (not with each other):
-  --delayed-update at one process, dp 2 (ZeRO 0, 1, 2, 3), tp 2;
+  --delayed-update at one process, dp 2 (ZeRO 0, 1, 2, 3), tp 2, dp 2 with --compress topk:1.0 (all entries);
   --schedule pipedream-2bw at pp 2 (M 2), pp 4 (M 4), dp 2 x pp 2, tp 2 x pp 2;
   --delayed-update with --schedule 1f1b at dp 2 x pp 2 under ZeRO 2 and 3 (the flushed form takes them), and
   with the interleaved schedule (pp 2, 2 chunks per rank).
@@ -93,6 +93,9 @@ def main() -> None:
         ("dp2_z2_delayed", ["--nproc", 2, "--zero", 2, "--delayed-update"]),
         ("dp2_z3_delayed", ["--nproc", 2, "--zero", 3, "--delayed-update"]),
         ("tp2_delayed", ["--nproc", 2, "--tp", 2, "--delayed-update"]),
+        # The compressed exchange composes with the rule; top-k of every entry sends the whole gradient, so it
+        # must equal the reference too (the other codecs change the gradient and have no reference here).
+        ("dp2_topk1_delayed", ["--nproc", 2, "--compress", "topk:1.0", "--delayed-update"]),
         ("pp2_2bw_M2", ["--nproc", 2, "--pp", 2, "--schedule", "pipedream-2bw", "--micro-batch-size", 6]),
         ("pp4_2bw_M4", ["--nproc", 4, "--pp", 4, "--schedule", "pipedream-2bw", "--micro-batch-size", 3]),
         ("dp2_pp2_2bw_M2", ["--nproc", 4, "--pp", 2, "--schedule", "pipedream-2bw", "--micro-batch-size", 3]),
