@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
@@ -63,6 +64,7 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 
 Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c),
+      baseline_rss((double)peak_rss_bytes()),
       mesh(world, grid_of(c, world)),
       layout(c, mesh.grid().dp()),
       tail(c.grad_clip, lr_schedule(c)),
@@ -98,7 +100,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
-  opt = make_optimizer(cfg, state_size);
+  opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size), tracer.enabled());
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);
@@ -134,6 +136,11 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     tail.add_check(std::make_unique<NonFiniteCheck>(nullptr, advice));
     tail.add_check(std::make_unique<SpikeCheck>(cfg.divergence_factor, cfg.divergence_window, advice));
   }
+  // The budget, before the first step (the in-memory optimizer state is allocated by the first update).
+  const MemoryPlan plan{baseline_rss, (double)store->param_bytes(), (double)store->grad_bytes(),
+                        (double)opt->state().bytes(), (double)opt->state().offloaded_bytes(),
+                        (double)task->activation_bytes()};
+  check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   announce();
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
 }

@@ -26,6 +26,7 @@
 #include "train/grad_sync.h"
 #include "train/layout.h"
 #include "train/observers.h"
+#include "train/offload.h"
 #include "train/step_executor.h"
 #include "train/step_tail.h"
 #include "train/task.h"
@@ -49,6 +50,7 @@ struct StepClock {
 struct Run {
   Run(const TrainConfig& cfg, comm::Communicator* world);
   const TrainConfig& cfg;
+  double baseline_rss;  // peak RSS before the run's parts exist (the memory plan's baseline)
   parallel::Mesh mesh;
   BatchLayout layout;
   std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;
@@ -60,6 +62,7 @@ struct Run {
   std::unique_ptr<parallel::DataParallel> store;  // the parameter store
   std::unique_ptr<GradSync> sync;                 // the gradient exchange, over the store
   std::unique_ptr<optim::Optimizer> opt;
+  OffloadTiers offload;  // where opt's state streams from (--offload optimizer)
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
   std::unique_ptr<Consolidation> state;
