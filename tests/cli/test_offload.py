@@ -7,7 +7,9 @@
      offloaded, each ending with the uninterrupted in-memory run's final weights, byte-equal.
   3. Nothing is left in --offload-dir after any run, and --summary reports the state offloaded and the bytes
      read and written per step; --trace has reads and writes on an "io" track.
-  4. Bad input: a missing directory, a file, a read-only mount, a full one (a 1 MiB tmpfs), --offload without
+  4. A killed run (SIGTERM to a 2-rank job, SIGKILL to a single process) leaves nothing in --offload-dir: its
+     space on a tmpfs (seen taken while the run trains) is given back.
+  5. Bad input: a missing directory, a file, a read-only mount, a full one (a 1 MiB tmpfs), --offload without
      --offload-dir, --offload params, a --memory-limit below the plan: each exits non-zero naming the problem,
      and leaves the directory empty.
 """
@@ -178,6 +180,47 @@ def bad_input(e: Env) -> None:
             subprocess.run(["umount", mnt])
 
 
+def used_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def killed(e: Env) -> None:
+    import signal
+    import time
+    mnt = os.path.join(e.wd, "mnt_kill")
+    os.makedirs(mnt, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64M", "tmpfs", mnt], capture_output=True, text=True)
+    check(m.returncode == 0, f"mount a tmpfs for the killed runs ({m.stderr.strip()})")
+    if m.returncode != 0:
+        return
+    try:
+        for nproc, sig in ((2, signal.SIGTERM), (1, signal.SIGKILL)):
+            base = used_bytes(mnt)
+            p = subprocess.Popen(e.cmd(["--nproc", nproc, "--offload", "optimizer", "--offload-dir", mnt,
+                                        "--n-embd", 128], steps=100000),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 120
+            while used_bytes(mnt) <= base and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            taken = used_bytes(mnt) - base
+            check(taken > 0, f"nproc {nproc}: the state's file takes {taken} bytes on the tmpfs while the run trains")
+            os.killpg(p.pid, sig) if sig == signal.SIGKILL else p.send_signal(sig)
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                check(False, f"nproc {nproc}: {sig.name} did not stop the run within 120 s")
+            deadline = time.monotonic() + 60  # the kernel frees an unnamed file once its last descriptor closes
+            while used_bytes(mnt) > base and time.monotonic() < deadline:
+                time.sleep(0.05)
+            check(os.listdir(mnt) == [] and used_bytes(mnt) <= base,
+                  f"nproc {nproc} after {sig.name} (exit {p.returncode}): nothing left ({used_bytes(mnt) - base} bytes)")
+    finally:
+        subprocess.run(["umount", mnt])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", required=True)
@@ -186,7 +229,7 @@ def main() -> int:
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
-    for part in (equality, resume, reports, bad_input):
+    for part in (equality, resume, reports, killed, bad_input):
         if not a.only or a.only == part.__name__:
             part(e)
     print(f"{len(FAILS)} failed" if FAILS else "all passed")
