@@ -77,7 +77,7 @@ StateSwapper::StateSwapper(const Options& o) : o_(o), B_(o.buffers), n_(o.n) {
       throw OutOfMemory(B_ * T_ * sizeof(float));
     }
   }
-  io_ = std::thread([this] { io_loop(); });
+  for (int i = 0; i < std::max(1, o.io_threads); i++) io_.emplace_back([this] { io_loop(); });
 }
 
 StateSwapper::~StateSwapper() {
@@ -86,12 +86,12 @@ StateSwapper::~StateSwapper() {
     stop_ = true;
   }
   cv_.notify_all();
-  io_.join();
+  for (std::thread& t : io_) t.join();
   for (Slot& s : slots_) std::free(s.buf);
   ::close(fd_);
 }
 
-// ---- The I/O thread. ----
+// ---- The I/O threads. ----
 
 void StateSwapper::io_loop() {
   std::unique_lock<std::mutex> lk(mu_);
@@ -100,9 +100,9 @@ void StateSwapper::io_loop() {
     if (stop_) return;  // queued jobs are dropped: the file goes with the swapper
     const Job j = jobs_.front();
     jobs_.pop_front();
-    running_job_ = true;
+    if (running_++ == 0) busy_since_us_ = trace::ChromeTrace::now_us();
     run_job(j.slot, j.write, lk);
-    running_job_ = false;
+    if (--running_ == 0) counters_.busy_s += (trace::ChromeTrace::now_us() - busy_since_us_) * 1e-6;
     cv_.notify_all();
   }
 }
@@ -245,7 +245,7 @@ void StateSwapper::release(size_t t) {
 
 void StateSwapper::drain_locked(std::unique_lock<std::mutex>& lk) {
   wait_locked(lk, "writing optimizer state back", [&] {
-    if (running_job_ || !jobs_.empty()) return false;
+    if (running_ > 0 || !jobs_.empty()) return false;
     for (const Slot& s : slots_)
       if (s.state == State::writing || s.state == State::reading) return false;
     return true;

@@ -11,13 +11,15 @@
 // name removed right after creation), so nothing is left in DIR when the run ends, fails or is killed. Reads
 // and writes bypass the page cache (O_DIRECT) where the filesystem allows it (not tmpfs).
 //
-// One I/O thread runs reads and writes in the order they were queued. The slots' life cycle:
+// Two I/O threads (Options::io_threads) take reads and writes in the order they were queued, so a read ahead
+// and a write behind can be in flight at once (queue depth 2; distinct tiles: a tile is read again only after
+// its write finished). The slots' life cycle:
 //
 //   free --(queued read of tile t)--> reading --(read done)--> ready --acquire(t)--> held
 //   held --release(t)--> writing --(write done)--> free, and at once reading the next tile of the update
 //
-// so with S = 4 the I/O thread writes tile k-1 back and reads tiles k+1 .. k+2 ahead while the caller updates
-// tile k:
+// so with S = 4 the I/O threads write tile k-1 back and read tiles k+1 .. k+2 ahead while the caller updates
+// tile k (when the disk keeps up; drawn with one thread):
 //
 //   caller:  |  update 0  |  update 1  |  update 2  |  ...
 //   I/O:  R0 R1 R2 R3 | W0 R4   | W1 R5   | W2 R6 ...
@@ -53,11 +55,12 @@ class OffloadError : public Error {
 // What the tier moved: bytes, and seconds the I/O thread spent in reads and writes.
 struct IoCounters {
   uint64_t bytes_read = 0, bytes_written = 0;
-  double read_s = 0, write_s = 0;
+  double read_s = 0, write_s = 0;  // summed over the I/O threads (overlapping jobs count twice)
+  double busy_s = 0;               // wall time with at least one job running
   uint64_t demand_reads = 0;  // tiles the update asked for before the read-ahead had queued them
 };
 
-// One read or write on the I/O thread, for the trace's I/O track (steady-clock microseconds).
+// One read or write on an I/O thread, for the trace's I/O track (steady-clock microseconds).
 struct IoEvent {
   bool write = false;
   size_t tile = 0;
@@ -74,6 +77,7 @@ class StateSwapper final : public optim::StateTier {
     int slots = 4;                          // S >= 2
     double timeout_s = 600;                 // deadline of every wait for the I/O thread
     bool record_events = false;             // keep IoEvents for the trace
+    int io_threads = 2;                     // I/O threads: reads and writes in flight at once
   };
   explicit StateSwapper(const Options& o);
   ~StateSwapper() override;  // stops the I/O thread, closes the file (its space goes with it)
@@ -127,7 +131,8 @@ class StateSwapper final : public optim::StateTier {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
-  bool running_job_ = false;
+  int running_ = 0;  // jobs the I/O threads are running
+  double busy_since_us_ = 0;
   bool in_update_ = false;
   size_t next_tile_ = 0;  // the next tile the update will need that no slot holds yet
   std::string error_;
@@ -135,7 +140,7 @@ class StateSwapper final : public optim::StateTier {
   IoCounters counters_;
   std::vector<IoEvent> events_;
   std::vector<std::pair<bool, size_t>> issued_;
-  std::thread io_;
+  std::vector<std::thread> io_;
 };
 
 }  // namespace mt::offload

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "optim/tiled_optimizer.h"
 
@@ -20,6 +21,8 @@ std::unique_ptr<optim::Optimizer> OffloadTiers::wrap(const TrainConfig& cfg, int
   o.tile_bytes = cfg.offload.tile_bytes;
   o.timeout_s = cfg.comm_timeout;
   o.record_events = trace;
+  // MESHTRAIN_OFFLOAD_IO_THREADS (1-8, default 2): the tier's I/O threads, for benchmarks comparing queue depths.
+  o.io_threads = (int)env_int("MESHTRAIN_OFFLOAD_IO_THREADS", 1, 8).value_or(2);
   std::unique_ptr<offload::StateSwapper> swapper;
   try {
     swapper = std::make_unique<offload::StateSwapper>(o);
@@ -52,6 +55,8 @@ nlohmann::json OffloadTiers::report() const {
           {"write_s", c.write_s},
           {"read_bytes_per_s", rate((double)c.bytes_read, c.read_s)},
           {"write_bytes_per_s", rate((double)c.bytes_written, c.write_s)},
+          {"busy_s", c.busy_s},
+          {"bytes_per_busy_s", rate((double)(c.bytes_read + c.bytes_written), c.busy_s)},
           {"demand_reads", c.demand_reads}};
 }
 

@@ -273,8 +273,9 @@ uint64_t OffloadFlags::parse_bytes(const std::string& flag, const std::string& v
   const std::string rest = v.substr(digits);
   const int shift = rest.empty() ? 0 : rest == "K" || rest == "k" ? 10 : rest == "M" || rest == "m" ? 20
                     : rest == "G" || rest == "g" ? 30 : -1;
-  MT_CHECK_INPUT(digits > 0 && digits <= 12 && shift >= 0, flag,
+  MT_CHECK_INPUT(digits > 0 && shift >= 0, flag,
                  " takes bytes as an integer with an optional K, M or G suffix (powers of 1024), got '", v, "'");
+  MT_CHECK_INPUT(digits <= 12, flag, " is too large: '", v, "'");
   const uint64_t n = std::stoull(v.substr(0, digits));
   MT_CHECK_INPUT(n > 0, flag, " must be positive, got '", v, "'");
   MT_CHECK_INPUT(n <= (UINT64_MAX >> shift), flag, " is too large: '", v, "'");
