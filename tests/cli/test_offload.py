@@ -1,5 +1,6 @@
 """--offload optimizer (docs/offload.md), end to end on a small GPT (L=2, C=32, V=64, B=8, T=16):
-  1. The math does not change: each layout (nproc 1; dp 2 with ZeRO 0, 1, 2, 3; tp 2; pp 2; bf16 products)
+  1. The math does not change: each layout (nproc 1; dp 2 with ZeRO 0, 1, 2, 3; tp 2; pp 2; bf16 products;
+     Local SGD averaging the optimizer state; SGD under ZeRO 2)
      trained with its optimizer state streamed from --offload-dir in 4 KiB tiles (many tiles per buffer, so
      segments are cut at tile boundaries) gives the same losses, gradient norms and final weights, bit for
      bit (the --save files byte-equal), as the same layout in memory.
@@ -80,6 +81,9 @@ def equality(e: Env) -> None:
         "tp2": ["--nproc", 2, "--tp", 2],
         "pp2": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2],
         "bf16": ["--nproc", 1, "--precision", "bf16"],
+        # Local SGD averages the optimizer state too: through the store's whole-buffer path (visit) when offloaded.
+        "local_sgd_state": ["--nproc", 2, "--local-sgd", 2, "--local-sgd-state"],
+        "sgd_zero2": ["--nproc", 2, "--zero", 2, "--optimizer", "sgd"],
     }
     for name, flags in layouts.items():
         out = {}
