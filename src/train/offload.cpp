@@ -69,9 +69,10 @@ std::string mib(double b) {
 }  // namespace
 
 std::string MemoryPlan::describe() const {
-  return str("process baseline ", mib(baseline), " + parameters ", mib(params), " + gradients ", mib(grads),
-             " + optimizer state ", mib(optimizer), offloaded > 0 ? str(" (", mib(offloaded), " offloaded)") : "",
-             " + activations of one micro-batch ", mib(activations), " = ", mib(total()));
+  return str("the process now ", mib(now), " (parameters ", mib(params), " and gradients ", mib(grads),
+             " included) + optimizer state ", mib(optimizer),
+             offloaded > 0 ? str(" (", mib(offloaded), " offloaded)") : "", " + activations of one micro-batch ",
+             mib(activations), " = ", mib(total()));
 }
 
 void check_memory_plan(const MemoryPlan& plan, uint64_t limit, int rank, bool optimizer_offloaded) {

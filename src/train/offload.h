@@ -33,15 +33,20 @@ class OffloadTiers {
   offload::StateSwapper* state_ = nullptr;  // owned by the optimizer's store
 };
 
-// What a rank keeps in memory, planned before the first step (bytes).
+// What a rank keeps in memory, planned once its parts are built and before the optimizer state, the activations
+// and a checkpoint's state are loaded (bytes). `now` is what the process holds then (code, libraries,
+// communicator, data, parameters and gradients, which are written at initialization); the optimizer's resident
+// part (its state in memory, or the offload tier's tile buffers) and one micro-batch's activations come on top.
+// Not planned: what the model and the libraries allocate in a step besides those (backward scratch, GEMM
+// workspaces, pipeline micro-batches in flight, ZeRO 2/3 transient buckets); --summary reports the measured peak.
 struct MemoryPlan {
-  double baseline = 0;     // the process before the model's buffers (code, libraries, communicator): peak RSS then
-  double params = 0, grads = 0;
+  double now = 0;
+  double params = 0, grads = 0;  // part of now
   double optimizer = 0;    // resident: the state in memory, or the offload tier's tile buffers
   double offloaded = 0;    // optimizer state in files instead
   double activations = 0;  // one micro-batch's, as the task estimates them
-  double total() const { return baseline + params + grads + optimizer + activations; }
-  std::string describe() const;  // "baseline 12.0 MiB + parameters ... = 140.2 MiB"
+  double total() const { return now + optimizer + activations; }
+  std::string describe() const;  // "the process now 30.1 MiB (parameters ... ) + optimizer state ... = 45.0 MiB"
 };
 
 // Throws InputError naming the limit, the rank, what the plan needs and what would help, when the plan exceeds

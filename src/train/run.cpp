@@ -64,7 +64,6 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 
 Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c),
-      baseline_rss((double)peak_rss_bytes()),
       mesh(world, grid_of(c, world)),
       layout(c, mesh.grid().dp()),
       tail(c.grad_clip, lr_schedule(c)),
@@ -116,6 +115,12 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   state->set_before_gather([this] { sync->before_gather(*opt); });
   items_per_step = (int64_t)layout.global_batch() * task->items_per_window();
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
+  // The budget, before any optimizer state exists (allocated by resume's load or the first update) and before
+  // the first step's activations.
+  const MemoryPlan plan{(double)current_rss_bytes(),   (double)store->param_bytes(),
+                        (double)store->grad_bytes(),   (double)opt->state().bytes(),
+                        (double)opt->state().offloaded_bytes(), (double)task->activation_bytes()};
+  check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
@@ -136,11 +141,6 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     tail.add_check(std::make_unique<NonFiniteCheck>(nullptr, advice));
     tail.add_check(std::make_unique<SpikeCheck>(cfg.divergence_factor, cfg.divergence_window, advice));
   }
-  // The budget, before the first step (the in-memory optimizer state is allocated by the first update).
-  const MemoryPlan plan{baseline_rss, (double)store->param_bytes(), (double)store->grad_bytes(),
-                        (double)opt->state().bytes(), (double)opt->state().offloaded_bytes(),
-                        (double)task->activation_bytes()};
-  check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   announce();
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
 }

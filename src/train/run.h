@@ -50,7 +50,6 @@ struct StepClock {
 struct Run {
   Run(const TrainConfig& cfg, comm::Communicator* world);
   const TrainConfig& cfg;
-  double baseline_rss;  // peak RSS before the run's parts exist (the memory plan's baseline)
   parallel::Mesh mesh;
   BatchLayout layout;
   std::unique_ptr<parallel::CommTensorParallelOps> tp_ops;

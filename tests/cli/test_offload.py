@@ -8,9 +8,13 @@
      offloaded, each ending with the uninterrupted in-memory run's final weights, byte-equal.
   3. Nothing is left in --offload-dir after any run, and --summary reports the state offloaded and the bytes
      read and written per step; --trace has reads and writes on an "io" track.
-  4. A killed run (SIGTERM to a 2-rank job, SIGKILL to a single process) leaves nothing in --offload-dir: its
+  4. The budget: for a wider model (C=512: 49 MiB of parameters and gradients, 49 MiB of AdamW state) a limit
+     halfway between the offloaded plan and the in-memory plan (each read from the refusal a 1K limit gives)
+     refuses the in-memory run at start, naming what it needs, and lets the offloaded run train with its
+     measured peak RSS under the limit (--summary: within_memory_limit).
+  5. A killed run (SIGTERM to a 2-rank job, SIGKILL to a single process) leaves nothing in --offload-dir: its
      space on a tmpfs (seen taken while the run trains) is given back.
-  5. Bad input: a missing directory, a file, a read-only mount, a full one (a 1 MiB tmpfs), --offload without
+  6. Bad input: a missing directory, a file, a read-only mount, a full one (a 1 MiB tmpfs), --offload without
      --offload-dir, --offload params, a --memory-limit below the plan: each exits non-zero naming the problem,
      and leaves the directory empty.
 """
@@ -184,6 +188,33 @@ def bad_input(e: Env) -> None:
             subprocess.run(["umount", mnt])
 
 
+def budget(e: Env) -> None:
+    import re
+    wide = ["--n-embd", 512, "--n-head", 4, "--batch-size", 4]
+    off = ["--offload", "optimizer", "--offload-dir", e.odir, "--offload-tile", "64K"]
+    totals = {}
+    for mode, extra in (("memory", []), ("offload", off)):
+        r = e.run(wide + extra + ["--memory-limit", "1K"], steps=3, expect_ok=False)
+        m = re.search(r"= ([0-9.]+) MiB", r.stderr)
+        check(r.returncode != 0 and m is not None, f"budget: the {mode} plan's total in the refusal ({r.stderr[-200:]})")
+        if m:
+            totals[mode] = float(m.group(1))
+    if len(totals) < 2:
+        return
+    limit = int((totals["memory"] + totals["offload"]) / 2 * 2**20)
+    check(totals["memory"] - totals["offload"] > 20, f"budget: offloading saves {totals['memory'] - totals['offload']:.1f} MiB")
+    r = e.run(wide + ["--memory-limit", limit], steps=3, expect_ok=False)
+    check(r.returncode != 0 and "needs" in r.stderr and "--offload optimizer" in r.stderr,
+          f"budget: in memory refused under --memory-limit {limit} ({r.stderr.strip()[-250:]})")
+    s = os.path.join(e.wd, "budget.json")
+    r = e.run(wide + off + ["--memory-limit", limit, "--summary", s], steps=3)
+    check(r.returncode == 0, f"budget: offloaded run trains under --memory-limit {limit}")
+    if r.returncode == 0:
+        rank = json.load(open(s))["ranks"][0]
+        check(rank.get("within_memory_limit") is True, f"budget: measured peak RSS {rank['peak_rss_bytes'] / 2**20:.1f} "
+              f"MiB under the limit {limit / 2**20:.1f} MiB (plans: memory {totals['memory']}, offload {totals['offload']})")
+
+
 def used_bytes(path: str) -> int:
     st = os.statvfs(path)
     return (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -233,7 +264,7 @@ def main() -> int:
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
-    for part in (equality, resume, reports, killed, bad_input):
+    for part in (equality, resume, reports, budget, killed, bad_input):
         if not a.only or a.only == part.__name__:
             part(e)
     print(f"{len(FAILS)} failed" if FAILS else "all passed")
