@@ -213,6 +213,7 @@ void StateSwapper::begin_update() {
 
 std::vector<float*> StateSwapper::acquire(size_t t) {
   std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();
   MT_ASSERT(in_update_ && t < tiles_, "acquire(", t, ") of ", tiles_, " tiles outside an update");
   if (slot_of_locked(t) < 0) {
     // Not read ahead yet (the disk is behind): read it as soon as a slot is free, unless the I/O thread's
@@ -235,6 +236,7 @@ std::vector<float*> StateSwapper::acquire(size_t t) {
 
 void StateSwapper::release(size_t t) {
   std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();
   const int k = slot_of_locked(t);
   MT_ASSERT(k >= 0 && slots_[k].state == State::held, "release(", t, ") of a tile not acquired");
   slots_[k].state = State::writing;
@@ -254,6 +256,7 @@ void StateSwapper::drain_locked(std::unique_lock<std::mutex>& lk) {
 
 void StateSwapper::end_update() {
   std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();
   for (const Slot& s : slots_) MT_ASSERT(s.state != State::held, "end_update with tile ", s.tile, " still held");
   in_update_ = false;
   drain_locked(lk);
@@ -265,6 +268,7 @@ void StateSwapper::end_update() {
 void StateSwapper::read(size_t j, size_t offset, size_t count, float* out) {
   MT_ASSERT(j < B_ && offset + count <= n_, "read of [", offset, ", ", offset + count, ") of buffer ", j);
   std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();  // after a failed update (in_update_ still set): its error, not an assertion
   MT_ASSERT(!in_update_, "whole-buffer read during an update");
   drain_locked(lk);
   lk.unlock();
@@ -282,6 +286,7 @@ void StateSwapper::read(size_t j, size_t offset, size_t count, float* out) {
 void StateSwapper::write(size_t j, size_t offset, size_t count, const float* in) {
   MT_ASSERT(j < B_ && offset + count <= n_, "write of [", offset, ", ", offset + count, ") of buffer ", j);
   std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();
   MT_ASSERT(!in_update_, "whole-buffer write during an update");
   drain_locked(lk);
   for (Slot& s : slots_) s.state = State::free;  // tiles read ahead may be stale now
