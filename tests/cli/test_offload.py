@@ -1,6 +1,6 @@
 """--offload optimizer (docs/offload.md), end to end on a small GPT (L=2, C=32, V=64, B=8, T=16):
   1. The math does not change: each layout (nproc 1; dp 2 with ZeRO 0, 1, 2, 3; tp 2; pp 2; bf16 products;
-     Local SGD averaging the optimizer state; SGD under ZeRO 2)
+     Local SGD averaging the optimizer state; SGD under ZeRO 2; an MoE model with experts over ep 2 and ZeRO 1)
      trained with its optimizer state streamed from --offload-dir in 4 KiB tiles (many tiles per buffer, so
      segments are cut at tile boundaries) gives the same losses, gradient norms and final weights, bit for
      bit (the --save files byte-equal), as the same layout in memory.
@@ -88,6 +88,8 @@ def equality(e: Env) -> None:
         # Local SGD averages the optimizer state too: through the store's whole-buffer path (visit) when offloaded.
         "local_sgd_state": ["--nproc", 2, "--local-sgd", 2, "--local-sgd-state"],
         "sgd_zero2": ["--nproc", 2, "--zero", 2, "--optimizer", "sgd"],
+        # Experts split over ep 2 (each rank's experts' state is its own), ZeRO 1 on the dense part.
+        "moe_ep2_zero1": ["--nproc", 2, "--moe-every", 1, "--experts", 4, "--ep", 2, "--zero", 1],
     }
     for name, flags in layouts.items():
         out = {}
