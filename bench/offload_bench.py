@@ -12,7 +12,7 @@ direct I/O when the tier used it; the tier's bandwidth (one I/O thread) is its b
 in reads and writes, and (its two threads overlap) reads and writes together over the time at least one was
 running, against fio's two threads mixing reads and writes (--summary's "offload" section). Prints uname -r and the CPU's vector ISA with the figures.
 The machine may be shared: prefer the ratios of one run to absolute figures.
-Usage: /usr/bin/python3 bench/offload_bench.py [--meshtrain build/meshtrain] [--dir DIR] [--steps 8]
+Usage: /usr/bin/python3 bench/offload_bench.py [--meshtrain build/meshtrain] [--dir DIR] [--steps 8] [--tile 1M]
 """
 import argparse
 import json
@@ -71,13 +71,14 @@ def main():
     ap.add_argument("--dir", default="", help="--offload-dir (default: a new directory under /var/tmp)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tile", default="1M", help="--offload-tile (bytes per state buffer per tile)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offload_bench_")
     odir = a.dir or tempfile.mkdtemp(prefix="offload_dir_", dir="/var/tmp")
     write_shard(os.path.join(work, "data.bin"), 400000, SHAPE["vocab_size"])
     mem = train(a, work, "memory", [])
-    flags = ["--offload", "optimizer", "--offload-dir", odir]
+    flags = ["--offload", "optimizer", "--offload-dir", odir, "--offload-tile", a.tile]
     off1 = train(a, work, "offload1", flags, {"MESHTRAIN_OFFLOAD_IO_THREADS": "1"})
     off = train(a, work, "offload", flags, {"MESHTRAIN_OFFLOAD_IO_THREADS": "2"})
     o, o1 = off["offload"], off1["offload"]
@@ -89,7 +90,7 @@ def main():
     fm = fio(odir, "rw", block, o["file_bytes"] // 2, o["direct_io"], jobs=2) if have_fio else 0
     res = {
         "host_kernel": platform.release(), "isa": isa(), "shape": SHAPE, "batch": BATCH, "seq_len": T,
-        "params": mem["params"], "steps": a.steps, "offload_dir": odir,
+        "params": mem["params"], "steps": a.steps, "offload_dir": odir, "offload_tile": a.tile,
         "memory_tokens_per_s": mem["tokens_per_s_median"], "offload_tokens_per_s": off["tokens_per_s_median"],
         "offload_over_memory": off["tokens_per_s_median"] / mem["tokens_per_s_median"],
         "state_bytes": off["ranks"][0]["optimizer_offloaded_bytes"], "tier": o, "block_bytes": block,
