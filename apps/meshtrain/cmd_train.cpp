@@ -211,6 +211,28 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "experiments with --async)");
 }
 
+// Offload tiers and the memory budget (docs/offload.md).
+void add_offload_flags(CLI::App* s, train::TrainConfig& c) {
+  s->add_option_function<std::string>(
+      "--offload", [&c](const std::string& v) { c.offload.parse_kinds(v); },
+      "optimizer: each rank's optimizer state (its ZeRO shard) lives in a file under --offload-dir and streams "
+      "through a few tile buffers, read ahead of the update and written behind it on an I/O thread; the math is "
+      "unchanged (same bits as in memory). params and grads are not built yet");
+  s->add_option("--offload-dir", c.offload.dir,
+                "directory for --offload's files (created unnamed: nothing is left there when the run ends, fails "
+                "or is killed); must exist and be writable, with room for the state (checked at start)");
+  s->add_option_function<std::string>(
+      "--offload-tile",
+      [&c](const std::string& v) { c.offload.tile_bytes = train::OffloadFlags::parse_bytes("--offload-tile", v); },
+      "bytes of each state buffer per tile (one read and one write per tile; a multiple of 4096, K/M/G; "
+      "default 1M)");
+  s->add_option_function<std::string>(
+      "--memory-limit",
+      [&c](const std::string& v) { c.offload.memory_limit = train::OffloadFlags::parse_bytes("--memory-limit", v); },
+      "bytes per rank (K/M/G): the run plans what stays resident (parameters, gradients, optimizer state, "
+      "activations) and refuses to start when the plan does not fit; --summary reports peak RSS against it");
+}
+
 // Tensor, sequence and pipeline parallelism.
 void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--tp", c.tp,
@@ -345,6 +367,7 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--summary", c.summary, "write a JSON run summary (throughput, per-rank memory) here");
   add_model_parallel_flags(sub, c);
   add_moe_flags(sub, c);
+  add_offload_flags(sub, c);
   sub->callback([cfg, quiet, sub, config] {
     const ConfigLines lines = config->empty() ? ConfigLines{} : apply_config_file(*sub, *config);
     check_model_flags(*sub, *cfg, lines, *config);

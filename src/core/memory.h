@@ -17,6 +17,15 @@ inline size_t peak_rss_bytes() {
   return 0;
 }
 
+// Resident set size of this process now (VmRSS), in bytes; 0 where /proc is unavailable.
+inline size_t current_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
 // Memory the kernel estimates can be given to new allocations without swapping (MemAvailable in
 // /proc/meminfo), in bytes; 0 where unknown (then callers skip their check).
 inline double available_memory_bytes() {

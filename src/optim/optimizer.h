@@ -46,9 +46,10 @@ class Optimizer {
   // step counts from 0.
   virtual void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
                     int64_t step) = 0;
-  // The state, declared in the store by the optimizer's constructor (state_store.h).
-  StateStore& state() { return state_; }
-  const StateStore& state() const { return state_; }
+  // The state, declared in the store by the optimizer's constructor (state_store.h). Virtual: an optimizer
+  // that wraps another (tiled_optimizer.h) answers with the wrapped one's store.
+  virtual StateStore& state() { return state_; }
+  virtual const StateStore& state() const { return state_; }
   // The next step() uses gradients multiplied by `factor` (float32 product, as if the buffer had been
   // scaled first) and leaves the gradient buffer as it is: global-norm clipping fused into the update, one
   // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.

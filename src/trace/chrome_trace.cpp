@@ -26,6 +26,7 @@ std::string ChromeTrace::events_json() const {
   meta("thread_name", 0, "compute");
   meta("thread_name", 1, "comm");
   meta("thread_name", 2, "p2p");
+  meta("thread_name", 3, "io");
   for (const Event& e : events_) {
     nlohmann::json j = {{"name", e.name}, {"cat", e.category}, {"ph", "X"},           {"ts", e.t0},
                         {"dur", e.t1 - e.t0}, {"pid", rank_},    {"tid", (int)e.track}};

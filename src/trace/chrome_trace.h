@@ -1,5 +1,6 @@
 // Chrome trace events (the JSON that Perfetto and chrome://tracing open): one process track per rank,
-// threads "compute", "comm" (collectives) and "p2p" (pipeline sends and receives). Each rank records in memory; at the end every rank writes its part and
+// threads "compute", "comm" (collectives), "p2p" (pipeline sends and receives) and "io" (offload tiers' reads
+// and writes, recorded on their I/O thread and added by the main thread). Each rank records in memory; at the end every rank writes its part and
 // rank 0 merges them into one file. Times are CLOCK_MONOTONIC microseconds, shared by all processes of a
 // host, so the ranks' tracks line up.
 #pragma once
@@ -11,7 +12,7 @@
 
 namespace mt::trace {
 
-enum class Track : int { compute = 0, comm = 1, p2p = 2 };
+enum class Track : int { compute = 0, comm = 1, p2p = 2, io = 3 };
 
 class ChromeTrace {
  public:

@@ -205,7 +205,7 @@ void Consolidation::gather_states(std::vector<std::pair<std::string, std::vector
   const std::vector<size_t> flat = st.flat();
   out.resize(flat.size());
   for (size_t k = 0; k < flat.size(); k++) {
-    source_.gather_state(st.data(flat[k]), flat_);
+    st.visit(flat[k], false, [&](float* v, size_t) { source_.gather_state(v, flat_); });
     out[k].first = st.at(flat[k]).name;
     whole_.to_whole(flat_.data(), out[k].second);
   }
@@ -250,7 +250,7 @@ void Consolidation::load(const float* params, const std::vector<std::vector<floa
   source_.load_params(local.data());
   for (size_t k = 0; k < flat.size(); k++) {
     whole_.extract(states[k].data(), local.data());
-    source_.load_state(local.data(), st.data(flat[k]));
+    st.visit(flat[k], true, [&](float* v, size_t) { source_.load_state(local.data(), v); });
   }
   if (other) {
     whole_.extract(states.back().data(), local.data());

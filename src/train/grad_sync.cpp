@@ -274,7 +274,7 @@ class LocalSgdSync : public GradSync {
     mean(params_.data(), params_.size());
     engine_.refresh_mirror();
     if (state_)
-      for (size_t k = 0; k < opt.state().count(); k++) mean(opt.state().data(k), opt.state().size(k));
+      for (size_t k = 0; k < opt.state().count(); k++) opt.state().visit(k, true, mean);
   }
   int H_;
   int64_t warmup_;

@@ -157,7 +157,7 @@ void finish_hogwild(Shared& sh) {
   sum.items_per_s =
       (double)updates * sh.layout.per_rank() * lead.task->items_per_window() / StepClock::since(sh.t_start);
   sum.params = (int64_t)full.size();
-  gather_memory(sh.mesh, *lead.engine, *lead.opt, *lead.task, sum);
+  gather_memory(sh.mesh, *lead.engine, *lead.opt, *lead.task, {}, sum);
   RankMemory& m = sum.ranks[0];  // every worker thread holds its own parameters, gradients and momentum
   m.param_bytes *= W, m.grad_bytes *= W, m.optimizer_bytes *= W;
   const nlohmann::json sections = {

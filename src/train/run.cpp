@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "optim/onebit_adam.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
@@ -105,7 +106,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
-  opt = make_optimizer(cfg, state_size);
+  opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size), tracer.enabled());
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);
@@ -121,6 +122,12 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   state->set_before_gather([this] { sync->before_gather(*opt); });
   items_per_step = (int64_t)layout.global_batch() * task->items_per_window();
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
+  // The budget, before any optimizer state exists (allocated by resume's load or the first update) and before
+  // the first step's activations.
+  const MemoryPlan plan{(double)current_rss_bytes(),   (double)store->param_bytes(),
+                        (double)store->grad_bytes(),   (double)opt->state().bytes(),
+                        (double)opt->state().offloaded_bytes(), (double)task->activation_bytes()};
+  check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint

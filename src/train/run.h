@@ -26,6 +26,7 @@
 #include "train/grad_sync.h"
 #include "train/layout.h"
 #include "train/observers.h"
+#include "train/offload.h"
 #include "train/step_executor.h"
 #include "train/step_tail.h"
 #include "train/task.h"
@@ -60,6 +61,7 @@ struct Run {
   std::unique_ptr<parallel::DataParallel> store;  // the parameter store
   std::unique_ptr<GradSync> sync;                 // the gradient exchange, over the store
   std::unique_ptr<optim::Optimizer> opt;
+  OffloadTiers offload;  // where opt's state streams from (--offload optimizer)
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
   std::unique_ptr<Consolidation> state;

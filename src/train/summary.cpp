@@ -7,12 +7,13 @@
 namespace mt::train {
 
 void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
-                   TrainTask& task, TrainSummary& sum) {
-  constexpr int kF = 7;
+                   TrainTask& task, const offload::IoCounters& io, TrainSummary& sum) {
+  constexpr int kF = 10;
   const int W = mesh.grid().world();
   double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(),        0.0,
                      (double)task.activation_bytes(),   (double)peak_rss_bytes(),
-                     (double)engine.transient_bytes(),  (double)task.activation_peak_bytes()};
+                     (double)engine.transient_bytes(),  (double)task.activation_peak_bytes(),
+                     (double)opt.state().offloaded_bytes(), (double)io.bytes_read, (double)io.bytes_written};
   mine[2] = (double)opt.state().bytes();
   std::vector<float> all(kF * W), in(kF);
   for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
@@ -23,7 +24,7 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
   for (int r = 0; r < W; r++) {
     const float* v = &all[kF * r];
     sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0,
-                         v[6] * 1024.0});
+                         v[6] * 1024.0, v[7] * 1024.0, v[8] * 1024.0, v[9] * 1024.0});
   }
 }
 
@@ -76,8 +77,14 @@ void write_summary(const std::string& path, const TrainSummary& sum, const paral
                           {"activation_bytes", m.activation_bytes},
                           {"transient_bytes", m.transient_bytes},
                           {"activation_peak_bytes", m.activation_peak_bytes},
-                          {"peak_rss_bytes", m.peak_rss_bytes}});
+                          {"peak_rss_bytes", m.peak_rss_bytes},
+                          {"optimizer_offloaded_bytes", m.optimizer_offloaded_bytes},
+                          {"offload_read_bytes_per_step", sum.steps_run ? m.io_read_bytes / (double)sum.steps_run : 0.0},
+                          {"offload_written_bytes_per_step",
+                           sum.steps_run ? m.io_written_bytes / (double)sum.steps_run : 0.0}});
+    if (sum.memory_limit > 0) j["ranks"].back()["within_memory_limit"] = m.peak_rss_bytes <= sum.memory_limit;
   }
+  if (sum.memory_limit > 0) j["memory_limit"] = sum.memory_limit;
   write_file_atomic(path, j.dump(2) + "\n");
 }
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload/state_swapper.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/mesh/mesh.h"
@@ -14,8 +15,9 @@
 namespace mt::train {
 
 // Collective over the world: every rank's memory into sum.ranks.
+// io: the offload tiers' reads and writes over the run (zeros without --offload).
 void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
-                   TrainTask& task, TrainSummary& sum);
+                   TrainTask& task, const offload::IoCounters& io, TrainSummary& sum);
 // Collective over the world (pipeline runs only): the bubble into sum, and its JSON (null when not timed).
 nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
                                const pipeline::PipelineStats* stats, TrainSummary& sum);

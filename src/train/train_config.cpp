@@ -216,6 +216,10 @@ const RefusedCombination kRefused[] = {
      "a worker is one rank that pushes its whole gradient to the servers and pulls whole parameters (slices of "
      "one flat replica); under --tp/--pp a worker would be several ranks holding different parts, whose pushes, "
      "pulls and staleness bound would have to move in lockstep, which is not built; use --tp 1 --pp 1"},
+    {[](const TrainConfig& c) { return c.offload.optimizer && asynchronous(c); },
+     [](const TrainConfig& c) { return "--offload optimizer with " + async_flag(c); },
+     "ps: the servers step their slices of the state in memory; hogwild: its threads share momentum buffers in "
+     "memory without locks; neither goes through the tiled update that streams the state from --offload-dir"},
     {[](const TrainConfig& c) {
        return (c.gpt.moe_every > 0 || c.moe.ep > 1) && (asynchronous(c) || compressing(c) || local_sgd(c));
      },
@@ -302,7 +306,47 @@ void check_comm_efficient(const TrainConfig& c, int d) {
                  "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
 }
 
+// --offload and --memory-limit (the directory itself is checked when each rank creates its file).
+void check_offload(const TrainConfig& c) {
+  const OffloadFlags& o = c.offload;
+  MT_CHECK_INPUT(!o.any() || !o.dir.empty(), "--offload needs --offload-dir DIR (where each rank's files go)");
+  MT_CHECK_INPUT(o.any() || o.dir.empty(), "--offload-dir ", o.dir, " needs --offload optimizer");
+  MT_CHECK_INPUT(o.tile_bytes >= 4096 && o.tile_bytes % 4096 == 0,
+                 "--offload-tile must be a positive multiple of 4096 bytes, got ", o.tile_bytes);
+}
+
 }  // namespace
+
+void OffloadFlags::parse_kinds(const std::string& v) {
+  size_t at = 0;
+  do {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string kind = v.substr(at, comma - at);
+    if (kind == "optimizer")
+      optimizer = true;
+    else if (kind == "params" || kind == "grads")
+      throw InputError(str("--offload ", kind, " is not built yet: only --offload optimizer streams its tensors "
+                           "from --offload-dir (docs/offload.md)"));
+    else
+      throw InputError(str("--offload takes optimizer (params and grads are not built yet), got '", kind, "'"));
+    at = comma + 1;
+  } while (at <= v.size());
+}
+
+uint64_t OffloadFlags::parse_bytes(const std::string& flag, const std::string& v) {
+  size_t digits = 0;
+  while (digits < v.size() && v[digits] >= '0' && v[digits] <= '9') digits++;
+  const std::string rest = v.substr(digits);
+  const int shift = rest.empty() ? 0 : rest == "K" || rest == "k" ? 10 : rest == "M" || rest == "m" ? 20
+                    : rest == "G" || rest == "g" ? 30 : -1;
+  MT_CHECK_INPUT(digits > 0 && shift >= 0, flag,
+                 " takes bytes as an integer with an optional K, M or G suffix (powers of 1024), got '", v, "'");
+  MT_CHECK_INPUT(digits <= 12, flag, " is too large: '", v, "'");
+  const uint64_t n = std::stoull(v.substr(0, digits));
+  MT_CHECK_INPUT(n > 0, flag, " must be positive, got '", v, "'");
+  MT_CHECK_INPUT(n <= (UINT64_MAX >> shift), flag, " is too large: '", v, "'");
+  return n << shift;
+}
 
 // One named check per concern (MoE: moe.cpp); the first failing check is reported.
 void TrainConfig::validate(int world_size) const {
@@ -311,6 +355,7 @@ void TrainConfig::validate(int world_size) const {
   check_outputs(*this);
   check_layout(*this);
   check_refused(*this);
+  check_offload(*this);
   check_async(*this, world_size);
   // The mesh and the batch layout check themselves (degrees tile the ranks; batch, micro-batches, schedule).
   const parallel::MeshGrid grid(world_size, dp, tp, pp, async == AsyncMode::ps ? ps_servers() : 0);

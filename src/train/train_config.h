@@ -80,6 +80,19 @@ struct MoeFlags {
   void validate(const struct TrainConfig& cfg, int dp) const;
 };
 
+// Offload tiers and the memory budget (docs/offload.md; train/offload.h assembles them).
+struct OffloadFlags {
+  bool optimizer = false;                // --offload optimizer: each rank's optimizer state in a file under dir
+  std::string dir;                       // --offload-dir
+  uint64_t tile_bytes = uint64_t(1) << 20;  // --offload-tile: bytes per state buffer per tile (multiple of 4096)
+  uint64_t memory_limit = 0;             // --memory-limit: bytes per rank (0: none)
+  bool any() const { return optimizer; }
+  // "optimizer" (params and grads are named and refused: not built yet), comma-separated.
+  void parse_kinds(const std::string& v);
+  // BYTES with an optional K, M or G suffix (powers of 1024); flag names the flag in errors.
+  static uint64_t parse_bytes(const std::string& flag, const std::string& v);
+};
+
 struct TrainConfig {
   ModelKind model = ModelKind::gpt;
   // GPT shape: 0 = take from --init's metadata/tensors, else the defaults in resolve().
@@ -154,6 +167,7 @@ struct TrainConfig {
   // Workers (ranks computing gradients): the ranks minus the parameter servers.
   int ps_servers() const { return servers > 0 ? servers : 1; }
   int workers(int world_size) const { return async == AsyncMode::ps ? world_size - ps_servers() : world_size; }
+  OffloadFlags offload;
   std::string summary;                  // JSON run summary (rank 0)
   std::string trace;                    // Chrome trace JSON (all ranks, merged by rank 0)
   // The run's resolved configuration (TOML, rendered by the CLI from its flags) and where rank 0 writes it

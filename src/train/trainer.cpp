@@ -4,6 +4,7 @@
 // (hogwild_trainer.cpp) end their steps with the same StepTail and use the same observers.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -65,16 +66,19 @@ TrainSummary finish_run(Run& r) {
   const ExchangeReport method = r.sync->report(r.start, r.sum.steps_run);
   if (!method.line.empty()) r.log->message(method.line);
   r.ckpt->save_final();
+  r.offload.trace_into(r.tracer);
   write_trace(r.cfg.trace, r.tracer, r.mesh);
   TrainSummary& sum = r.sum;
   sum.items_per_s = r.clock.steps ? (double)r.items_per_step * r.clock.steps / r.clock.seconds : 0;
   sum.flops_per_step = r.task->flops_per_step();
   sum.params = (int64_t)r.full.size();
-  gather_memory(r.mesh, *r.store, *r.opt, *r.task, sum);
+  sum.memory_limit = (double)r.cfg.offload.memory_limit;
+  gather_memory(r.mesh, *r.store, *r.opt, *r.task, r.offload.counters(), sum);
   nlohmann::json sections = nlohmann::json::object();
   if (!method.key.empty()) sections[method.key] = method.section;
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
+  sections["offload"] = r.offload.report();  // the lead rank's tier (null without one)
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }
@@ -97,6 +101,19 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
                    m.grad_bytes / 1048576.0, m.optimizer_bytes / 1048576.0, m.transient_bytes / 1048576.0,
                    m.activation_peak_bytes / 1048576.0, m.peak_rss_bytes / 1048576.0);
     }
+  }
+  if (s.memory_limit > 0) {
+    double peak = 0;
+    for (const RankMemory& m : s.ranks) peak = std::max(peak, m.peak_rss_bytes);
+    std::fprintf(stderr, "memory: highest peak RSS %.1f MiB of --memory-limit %.1f MiB per rank (%s)\n",
+                 peak / 1048576.0, s.memory_limit / 1048576.0, peak <= s.memory_limit ? "within" : "OVER THE LIMIT");
+  }
+  for (size_t r = 0; r < s.ranks.size(); r++) {
+    const RankMemory& m = s.ranks[r];
+    if (m.optimizer_offloaded_bytes > 0)
+      std::fprintf(stderr, "offload: rank %zu optimizer state %.1f MiB on disk, %.1f MiB read and %.1f MiB written per step\n",
+                   r, m.optimizer_offloaded_bytes / 1048576.0, m.io_read_bytes / 1048576.0 / (double)s.steps_run,
+                   m.io_written_bytes / 1048576.0 / (double)s.steps_run);
   }
   if (s.bubble_simulated >= 0)
     std::fprintf(stderr,

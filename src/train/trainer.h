@@ -17,6 +17,8 @@ struct RankMemory {
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, peak_rss_bytes = 0;
   double transient_bytes = 0;  // ZeRO 2/3 bucket and gathered-parameter buffers
   double activation_peak_bytes = 0;  // measured: the most the activation store held at once
+  // Offload (--offload): state bytes in files instead of memory, and the tier's reads and writes over the run.
+  double optimizer_offloaded_bytes = 0, io_read_bytes = 0, io_written_bytes = 0;
 };
 
 struct TrainSummary {
@@ -26,6 +28,7 @@ struct TrainSummary {
   double flops_per_step = 0;
   int64_t params = 0;
   std::vector<RankMemory> ranks;  // per rank (filled on every rank)
+  double memory_limit = 0;        // --memory-limit (bytes per rank; 0: none)
   // Pipeline runs (replica 0; -1 otherwise): bubble fraction measured, simulated with the measured stage
   // times for the same schedule, and the ideal (p - 1) / (V m + p - 1).
   double bubble_measured = -1, bubble_simulated = -1, bubble_ideal = -1;

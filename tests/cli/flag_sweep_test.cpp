@@ -102,6 +102,19 @@ TEST(FlagSweep, TrainGpt) {
                          "--tp",            "--pp",               "--virtual-stages"}));
 }
 
+// Byte sizes (K/M/G suffixes): the memory budget and the offload tier's tile, with an offload directory given.
+TEST(FlagSweep, TrainByteSizes) {
+  TempDir dir;
+  const std::string shard = dir / "d.bin";
+  make_random_shard(shard, 5000, 64, 1);
+  std::filesystem::create_directories(dir / "offload");
+  const std::vector<std::string> base =
+      concat({"train", "--data", shard, "--seq-len", "16", "--batch-size", "4", "--steps", "2", "--quiet",
+              "--offload", "optimizer", "--offload-dir", dir / "offload", "--offload-tile", "8K", "--memory-limit", "2G"},
+             tiny_gpt_flags());
+  sweep(base, cases_for(base, {"--memory-limit", "--offload-tile"}, true));
+}
+
 TEST(FlagSweep, TrainMlp) {
   TempDir dir;
   IdxImages im;

@@ -1,0 +1,61 @@
+#include "optim/tiled_optimizer.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace mt::optim {
+
+TiledOptimizer::TiledOptimizer(std::unique_ptr<Optimizer> inner) : inner_(std::move(inner)) {
+  MT_ASSERT(inner_->state().tier(), "a tiled optimizer over a store without a tier");
+  MT_ASSERT(!inner_->state().flat().empty(), "a tiled optimizer with no flat state");
+}
+
+void TiledOptimizer::cut(const std::vector<Segment>& segments, size_t lo, size_t hi, std::vector<Segment>& out) {
+  out.clear();
+  for (const Segment& s : segments) {
+    const size_t a = std::max(s.state, lo), b = std::min(s.state + s.count, hi);
+    if (a >= b) continue;
+    const size_t d = a - s.state;
+    Segment p = s;
+    p.param += d;
+    p.grad += d;
+    p.offset += d;
+    p.state = a - lo;
+    p.count = b - a;
+    out.push_back(p);
+  }
+}
+
+void TiledOptimizer::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
+                          int64_t step) {
+  StateStore& st = inner_->state();
+  StateTier& tier = *st.tier();
+  const std::vector<size_t> flat = st.flat();
+  const size_t n = st.size(flat[0]), T = tier.tile_elems();
+  const float gs = grad_scale_;
+  grad_scale_ = 1.0f;
+  if (!tensor_sums_.empty()) inner_->set_tensor_sums(tensor_sums_);
+  auto close = [&] {
+    for (size_t k : flat) st.set_window(k, nullptr);
+  };
+  tier.begin_update();
+  try {
+    for (size_t t = 0; t < tier.tiles(); t++) {
+      const size_t lo = t * T, hi = std::min(n, lo + T);
+      cut(segments, lo, hi, tile_);
+      const std::vector<float*> w = tier.acquire(t);
+      for (size_t j = 0; j < flat.size(); j++) st.set_window(flat[j], w[j]);
+      inner_->scale_next_grads(gs);
+      inner_->step(params, grads, tile_, lr, step);
+      close();
+      tier.release(t);
+    }
+    tier.end_update();
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+}  // namespace mt::optim

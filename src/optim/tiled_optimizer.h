@@ -1,0 +1,37 @@
+// An optimizer whose flat state lives in a tier (state_store.h's StateTier; offload/state_swapper.h: a file
+// under --offload-dir): step() walks the state tile by tile and runs the wrapped optimizer on each tile's
+// part of the segments, the tier reading the next tiles ahead and writing the last ones behind.
+//
+// Exactness: a segment cut at tile boundaries becomes pieces whose param, grad, state and offset move by the
+// same amount, the way ZeRO's shards already cut tensors; an optimizer whose step updates each element from
+// that element's parameter, gradient, state, the step's scalars and the statistics phase's whole-tensor sums
+// (AdamW, SGD) gives the same bits on the pieces as on the whole. The clipping scale (scale_next_grads) and
+// the statistics phase's sums are handed to every tile's call.
+#pragma once
+
+#include <memory>
+
+#include "optim/optimizer.h"
+
+namespace mt::optim {
+
+class TiledOptimizer final : public Optimizer {
+ public:
+  // inner's store must have its tier attached, with at least one flat buffer.
+  explicit TiledOptimizer(std::unique_ptr<Optimizer> inner);
+  void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
+            int64_t step) override;
+  StateStore& state() override { return inner_->state(); }
+  const StateStore& state() const override { return inner_->state(); }
+  int tensor_sums() const override { return inner_->tensor_sums(); }
+  PieceSums piece_sums() const override { return inner_->piece_sums(); }
+
+  // The pieces of `segments` that fall in state elements [lo, hi), state offsets made relative to lo.
+  static void cut(const std::vector<Segment>& segments, size_t lo, size_t hi, std::vector<Segment>& out);
+
+ private:
+  std::unique_ptr<Optimizer> inner_;
+  std::vector<Segment> tile_;
+};
+
+}  // namespace mt::optim

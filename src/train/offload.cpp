@@ -1,0 +1,87 @@
+#include "train/offload.h"
+
+#include <cstdio>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "optim/tiled_optimizer.h"
+
+namespace mt::train {
+
+std::unique_ptr<optim::Optimizer> OffloadTiers::wrap(const TrainConfig& cfg, int rank,
+                                                     std::unique_ptr<optim::Optimizer> opt, bool trace) {
+  if (!cfg.offload.optimizer) return opt;
+  optim::StateStore& st = opt->state();
+  const std::vector<size_t> flat = st.flat();
+  if (flat.empty() || st.size(flat[0]) == 0) return opt;
+  offload::StateSwapper::Options o;
+  o.dir = cfg.offload.dir;
+  o.buffers = flat.size();
+  o.n = st.size(flat[0]);
+  o.tile_bytes = cfg.offload.tile_bytes;
+  o.timeout_s = cfg.comm_timeout;
+  o.record_events = trace;
+  // MESHTRAIN_OFFLOAD_IO_THREADS (1-8, default 2): the tier's I/O threads, for benchmarks comparing queue depths.
+  o.io_threads = (int)env_int("MESHTRAIN_OFFLOAD_IO_THREADS", 1, 8).value_or(2);
+  std::unique_ptr<offload::StateSwapper> swapper;
+  try {
+    swapper = std::make_unique<offload::StateSwapper>(o);
+  } catch (const InputError& e) {
+    throw InputError(str("rank ", rank, ": ", e.what()));
+  }
+  state_ = swapper.get();
+  st.attach(std::move(swapper));
+  return std::make_unique<optim::TiledOptimizer>(std::move(opt));
+}
+
+void OffloadTiers::trace_into(trace::ChromeTrace& t) {
+  if (!state_ || !t.enabled()) return;
+  for (const offload::IoEvent& e : state_->take_events())
+    t.add(trace::Track::io, str(e.write ? "write" : "read", " optimizer tile ", e.tile), "offload", e.t0_us, e.t1_us);
+}
+
+nlohmann::json OffloadTiers::report() const {
+  if (!state_) return nullptr;
+  const offload::IoCounters c = state_->counters();
+  auto rate = [](double bytes, double s) { return s > 0 ? bytes / s : 0.0; };
+  return {{"kind", "optimizer"},
+          {"file_bytes", state_->file_bytes()},
+          {"tiles", state_->tiles()},
+          {"tile_bytes_per_buffer", state_->tile_elems() * sizeof(float)},
+          {"direct_io", state_->direct_io()},
+          {"read_bytes", c.bytes_read},
+          {"written_bytes", c.bytes_written},
+          {"read_s", c.read_s},
+          {"write_s", c.write_s},
+          {"read_bytes_per_s", rate((double)c.bytes_read, c.read_s)},
+          {"write_bytes_per_s", rate((double)c.bytes_written, c.write_s)},
+          {"busy_s", c.busy_s},
+          {"bytes_per_busy_s", rate((double)(c.bytes_read + c.bytes_written), c.busy_s)},
+          {"demand_reads", c.demand_reads}};
+}
+
+namespace {
+std::string mib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  return buf;
+}
+}  // namespace
+
+std::string MemoryPlan::describe() const {
+  return str("the process now ", mib(now), " (parameters ", mib(params), " and gradients ", mib(grads),
+             " included) + optimizer state ", mib(optimizer),
+             offloaded > 0 ? str(" (", mib(offloaded), " offloaded)") : "", " + activations of one micro-batch ",
+             mib(activations), " = ", mib(total()));
+}
+
+void check_memory_plan(const MemoryPlan& plan, uint64_t limit, int rank, bool optimizer_offloaded) {
+  if (limit == 0 || plan.total() <= (double)limit) return;
+  std::string hint;
+  if (!optimizer_offloaded && plan.optimizer > 0)
+    hint = str("; --offload optimizer --offload-dir DIR would keep ", mib(plan.optimizer), " of optimizer state on disk");
+  throw InputError(str("--memory-limit ", limit, " (", mib((double)limit), ") per rank is too small: rank ", rank,
+                       " needs ", plan.describe(), hint, "; raise the limit, or shrink the model or the micro-batch"));
+}
+
+}  // namespace mt::train

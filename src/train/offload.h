@@ -1,0 +1,56 @@
+// A run's offload tiers (--offload, --offload-dir) and its memory budget (--memory-limit): the optimizer
+// wrapped so its flat state streams from a file under the directory (optim/tiled_optimizer.h over
+// offload/state_swapper.h), what the tiers report (bytes offloaded, read and written; the trace's io track),
+// and the plan of what stays resident, checked against the limit before the first step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "offload/state_swapper.h"
+#include "optim/optimizer.h"
+#include "trace/chrome_trace.h"
+#include "train/train_config.h"
+
+namespace mt::train {
+
+class OffloadTiers {
+ public:
+  // With --offload optimizer: opt wrapped over a StateSwapper of its flat buffers in cfg.offload.dir (rank
+  // names the rank in messages); otherwise opt as it is. An optimizer with no flat state stays as it is.
+  std::unique_ptr<optim::Optimizer> wrap(const TrainConfig& cfg, int rank, std::unique_ptr<optim::Optimizer> opt,
+                                         bool trace);
+  // The I/O thread's reads and writes so far, as events on the trace's io track.
+  void trace_into(trace::ChromeTrace& t);
+  offload::IoCounters counters() const { return state_ ? state_->counters() : offload::IoCounters{}; }
+  // This rank's tier for --summary's "offload" section (null without one): tiles, bytes and seconds of the
+  // I/O thread's reads and writes, the bandwidth they reached, direct I/O or not.
+  nlohmann::json report() const;
+
+ private:
+  offload::StateSwapper* state_ = nullptr;  // owned by the optimizer's store
+};
+
+// What a rank keeps in memory, planned once its parts are built and before the optimizer state, the activations
+// and a checkpoint's state are loaded (bytes). `now` is what the process holds then (code, libraries,
+// communicator, data, parameters and gradients, which are written at initialization); the optimizer's resident
+// part (its state in memory, or the offload tier's tile buffers) and one micro-batch's activations come on top.
+// Not planned: what the model and the libraries allocate in a step besides those (backward scratch, GEMM
+// workspaces, pipeline micro-batches in flight, ZeRO 2/3 transient buckets); --summary reports the measured peak.
+struct MemoryPlan {
+  double now = 0;
+  double params = 0, grads = 0;  // part of now
+  double optimizer = 0;    // resident: the state in memory, or the offload tier's tile buffers
+  double offloaded = 0;    // optimizer state in files instead
+  double activations = 0;  // one micro-batch's, as the task estimates them
+  double total() const { return now + optimizer + activations; }
+  std::string describe() const;  // "the process now 30.1 MiB (parameters ... ) + optimizer state ... = 45.0 MiB"
+};
+
+// Throws InputError naming the limit, the rank, what the plan needs and what would help, when the plan exceeds
+// limit (0: no limit).
+void check_memory_plan(const MemoryPlan& plan, uint64_t limit, int rank, bool optimizer_offloaded);
+
+}  // namespace mt::train
