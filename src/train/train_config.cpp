@@ -198,6 +198,14 @@ const RefusedCombination kRefused[] = {
      },
      "the compressed momentum exchange runs over one flat replica per data-parallel rank; its split over "
      "tensor, pipeline and expert groups is not built; use --tp 1 --pp 1 and a dense model"},
+    {[](const TrainConfig& c) { return onebit(c) && (c.offload.optimizer || c.delayed_update); },
+     [](const TrainConfig& c) {
+       return std::string("--optimizer onebit-adam with ") +
+              (c.offload.optimizer ? "--offload optimizer" : "--delayed-update");
+     },
+     "1-bit Adam exchanges its momentum inside the optimizer's step, tensor by tensor, which neither the tiled "
+     "update that streams state from --offload-dir nor the delay-1 rule has been built or checked with; choose "
+     "one"},
     {[](const TrainConfig& c) { return local_sgd(c) && c.zero > 0; },
      [](const TrainConfig& c) { return local_flag(c) + str(" with --zero ", c.zero); },
      "between syncs each data-parallel rank steps a replica and optimizer state of its own, which ZeRO would "

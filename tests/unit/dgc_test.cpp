@@ -161,3 +161,24 @@ TEST(Dgc, RefusedCombinationsNameBothFlags) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(OnebitAdamFlags, RefusedWithOffloadAndTheDelayOneRuleNamingBothFlags) {
+  mt::train::TrainConfig c;
+  c.data = "unused.bin";
+  c.nproc = 2;
+  c.optimizer = mt::train::OptimizerKind::onebit_adam;
+  c.freeze_step = 2;
+  EXPECT_EQ(error_of(c, 2), "(no error)");
+  c.offload.optimizer = true;
+  c.offload.dir = "/tmp";
+  EXPECT_NE(error_of(c, 2).find("--optimizer onebit-adam with --offload optimizer"), std::string::npos)
+      << error_of(c, 2);
+  c.offload = {};
+  c.delayed_update = true;
+  EXPECT_NE(error_of(c, 2).find("--optimizer onebit-adam with --delayed-update"), std::string::npos)
+      << error_of(c, 2);
+}
+
+}  // namespace
