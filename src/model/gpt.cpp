@@ -136,7 +136,12 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
   if (last_stage()) {
     lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
     lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
-    if (!first_stage()) wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
+    // The last stage's own copy of the tied wte, unless the first stage registered it in this registry already
+    // (a V-shaped placement puts both ends on one rank: one tensor, its two uses adding to one gradient).
+    if (!first_stage()) {
+      nn::Param* held = params.find("wte.weight");
+      wte_ = held ? held : &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
+    }
   }
 }
 
