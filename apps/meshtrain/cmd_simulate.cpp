@@ -84,6 +84,8 @@ void run_simulate(SimulateArgs& a) {
   if (!a.from_summary.empty()) load_summary(a);
   MT_CHECK_INPUT(!a.spec.name.empty() && a.spec.stages > 0 && a.spec.micro_batches > 0,
                  "simulate needs --schedule, --stages and --micro-batches (or --from-summary FILE)");
+  MT_CHECK_INPUT(a.cost.weight_share >= 0 && a.cost.weight_share <= 1, "--weight-share must be in [0, 1], got ",
+                 a.cost.weight_share);  // also NaN, which the flag's range check lets through
   const pipeline::ScheduleSpec& spec = a.spec;
   const pipeline::Schedule schedule = pipeline::make_schedule(spec);  // validates
   const plan::SimResult r = plan::simulate(spec, schedule, a.cost);

@@ -138,9 +138,13 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
   if (last_stage()) {
     lnf_w_ = &params.add("ln_f.weight", {C}, {}, cfg.n_layer + 1);
     lnf_b_ = &params.add("ln_f.bias", {C}, {}, cfg.n_layer + 1);
-    if (!first_stage()) wte_ = &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
-    wte_->products = true;              // the tied logits
-    wte_->read_f32 = first_stage();     // the lookup
+    // The last stage's own copy of the tied wte, unless the first stage registered it in this registry already
+    // (a V-shaped placement puts both ends on one rank: one tensor, its two uses adding to one gradient).
+    nn::Param* held = first_stage() ? wte_ : params.find("wte.weight");
+    if (!first_stage())
+      wte_ = held ? held : &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
+    wte_->products = true;                      // the tied logits
+    if (!held) wte_->read_f32 = first_stage();  // the lookup (a copy shared with the first stage keeps it)
   }
 }
 

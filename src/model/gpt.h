@@ -62,7 +62,8 @@ struct MoeOptions {
 // A pipeline stage of the model: blocks [begin, end) (end -1: n_layer), stage `index` of `count`; the first
 // stage holds the embeddings, the last the final LayerNorm and logits (a stage may hold no blocks). The last
 // stage of a split model holds its own copy of the tied wte (its gradient is summed with the first stage's
-// by the trainer).
+// by the trainer), or, when the registry it is given holds the first stage's wte already (both ends on one
+// rank: a V-shaped placement), uses that one.
 struct StageRange {
   int begin = 0, end = -1;
   int index = 0, count = 1;

@@ -125,7 +125,11 @@ class GptTask : public TrainTask {
         chunks_.back()->set_precision(cfg.precision);
       }
       model_ = chunks_.front().get();
-      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, tied_tensors(shape, first), holds_first);
+      // The tied wte is two copies summed over the tie group when the first and the last stage are on two ranks;
+      // one tensor when they are on one (a V-shaped placement: both chunks use the registry's one wte).
+      const bool ends_apart = place.slot(0, 0).rank != place.slot(0, S - 1).rank;
+      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1,
+                        ends_apart ? tied_tensors(shape, first) : std::set<std::string>{}, holds_first);
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);

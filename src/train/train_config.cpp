@@ -119,12 +119,6 @@ void check_layout(const TrainConfig& c) {
   MT_CHECK_INPUT(c.schedule.empty() || pipeline::has_schedule(c.schedule), "--schedule must be one of ",
                  pipeline::schedule_names_joined(), "; got '", c.schedule, "'");
   MT_CHECK_INPUT(c.schedule.empty() || c.pp > 1, "--schedule ", c.schedule, " needs --pp > 1");
-  // zb-v's V puts both ends of the model, and so both copies of the tied embedding, on pipeline rank 0: the GPT
-  // task's replica facts hold a tied tensor once per rank (schedules/zb_v.cpp).
-  MT_CHECK_INPUT(c.schedule != "zb-v", "--schedule zb-v with --pp ", c.pp,
-                 ": training does not run it yet (its V puts the first and the last stage, both holding the tied "
-                 "wte, on pipeline rank 0); `meshtrain simulate --schedule zb-v --virtual-stages 2` and `meshtrain "
-                 "bench pipeline --schedules zb-v` replay it; train with --schedule zb-h1 or zb-h2");
   MT_CHECK_INPUT(c.stage_layers.empty() || c.pp > 1, "--stage-layers needs --pp > 1");
   MT_CHECK_INPUT(c.zero >= 0 && c.zero <= 3, "--zero must be 0, 1, 2 or 3, got ", c.zero);
   if (c.pp > 1) {
@@ -258,6 +252,11 @@ const RefusedCombination kRefused[] = {
      "stage's whole gradient (and gather its parameters) only within a step "
      "and reduce-scatter at its update; use --zero 0 or 1, or --delayed-update with --schedule 1f1b (the same "
      "update rule with a flush between steps, which takes ZeRO 2 and 3)"},
+    {[](const TrainConfig& c) { return c.schedule == "zb-v" && c.zero >= 2; },
+     [](const TrainConfig& c) { return str("--schedule zb-v with --zero ", c.zero); },
+     "zb-v's V puts the first and the last stage on pipeline rank 0, so the tied wte is one tensor there whose "
+     "gradient both ends add to, while ZeRO 2 and 3 reduce a group's gradient as soon as its first-stage uses "
+     "are over (the store's hooks know one owner stage per group); use --zero 0 or 1, or --schedule zb-h1"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -146,7 +146,9 @@ TEST(FlagSweep, Sample) {
 TEST(FlagSweep, Simulate) {
   const std::vector<std::string> base = {"simulate", "--schedule", "1f1b", "--stages", "4", "--micro-batches", "8"};
   sweep(base,
-        cases_for(base, {"--stages", "--micro-batches", "--virtual-stages", "--backward-ratio", "--comm-cost"}, true));
+        cases_for(base, {"--stages", "--micro-batches", "--virtual-stages", "--backward-ratio", "--comm-cost",
+                         "--weight-share"},
+                  true));
 }
 
 TEST(FlagSweep, BenchComm) {
@@ -166,7 +168,7 @@ TEST(FlagSweep, BenchPipeline) {
   sweep(base,
         cases_for(base,
                   {"--stages", "--micro-batches", "--virtual-stages", "--forward-ms", "--backward-ratio",
-                   "--activation-kb", "--steps", "--comm-timeout"},
+                   "--weight-share", "--activation-kb", "--steps", "--comm-timeout"},
                   true),
         2);
 }

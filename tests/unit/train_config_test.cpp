@@ -54,7 +54,6 @@ std::string generator_error(const std::string& name, int V) {
 TEST(TrainConfigSchedule, EveryRegisteredNameIsAccepted) {
   ASSERT_FALSE(mt::pipeline::schedule_names().empty());
   for (const std::string& name : mt::pipeline::schedule_names()) {
-    if (name == "zb-v") continue;  // refused by training (ZbVIsRefusedNamingTheFlags)
     int accepted = 0;
     for (int V : {1, 2}) {
       const TrainConfig c = pipeline_config(name, 2, V);
@@ -67,13 +66,17 @@ TEST(TrainConfigSchedule, EveryRegisteredNameIsAccepted) {
   }
 }
 
-TEST(TrainConfigSchedule, ZbVIsRefusedNamingTheFlags) {
-  // Its V puts both copies of the tied embedding on pipeline rank 0; simulate and bench pipeline run it.
-  for (int V : {1, 2}) {
-    const std::string e = error_of(pipeline_config("zb-v", 2, V), 2);
-    EXPECT_NE(e.find("--schedule zb-v with --pp 2: training does not run it yet"), std::string::npos) << e;
-    EXPECT_NE(e.find("train with --schedule zb-h1 or zb-h2"), std::string::npos) << e;
+TEST(TrainConfigSchedule, ZbVWithZeroTwoOrThreeIsRefusedNamingBothFlags) {
+  // Its V puts both ends, and the one tied wte, on pipeline rank 0 (see the kRefused entry).
+  for (int z : {2, 3}) {
+    TrainConfig c = pipeline_config("zb-v", 2, 2);
+    c.zero = z;
+    const std::string e = error_of(c, 2);
+    EXPECT_NE(e.find("--schedule zb-v with --zero " + std::to_string(z) + " is not supported"), std::string::npos) << e;
   }
+  TrainConfig one = pipeline_config("zb-v", 2, 2);
+  one.zero = 1;
+  EXPECT_EQ(error_of(one, 2), "(no error)");
 }
 
 TEST(TrainConfigSchedule, UnknownNameListsTheRegistry) {

@@ -12,8 +12,8 @@
 // within F / 2 of it for p <= 4 and within F at p = 5 (m >= p): at p = 4, m = 8 it idles 2 F per rank against
 // ZB-H1's 3 and 1F1B's 9. The greedy is not proven optimal; it is the schedule as written here.
 //
-// Training does not run it yet: rank 0 would hold both ends of the tied embedding (two copies of one tensor on
-// one rank), which the GPT task's replica facts do not express; simulate and bench pipeline run it.
+// Rank 0 holds both ends of the model: the GPT task gives its two chunks one tied wte (no tie group to sum
+// over); ZeRO 2 and 3 are refused with it (train_config.cpp).
 //
 //   p = 2, m = 2 (compute order; Fic = forward of micro-batch i on chunk c):
 //     j=0  F0c0 F1c0 F0c1 I0c1 F1c1 I1c1 I0c0 W0c1 I1c0 W1c1 W0c0 W1c0
