@@ -188,7 +188,7 @@ void Gpt::block_forward(nn::ActivationStore& store, int smb, int slot, int l, co
   // this rank's rows and all-gathered in bf16 (half the bytes); an MoE block's ln2 is read in backward only by
   // the router's product (its forward still routes and dispatches from the float32 rows in the scratch).
   const bool bf16 = prec_ == Precision::bf16;
-  float* tmp = bf16 ? store.get(kScratchMb, "bf16_src", (size_t)N * std::max(C, 3 * Cs)) : nullptr;
+  float* tmp = bf16 ? bf16_src(store, N) : nullptr;
   auto kept = [&](const char* name, int rows, int cols) {
     uint16_t* h = store.get_bf16(smb, key(slot, name), (size_t)rows * cols);
     pack_bf16(tmp, rows, cols, cols, h);
@@ -302,6 +302,11 @@ void Gpt::set_precision(Precision p) {
     if (m) m->set_precision(p);
 }
 
+float* Gpt::bf16_src(nn::ActivationStore& store, int N) {
+  const int C = cfg_.n_embd, Cs = C / tp_size();
+  return store.get(kScratchMb, "bf16_src", (size_t)N * std::max(C, 3 * Cs));
+}
+
 float* Gpt::sp_scratch(nn::ActivationStore& store, const char* name, size_t count) {
   return sp_ ? store.get(kScratchMb, name, count) : nullptr;
 }
@@ -353,11 +358,15 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   }
   double loss = 0.0;
   if (last_stage()) {
-  float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
+  // Under bf16 a step's lnf is read later only by the logits' weight-gradient product: kept in bf16 (rounded from
+  // the scratch). Without targets (sampling, logits for Python) it stays float32 under "lnf" for the caller.
+  const bool keep_lnf16 = prec_ == Precision::bf16 && targets;
+  float* lnf = keep_lnf16 ? bf16_src(store, N) : store.get(mb, "lnf", (size_t)Nr * C);
   float* lnf_mean = store.get(mb, "lnf_mean", Nr);
   float* lnf_rstd = store.get(mb, "lnf_rstd", Nr);
   hk.before_forward(L + 1);
   nn::layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnf_w_->data, lnf_b_->data, Nr, C);
+  if (keep_lnf16) pack_bf16(lnf, Nr, C, C, store.get_bf16(mb, "lnf16", (size_t)Nr * C));
   if (first_stage()) hk.after_forward(L + 1);  // else wte is in group L+1: keep it open for the logits
   if (targets) {
     float* logits = store.get(mb, "logits", (size_t)N * Vl);
@@ -429,11 +438,15 @@ void Gpt::backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::Pa
   if (first_stage()) open(0);  // wte's gradient: the logits' part now, the lookup's at the end
   if (last_stage()) {
   const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
-  const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) open(L + 1);  // this stage's wte copy is in group L+1
-  nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, grad(wte_), dlogits, lnf, wte_->weight(), N, C, Vl,
-                                     prec_);
+  if (prec_ == Precision::bf16)  // lnf kept in bf16 (forward)
+    nn::vocab_parallel_logits_backward(rows_, sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr,
+                                       dfull, dln, grad(wte_), dlogits, store.get_bf16(mb, "lnf16", (size_t)Nr * C),
+                                       wte_->weight(), N, C, Vl);
+  else
+    nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, grad(wte_), dlogits,
+                                       store.get(mb, "lnf", (size_t)Nr * C), wte_->weight(), N, C, Vl, prec_);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) open(L + 1);
   keep(L, "d_lnf", dln, (size_t)Nr * C);
@@ -585,11 +598,16 @@ void Gpt::backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::
   if (first_stage()) hk.before_backward(0);
   if (last_stage()) {
     const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
-    const float* lnf = store.get(mb, "lnf", (size_t)Nr * C);
     const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
     if (!first_stage()) hk.before_backward(L + 1);
-    nn::vocab_parallel_logits_backward(rows_, gathered, dfull, nullptr, wte_->grad_out(), dlogits, lnf, wte_->weight(), N,
-                                       C, Vl, prec_);
+    if (prec_ == Precision::bf16)  // lnf kept in bf16 (forward)
+      nn::vocab_parallel_logits_backward(rows_,
+                                         sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr,
+                                         dfull, nullptr, wte_->grad_out(), dlogits,
+                                         store.get_bf16(mb, "lnf16", (size_t)Nr * C), wte_->weight(), N, C, Vl);
+    else
+      nn::vocab_parallel_logits_backward(rows_, gathered, dfull, nullptr, wte_->grad_out(), dlogits,
+                                         store.get(mb, "lnf", (size_t)Nr * C), wte_->weight(), N, C, Vl, prec_);
     if (first_stage()) hk.before_backward(L + 1);
     const float* dlnf = kept(L, "d_lnf", (size_t)Nr * C);
     if (sp_) {
@@ -708,7 +726,8 @@ size_t Gpt::activation_bytes(int B, int T) const {
   // Under bf16 the experts' inputs and GELU outputs are kept in bf16 (moe.cpp): half their floats.
   const size_t experts = bf16 ? A * (2 * C + C / 2 + Hx + Hx / 2) : A * (3 * C + 2 * Hx);
   const size_t moe_block = block - mlp + N * (size_t)cfg_.experts + experts;
-  size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + Nr * C + 2 * Nr /*lnf*/ + N * (size_t)(v1_ - v0_) /*logits*/;
+  size_t total = Nr * C /*x0*/ + 2 * N /*ids, pos*/ + (bf16 ? Nr * C / 2 : Nr * C) + 2 * Nr /*lnf*/ +
+                 N * (size_t)(v1_ - v0_) /*logits*/;
   size_t biggest = 0;
   for (int l = begin_; l < end_; l++) {
     const size_t b = moe_[l] ? moe_block : block;

@@ -184,6 +184,9 @@ class Gpt {
                     uint16_t* gathered16, const float* dres_all, float* dln, int B, int T, int mb);
   // A scratch buffer of the store under sequence parallelism (shared by all micro-batches), else null.
   float* sp_scratch(nn::ActivationStore& store, const char* name, size_t count);
+  // --precision bf16: the float32 scratch an input kept in bf16 is written to before it is rounded into the store
+  // (N x max(C, local 3C): the widest such input, a block's qkv; shared by every block and the final LayerNorm).
+  float* bf16_src(nn::ActivationStore& store, int N);
   // All N rows of a row-split tensor (nn::TpRows::gather with its scratch from the store): the MoE input.
   const float* gather_rows(nn::ActivationStore& store, const float* local, int N, int C);
   GptConfig cfg_;

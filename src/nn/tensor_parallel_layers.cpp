@@ -187,33 +187,51 @@ void vocab_parallel_logits_forward(const TpRows& rows, float* x_full, float* log
   gemm(false, true, N, Vl, C, 1.0f, xg, C, wte.f32, C, 0.0f, logits, Vl, prec);
 }
 
+namespace {
+
+// Under bf16: dlogits (N x Vl, the largest operand of the step) feeds both products, so it is rounded once, not
+// once per product. x16(): all N rows of x in bf16, asked for after dx is formed.
+template <class X16>
+void logits_backward_bf16(const TpRows& rows, float* dx_full, float* dx, GradOut dwte, const float* dlogits, Weight wte,
+                          int N, int C, int Vl, X16 x16) {
+  // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
+  float* partial = rows.sequence_parallel() ? dx_full : dx;
+  // A split backward's halves: dx null skips the input gradient, dwte null the weight gradient.
+  const uint16_t* d16 = packed_bf16_scratch(0, dlogits, N, Vl, Vl);
+  if (dx) {
+    if (wte.b16)
+      gemm_16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.b16, C, 0.0f, partial, C);
+    else
+      gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.f32, C, 0.0f, partial, C);
+    rows.reduce(partial, dx, N, C);
+  }
+  if (dwte) gemm_16(true, false, Vl, C, N, 1.0f, d16, Vl, x16(), C, dwte.beta(), dwte.data, C);
+}
+
+}  // namespace
+
 void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx_full, float* dx, GradOut dwte,
                                     const float* dlogits, const float* x, Weight wte, int N, int C, int Vl,
                                     Precision prec) {
+  if (prec == Precision::bf16)
+    return logits_backward_bf16(rows, dx_full, dx, dwte, dlogits, wte, N, C, Vl, [&] {
+      return packed_bf16_scratch(1, rows.gather(x, x_full, N, C), N, C, C);
+    });
   // Each rank's vocabulary rows contribute their share of dx: the whole is their sum.
   // A split backward's halves: dx null skips the input gradient, dwte null the weight gradient.
   float* partial = rows.sequence_parallel() ? dx_full : dx;
-  if (prec == Precision::bf16) {
-    // dlogits (N x Vl, the largest operand of the step) feeds both products: rounded once, not once per product.
-    const uint16_t* d16 = packed_bf16_scratch(0, dlogits, N, Vl, Vl);
-    if (dx) {
-      if (wte.b16)
-        gemm_16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.b16, C, 0.0f, partial, C);
-      else
-        gemm_a16(false, false, N, C, Vl, 1.0f, d16, Vl, wte.f32, C, 0.0f, partial, C);
-      rows.reduce(partial, dx, N, C);
-    }
-    if (!dwte) return;
-    const uint16_t* x16 = packed_bf16_scratch(1, rows.gather(x, x_full, N, C), N, C, C);
-    gemm_16(true, false, Vl, C, N, 1.0f, d16, Vl, x16, C, dwte.beta(), dwte.data, C);
-    return;
-  }
   if (dx) {
     gemm(false, false, N, C, Vl, 1.0f, dlogits, Vl, wte.f32, C, 0.0f, partial, C, prec);
     rows.reduce(partial, dx, N, C);
   }
   if (dwte)
     gemm(true, false, Vl, C, N, 1.0f, dlogits, Vl, rows.gather(x, x_full, N, C), C, dwte.beta(), dwte.data, C, prec);
+}
+
+void vocab_parallel_logits_backward(const TpRows& rows, uint16_t* x_full16, float* dx_full, float* dx, GradOut dwte,
+                                    const float* dlogits, const uint16_t* x16, Weight wte, int N, int C, int Vl) {
+  logits_backward_bf16(rows, dx_full, dx, dwte, dlogits, wte, N, C, Vl,
+                       [&] { return rows.gather(x16, x_full16, N, C); });
 }
 
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

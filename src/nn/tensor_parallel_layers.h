@@ -118,6 +118,11 @@ void vocab_parallel_logits_backward(const TpRows& rows, float* x_full, float* dx
                                     const float* dlogits, const float* x, Weight wte, int N, int C, int Vl,
                                     Precision prec = Precision::fp32);
 
+// The same under --precision bf16 with x kept in bf16 (x16[Nr, C]; gathered in bf16 into x_full16, N x C, under SP):
+// the results of the float32 x, bit for bit.
+void vocab_parallel_logits_backward(const TpRows& rows, uint16_t* x_full16, float* dx_full, float* dx, GradOut dwte,
+                                    const float* dlogits, const uint16_t* x16, Weight wte, int N, int C, int Vl);
+
 // Vocabulary-parallel embedding: out[Nr, C] = my rows of the group sum of the rows this rank owns
 // (zeros for other tokens). e: N x C scratch under SP (else out itself).
 void vocab_parallel_embedding_forward(const TpRows& rows, float* e, float* out, const int32_t* ids, const float* wte,

@@ -343,7 +343,8 @@ TEST_P(Bf16Gemm, LinearReadingTheWeightMirrorIsTheBf16Layer) {
   }
 }
 
-// The tied logits reading wte's mirror (forward and the input gradient) give the bf16 products' bits.
+// The tied logits reading wte's mirror (forward and the input gradient), and their backward with x kept in bf16,
+// give the bf16 products' bits.
 TEST_P(Bf16Gemm, TiedLogitsReadingTheMirrorAreTheBf16Products) {
   const int N = 64, C = 48, V = 65;
   auto x = mt::testing::randn(N * C, 23, "x"), wte = mt::testing::randn(V * C, 23, "wte", 0.02f);
@@ -364,6 +365,14 @@ TEST_P(Bf16Gemm, TiedLogitsReadingTheMirrorAreTheBf16Products) {
                                          dl.data(), x.data(), {poison.data(), w16.data()}, N, C, V, mt::Precision::bf16);
   EXPECT_EQ(0, std::memcmp(dx.data(), dxm.data(), dx.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(dw.data(), dwm.data(), dw.size() * sizeof(float)));
+  // x (the final LayerNorm's output) kept in bf16 for backward: the same bits again.
+  std::vector<uint16_t> x16(x.size());
+  mt::to_bf16(x.data(), x16.data(), x.size());
+  std::vector<float> dxk(N * C), dwk(V * C);
+  mt::nn::vocab_parallel_logits_backward(rows, nullptr, nullptr, dxk.data(), mt::nn::GradOut(dwk.data(), true),
+                                         dl.data(), x16.data(), {poison.data(), w16.data()}, N, C, V);
+  EXPECT_EQ(0, std::memcmp(dx.data(), dxk.data(), dx.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dw.data(), dwk.data(), dw.size() * sizeof(float)));
 }
 
 // Both operands kept in bf16 (gemm_16) gives the bits gemm(..., bf16) gives for the float32 operands they were
