@@ -14,7 +14,8 @@ namespace {
 using namespace mt::pipeline;
 
 TEST(ScheduleRegistry, FindsEachGeneratorByName) {
-  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "pipedream-2bw"}));
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v",
+                                                  "pipedream-2bw"}));
   for (const std::string& name : schedule_names()) EXPECT_EQ(find_schedule(name).name(), name);
 }
 
@@ -24,8 +25,8 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
     FAIL() << "no error";
   } catch (const mt::InputError& e) {
     EXPECT_STREQ(e.what(),
-                 "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v,
-                 pipedream-2bw");
+                 "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, "
+                 "pipedream-2bw");
   }
   EXPECT_THROW(validate({"Gpipe", 2, 2, 1}), mt::InputError);  // names are exact
 }
