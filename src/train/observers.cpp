@@ -100,11 +100,11 @@ nlohmann::json Checkpointer::run_identity() const {
                       {"grad_comm_dtype", flag_name(c.grad_comm_dtype)}};
   if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
   if (c.model == ModelKind::mlp && c.val_data.empty()) j["val_fraction"] = c.val_fraction;  // splits --data
-  if (c.optimizer == OptimizerKind::adamw) {
+  if (c.optimizer == OptimizerKind::adamw || c.optimizer == OptimizerKind::lamb) {
     j["beta1"] = c.beta1;
     j["beta2"] = c.beta2;
     j["eps"] = c.eps;
-  } else {
+  } else if (c.optimizer == OptimizerKind::sgd) {
     j["momentum"] = c.momentum;
   }
   if (metadata_.count("moe_every")) {

@@ -7,6 +7,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "optim/adafactor.h"
+#include "optim/lamb.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
@@ -37,9 +39,18 @@ void Straggler::pause(int me) const {
   if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n) {
-  if (cfg.optimizer == OptimizerKind::sgd)
-    return std::make_unique<optim::Sgd>(n, optim::SgdConfig{(float)cfg.momentum, (float)cfg.weight_decay});
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n, const nn::ParamRegistry& params) {
+  switch (cfg.optimizer) {
+    case OptimizerKind::sgd:
+      return std::make_unique<optim::Sgd>(n, optim::SgdConfig{(float)cfg.momentum, (float)cfg.weight_decay});
+    case OptimizerKind::lamb:
+      return std::make_unique<optim::Lamb>(
+          n, optim::LambConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
+    case OptimizerKind::adafactor:
+      return std::make_unique<optim::Adafactor>(n, params, optim::AdafactorConfig{(float)cfg.weight_decay});
+    case OptimizerKind::adamw:
+      break;
+  }
   return std::make_unique<optim::AdamW>(
       n, optim::AdamWConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
 }
@@ -98,7 +109,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
-  opt = make_optimizer(cfg, state_size);
+  opt = make_optimizer(cfg, state_size, params);
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);

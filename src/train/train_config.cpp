@@ -146,6 +146,11 @@ bool asynchronous(const TrainConfig& c) { return c.async != AsyncMode::off; }
 std::string compress_flag(const TrainConfig& c) { return "--compress " + c.compress.str(); }
 std::string local_flag(const TrainConfig& c) { return str("--local-sgd ", c.local_sgd); }
 std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(c.async)); }
+// Optimizers with a whole-tensor statistics phase (optim/optimizer.h), run by the exact exchange's store.
+bool whole_tensor_optimizer(const TrainConfig& c) {
+  return c.optimizer == OptimizerKind::lamb || c.optimizer == OptimizerKind::adafactor;
+}
+std::string optimizer_flag(const TrainConfig& c) { return str("--optimizer ", flag_name(c.optimizer)); }
 
 const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
@@ -186,6 +191,15 @@ const RefusedCombination kRefused[] = {
      "an MoE layer's experts are reduced over a group of their own (the expert data-parallel group of --ep), "
      "which these methods, moving one flat replica over dp, do not know; an MoE model trains with synchronous "
      "data parallelism"},
+    {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && (compressing(c) || local_sgd(c)); },
+     [](const TrainConfig& c) { return optimizer_flag(c) + " with " + (compressing(c) ? compress_flag(c) : local_flag(c)); },
+     "LAMB's trust ratio and Adafactor's factored moments are per-tensor statistics of the exact reduced gradient "
+     "(the same under every layout); with a compressed exchange or Local SGD's local steps they would be taken "
+     "from other gradients, a combination neither built for nor tested; use --optimizer adamw or sgd with it"},
+    {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && asynchronous(c); },
+     [](const TrainConfig& c) { return optimizer_flag(c) + " with " + async_flag(c); },
+     "a parameter server steps each slice of the flat buffer on its own, so a tensor that straddles two servers "
+     "has no whole-tensor statistics phase (and --async hogwild runs SGD); use --optimizer adamw or sgd"},
 };
 
 void check_refused(const TrainConfig& c) {
