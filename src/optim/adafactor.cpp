@@ -44,7 +44,7 @@ Adafactor::Adafactor(size_t n, const nn::ParamRegistry& params, const AdafactorC
     }
     mat_.push_back(std::move(m));
   }
-  clip_.assign(mat_.size(), 1.0);
+  sum_u2_.assign(mat_.size(), 0.0);
 }
 
 double Adafactor::beta2_at(int64_t step) { return 1.0 - std::pow((double)step + 1.0, -0.8); }
@@ -124,8 +124,7 @@ void Adafactor::set_tensor_sums(int round, TensorSums sums) {
   }
   for (size_t t = 0; t < mat_.size(); t++) {
     MT_ASSERT(sums.count((int)t) == 1, "Adafactor: round 1 wants one sum per tensor");
-    // The whole tensor's element count from the registry's shapes: rows x cols, or the vector's length.
-    clip_[t] = sums.of((int)t)[0];  // sum U^2; divided by the count in step()
+    sum_u2_[t] = sums.of((int)t)[0];  // RMS(U) = sqrt(sum / whole tensor's element count), in step()
   }
 }
 
@@ -147,7 +146,7 @@ void Adafactor::step(float* params, const float* grads, const std::vector<Segmen
     const Matrix& m = mat_[s.tensor];
     int64_t numel = 1;
     for (int64_t d : s.param_of->full_shape) numel *= d;
-    const double clip = std::max(1.0, std::sqrt(clip_[s.tensor] / (double)numel));
+    const double clip = std::max(1.0, std::sqrt(sum_u2_[s.tensor] / (double)numel));  // max(1, RMS(U))
     const float wd = s.decay ? cfg_.weight_decay : 0.0f;
     float* p = params + s.param;
     const float* g = grads + s.grad;

@@ -58,7 +58,7 @@ class Adafactor : public Optimizer {
   AdafactorConfig cfg_;
   size_t v_;
   std::vector<Matrix> mat_;    // by registry index
-  std::vector<double> clip_;   // by registry index: max(1, RMS(U)) of this step (round 1)
+  std::vector<double> sum_u2_;  // by registry index: this step's sum of U^2 over the whole tensor (round 1)
   int64_t step_ = -1;          // the step the rounds were run for
   int rounds_ = 0;             // rounds run for it
 };

@@ -122,6 +122,30 @@ def compare(tag: str, got, got_w, want, want_w, checks: dpc.Tally, k_tol: float)
     return wl, wg, dw
 
 
+def check_factored_file(path: str, checks: dpc.Tally) -> None:
+    """Adafactor's checkpoint holds R and C of every matrix once, named and shaped as declared
+    (adafactor.row/NAME [rows], adafactor.col/NAME [cols]), all positive (eps1 keeps them so)."""
+    try:
+        tensors, _ = ref.read_safetensors(path)
+    except (ref.FormatError, OSError, ValueError) as e:
+        checks.check(False, f"adafactor checkpoint {path}: {e}")
+        return
+    problems = []
+    for n, shape in ref.param_shapes(CFG):
+        for kind, want in (("row", shape[:1]), ("col", shape[1:])):
+            key = f"adafactor.{kind}/{n}"
+            if len(shape) != 2:
+                if key in tensors:
+                    problems.append(f"{key} for a vector")
+            elif key not in tensors:
+                problems.append(f"{key} missing")
+            elif tuple(tensors[key].shape) != tuple(want) or not (tensors[key] > 0).all():
+                problems.append(f"{key}: shape {list(tensors[key].shape)} (want {list(want)}), min {tensors[key].min()}")
+    checks.check(not problems, f"adafactor checkpoint {path}: " + "; ".join(problems[:4]))
+    print(f"adafactor checkpoint: R and C of {sum(len(s) == 2 for _, s in ref.param_shapes(CFG))} matrices, "
+          f"{len(problems)} problems")
+
+
 def main() -> None:
     args = parse_args(__doc__)
     checks = dpc.Tally("test_optim_layouts")
@@ -152,6 +176,8 @@ def main() -> None:
                               save=False, end=SAVE_AT)
             if saved is None:
                 continue
+            if name == "adafactor" and src == "single":
+                check_factored_file(os.path.join(ck, f"step_{SAVE_AT:08d}", "optimizer.safetensors"), checks)
             tag = f"{name}_resume_{src}_to_{dst}"
             got, got_w = lr.run(tag, opt + dst_flags + ["--resume", ck], first=SAVE_AT)
             if got is None:
