@@ -9,20 +9,30 @@ namespace mt::optim {
 
 namespace {
 
-// Element i of a piece: its (row, column) in the full tensor of `cols` columns.
-inline void row_col(const Segment& s, size_t i, int64_t cols, int64_t& row, int64_t& col) {
-  const size_t local = s.offset + i;
-  const int64_t full = s.param_of && s.param_of->shard.axis >= 0 ? s.param_of->full_index(local) : (int64_t)local;
-  row = full / cols;
-  col = full % cols;
+// Calls f(i, row, col) for each element i of a piece, (row, col) its place in the full tensor of `cols`
+// columns: walked without a division per element for a tensor held whole, through Param::full_index for a
+// tensor-parallel shard.
+template <class F>
+inline void for_each_rc(const Segment& s, int64_t cols, F&& f) {
+  if (s.param_of && s.param_of->shard.axis >= 0) {
+    for (size_t i = 0; i < s.count; i++) {
+      const int64_t full = s.param_of->full_index(s.offset + i);
+      f(i, full / cols, full % cols);
+    }
+    return;
+  }
+  int64_t r = (int64_t)s.offset / cols, c = (int64_t)s.offset % cols;
+  for (size_t i = 0; i < s.count; i++) {
+    f(i, r, c);
+    if (++c == cols) c = 0, r++;
+  }
 }
 
 inline float scaled(float g, float gs) { return __builtin_assoc_barrier(g * gs); }  // as a scaling pass rounds
 
-// U of a matrix element from the new R_row, C_col and mean(R).
-inline double u_matrix(float g, float r, float c, double mean_r) {
-  return (double)g / std::sqrt((double)r * (double)c / mean_r);
-}
+// U of a matrix element: g / sqrt(R_row C_col / mean(R)) = g sqrt(mean(R) / R_row) / sqrt(C_col), the two
+// factors formed once per row and column (Matrix::rinv, cinv).
+inline double u_matrix(float g, double rinv, double cinv) { return (double)g * rinv * cinv; }
 
 // The new V of a vector element (float32 state) and U from it.
 inline float v_vector(float g, float v, double b2) { return (float)(b2 * v + (1.0 - b2) * ((double)g * g + kAdafactorEps1)); }
@@ -64,14 +74,12 @@ PieceSums Adafactor::piece_sums(int round, int64_t step) {
       const Matrix& m = mat_[s.tensor];
       double* rows = out;
       double* cols = out + m.rows;
-      for (size_t i = 0; i < s.count; i++) {
-        int64_t r, c;
-        row_col(s, i, m.cols, r, c);
+      for_each_rc(s, m.cols, [&](size_t i, int64_t r, int64_t c) {
         const float gi = scaled(g[i], gs);
         const double q = (double)gi * gi;
         rows[r] += q;
         cols[c] += q;
-      }
+      });
     };
   const float* v = state_.data(v_);
   const double b2 = beta2_at(step);
@@ -79,12 +87,10 @@ PieceSums Adafactor::piece_sums(int round, int64_t step) {
     const Matrix& m = mat_[s.tensor];
     double uu = 0;
     if (m.rows > 0) {
-      for (size_t i = 0; i < s.count; i++) {
-        int64_t r, c;
-        row_col(s, i, m.cols, r, c);
-        const double u = u_matrix(scaled(g[i], gs), m.r[r], m.c[c], m.mean_r);
+      for_each_rc(s, m.cols, [&](size_t i, int64_t r, int64_t c) {
+        const double u = u_matrix(scaled(g[i], gs), m.rinv[r], m.cinv[c]);
         uu += u * u;
-      }
+      });
     } else {
       const float* vs = v + s.state;
       for (size_t i = 0; i < s.count; i++) {
@@ -119,6 +125,10 @@ void Adafactor::set_tensor_sums(int round, TensorSums sums) {
       for (int64_t j = 0; j < m.cols; j++)
         m.c[j] = (float)(b2 * c0[j] + (1.0 - b2) * (sq[m.rows + j] / (double)m.rows + kAdafactorEps1));
       m.mean_r = total / (double)m.rows;
+      m.rinv.resize(m.rows);
+      m.cinv.resize(m.cols);
+      for (int64_t i = 0; i < m.rows; i++) m.rinv[i] = std::sqrt(m.mean_r / (double)m.r[i]);
+      for (int64_t j = 0; j < m.cols; j++) m.cinv[j] = 1.0 / std::sqrt((double)m.c[j]);
     }
     return;
   }
@@ -151,12 +161,10 @@ void Adafactor::step(float* params, const float* grads, const std::vector<Segmen
     float* p = params + s.param;
     const float* g = grads + s.grad;
     if (m.rows > 0) {
-      for (size_t i = 0; i < s.count; i++) {
-        int64_t r, c;
-        row_col(s, i, m.cols, r, c);
-        const float u = (float)(u_matrix(scaled(g[i], gs), m.r[r], m.c[c], m.mean_r) / clip);
+      for_each_rc(s, m.cols, [&](size_t i, int64_t r, int64_t c) {
+        const float u = (float)(u_matrix(scaled(g[i], gs), m.rinv[r], m.cinv[c]) / clip);
         p[i] -= lr * (u + wd * p[i]);
-      }
+      });
     } else {
       float* vs = v + s.state;
       for (size_t i = 0; i < s.count; i++) {

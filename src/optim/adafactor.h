@@ -13,8 +13,9 @@
 // and per column of each matrix (rows + cols sums, in full-tensor coordinates, so tp shards and ZeRO pieces
 // add up), from which every rank holding any part of the tensor forms the same new R and C; round 1 sums U^2
 // per tensor for RMS(U). step() stores R and C (for every matrix of the registry, also those of which this
-// rank owns no piece under ZeRO) and updates the pieces. R, C and V are float32 state; V of a matrix element
-// is formed in double from them (R C / mean(R) can reach 1e-32 and below, under float32's normal range).
+// rank owns no piece under ZeRO) and updates the pieces. R, C and V are float32 state; a matrix element's
+// 1 / sqrt(V) is formed in double as sqrt(mean(R) / R_row) / sqrt(C_col), one factor per row and column (V
+// itself can reach 1e-32 and below, under float32's normal range).
 // Memory: R and C cost rows + cols floats per matrix; the flat V spans every element (matrices' entries
 // unused) so that ZeRO shards and checkpoints it like any flat state: 1 float per parameter, AdamW's 2.
 #pragma once
@@ -54,6 +55,7 @@ class Adafactor : public Optimizer {
     size_t row = 0, col = 0;     // factored state buffers
     std::vector<float> r, c;     // this step's new R and C (round 0), stored by step()
     double mean_r = 0;           // mean of the new R
+    std::vector<double> rinv, cinv;  // sqrt(mean(R) / R_i), 1 / sqrt(C_j) of the new R and C
   };
   AdafactorConfig cfg_;
   size_t v_;
