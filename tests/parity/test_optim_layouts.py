@@ -22,7 +22,8 @@ For each optimizer:
      tolerances keep a 7x (weights) to 50x margin. Layouts: dp 2 with ZeRO 0, 1, 2, 3 (ZeRO's pieces cut
      tensors: the norms and row/column sums are summed over dp), ZeRO 1 with 10 KB buckets (the shard
      boundaries cut many tensors), tp 2 (split tensors: summed over tp, row/column indices in full-tensor
-     coordinates), pp 2 (the tied embedding on both stages), dp 2 x tp 2 with ZeRO 1.
+     coordinates), pp 2 (the tied embedding on both stages), dp 2 x tp 2 with ZeRO 1, dp 2 ZeRO 2 with
+     micro-batches of 3, dp 2 x pp 2 with ZeRO 2 (the pipeline executor calling the store's hooks).
   3. resume: a single-process checkpoint at step 8 resumed in a single process continues bit for bit (every
      later loss and grad_norm equal, final weights equal: Adam-style moments, or Adafactor's factored R and C
      and its flat V, all restored); one written under dp 2 ZeRO 3 resumes under dp 2 x tp 2 and continues the
@@ -55,7 +56,9 @@ LAYOUTS = [("dp2_zero0", ["--nproc", 2, "--zero", 0]), ("dp2_zero1", ["--nproc",
            ("dp2_zero2", ["--nproc", 2, "--zero", 2]), ("dp2_zero3", ["--nproc", 2, "--zero", 3]),
            ("dp2_zero1_10kB", ["--nproc", 2, "--zero", 1, "--bucket-mb", 0.01]),
            ("tp2", ["--nproc", 2, "--tp", 2]), ("pp2", ["--nproc", 2, "--pp", 2]),
-           ("dp2_tp2_zero1", ["--nproc", 4, "--tp", 2, "--zero", 1])]
+           ("dp2_tp2_zero1", ["--nproc", 4, "--tp", 2, "--zero", 1]),
+           ("dp2_zero2_micro", ["--nproc", 2, "--zero", 2, "--micro-batch-size", 3]),
+           ("dp2_pp2_zero2", ["--nproc", 4, "--pp", 2, "--zero", 2])]
 HP = {"lamb": dataclasses.replace(dpc.HP, lr=2e-2, min_lr=2e-3),
       "adafactor": dataclasses.replace(dpc.HP, lr=3e-3, min_lr=3e-4)}
 MAKE = {"lamb": lambda p, hp: oref.Lamb(p, hp.beta1, hp.beta2, hp.eps, hp.weight_decay),
