@@ -57,7 +57,10 @@ void add_model_flags(CLI::App* s, train::TrainConfig& c) {
 // Steps, optimizer and learning-rate schedule.
 void add_optimizer_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--steps", c.steps, "optimizer steps (total, also when resuming)")->capture_default_str();
-  add_enum_option(s, "--optimizer", c.optimizer, "adamw | sgd (with momentum)", true);
+  add_enum_option(s, "--optimizer", c.optimizer,
+                  "adamw | sgd (with momentum) | lamb (AdamW's moments, per-tensor trust ratio) | adafactor "
+                  "(factored second moments, no momentum; uses --lr and --weight-decay only)",
+                  true);
   s->add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
   // A negative value is refused here: the config keeps -1 as "not given" (lr / 10).
   s->add_option_function<double>(
@@ -68,9 +71,9 @@ void add_optimizer_flags(CLI::App* s, train::TrainConfig& c) {
       },
       "final learning rate of the cosine decay (default lr/10)");
   s->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
-  s->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
-  s->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
-  s->add_option("--eps", c.eps, "AdamW epsilon")->capture_default_str();
+  s->add_option("--beta1", c.beta1, "AdamW and LAMB beta1")->capture_default_str();
+  s->add_option("--beta2", c.beta2, "AdamW and LAMB beta2")->capture_default_str();
+  s->add_option("--eps", c.eps, "AdamW and LAMB epsilon")->capture_default_str();
   s->add_option("--weight-decay", c.weight_decay, "decoupled weight decay on tensors with >= 2 dims")
       ->capture_default_str();
   s->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();

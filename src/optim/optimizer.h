@@ -32,9 +32,17 @@ struct Segment {
   const nn::Param* param_of = nullptr;  // the tensor: full and local shape, shard (null for hand-made pieces)
 };
 
-// A piece's part of k per-tensor sums (the statistics phase): adds to out[0, k) from the piece's parameters
-// p[0, s.count) and reduced gradients g[0, s.count).
+// A piece's part of one round of per-tensor sums (the statistics phase): adds to out[0, n), n the round's
+// count for the piece's tensor, from the piece's parameters p[0, s.count) and reduced gradients g[0, s.count).
 using PieceSums = std::function<void(const Segment& s, const float* p, const float* g, double* out)>;
+
+// One round's whole-tensor sums: tensor t's (registry index) at sums[first[t], first[t + 1]).
+struct TensorSums {
+  std::vector<size_t> first;  // size T + 1
+  std::vector<double> sums;
+  const double* of(int t) const { return sums.data() + first[(size_t)t]; }
+  size_t count(int t) const { return first[(size_t)t + 1] - first[(size_t)t]; }
+};
 
 // One segment per registered tensor, in registry order (all offsets the flat offset).
 std::vector<Segment> segments_of(const nn::ParamRegistry& params);
@@ -55,18 +63,22 @@ class Optimizer {
   // read-modify-write pass over the gradients fewer. Applies to one step, then resets to 1.
   void scale_next_grads(float factor) { grad_scale_ = factor; }
 
-  // ---- The optional statistics phase (LAMB's per-tensor norms, Adafactor's row and column sums): an
-  // optimizer that needs k whole-tensor sums says so here; the parameter store sums every piece it owns with
-  // piece_sums, reduces them over the groups that split each tensor (dp under ZeRO, tp for tensors split
-  // there) and hands them over with set_tensor_sums before step(). None by default. ----
-  virtual int tensor_sums() const { return 0; }
-  virtual PieceSums piece_sums() const { return {}; }
-  // sums[t * k + j]: statistic j of registry tensor t, whole over every rank holding part of it.
-  void set_tensor_sums(std::vector<double> sums) { tensor_sums_ = std::move(sums); }
+  // ---- The optional statistics phase (LAMB's per-tensor norms, Adafactor's row and column sums and then the
+  // RMS of its update): before step(), for round j = 0 .. stat_rounds() - 1, the parameter store asks
+  // stat_count(j, p) sums of each registry tensor p, adds up every piece it owns with piece_sums(j, step),
+  // reduces them over the groups that split each tensor (dp under ZeRO, tp for tensors split there) and hands
+  // the whole sums to set_tensor_sums(j, ...). A later round's pieces may read what earlier rounds were handed
+  // (Adafactor's second round needs the new row and column moments). piece_sums reads the state and the
+  // pending gradient scale as step() will; only step() changes parameters and state. A tensor asked for no
+  // sums in a round takes no room in it. None by default. ----
+  virtual int stat_rounds() const { return 0; }
+  virtual size_t stat_count(int /*round*/, const nn::Param& /*p*/) const { return 0; }
+  virtual PieceSums piece_sums(int /*round*/, int64_t /*step*/) { return {}; }
+  virtual void set_tensor_sums(int /*round*/, TensorSums sums) { tensor_sums_ = std::move(sums); }
 
  protected:
   float grad_scale_ = 1.0f;
-  std::vector<double> tensor_sums_;
+  TensorSums tensor_sums_;  // the last round's, as set_tensor_sums keeps it by default
   StateStore state_;
 };
 

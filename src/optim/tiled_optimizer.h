@@ -23,8 +23,10 @@ class TiledOptimizer final : public Optimizer {
             int64_t step) override;
   StateStore& state() override { return inner_->state(); }
   const StateStore& state() const override { return inner_->state(); }
-  int tensor_sums() const override { return inner_->tensor_sums(); }
-  PieceSums piece_sums() const override { return inner_->piece_sums(); }
+  int stat_rounds() const override { return inner_->stat_rounds(); }
+  size_t stat_count(int round, const nn::Param& p) const override { return inner_->stat_count(round, p); }
+  PieceSums piece_sums(int round, int64_t step) override { return inner_->piece_sums(round, step); }
+  void set_tensor_sums(int round, TensorSums sums) override { inner_->set_tensor_sums(round, std::move(sums)); }
 
   // The pieces of `segments` that fall in state elements [lo, hi), state offsets made relative to lo.
   static void cut(const std::vector<Segment>& segments, size_t lo, size_t hi, std::vector<Segment>& out);

@@ -182,7 +182,7 @@ TrainSummary run_hogwild(const TrainConfig& cfg) {
     x.engine = std::make_unique<parallel::DataParallel>(x.task->params(), nullptr, parallel::DataParallelOptions{});
     x.engine->initialize([&](nn::Param& p) { x.task->init_param(p); });
     x.task->prepare();
-    x.opt = make_optimizer(cfg, x.task->params().size());  // SGD (check_async): its state is the momentum
+    x.opt = make_optimizer(cfg, x.task->params().size(), x.task->params());  // SGD (check_async): its state is the momentum
     sh.workers.push_back(std::move(x));
   }
   TrainTask& task0 = *sh.workers[0].task;

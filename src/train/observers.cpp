@@ -102,11 +102,12 @@ nlohmann::json Checkpointer::run_identity() const {
                       {"delayed_update", delay_one(c)}};  // the delay-1 rule, by either flag
   if (c.model == ModelKind::gpt) j["seq_len"] = c.seq_len;
   if (c.model == ModelKind::mlp && c.val_data.empty()) j["val_fraction"] = c.val_fraction;  // splits --data
-  if (c.optimizer != OptimizerKind::sgd) {
+  if (c.optimizer == OptimizerKind::adamw || c.optimizer == OptimizerKind::lamb ||
+      c.optimizer == OptimizerKind::onebit_adam) {
     j["beta1"] = c.beta1;
     j["beta2"] = c.beta2;
     j["eps"] = c.eps;
-  } else {
+  } else if (c.optimizer == OptimizerKind::sgd) {
     j["momentum"] = c.momentum;
   }
   if (c.optimizer == OptimizerKind::onebit_adam) j["freeze_step"] = c.freeze_step;

@@ -8,6 +8,8 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "optim/adafactor.h"
+#include "optim/lamb.h"
 #include "optim/onebit_adam.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
@@ -40,13 +42,22 @@ void Straggler::pause(int me) const {
   if (me == rank) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n) {
-  if (cfg.optimizer == OptimizerKind::sgd)  // --dgc: the momentum is applied in the exchange (dgc.h)
-    return std::make_unique<optim::Sgd>(
-        n, optim::SgdConfig{cfg.dgc ? 0.0f : (float)cfg.momentum, (float)cfg.weight_decay});
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n, const nn::ParamRegistry& params) {
   const optim::AdamWConfig adam{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay};
-  if (cfg.optimizer == OptimizerKind::onebit_adam)
-    return std::make_unique<optim::OnebitAdam>(n, optim::OnebitAdamConfig{adam, cfg.freeze_step});
+  switch (cfg.optimizer) {
+    case OptimizerKind::sgd:  // --dgc: the momentum is applied in the exchange (dgc.h)
+      return std::make_unique<optim::Sgd>(
+          n, optim::SgdConfig{cfg.dgc ? 0.0f : (float)cfg.momentum, (float)cfg.weight_decay});
+    case OptimizerKind::lamb:
+      return std::make_unique<optim::Lamb>(
+          n, optim::LambConfig{(float)cfg.beta1, (float)cfg.beta2, (float)cfg.eps, (float)cfg.weight_decay});
+    case OptimizerKind::adafactor:
+      return std::make_unique<optim::Adafactor>(n, params, optim::AdafactorConfig{(float)cfg.weight_decay});
+    case OptimizerKind::onebit_adam:
+      return std::make_unique<optim::OnebitAdam>(n, optim::OnebitAdamConfig{adam, cfg.freeze_step});
+    case OptimizerKind::adamw:
+      break;
+  }
   return std::make_unique<optim::AdamW>(n, adam);
 }
 
@@ -106,7 +117,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
-  opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size), tracer.enabled());
+  opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size, params), tracer.enabled());
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);

@@ -34,7 +34,8 @@
 
 namespace mt::train {
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n);
+// n: this rank's flat state size; params: the registry the store's pieces index (Adafactor's factored state).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t n, const nn::ParamRegistry& params);
 optim::LrSchedule lr_schedule(const TrainConfig& cfg);
 
 // Wall time of the timed steps (every step after the first of this process: the first allocates).

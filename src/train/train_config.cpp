@@ -152,6 +152,11 @@ std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(
 bool async_schedule(const TrainConfig& c) {
   return c.pp > 1 && !c.schedule.empty() && pipeline::find_schedule(c.schedule).weight_versions() > 1;
 }
+// Optimizers with a whole-tensor statistics phase (optim/optimizer.h), run by the exact exchange's store.
+bool whole_tensor_optimizer(const TrainConfig& c) {
+  return c.optimizer == OptimizerKind::lamb || c.optimizer == OptimizerKind::adafactor;
+}
+std::string optimizer_flag(const TrainConfig& c) { return str("--optimizer ", flag_name(c.optimizer)); }
 
 const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
@@ -257,6 +262,19 @@ const RefusedCombination kRefused[] = {
      "zb-v's V puts the first and the last stage on pipeline rank 0, so the tied wte is one tensor there whose "
      "gradient both ends add to, while ZeRO 2 and 3 reduce a group's gradient as soon as its first-stage uses "
      "are over (the store's hooks know one owner stage per group); use --zero 0 or 1, or --schedule zb-h1"},
+    {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && (compressing(c) || local_sgd(c)); },
+     [](const TrainConfig& c) { return optimizer_flag(c) + " with " + (compressing(c) ? compress_flag(c) : local_flag(c)); },
+     "LAMB's trust ratio and Adafactor's factored moments are per-tensor statistics of the exact reduced gradient "
+     "(the same under every layout); with a compressed exchange or Local SGD's local steps they would be taken "
+     "from other gradients, a combination neither built for nor tested; use --optimizer adamw or sgd with it"},
+    {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && c.offload.optimizer; },
+     [](const TrainConfig& c) { return optimizer_flag(c) + " with --offload optimizer"; },
+     "the statistics phase reads the optimizer state of every tensor before the update, while --offload-dir's "
+     "tiled update brings the state in only tile by tile during it; use --optimizer adamw or sgd with offload"},
+    {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && asynchronous(c); },
+     [](const TrainConfig& c) { return optimizer_flag(c) + " with " + async_flag(c); },
+     "a parameter server steps each slice of the flat buffer on its own, so a tensor that straddles two servers "
+     "has no whole-tensor statistics phase (and --async hogwild runs SGD); use --optimizer adamw or sgd"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -30,7 +30,7 @@ struct Straggler {
 constexpr int kMaxThreads = 1024;
 
 enum class ModelKind { gpt, mlp };
-enum class OptimizerKind { adamw, sgd, onebit_adam };
+enum class OptimizerKind { adamw, sgd, lamb, adafactor, onebit_adam };
 enum class AsyncMode { off, ps, hogwild };
 enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
 enum class GradCommDtype { f32, bf16 };
@@ -40,8 +40,11 @@ struct FlagValue {
   const char* name;
   E value;
 };
-inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {
-    {"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}, {"onebit-adam", OptimizerKind::onebit_adam}};
+inline constexpr FlagValue<OptimizerKind> kOptimizerValues[] = {{"adamw", OptimizerKind::adamw},
+                                                                 {"sgd", OptimizerKind::sgd},
+                                                                 {"lamb", OptimizerKind::lamb},
+                                                                 {"adafactor", OptimizerKind::adafactor},
+                                                                 {"onebit-adam", OptimizerKind::onebit_adam}};
 inline constexpr FlagValue<AsyncMode> kAsyncValues[] = {{"ps", AsyncMode::ps}, {"hogwild", AsyncMode::hogwild}};
 inline constexpr FlagValue<BackendKind> kBackendValues[] = {
     {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};

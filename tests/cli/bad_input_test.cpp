@@ -216,7 +216,7 @@ TEST_F(BadInput, UnknownModel) {
 TEST_F(BadInput, ModeFlagsNameTheirChoices) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> flags = {
       {"--model", {"gpt", "mlp"}},
-      {"--optimizer", {"adamw", "sgd"}},
+      {"--optimizer", {"adamw", "sgd", "lamb", "adafactor"}},
       {"--async", {"ps", "hogwild"}},
       {"--schedule", {"gpipe", "1f1b", "interleaved"}},
       {"--backend", {"auto", "shm", "mpi"}},

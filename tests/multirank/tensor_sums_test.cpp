@@ -2,7 +2,7 @@
 // forked ranks, per-tensor sums over a tensor split by ZeRO 1-3 over 2 data-parallel ranks (tiny buckets, so
 // shards cut through tensors) and by tp 2 equal the whole tensor's; a tensor every tp rank holds whole is not
 // summed over tp. Values are small integers, so float32 sums are exact. Also: an optimizer that asks for
-// sums receives them before its step.
+// sums receives them, round by round, before its step (a tensor asked for none takes no room).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -68,17 +68,25 @@ TEST(TensorSums, ZeroShardsAddUpToTheWholeTensor) {
   }
 }
 
-// An optimizer asking for one sum per tensor (the squared gradient norm) and recording what it got.
+// An optimizer asking, in two rounds, for the squared gradient norm of every tensor and then for the
+// gradient sum of the 2-dim ones only (none of the others), recording what it got.
 class Probe : public mt::optim::Sgd {
  public:
   Probe(size_t n) : Sgd(n, {}) {}
-  int tensor_sums() const override { return 1; }
-  mt::optim::PieceSums piece_sums() const override {
-    return [](const Segment& s, const float*, const float* g, double* out) {
-      for (size_t i = 0; i < s.count; i++) out[0] += (double)g[i] * g[i];
+  int stat_rounds() const override { return 2; }
+  size_t stat_count(int round, const mt::nn::Param& p) const override {
+    return round == 0 || p.full_shape.size() == 2 ? 1 : 0;
+  }
+  mt::optim::PieceSums piece_sums(int round, int64_t) override {
+    return [round](const Segment& s, const float*, const float* g, double* out) {
+      for (size_t i = 0; i < s.count; i++) out[0] += round == 0 ? (double)g[i] * g[i] : g[i];
     };
   }
-  std::vector<double> got() const { return tensor_sums_; }
+  void set_tensor_sums(int round, mt::optim::TensorSums sums) override { got_[round] = sums.sums; }
+  std::vector<double> got(int round) const { return got_[round]; }
+
+ private:
+  std::vector<double> got_[2];
 };
 
 TEST(TensorSums, TpSplitTensorsSumOverTpAndTheOptimizerGetsThem) {
@@ -99,7 +107,8 @@ TEST(TensorSums, TpSplitTensorsSumOverTpAndTheOptimizerGetsThem) {
         MT_REQUIRE(mt::Error, s[3] == 14 && s[4] == 6 && s[5] == 6, "whole: ", s[3], " ", s[4], " ", s[5]);
         Probe opt(dp.state_size());
         dp.update(opt, 0.0f, 0);
-        MT_REQUIRE(mt::Error, opt.got() == std::vector<double>({204, 14}), "the optimizer got other sums");
+        MT_REQUIRE(mt::Error, opt.got(0) == std::vector<double>({204, 14}), "round 0: the optimizer got other sums");
+        MT_REQUIRE(mt::Error, opt.got(1) == std::vector<double>({36}), "round 1: the optimizer got other sums");
       },
       30);
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;

@@ -119,13 +119,15 @@ def write_inputs(workdir: str) -> Tuple[str, str, Dict[str, np.ndarray]]:
     return init_path, data_path, init
 
 
-def train_cmd(meshtrain: str, init_path: str, data_path: str, steps: int, extra: Sequence) -> List[str]:
-    """The single-process command line of the problem above plus `extra` (layout and output flags)."""
+def train_cmd(meshtrain: str, init_path: str, data_path: str, steps: int, extra: Sequence,
+              hp: ref.HParams = HP) -> List[str]:
+    """The single-process command line of the problem above (hyperparameters hp) plus `extra` (layout and
+    output flags)."""
     return [meshtrain, "train", "--model", "gpt", "--init", init_path, "--data", data_path,
-            "--batch-size", B, "--seq-len", T, "--steps", steps, "--lr", repr(HP.lr),
-            "--min-lr", repr(HP.min_lr), "--warmup-steps", HP.warmup_steps, "--beta1", repr(HP.beta1),
-            "--beta2", repr(HP.beta2), "--eps", repr(HP.eps), "--weight-decay", repr(HP.weight_decay),
-            "--grad-clip", repr(HP.grad_clip), "--seed", 1234, "--threads", 1, "--quiet", *extra]
+            "--batch-size", B, "--seq-len", T, "--steps", steps, "--lr", repr(hp.lr),
+            "--min-lr", repr(hp.min_lr), "--warmup-steps", hp.warmup_steps, "--beta1", repr(hp.beta1),
+            "--beta2", repr(hp.beta2), "--eps", repr(hp.eps), "--weight-decay", repr(hp.weight_decay),
+            "--grad-clip", repr(hp.grad_clip), "--seed", 1234, "--threads", 1, "--quiet", *extra]
 
 
 def run_group(cmd: Sequence, timeout: float, log_prefix: str) -> Run:
@@ -291,12 +293,14 @@ def names_flag_values(text: str, values: Dict[str, int]) -> List[str]:
 
 class LayoutRunner:
     """A problem of another model shape (cfg) for the layout-equality tests: writes its init and shard into
-    workdir, then run(tag, extra) trains `steps` steps with the standard flags plus `extra` and returns
-    (records of steps first..end-1, saved weights or None), or (None, None) after recording a failure."""
+    workdir, then run(tag, extra) trains `steps` steps with the standard flags (hyperparameters hp) plus
+    `extra` and returns (records of steps first..end-1, saved weights or None), or (None, None) after
+    recording a failure."""
 
-    def __init__(self, args, checks: Checks, cfg, seed_init: int, seed_data: int, steps: int):
+    def __init__(self, args, checks: Checks, cfg, seed_init: int, seed_data: int, steps: int,
+                 hp: ref.HParams = HP):
         from test_gpt_parity import INIT_STD, markov_tokens
-        self.args, self.checks, self.cfg, self.steps = args, checks, cfg, steps
+        self.args, self.checks, self.cfg, self.steps, self.hp = args, checks, cfg, steps, hp
         self.init_path = os.path.join(args.workdir, "init.safetensors")
         self.data_path = os.path.join(args.workdir, "data.bin")
         ref.write_safetensors(self.init_path, ref.random_init(cfg, seed_init, std_by_suffix=INIT_STD), cfg.metadata())
@@ -311,7 +315,7 @@ class LayoutRunner:
         remove_stale(*files)
         cmd = train_cmd(self.args.meshtrain, self.init_path, self.data_path, self.steps,
                         list(extra) + ["--metrics", self.out(tag, "jsonl")]
-                        + (["--save", self.out(tag, "safetensors")] if save else []))
+                        + (["--save", self.out(tag, "safetensors")] if save else []), self.hp)
         r = run_group(cmd, 300, self.out(tag, "log"))
         if not self.checks.check(r.returncode == 0, failure_text(r, tag)):
             return None, None

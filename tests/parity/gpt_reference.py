@@ -439,29 +439,32 @@ class AdamW:
 # The conformance run.
 
 def train(init_path: str, data_path: str, B: int, T: int, steps: int, hyperparams,
-          n_head: Optional[int] = None, dtype=torch.float32
+          n_head: Optional[int] = None, dtype=torch.float32, make_optimizer=None
           ) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray]]:
     """Trains from the init file for `steps` steps. Returns ([{step, loss, lr, grad_norm, clipped}] per
     step, {name: final float32 array}). loss is the step's batch loss before the update, grad_norm the
-    global norm before clipping, lr the rate used at that step."""
+    global norm before clipping, lr the rate used at that step. make_optimizer(params, hp) replaces AdamW
+    (an object with step(params, grads, t, lr), as AdamW's)."""
     hp = hyperparams if isinstance(hyperparams, HParams) else HParams(**hyperparams)
     cfg, params = load_model(init_path, n_head=n_head, dtype=dtype)
 
     def step_loss(p, x, y, s):
         loss = gpt_loss(p, x, y, cfg)
         return loss, {"loss": float(loss)}
-    return optimize(params, read_shard(data_path), B, T, steps, hp, step_loss)
+    return optimize(params, read_shard(data_path), B, T, steps, hp, step_loss, make_optimizer)
 
 
 def optimize(params: Dict[str, torch.Tensor], tokens: np.ndarray, B: int, T: int, steps: int, hp: HParams,
              step_loss: Callable[[Mapping[str, torch.Tensor], torch.Tensor, torch.Tensor, int],
-                                 Tuple[torch.Tensor, Dict[str, float]]]
-             ) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray]]:
+                                 Tuple[torch.Tensor, Dict[str, float]]],
+             make_optimizer=None) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray]]:
     """The conformance loop shared by every model: for s in 0..steps-1, the global batch of step s, the
     gradient of step_loss(params, x [B, T], y [B, T], s)[0] over all params, global-norm clipping, the LR
     schedule and AdamW (updates `params` in place). History rows are {step, **metrics, lr, grad_norm,
-    clipped} with the metrics step_loss returns beside its loss."""
-    opt = AdamW(params, hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
+    clipped} with the metrics step_loss returns beside its loss. make_optimizer(params, hp): another
+    optimizer than AdamW."""
+    opt = (make_optimizer(params, hp) if make_optimizer
+           else AdamW(params, hp.beta1, hp.beta2, hp.eps, hp.weight_decay))
     names = list(params)
     history = []
     for s in range(steps):

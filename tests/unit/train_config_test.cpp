@@ -157,3 +157,43 @@ TEST(TrainConfigDelayOne, RefusedCombinationsNameBothFlags) {
     EXPECT_EQ(error_of(dp, 2), "(no error)") << "--delayed-update --zero " << z;
   }
 }
+
+namespace {
+
+// --optimizer lamb | adafactor with a method that hands the optimizer other gradients than the exact reduced
+// one (--compress, --local-sgd) or steps slices of tensors (--async ps) is refused at config time, naming both
+// flags; the same runs with AdamW are accepted (the refusal is the optimizer's).
+TEST(TrainConfigOptimizer, WholeTensorOptimizersRefuseInexactExchanges) {
+  struct Case {
+    const char* method;
+    void (*set)(TrainConfig&);
+    int world;
+  };
+  const Case cases[] = {
+      {"--compress topk:0.01", [](TrainConfig& c) { c.compress = mt::compress::parse_compress_spec("topk:0.01"); }, 2},
+      {"--local-sgd 4", [](TrainConfig& c) { c.local_sgd = 4; }, 2},
+      {"--async ps", [](TrainConfig& c) { c.async = mt::train::AsyncMode::ps; }, 3},
+      {"--offload optimizer",
+       [](TrainConfig& c) {
+         c.offload.optimizer = true;
+         c.offload.dir = "/tmp";
+       },
+       1},
+  };
+  for (const Case& k : cases) {
+    for (auto opt : {mt::train::OptimizerKind::lamb, mt::train::OptimizerKind::adafactor}) {
+      TrainConfig c;
+      c.data = "unused.bin";
+      c.nproc = k.world;
+      k.set(c);
+      c.optimizer = opt;
+      const std::string e = error_of(c, k.world);
+      const std::string flag = std::string("--optimizer ") + mt::train::flag_name(opt);
+      EXPECT_NE(e.find(flag + " with " + k.method + " is not supported"), std::string::npos) << e;
+      c.optimizer = mt::train::OptimizerKind::adamw;
+      EXPECT_EQ(error_of(c, k.world), "(no error)") << k.method << " with AdamW";
+    }
+  }
+}
+
+}  // namespace

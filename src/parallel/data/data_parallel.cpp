@@ -105,7 +105,14 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
     stage_->release_params();
     versions_->before_update();
   }
-  if (const int k = opt.tensor_sums(); k > 0) opt.set_tensor_sums(tensor_sums(k, opt.piece_sums()));
+  const auto& all = b_.params.params();
+  for (int round = 0; round < opt.stat_rounds(); round++) {
+    optim::TensorSums ts;
+    ts.first.assign(all.size() + 1, 0);
+    for (size_t t = 0; t < all.size(); t++) ts.first[t + 1] = ts.first[t] + opt.stat_count(round, all[t]);
+    ts.sums = tensor_sums(ts.first, opt.piece_sums(round, step));
+    opt.set_tensor_sums(round, std::move(ts));
+  }
   stage_->update(opt, lr, step);
   // Once per step, after the update: every product of the next step reads it (with versions kept, begin_step
   // swaps in the version the step reads and refreshes it then).
@@ -113,23 +120,31 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
 }
 
 std::vector<double> DataParallel::tensor_sums(int k, const optim::PieceSums& fn) {
+  std::vector<size_t> first(b_.params.params().size() + 1);
+  for (size_t t = 0; t < first.size(); t++) first[t] = t * (size_t)k;
+  return tensor_sums(first, fn);
+}
+
+std::vector<double> DataParallel::tensor_sums(const std::vector<size_t>& first, const optim::PieceSums& fn) {
   const auto& all = b_.params.params();
   const size_t T = all.size();
-  std::vector<double> sums(T * k, 0.0);
+  MT_ASSERT(first.size() == T + 1, "tensor sums for ", first.size() - 1, " tensors, registry of ", T);
+  std::vector<double> sums(first[T], 0.0);
   const float *p = stage_->param_base(), *g = stage_->grad_base();
-  for (const optim::Segment& sg : stage_->segments()) fn(sg, p + sg.param, g + sg.grad, &sums[(size_t)sg.tensor * k]);
+  for (const optim::Segment& sg : stage_->segments())
+    if (first[sg.tensor + 1] > first[sg.tensor]) fn(sg, p + sg.param, g + sg.grad, &sums[first[sg.tensor]]);
   // Over the group that shards each tensor (a sharded stage's pieces tile it there), then over tp for the
   // tensors split there; one float32 all-reduce per group, the other tensors' entries zero in it.
   auto reduce = [&](comm::Communicator* c, const std::function<bool(const nn::Param&)>& over) {
-    if (!c || c->size() == 1) return;
-    std::vector<float> v(T * k, 0.0f);
+    if (!c || c->size() == 1 || first[T] == 0) return;
+    std::vector<float> v(first[T], 0.0f);
     for (size_t t = 0; t < T; t++)
       if (over(all[t]))
-        for (int j = 0; j < k; j++) v[t * k + j] = (float)sums[t * k + j];
+        for (size_t j = first[t]; j < first[t + 1]; j++) v[j] = (float)sums[j];
     c->all_reduce(v.data(), v.data(), v.size(), comm::DType::f32, comm::ReduceOp::sum);
     for (size_t t = 0; t < T; t++)
       if (over(all[t]))
-        for (int j = 0; j < k; j++) sums[t * k + j] = v[t * k + j];
+        for (size_t j = first[t]; j < first[t + 1]; j++) sums[j] = v[j];
   };
   if (stage_->sharded()) {
     reduce(b_.dp, [](const nn::Param& x) { return !x.expert; });

@@ -92,13 +92,15 @@ class DataParallel : public nn::ParamHooks {
   // falls on the parameters flagged (by registry index; e.g. those replicated across tensor-parallel peers).
   std::pair<double, double> grad_sq(const std::vector<bool>& flagged);
   void scale_grads(float factor);
-  // The optimizer's statistics phase (optimizer.h), when it asks for one, then its update.
+  // The optimizer's statistics phase (optimizer.h: its rounds, when it asks for some), then its update.
   void update(optim::Optimizer& opt, float lr, int64_t step);
   // Per-tensor sums (k per registry tensor, sums[t * k + j]) of fn over the pieces of the reduced gradient
   // and the parameters this rank owns, made whole: over the tensor's bucket group (dp, or the expert
   // replicas) when the stage shards them, and over tp for tensors split there (shard axis >= 0). Float32
   // reductions (~1e-7 relative, as grad_sq). Collective over those groups.
   std::vector<double> tensor_sums(int k, const optim::PieceSums& fn);
+  // The same with first[t] .. first[t + 1] the sums of tensor t (first: T + 1 offsets, as optim::TensorSums).
+  std::vector<double> tensor_sums(const std::vector<size_t>& first, const optim::PieceSums& fn);
   // The tensor-parallel group that splits tensors with a shard axis (null: none); for tensor_sums.
   void set_tensor_group(comm::Communicator* tp) { tp_ = tp; }
 
