@@ -61,7 +61,13 @@ std::byte* PieceCache::new_block() {
 void PieceCache::Writer::insert(std::string_view piece, uint64_t h, std::span<const int32_t> ids) {
   MT_ASSERT(piece.size() >= 2 && piece.size() <= kMaxBytes && !ids.empty() && ids.size() <= piece.size(),
             "PieceCache: cannot cache a piece of ", piece.size(), " bytes as ", ids.size(), " ids");
+  // Take one of the limit_ places first (and give it back if the piece turns out to be there already), so the
+  // table never holds more than limit_ entries however many threads insert at once: probes always end.
   if (cache_.size_.load(std::memory_order_relaxed) >= cache_.limit_) return;
+  if (cache_.size_.fetch_add(1, std::memory_order_relaxed) >= cache_.limit_) {
+    cache_.size_.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   const size_t need = (sizeof(Entry) + ids.size() * sizeof(int32_t) + piece.size() + 7) & ~size_t{7};
   if (need > left_) {
     block_ = cache_.new_block();
@@ -75,12 +81,13 @@ void PieceCache::Writer::insert(std::string_view piece, uint64_t h, std::span<co
     if (cache_.slots_[s].compare_exchange_strong(seen, e, std::memory_order_release, std::memory_order_acquire)) {
       block_ += need;  // published: the bytes now belong to the table
       left_ -= need;
-      cache_.size_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     // The slot holds another entry (seen): the same piece inserted by another thread, or a collision.
-    if (seen->hash == h && seen->len == piece.size() && std::memcmp(seen->bytes(), piece.data(), piece.size()) == 0)
+    if (seen->hash == h && seen->len == piece.size() && std::memcmp(seen->bytes(), piece.data(), piece.size()) == 0) {
+      cache_.size_.fetch_sub(1, std::memory_order_relaxed);
       return;  // ours stays unpublished; the next insert writes over it
+    }
   }
 }
 

@@ -64,6 +64,7 @@ class PieceCache {
     size_t left_ = 0;
   };
 
+  // Entries in the table (while inserts run, it may count ones about to be published or dropped).
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   size_t slots() const { return mask_ + 1; }
 
@@ -80,7 +81,7 @@ class PieceCache {
 
   std::unique_ptr<std::atomic<const Entry*>[]> slots_;
   size_t mask_;
-  size_t limit_;  // inserts stop at this many entries (half the slots)
+  size_t limit_;  // the table never holds more entries than this (half the slots)
   // Written by inserts: on a cache line of its own, away from the fields every lookup reads.
   alignas(64) std::atomic<size_t> size_{0};
   std::mutex blocks_mu_;  // guards blocks_ (a Writer takes a new block every kBlockBytes)
