@@ -269,8 +269,8 @@ std::vector<int32_t> encode_gpt2(const Gpt2Vocab& vocab, const std::vector<std::
     }
     return all;
   }
-  // Segments: documents cut into parts of about kWorkBytes (an empty document is one empty segment); units: runs of consecutive segments of at least
-  // kWorkBytes (the last may be shorter), first[u] .. first[u + 1].
+  // Segments: documents cut into parts of about kWorkBytes (an empty document is one empty segment); units:
+  // runs of consecutive segments of at least kWorkBytes (the last may be shorter), first[u] .. first[u + 1].
   std::vector<Segment> segs;
   for (size_t i = 0; i < docs.size(); ++i) {
     const std::vector<size_t> cuts = split_points(docs[i], std::max<size_t>(1, docs[i].size() / kWorkBytes));
