@@ -35,7 +35,6 @@ void TiledOptimizer::step(float* params, const float* grads, const std::vector<S
   const size_t n = st.size(flat[0]), T = tier.tile_elems();
   const float gs = grad_scale_;
   grad_scale_ = 1.0f;
-  if (!tensor_sums_.empty()) inner_->set_tensor_sums(tensor_sums_);
   auto close = [&] {
     for (size_t k : flat) st.set_window(k, nullptr);
   };
