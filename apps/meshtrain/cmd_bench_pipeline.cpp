@@ -110,8 +110,8 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed)\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps);
-  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s\n", "schedule", "m", "V", "measured", "simulated",
-              "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b");
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s\n", "schedule", "m", "V", "measured", "simulated",
+              "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2");
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
@@ -169,9 +169,13 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
           for (const pipeline::PipelineStats& r : rs) span_us = std::max(span_us, r.span_us);
           return span_us / 1e3 / (a.steps - 1);
         };
-        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f\n", name.c_str(), m, V,
-                    100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
-                    100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks));
+        // Last column: the simulation with each measured backward split in halves by assumption (split schedules).
+        char half[16] = "-";
+        if (b.simulated_half_split >= 0) std::snprintf(half, sizeof half, "%.1f%%", 100 * b.simulated_half_split);
+        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s\n", name.c_str(), m,
+                    V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
+                    100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks),
+                    half);
         if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
           for (int j = 0; j < p; j++)
             std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,

@@ -10,7 +10,7 @@ namespace {
 constexpr int kScalars = 7;  // span, forward, backward, latency, wait (ms), latency samples, lists
 }
 
-size_t packed_size(int virtual_stages) { return kScalars + 2 * (size_t)virtual_stages; }
+size_t packed_size(int virtual_stages) { return kScalars + 3 * (size_t)virtual_stages; }
 
 void pack(const pipeline::PipelineStats& st, int V, float* out) {
   out[0] = (float)(st.span_us / 1000.0);
@@ -23,6 +23,7 @@ void pack(const pipeline::PipelineStats& st, int V, float* out) {
   for (int c = 0; c < V; c++) {
     out[kScalars + c] = c < (int)st.chunk_forward_us.size() ? (float)(st.chunk_forward_us[c] / 1000.0) : 0.0f;
     out[kScalars + V + c] = c < (int)st.chunk_backward_us.size() ? (float)(st.chunk_backward_us[c] / 1000.0) : 0.0f;
+    out[kScalars + 2 * V + c] = c < (int)st.chunk_weight_us.size() ? (float)(st.chunk_weight_us[c] / 1000.0) : 0.0f;
   }
 }
 
@@ -38,6 +39,7 @@ pipeline::PipelineStats unpack(const float* in, int V) {
   for (int c = 0; c < V; c++) {
     st.chunk_forward_us.push_back(in[kScalars + c] * 1000.0);
     st.chunk_backward_us.push_back(in[kScalars + V + c] * 1000.0);
+    st.chunk_weight_us.push_back(in[kScalars + 2 * V + c] * 1000.0);
   }
   return st;
 }
@@ -68,9 +70,25 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
       r.cost.stage_backward[pl.stage_of(j, c)] = ranks[j].chunk_backward_us[c] / per;
     }
   }
+  // A split backward's halves as they ran: each stage's measured weight half (the rest is the input half).
+  bool split = false;
+  for (const auto& list : schedule.lists)
+    for (const pipeline::Action& a : list) split = split || a.kind == pipeline::ActionKind::backward_weight;
+  if (split) {
+    r.cost.stage_weight.assign(S, 0.0);
+    for (int j = 0; j < p; j++)
+      for (int c = 0; c < V && c < (int)ranks[j].chunk_weight_us.size(); c++)
+        r.cost.stage_weight[pl.stage_of(j, c)] = std::min(ranks[j].chunk_weight_us[c] / per, r.cost.stage_backward[pl.stage_of(j, c)]);
+  }
   r.simulated_free_messages = simulate(spec, schedule, r.cost).bubble_fraction;
   r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
   r.simulated = simulate(spec, schedule, r.cost).bubble_fraction;
+  if (split) {  // beside it, the earlier assumption: each measured backward split in halves
+    CostModel halves = r.cost;
+    halves.stage_weight.clear();
+    halves.weight_share = 0.5;
+    r.simulated_half_split = simulate(spec, schedule, halves).bubble_fraction;
+  }
   r.measured = 1.0 - busy / (p * span);
   r.ideal = theoretical_bubble(spec);
   return r;

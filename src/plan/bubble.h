@@ -3,7 +3,10 @@
 // and the measured message latency, so the two can be compared; plus the ideal (p - 1) / (V m + p - 1).
 //
 //   measured   1 - sum over ranks of compute / (p x the longest rank's span), over the timed lists
-//   simulated  the simulator's bubble fraction under those per-stage costs (and without message latency)
+//   simulated  the simulator's bubble fraction under those per-stage costs (and without message latency); a
+//              split backward's input and weight halves each take their own measured time per stage
+//   simulated_half_split  (split schedules only) the same with each stage's backward split in halves by
+//              assumption instead, for comparison; -1 otherwise
 #pragma once
 
 #include <vector>
@@ -20,7 +23,7 @@ void pack(const pipeline::PipelineStats& st, int virtual_stages, float* out);
 pipeline::PipelineStats unpack(const float* in, int virtual_stages);
 
 struct BubbleReport {
-  double measured = -1, simulated = -1, simulated_free_messages = -1, ideal = -1;
+  double measured = -1, simulated = -1, simulated_free_messages = -1, ideal = -1, simulated_half_split = -1;
   CostModel cost;  // per stage and micro-batch (ms); comm = the mean message latency (ms)
 };
 

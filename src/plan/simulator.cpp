@@ -33,12 +33,31 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
   for (size_t s = 0; s < cost.stage_forward.size(); s++)
     MT_CHECK_INPUT(finite_nonneg(cost.stage_forward[s]) && finite_nonneg(cost.stage_backward[s]),
                    "simulator: stage ", s, " has a negative or non-finite forward or backward time");
+  MT_CHECK_INPUT(cost.stage_weight.empty() || cost.stage_weight.size() == cost.stage_forward.size(),
+                 "simulator: stage_weight has ", cost.stage_weight.size(), " entries, stage_forward ",
+                 cost.stage_forward.size(), " (per-stage weight halves need per-stage times)");
+  for (size_t s = 0; s < cost.stage_weight.size(); s++)
+    MT_CHECK_INPUT(finite_nonneg(cost.stage_weight[s]) &&
+                       cost.stage_weight[s] <= cost.stage_backward[s] * (1 + 1e-6) + 1e-12,
+                   "simulator: stage ", s, "'s weight half ", cost.stage_weight[s],
+                   " is negative, non-finite or longer than its whole backward ", cost.stage_backward[s]);
   auto t_fwd_of = [&](int rank, int chunk) {
     return cost.stage_forward.empty() ? cost.forward / V : cost.stage_forward[pl.stage_of(rank, chunk)];
   };
   auto t_bwd_of = [&](int rank, int chunk) {
     return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward / V
                                       : cost.stage_backward[pl.stage_of(rank, chunk)];
+  };
+
+  // The halves of a split backward: measured per stage when given, else the share w of the whole.
+  auto t_weight_of = [&](int rank, int chunk) {
+    return cost.stage_weight.empty() ? cost.weight_share * t_bwd_of(rank, chunk)
+                                     : std::min(cost.stage_weight[pl.stage_of(rank, chunk)], t_bwd_of(rank, chunk));
+  };
+
+  auto t_input_of = [&](int rank, int chunk) {
+    return cost.stage_weight.empty() ? (1 - cost.weight_share) * t_bwd_of(rank, chunk)
+                                     : t_bwd_of(rank, chunk) - t_weight_of(rank, chunk);
   };
 
   // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.
@@ -65,11 +84,10 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
       for (; pc[j] < schedule[j].size(); pc[j]++) {
         const Action& a = schedule[j][pc[j]];
         if (pipeline::is_compute(a.kind)) {
-          const double w = cost.weight_share;
           const double d = a.kind == ActionKind::forward          ? t_fwd_of(j, a.chunk)
                            : a.kind == ActionKind::backward       ? t_bwd_of(j, a.chunk)
-                           : a.kind == ActionKind::backward_input ? (1 - w) * t_bwd_of(j, a.chunk)
-                                                                  : w * t_bwd_of(j, a.chunk);
+                           : a.kind == ActionKind::backward_input ? t_input_of(j, a.chunk)
+                                                                  : t_weight_of(j, a.chunk);
           r.boxes[j].push_back({t, t + d, a.kind, a.micro_batch, a.chunk});
           r.busy_per_rank[j] += d;
           t += d;

@@ -10,7 +10,8 @@
 //   backward of one chunk  R F / V; split in two (zero-bubble schedules): its input half (B, "I") takes
 //                          (1 - w) R F / V and its weight half (W) w R F / V, w the weight share (default 1/2:
 //                          with R = 2, F = B = W = 1 unit, the zero-bubble papers' assumption). Under measured
-//                          stage times the same share splits each stage's backward: assumed, not measured.
+//                          stage times, stage_weight (measured too) splits each stage's backward as it ran;
+//                          without it the same share w splits it (an assumption, not a measurement).
 //   send                   0 on the sender, which goes on at once (isend)
 //   message                arrives C after both its send is issued and its receive posted (a rendezvous:
 //                          what shm and MPI do for large tensors; with C = 0 the posting time does not matter)
@@ -36,6 +37,10 @@ struct CostModel {
   // through that stage; when given they replace forward and backward_ratio (stages of unequal cost, e.g. the
   // last one with the logits, or ranks slowed by others).
   std::vector<double> stage_forward, stage_backward;
+  // Optional, measured, only with stage_forward: per global stage the weight half (W) of one micro-batch's split
+  // backward through that stage, a part of stage_backward (the input half I takes the rest); replaces
+  // weight_share. Must lie in [0, stage_backward] (a rounding excess of up to 1e-6 relative is clamped).
+  std::vector<double> stage_weight;
 };
 
 // One computation as it ran: [start, end) on its rank.

@@ -75,6 +75,7 @@ class ListRun {
         trace_(trace && trace->enabled() ? trace : nullptr) {
     st_.chunk_forward_us.assign(spec.virtual_stages, 0.0);
     st_.chunk_backward_us.assign(spec.virtual_stages, 0.0);
+    st_.chunk_weight_us.assign(spec.virtual_stages, 0.0);
   }
   void act(const Action& a, const OptimizerStep& step);
   // Completes every send and returns the buffers to the pool; the stats of the call.
@@ -266,6 +267,7 @@ void ListRun::act(const Action& a, const OptimizerStep& step) {
       const double t1 = Clock::now_us();
       st_.backward_us += t1 - t0;
       st_.chunk_backward_us[a.chunk] += t1 - t0;
+      st_.chunk_weight_us[a.chunk] += t1 - t0;
       if (trace_) trace_->add(trace::Track::compute, compute_name('W', a), "backward", t0, t1);
       break;
     }

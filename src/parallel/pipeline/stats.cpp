@@ -18,6 +18,8 @@ void PipelineStats::add(const PipelineStats& o) {
   chunk_backward_us.resize(std::max(chunk_backward_us.size(), o.chunk_backward_us.size()), 0.0);
   for (size_t c = 0; c < o.chunk_forward_us.size(); c++) chunk_forward_us[c] += o.chunk_forward_us[c];
   for (size_t c = 0; c < o.chunk_backward_us.size(); c++) chunk_backward_us[c] += o.chunk_backward_us[c];
+  chunk_weight_us.resize(std::max(chunk_weight_us.size(), o.chunk_weight_us.size()), 0.0);
+  for (size_t c = 0; c < o.chunk_weight_us.size(); c++) chunk_weight_us[c] += o.chunk_weight_us[c];
 }
 
 }  // namespace mt::pipeline

@@ -12,6 +12,8 @@ namespace mt::pipeline {
 //   forward  summed forward computations; backward likewise; wait: time blocked in wait_recv
 // The measured bubble of a step is 1 - sum over ranks of (forward + backward) / (p * max span); the trainer
 // gathers these per rank and compares with plan::simulate under the measured backward/forward ratio.
+//   chunk_weight  per chunk, the weight halves (backward_weight) of split backward passes: a part of
+//            chunk_backward, so the planner can split each stage's measured backward as it ran
 //   latency  summed over messages sent while their receiver was already waiting for them: from the send to
 //            the receiver running again (transfer plus wake-up), and how many such messages
 struct PipelineStats {
@@ -19,6 +21,7 @@ struct PipelineStats {
   int64_t latency_samples = 0;
   int64_t forwards = 0, backwards = 0, lists = 0;
   std::vector<double> chunk_forward_us, chunk_backward_us;  // per chunk of this rank (V entries)
+  std::vector<double> chunk_weight_us;                      // per chunk: the W halves (in chunk_backward_us)
   void add(const PipelineStats& o);
 };
 
