@@ -8,7 +8,10 @@ float* ActivationStore::get(int mb, const std::string& name, size_t count) {
   auto key = std::make_pair(mb, name);
   auto it = live_.find(key);
   if (it != live_.end() && it->second.size() == count) return it->second.data();
-  if (it != live_.end()) live_count_ -= it->second.bytes();
+  if (it != live_.end()) {
+    live_count_ -= it->second.bytes();
+    if (mb >= 0) key_bytes_[mb] -= it->second.bytes();
+  }
   AlignedBuffer buf;
   auto f = free_.find(count);
   if (f != free_.end()) {
@@ -20,11 +23,18 @@ float* ActivationStore::get(int mb, const std::string& name, size_t count) {
   float* p = buf.data();
   live_count_ += buf.bytes();
   peak_ = std::max(peak_, live_count_);
+  if (mb >= 0) {
+    size_t& kb = key_bytes_[mb];
+    kb += buf.bytes();
+    peak_key_bytes_ = std::max(peak_key_bytes_, kb);
+    peak_keys_ = std::max(peak_keys_, (int)key_bytes_.size());
+  }
   live_[key] = std::move(buf);
   return p;
 }
 
 void ActivationStore::release(int mb) {
+  key_bytes_.erase(mb);
   for (auto it = objects_.begin(); it != objects_.end();) it = it->first.first == mb ? objects_.erase(it) : std::next(it);
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->first.first == mb) {

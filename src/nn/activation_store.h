@@ -42,12 +42,20 @@ class ActivationStore {
   // The most bytes live at once: the measured activation memory (a pipeline stage's peak grows with the
   // micro-batches it holds in flight).
   size_t peak_live_bytes() const { return peak_; }
+  // The most micro-batch keys (mb >= 0: the step's micro-batches, one key per (micro-batch, chunk) under a
+  // pipeline; the shared scratch slot and evaluation keys are negative) holding buffers at once, and the most
+  // bytes one such key held: a schedule's activations in flight as the store saw them.
+  int peak_live_keys() const { return peak_keys_; }
+  size_t peak_key_bytes() const { return peak_key_bytes_; }
 
  private:
   std::map<std::pair<int, std::string>, AlignedBuffer> live_;
   std::multimap<size_t, AlignedBuffer> free_;
   std::map<std::pair<int, std::string>, std::shared_ptr<void>> objects_;
   size_t live_count_ = 0, peak_ = 0;  // bytes
+  std::map<int, size_t> key_bytes_;    // live bytes per micro-batch key >= 0
+  int peak_keys_ = 0;
+  size_t peak_key_bytes_ = 0;
 };
 
 }  // namespace mt::nn

@@ -2,6 +2,7 @@
 
 #include "core/fs.h"
 #include "core/memory.h"
+#include "parallel/pipeline/in_flight_bound.h"
 #include "plan/bubble.h"
 
 namespace mt::train {
@@ -41,6 +42,19 @@ nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& la
   for (int j = 0; j < P; j++) ranks.push_back(plan::unpack(&all_p[k * mesh.grid().world_rank({0, 0, j})], V));
   // On one host (shm) the ranks share a clock, so message latencies are measured; not across hosts.
   const plan::BubbleReport b = plan::bubble_report(spec, ranks, std::string(mesh.world()->backend()) == "shm");
+  // Activations in flight per pipeline rank as the activation store counted them, beside the schedule's bound.
+  const float mine_a[2] = {(float)task.activation_peak_micro_batches(),
+                           (float)(task.activation_peak_micro_batch_bytes() / 1024.0)};
+  std::vector<float> all_a(2 * (size_t)W);
+  mesh.world()->all_gather(mine_a, all_a.data(), all_a.size(), comm::DType::f32);
+  nlohmann::json in_flight = nlohmann::json::array();
+  for (int j = 0; j < P; j++) {
+    const float* v = &all_a[2 * (size_t)mesh.grid().world_rank({0, 0, j})];
+    in_flight.push_back({{"pipeline_rank", j},
+                         {"peak_micro_batches", (int)v[0]},
+                         {"bound", pipeline::in_flight_bound(spec, j)},
+                         {"peak_micro_batch_bytes", (double)v[1] * 1024.0}});
+  }
   if (b.measured < 0) return nullptr;
   sum.bubble_measured = b.measured;
   sum.bubble_simulated = b.simulated;
@@ -56,7 +70,10 @@ nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& la
           {"bubble_simulated_without_message_latency", b.simulated_free_messages},
           {"message_latency_ms", b.cost.comm},
           {"stage_forward_ms", b.cost.stage_forward},
-          {"stage_backward_ms", b.cost.stage_backward}};
+          {"stage_backward_ms", b.cost.stage_backward},
+          {"stage_weight_ms", b.cost.stage_weight},
+          {"bubble_simulated_half_split", b.simulated_half_split},
+          {"activation_in_flight", in_flight}};
 }
 
 void write_summary(const std::string& path, const TrainSummary& sum, const parallel::Mesh& mesh, int zero,

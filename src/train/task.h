@@ -81,6 +81,10 @@ class TrainTask {
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }
+  // Measured: the most micro-batches (per chunk) holding activations at once, and the most bytes one of them
+  // held (the activation store's live keys); -1 / 0 when the task does not count them.
+  virtual int activation_peak_micro_batches() const { return -1; }
+  virtual size_t activation_peak_micro_batch_bytes() const { return 0; }
   // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
   // The task's own events (MoE dispatch and combine) go here; the pipeline's go to the step executor.
