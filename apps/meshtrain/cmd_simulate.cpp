@@ -53,6 +53,9 @@ void load_summary(SimulateArgs& a) {
     a.cost.stage_forward = p.at("stage_forward_ms").get<std::vector<double>>();
     a.cost.stage_backward = p.at("stage_backward_ms").get<std::vector<double>>();
     a.cost.comm = p.value("message_latency_ms", 0.0);
+    // Each stage's measured weight half (split schedules; absent in older summaries: the share splits then).
+    if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())
+      a.cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
     a.measured_bubble = p.at("bubble_measured").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw InputError(str(a.from_summary, ": the pipeline section is incomplete: ", e.what()));
@@ -66,6 +69,9 @@ void load_summary(SimulateArgs& a) {
   MT_CHECK_INPUT(a.cost.stage_forward.size() == stages && a.cost.stage_backward.size() == stages, a.from_summary,
                  ": pipeline.stage_forward_ms and stage_backward_ms must have stages x virtual_stages = ", stages,
                  " entries, got ", a.cost.stage_forward.size(), " and ", a.cost.stage_backward.size());
+  MT_CHECK_INPUT(a.cost.stage_weight.empty() || a.cost.stage_weight.size() == stages, a.from_summary,
+                 ": pipeline.stage_weight_ms must have stages x virtual_stages = ", stages, " entries, got ",
+                 a.cost.stage_weight.size());
 }
 
 std::string num(double x) {
@@ -108,10 +114,14 @@ void run_simulate(SimulateArgs& a) {
   } else {
     std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
     for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
-      std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s\n", s,
+      std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s%s\n", s,
                   schedule.placement.slot(0, (int)s).rank, schedule.placement.slot(0, (int)s).chunk,
-                  num(a.cost.stage_forward[s]).c_str(), num(a.cost.stage_backward[s]).c_str());
-    if (split)
+                  num(a.cost.stage_forward[s]).c_str(), num(a.cost.stage_backward[s]).c_str(),
+                  split && !a.cost.stage_weight.empty()
+                      ? str(" (input half ", num(a.cost.stage_backward[s] - a.cost.stage_weight[s]), ", weight half ",
+                            num(a.cost.stage_weight[s]), ", measured)").c_str()
+                      : "");
+    if (split && a.cost.stage_weight.empty())
       std::printf("  the split backward: input half (I) %s, weight half (W) %s of each stage's backward (assumed, "
                   "not measured)\n",
                   num(1 - a.cost.weight_share).c_str(), num(a.cost.weight_share).c_str());

@@ -76,6 +76,8 @@ trace::Swimlane simulated_swimlane(const nlohmann::json& p, const std::string& p
   cost.stage_forward = p["stage_forward_ms"].get<std::vector<double>>();
   cost.stage_backward = p["stage_backward_ms"].get<std::vector<double>>();
   cost.comm = p["message_latency_ms"].get<double>();
+  if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())  // split schedules' measured weight halves
+    cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
   MT_CHECK_INPUT(cost.stage_forward.size() == size_t(spec.stages) * spec.virtual_stages &&
                      cost.stage_backward.size() == cost.stage_forward.size(),
                  path, ": the \"pipeline\" section has ", cost.stage_forward.size(), " forward and ",

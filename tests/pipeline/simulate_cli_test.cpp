@@ -132,4 +132,33 @@ TEST(SimulateCli, ReplaysARunFromItsSummary) {
   EXPECT_TRUE(contains(b.err, "has no \"pipeline\" section")) << b.err;
 }
 
+TEST(SimulateCli, ReplaysTheMeasuredWeightHalvesOfASplitSchedule) {
+  // zb-h1, p = 2, m = 1, stage backward 3 and 5 ms of which the weight halves took 1 and 4 (the timeline of
+  // MeasuredHalves.StagesWithTheirOwnHalvesByHand): makespan 8; without stage_weight_ms the halves are assumed
+  // equal and the makespan is 8.5. A stage_weight_ms of the wrong length is refused, naming the key.
+  TempDir dir;
+  auto write = [&](const std::string& name, const std::string& weight) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream f(path);
+    f << R"({"pipeline": {"schedule": "zb-h1", "stages": 2, "micro_batches": 1, "virtual_stages": 1,
+             "stage_forward_ms": [1, 2], "stage_backward_ms": [3, 5], "message_latency_ms": 0,
+             "bubble_measured": 0.45)" << weight << "}}";
+    return path;
+  };
+  RunResult r = simulate({"--from-summary", write("w.json", R"(, "stage_weight_ms": [1, 4])")});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "stage 1 (rank 1, chunk 0): forward 2, backward 5 (input half 1, weight half 4, "
+                              "measured)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "makespan 8\n")) << r.out;
+  RunResult old = simulate({"--from-summary", write("old.json", "")});
+  ASSERT_EQ(old.exit_code, 0) << old.describe();
+  EXPECT_TRUE(contains(old.out, "makespan 8.5\n")) << old.out;
+  EXPECT_TRUE(contains(old.out, "(assumed, not measured)")) << old.out;
+  RunResult bad = simulate({"--from-summary", write("bad.json", R"(, "stage_weight_ms": [1])")});
+  EXPECT_EQ(bad.exit_code, 1) << bad.describe();
+  EXPECT_TRUE(contains(bad.err, "pipeline.stage_weight_ms must have stages x virtual_stages = 2 entries, got 1"))
+      << bad.err;
+}
+
 }  // namespace
