@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""The zero-bubble schedules on the real GPT at P = 2: tokens/s of zb-h1, zb-h2 and zb-v beside 1F1B's, measured and
-simulated bubble and the activation peak per rank, from `meshtrain train --pp 2 --summary`.
+"""Every synchronous schedule on the real GPT at P = 2 (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v): tokens/s
+beside 1F1B's, measured and simulated bubble and the activation peak per rank, from
+`meshtrain train --pp 2 --summary`.
 
 Shape as bench/pp_bench.py: L=8, H=8, C=256, V=2048, T=128, a global batch of 16 sequences, M micro-batches,
 1 thread per rank on the 2 cores of this machine. The schedules run in turn, `--rounds` times, so a busy
 spell of the shared machine falls on all of them; the table gives each schedule's median tokens/s and its ratio
-to 1F1B's median. The simulated bubble replays the schedule with the run's measured stage times, the backward
-split in halves by the simulator's assumed weight share (1/2), and the measured message latency.
+to 1F1B's median. The simulated bubble replays the schedule with the run's measured stage times: forward, and for
+a split backward its input and weight halves each as measured (`stage_weight_ms`), with the measured message
+latency; beside it the simulation that splits each measured backward in halves by assumption (the earlier
+figure), and the replay of the run's own steps with every computation's traced duration (bench/pp_replay.py:
+what the variation of single durations on a loaded machine adds to the means). "within 5" counts the schedules
+whose measured bubble is within 5 points of the simulated one, and of the replayed one.
 Usage: /usr/bin/python3 bench/zb_bench.py [--meshtrain build/meshtrain] [--steps 6] [--rounds 3] [--m 8]
 """
 import argparse
@@ -15,13 +20,14 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 
 from bench_util import write_shard
 
 SHAPE = dict(n_layer=8, n_head=8, n_embd=256, vocab_size=2048, n_positions=128)
 T, B = 128, 16
-SCHEDULES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2", "zb-v")
 
 
 def cpu_isa():
@@ -42,14 +48,22 @@ def run(args, work, sched):
     cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
            "--batch-size", str(B), "--steps", str(args.steps), "--threads", "1", "--quiet", "--summary", summary,
            "--nproc", "2", "--pp", "2", "--schedule", sched, "--micro-batch-size", str(B // args.m)]
-    if sched == "zb-v":
-        cmd += ["--virtual-stages", "2"]  # rank j holds stages j and 3 - j
+    if sched in ("zb-v", "interleaved"):
+        cmd += ["--virtual-stages", "2"]  # zb-v: rank j holds stages j and 3 - j
     for k, v in SHAPE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
+    trace = os.path.join(work, f"trace_{sched}.json")
+    cmd += ["--trace", trace]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env)
     with open(summary) as f:
-        return json.load(f)
+        s = json.load(f)
+    # The run's own steps replayed with each computation's traced duration (bench/pp_replay.py).
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pp_replay.py"),
+                          "--meshtrain", args.meshtrain, "--summary", summary, "--trace", trace],
+                         check=True, capture_output=True, text=True).stdout
+    s["pipeline"].update(json.loads(out))
+    return s
 
 
 def main():
@@ -74,13 +88,38 @@ def main():
     print(f"ISA: {cpu_isa()}; load average at end {os.getloadavg()[0]:.1f}")
     base = statistics.median(got["1f1b"])
     print(f"\nP = 2, M = {args.m}, {args.steps} steps, median of {args.rounds} rounds")
-    print(f"{'schedule':<8} {'tokens/s':>9} {'/1f1b':>6} {'bubble meas':>12} {'simulated':>10} {'act peak MiB':>20}")
+    print(f"{'schedule':<12} {'tokens/s':>9} {'/1f1b':>6} {'bubble meas':>12} {'simulated':>10} {'diff pp':>8} "
+          f"{'sim 1/2 split':>14} {'replayed':>9} {'diff pp':>8} {'in flight':>10} {'bound':>8} {'act peak MiB':>14}")
+    within = within_rep = 0
     for sched in SCHEDULES:
         med = statistics.median(got[sched])
         p = last[sched]["pipeline"]
         act = "/".join(f"{r['activation_peak_bytes'] / 1048576:.1f}" for r in last[sched]["ranks"])
-        print(f"{sched:<8} {med:>9.0f} {med / base:>6.3f} {100 * p['bubble_measured']:>11.1f}% "
-              f"{100 * p['bubble_simulated']:>9.1f}% {act:>20}")
+        fl = p.get("activation_in_flight", [])
+        half = p.get("bubble_simulated_half_split", -1)
+        d = 100 * (p["bubble_measured"] - p["bubble_simulated"])
+        within += abs(d) <= 5
+        rep = p["bubble_replayed"]
+        within_rep += abs(p["bubble_measured"] - rep) <= 0.05
+        print(f"{sched:<12} {med:>9.0f} {med / base:>6.3f} {100 * p['bubble_measured']:>11.1f}% "
+              f"{100 * p['bubble_simulated']:>9.1f}% {d:>+8.1f} {'-' if half < 0 else f'{100 * half:.1f}%':>14} "
+              f"{100 * rep:>8.1f}% {100 * (p['bubble_measured'] - rep):>+8.1f} "
+              f"{'/'.join(str(r['peak_micro_batches']) for r in fl):>10} {'/'.join(str(r['bound']) for r in fl):>8} "
+              f"{act:>14}")
+    print(f"measured within 5 points of simulated (stage means): {within} of {len(SCHEDULES)}; of the replay of the "
+          f"run's own durations: {within_rep} of {len(SCHEDULES)}")
+    print("\nwith a wait for a message that has already arrived costing the measured mean (ready wait):")
+    print(f"{'schedule':<12} {'ready ms':>9} {'measured':>9} {'sim+ready':>10} {'diff pp':>8} {'replay+ready':>13} {'diff pp':>8}")
+    for sched in SCHEDULES:
+        p = last[sched]["pipeline"]
+        a, b = p["bubble_simulated_with_ready_wait"], p["bubble_replayed_with_ready_wait"]
+        print(f"{sched:<12} {p['ready_wait_ms']:>9.1f} {100 * p['bubble_measured']:>8.1f}% {100 * a:>9.1f}% "
+              f"{100 * (p['bubble_measured'] - a):>+8.1f} {100 * b:>12.1f}% {100 * (p['bubble_measured'] - b):>+8.1f}")
+    for sched in SCHEDULES:
+        p = last[sched]["pipeline"]
+        print(f"  {sched}: stage forward ms {[round(x, 2) for x in p['stage_forward_ms']]}, backward "
+              f"{[round(x, 2) for x in p['stage_backward_ms']]}, weight half "
+              f"{[round(x, 2) for x in p.get('stage_weight_ms', [])]}, message {p['message_latency_ms']:.2f} ms")
 
 
 if __name__ == "__main__":
