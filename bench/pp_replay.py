@@ -127,7 +127,8 @@ def main():
     p = spec["stages"]
     lists = action_lists(args.meshtrain, spec)
     per_step = [sum(1 for a in lst if a[0] in COMPUTE) for lst in lists]
-    comp = [sorted((e for e in ev if e.get("ph") == "X" and e.get("pid") == j and e.get("cat") in ("forward", "backward")),
+    comp = [sorted((e for e in ev
+                    if e.get("ph") == "X" and e.get("pid") == j and e.get("cat") in ("forward", "backward")),
                    key=lambda e: e["ts"]) for j in range(p)]
     # Evaluation forwards would break the count; the runs this is for have no evaluation.
     steps = min(len(comp[j]) // per_step[j] for j in range(p))
@@ -151,13 +152,16 @@ def main():
     mean = {"forward": lambda s: fw[s], "backward": lambda s: bw[s],
             "backward_input": lambda s: bw[s] - (ww[s] if ww else bw[s] / 2),
             "backward_weight": lambda s: ww[s] if ww else bw[s] / 2}
-    means = [[mean[a[0]](stage_of(spec["schedule"], p, j, a[2])) for a in lists[j] if a[0] in COMPUTE] for j in range(p)]
+    means = [[mean[a[0]](stage_of(spec["schedule"], p, j, a[2])) for a in lists[j] if a[0] in COMPUTE]
+             for j in range(p)]
     ms, busy = replay(lists, means, spec["schedule"], p, spec.get("message_latency_ms", 0.0))
     check = 1 - busy / (p * ms)
-    assert abs(check - spec["bubble_simulated"]) < 1e-4, f"replay of the means {check} != simulated {spec['bubble_simulated']}"
+    assert abs(check - spec["bubble_simulated"]) < 1e-4, \
+        f"replay of the means {check} != simulated {spec['bubble_simulated']}"
     ms, busy = replay(lists, means, spec["schedule"], p, spec.get("message_latency_ms", 0.0), ready)
     means_ready = 1 - busy / (p * ms)
-    print(json.dumps({"schedule": spec["schedule"], "steps_replayed": steps - 1, "bubble_measured": spec["bubble_measured"],
+    print(json.dumps({"schedule": spec["schedule"], "steps_replayed": steps - 1,
+                      "bubble_measured": spec["bubble_measured"],
                       "bubble_simulated": spec["bubble_simulated"], "bubble_replayed": replayed,
                       "ready_wait_ms": ready, "bubble_replayed_with_ready_wait": replayed_ready,
                       "bubble_simulated_with_ready_wait": means_ready}))

@@ -109,7 +109,8 @@ def main():
     print(f"measured within 5 points of simulated (stage means): {within} of {len(SCHEDULES)}; of the replay of the "
           f"run's own durations: {within_rep} of {len(SCHEDULES)}")
     print("\nwith a wait for a message that has already arrived costing the measured mean (ready wait):")
-    print(f"{'schedule':<12} {'ready ms':>9} {'measured':>9} {'sim+ready':>10} {'diff pp':>8} {'replay+ready':>13} {'diff pp':>8}")
+    print(f"{'schedule':<12} {'ready ms':>9} {'measured':>9} {'sim+ready':>10} {'diff pp':>8} {'replay+ready':>13} "
+          f"{'diff pp':>8}")
     for sched in SCHEDULES:
         p = last[sched]["pipeline"]
         a, b = p["bubble_simulated_with_ready_wait"], p["bubble_replayed_with_ready_wait"]

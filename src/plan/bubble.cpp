@@ -77,8 +77,10 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   if (split) {
     r.cost.stage_weight.assign(S, 0.0);
     for (int j = 0; j < p; j++)
-      for (int c = 0; c < V && c < (int)ranks[j].chunk_weight_us.size(); c++)
-        r.cost.stage_weight[pl.stage_of(j, c)] = std::min(ranks[j].chunk_weight_us[c] / per, r.cost.stage_backward[pl.stage_of(j, c)]);
+      for (int c = 0; c < V && c < (int)ranks[j].chunk_weight_us.size(); c++) {
+        const int s = pl.stage_of(j, c);
+        r.cost.stage_weight[s] = std::min(ranks[j].chunk_weight_us[c] / per, r.cost.stage_backward[s]);
+      }
   }
   r.simulated_free_messages = simulate(spec, schedule, r.cost).bubble_fraction;
   r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
