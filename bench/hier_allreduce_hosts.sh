@@ -1,30 +1,44 @@
 #!/usr/bin/env bash
-# All-reduce across 2 namespace hosts x 2 ranks (scripts/hosts.sh) with each link limited to RATE each way (tc tbf):
-# the MPI backend's hierarchical all-reduce (src/comm/mpi/hier_allreduce.h, MESHTRAIN_MPI_HIER=1) against the
-# same backend with MESHTRAIN_MPI_HIER=0 (OpenMPI's MPI_Iallreduce over all 4 ranks, its own algorithm choice),
-# back to back, ROUNDS times alternating, at 1 MB .. 8 MB. For each side it prints `meshtrain bench comm`'s
-# table and the bytes that crossed between the hosts during that side's run (interface counters). The time
-# ratio per size is flat / hierarchical (> 1: hierarchical is faster). Prints the kernel and ISA first.
+# Hierarchical collectives across 2 namespace hosts x 2 ranks (scripts/hosts.sh), each link limited to RATE each
+# way (tc tbf): the MPI backend with MESHTRAIN_MPI_HIER=1 (hierarchical all-reduce and all-gather,
+# src/comm/mpi/hier_allreduce.h, hier_allgather.h) against MESHTRAIN_MPI_HIER=0 (OpenMPI's own algorithms over all
+# 4 ranks), back to back, ROUNDS times alternating, at 1 MB .. 8 MB, for each op in OPS. Then the bytes between the
+# hosts per call, from the interface counters: at 4 MB each side runs exactly 8 calls (2 warm-up, 1 timing probe,
+# 5 batches of 1: bench comm's minimum with a 1 ms budget and calls slower than 2 ms), minus a run at 4 KB (start-up
+# traffic), divided by 8. Prints the kernel and ISA first. Flat / hierarchical > 1: hierarchical is faster.
 #
-#   bench/hier_allreduce_hosts.sh [RATE=200mbit] [ROUNDS=2]
+#   bench/hier_allreduce_hosts.sh [RATE=200mbit] [ROUNDS=2] [OPS=all_reduce,all_gather]
 # Needs root (network namespaces). Removes its hosts at the end, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${MESHTRAIN_BIN:-build/meshtrain}
 RATE=${1:-200mbit}
 ROUNDS=${2:-2}
+OPS=${3:-all_reduce,all_gather}
 P=hb$$
 trap 'bash scripts/hosts.sh --prefix $P down' EXIT
-echo "host: $(uname -r), $(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | tail -1 || echo 'no avx2'), $(nproc) cores;" \
-     "links $RATE each way; $(date -u +%FT%TZ)"
+echo "host: $(uname -r), $(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | tail -1 || echo 'no avx2'), $(nproc) cores," \
+     "load $(cut -d' ' -f1-3 /proc/loadavg); links $RATE each way; $(date -u +%FT%TZ)"
 bash scripts/hosts.sh --prefix "$P" up 2 --rate "$RATE"
-wire() { bash scripts/hosts.sh --prefix "$P" bytes | awk '{s += ($1 == "launcher") ? -$3 : $2} END {print s}'; }
+wire() { bash scripts/hosts.sh --prefix "$P" bytes | awk '{s += ($1 == "launcher") ? -$3 : $2} END {printf "%.0f\n", s}'; }
+side_env() { if [ "$1" = flat ]; then echo "-x MESHTRAIN_MPI_HIER=0"; else echo "-x MESHTRAIN_MPI_HIER=1"; fi; }
+bench() {  # bench SIDE OPS MIN MAX SECONDS
+  # shellcheck disable=SC2046
+  bash scripts/hosts.sh --prefix "$P" mpirun 2 $(side_env "$1") "$BIN" bench comm --nproc 4 --ops "$2" --no-mpi-peer \
+    --min-bytes "$3" --max-bytes "$4" --seconds-per-size "$5" --comm-timeout 120 2>/dev/null
+}
 for round in $(seq 1 "$ROUNDS"); do
   for side in hier flat; do
-    env=(-x MESHTRAIN_MPI_HIER=1); [ "$side" = flat ] && env=(-x MESHTRAIN_MPI_HIER=0)
-    b0=$(wire)
-    bash scripts/hosts.sh --prefix "$P" mpirun 2 "${env[@]}" "$BIN" bench comm --nproc 4 --ops all_reduce --no-mpi-peer \
-      --min-bytes 1M --max-bytes 8M --seconds-per-size 1 --comm-timeout 120 2>/dev/null | sed "s/^/$side r$round | /"
-    echo "$side r$round | bytes between hosts during the run: $(( $(wire) - b0 ))"
+    bench "$side" "$OPS" 1M 8M 1 | grep -v -E '^# (meshtrain|S =|busbw|time|ratio|stores|note)' | sed "s/^/$side r$round | /"
+  done
+done
+IFS=, read -r -a ops <<< "$OPS"
+for op in "${ops[@]}"; do
+  for side in hier flat; do
+    b0=$(wire); bench "$side" "$op" 4K 4K 0.001 > /dev/null; b1=$(wire)
+    bench "$side" "$op" 4M 4M 0.001 > /dev/null; b2=$(wire)
+    base=$((b1 - b0)); run=$((b2 - b1))
+    echo "bytes | $op $side 4 MB: $(( (run - base) / 8 )) bytes between hosts per call" \
+         "= $(awk -v b=$(( (run - base) / 8 )) 'BEGIN {printf "%.2f", b / 4194304}') S (run $run, start-up $base)"
   done
 done

@@ -168,7 +168,7 @@ run_mpirun() {
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
       --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
-      --mca pml ob1 --mca btl tcp,self --mca osc pt2pt \
+      --mca pml ob1 --mca btl tcp,self --mca osc sm,pt2pt \
       --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
       -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x MT_HOSTS_PREFIX="$PREFIX" \
       "$@" || rc=$?

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "comm/launch.h"
+#include "comm/mpi/hier_allgather.h"
 #include "comm/mpi/hier_allreduce.h"
 #include "comm/mpi/mpi_comm.h"
 #include "tests/comm/comm_checks.h"
@@ -146,6 +147,56 @@ TEST(Mpi, HierarchicalAllReduceIsTheRankOrderFoldForEveryHostSplit) {
                         // On one machine every rank shares the host: the flat MPI all-reduce is kept.
                         auto* m = dynamic_cast<mpi::MpiCommunicator*>(&w);
                         MT_REQUIRE(Error, m && m->hierarchical() == nullptr, "one host, yet hierarchical");
+                      })
+                .exit_code,
+            0);
+}
+
+// The hierarchical all-gather for every split into hosts of k contiguous ranks (made up on one machine): the
+// result is every rank's shard in rank order (element i of the full vector is the byte pattern of (i, its owner)),
+// for 4- and 2-byte elements, in and out of place, at sizes 0, 1, fewer elements than ranks, and uneven shards;
+// and the window is reused across calls of growing and shrinking sizes (double-buffered slots).
+TEST(Mpi, HierarchicalAllGatherForEveryHostSplit) {
+  MT_NEED_MPIRUN();
+  EXPECT_EQ(run_ranks(mpi_opts(),
+                      [](Communicator& w) {
+                        const int n = w.size(), r = w.rank();
+                        for (int k = 1; k <= n; ++k) {
+                          if (n % k) continue;
+                          MPI_Comm node;
+                          MPI_Comm_split(MPI_COMM_WORLD, r / k, r, &node);
+                          {
+                            mpi::HierAllReduce h(MPI_COMM_WORLD, node);
+                            for (size_t elem : {size_t(4), size_t(2)}) {
+                              for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(100'003), size_t(1031)}) {
+                                std::vector<unsigned char> want(count * elem);
+                                for (size_t i = 0; i < count; ++i) {
+                                  int owner = 0;
+                                  while (!(i < shard_of(count, n, owner).offset + shard_of(count, n, owner).count)) ++owner;
+                                  for (size_t b = 0; b < elem; ++b) want[i * elem + b] = uint8_t(i * 7 + b * 31 + owner * 101);
+                                }
+                                const Shard own = shard_of(count, n, r);
+                                std::vector<unsigned char> mine(want.begin() + own.offset * elem,
+                                                                want.begin() + (own.offset + own.count) * elem);
+                                std::vector<unsigned char> out(count * elem, 0xEE);
+                                auto what = [] { return std::string("test all-gather"); };
+                                mpi::hier_all_gather(h, mine.data(), out.data(), count, elem, 60, what);
+                                MT_REQUIRE(Error, out == want, "hosts of ", k, ", count ", count, ", ", elem,
+                                           "-byte elements: not every shard in rank order");
+                                std::vector<unsigned char> in_place(count * elem, 0xEE);
+                                std::memcpy(in_place.data() + own.offset * elem, mine.data(), mine.size());
+                                mpi::hier_all_gather(h, in_place.data() + own.offset * elem, in_place.data(), count,
+                                                     elem, 60, what);
+                                MT_REQUIRE(Error, in_place == want, "hosts of ", k, ", count ", count, ", ", elem,
+                                           "-byte elements, in place");
+                              }
+                            }
+                          }
+                          MPI_Comm_free(&node);
+                        }
+                        // On one machine every rank shares the host: the flat MPI all-gather is kept.
+                        auto* m = dynamic_cast<mpi::MpiCommunicator*>(&w);
+                        MT_REQUIRE(Error, m && !m->hierarchical_all_gather(), "one host, yet hierarchical all-gather");
                       })
                 .exit_code,
             0);

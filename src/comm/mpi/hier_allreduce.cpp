@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -23,7 +24,11 @@ void check(int rc, const char* what) {
 }
 
 constexpr int kChainTag = 1;
-constexpr int kSegment = 64 * 1024;  // floats per pipelined segment of a chunk (256 KB)
+constexpr int kResultTag = 2;
+// Floats per segment of a chunk in steps 2 and 3: 64,000 bytes, so that each segment with OpenMPI's match header
+// fits the TCP BTL's eager limit (64 KiB) and goes out without a rendezvous round trip. MESHTRAIN_MPI_HIER_SEGMENT
+// (floats) overrides it for measurements.
+const int kSegment = static_cast<int>(env_int("MESHTRAIN_MPI_HIER_SEGMENT", 1, 1 << 28).value_or(16000));  // floats per pipelined segment of a chunk (256 KB)
 
 }  // namespace
 
@@ -55,18 +60,19 @@ HierAllReduce::HierAllReduce(MPI_Comm comm, MPI_Comm node) {
   check(MPI_Comm_split(comm, local_, host_, &cross_), "MPI_Comm_split (across hosts)");
   MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+  window_ = std::make_unique<NodeWindow>(node_);
 }
 
 HierAllReduce::~HierAllReduce() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  window_.reset();
   if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
   if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
 }
 
 std::unique_ptr<HierAllReduce> HierAllReduce::for_hosts_of(MPI_Comm comm) {
-  if (env_flag("MESHTRAIN_MPI_HIER") != true) return nullptr;  // off unless asked for: see the header
   int n = 0, r = 0;
   MPI_Comm_size(comm, &n);
   MPI_Comm_rank(comm, &r);
@@ -103,29 +109,38 @@ void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, doub
   const int m = cnt[local_];
   auto step = [&](const char* name) { return [&what, name] { return str(what(), ", ", name); }; };
 
-  // 1. pieces[l]: chunk local_ of local rank l's input.
-  std::vector<float> pieces(static_cast<size_t>(k) * m);
-  std::vector<int> rcnt(k, m), rdis(k);
-  for (int l = 0; l < k; ++l) rdis[l] = l * m;
-  MPI_Request req;
-  check(MPI_Ialltoallv(in, cnt.data(), dis.data(), MPI_FLOAT, pieces.data(), rcnt.data(), rdis.data(), MPI_FLOAT, node_,
-                       &req),
-        "MPI_Ialltoallv");
-  wait_request(&req, timeout_s, step("all-to-all inside the host"));
+  // 1. every input into its rank's slot of the host's shared window; pieces: chunk local_ of each, read in place.
+  // The slot holds the input (n floats) and then, from float n, this rank's result chunk (step 4).
+  NodeWindow& win = *window_;
+  win.begin((n + static_cast<size_t>(cnt[0])) * sizeof(float), timeout_s, step("shared window inside the host"));
+  std::memcpy(win.slot(local_), in, n * sizeof(float));
+  win.sync(timeout_s, step("inputs inside the host"));
+  auto piece = [&](int l) { return reinterpret_cast<const float*>(win.slot(l)) + dis[local_]; };
 
   // 2 and 3, in segments so that both directions of a link work at once: while segment s + 1 of the partial sum
   // travels forward along the chain, segment s of the result travels back in the broadcast.
   const int nseg = m == 0 ? 0 : static_cast<int>((static_cast<size_t>(m) + kSegment - 1) / kSegment);
-  std::vector<float> partial(host_ > 0 ? m : 0), acc(m), res(host_ < hosts_ - 1 ? m : 0);
-  float* const result = host_ == hosts_ - 1 ? acc.data() : res.data();
+  // The result chunk lands in this rank's slot after its input (broadcast into it, or summed there on the last
+  // host), where the host-mates read it in step 4.
+  std::vector<float> partial(host_ > 0 ? m : 0), acc(host_ < hosts_ - 1 ? m : 0);
+  float* const result = reinterpret_cast<float*>(win.slot(local_)) + n;
+  float* const sum = host_ == hosts_ - 1 ? result : acc.data();
   std::vector<MPI_Request> recvs(nseg, MPI_REQUEST_NULL), sends(nseg, MPI_REQUEST_NULL);
-  std::vector<MPI_Request> bcasts(nseg, MPI_REQUEST_NULL);
+  // The result's segments: every other host receives them from the last one (receives posted up front).
+  const int others = hosts_ - 1;
+  std::vector<MPI_Request> results(host_ == hosts_ - 1 ? size_t(nseg) * others : size_t(nseg), MPI_REQUEST_NULL);
   auto seg = [&](int s) {  // (offset, length) of segment s of this rank's chunk
     return std::pair<size_t, int>(size_t(s) * kSegment, std::min<int>(kSegment, m - s * kSegment));
   };
   if (host_ > 0) {
     for (int s = 0; s < nseg; ++s) {
       check(MPI_Irecv(partial.data() + seg(s).first, seg(s).second, MPI_FLOAT, host_ - 1, kChainTag, cross_, &recvs[s]),
+            "MPI_Irecv");
+    }
+  }
+  if (host_ < hosts_ - 1) {
+    for (int s = 0; s < nseg; ++s) {
+      check(MPI_Irecv(result + seg(s).first, seg(s).second, MPI_FLOAT, hosts_ - 1, kResultTag, cross_, &results[s]),
             "MPI_Irecv");
     }
   }
@@ -137,22 +152,30 @@ void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, doub
       wait_request(&recvs[s], timeout_s, step("partial sum from the previous host"));
       srcs[i++] = partial.data() + off;
     }
-    for (int l = 0; l < k; ++l) srcs[i++] = pieces.data() + static_cast<size_t>(l) * m + off;
-    reduce_into(acc.data() + off, srcs.data(), i, static_cast<size_t>(len), DType::f32,
+    for (int l = 0; l < k; ++l) srcs[i++] = piece(l) + off;
+    reduce_into(sum + off, srcs.data(), i, static_cast<size_t>(len), DType::f32,
                 op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum, 1);
     if (host_ < hosts_ - 1) {
-      check(MPI_Isend(acc.data() + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
+      check(MPI_Isend(sum + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
     }
-    check(MPI_Ibcast(result + off, len, MPI_FLOAT, hosts_ - 1, cross_, &bcasts[s]), "MPI_Ibcast");
+    if (host_ == hosts_ - 1) {
+      for (int g = 0; g < others; ++g) {
+        check(MPI_Isend(result + off, len, MPI_FLOAT, g, kResultTag, cross_, &results[size_t(s) * others + g]),
+              "MPI_Isend");
+      }
+    }
   }
   if (nseg > 0) {
     wait_requests(nseg, sends.data(), timeout_s, step("partial sum to the next host"), {}, nullptr);
-    wait_requests(nseg, bcasts.data(), timeout_s, step("broadcast from the last host"), {}, nullptr);
+    wait_requests(static_cast<int>(results.size()), results.data(), timeout_s, step("result from the last host"), {},
+                  nullptr);
   }
 
-  // 4. the k chunks to every rank of the host.
-  check(MPI_Iallgatherv(result, m, MPI_FLOAT, out, cnt.data(), dis.data(), MPI_FLOAT, node_, &req), "MPI_Iallgatherv");
-  wait_request(&req, timeout_s, step("all-gather inside the host"));
+  // 4. every rank copies the k result chunks out of the host-mates' slots.
+  win.sync(timeout_s, step("results inside the host"));
+  for (int l = 0; l < k; ++l) {
+    std::memcpy(out + dis[l], reinterpret_cast<const float*>(win.slot(l)) + n, static_cast<size_t>(cnt[l]) * sizeof(float));
+  }
 }
 
 }  // namespace mt::comm::mpi

@@ -335,6 +335,7 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
 void ShmCommunicator::all_gather(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
+  if (cma_ && n > 1 && a.count * c.e >= cma_gather_min_bytes() && all_gather_cma(c)) return;
   const size_t C = L_.slot_bytes / c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, C));
   const Shard own = shard_of(a.count, n, r);
@@ -424,6 +425,63 @@ bool ShmCommunicator::broadcast_cma(Ctx& c) {
   return cma_;
 }
 
+// Single copy for all_gather: every rank publishes where its shard is (the send buffer, also in place) and
+// arrives; then each reads every peer's shard straight into its output with process_vm_readv and copies its
+// own; the second step keeps every shard valid until all have read it. Per rank: S/n own + (n-1)S/n through
+// the kernel, against S/n in + S/n own + (n-1)S/n out through the slots. Same agreement on falling back as
+// broadcast_cma.
+bool ShmCommunicator::all_gather_cma(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const Shard own = shard_of(a.count, n, r);
+  char* recv = static_cast<char*>(a.recv);
+  RankCtrl& me = L_.ctrl(r);
+  me.cma_failed = 0;
+  me.cma_addr = reinterpret_cast<uint64_t>(a.send);
+  sync(c);
+  bool ok = true;
+  for (int i = 1; i < n && ok; ++i) {
+    const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
+    const Shard s = shard_of(a.count, n, q);
+    if (s.count) ok = cma_copy(L_.ctrl(q).pid, recv + s.offset * c.e, L_.ctrl(q).cma_addr, s.count * c.e, false);
+  }
+  if (ok && a.send != recv + own.offset * c.e && own.count) {
+    copy_bytes(recv + own.offset * c.e, a.send, own.count * c.e, false);
+  }
+  me.cma_failed = ok ? 0 : 1;
+  sync(c);
+  for (int p = 0; p < n; ++p) {
+    if (L_.ctrl(p).cma_failed) cma_ = false;
+  }
+  return cma_;
+}
+
+// Single copy for all_to_all out of place: rank r reads block r of every peer's send buffer into block q of
+// its output. (In place a peer overwrites its send buffer while the others read it: staged path.)
+bool ShmCommunicator::all_to_all_cma(Ctx& c) {
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  const size_t block = a.count * c.e;
+  char* recv = static_cast<char*>(a.recv);
+  const char* send = static_cast<const char*>(a.send);
+  RankCtrl& me = L_.ctrl(r);
+  me.cma_failed = 0;
+  me.cma_addr = reinterpret_cast<uint64_t>(send);
+  sync(c);
+  bool ok = true;
+  for (int i = 1; i < n && ok; ++i) {
+    const int q = (r + i) % n;
+    ok = cma_copy(L_.ctrl(q).pid, recv + q * block, L_.ctrl(q).cma_addr + r * block, block, false);
+  }
+  if (ok) copy_bytes(recv + r * block, send + r * block, block, false);
+  me.cma_failed = ok ? 0 : 1;
+  sync(c);
+  for (int p = 0; p < n; ++p) {
+    if (L_.ctrl(p).cma_failed) cma_ = false;
+  }
+  return cma_;
+}
+
 void ShmCommunicator::broadcast(Ctx& c) {
   const CollArgs& a = c.a;
   const int r = rank();
@@ -446,6 +504,11 @@ void ShmCommunicator::broadcast(Ctx& c) {
   if (stream) stream_fence();
 }
 
+size_t cma_gather_min_bytes() {
+  static const size_t v = size_t(env_int("MESHTRAIN_SHM_CMA_GATHER_KB", 0, 1L << 30).value_or(long(kCmaGatherMinBytes / 1024))) * 1024;
+  return v;
+}
+
 // A slot cut into n-1 pieces, one per other rank: piece_index(me, q) holds my block for rank q.
 int ShmCommunicator::piece_index(int owner, int q) { return q < owner ? q : q - 1; }
 
@@ -459,6 +522,7 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == a.recv;
+  if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_gather_min_bytes() && all_to_all_cma(c)) return;
   const bool stream = K * n * c.e >= kStreamMinBytes;
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);

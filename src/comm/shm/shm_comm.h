@@ -28,9 +28,12 @@
 //                                 rides at the head of its slot in the first chunk and is checked by all
 //                                 after that step (no extra step; slots too small for the row and a cache
 //                                 line per peer exchange it in a step of its own first).
-// Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above.
+// Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above. all_gather and all_to_all out of
+// place of kCmaGatherMinBytes and more go by single copy (below).
 //
-// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for broadcasts
+// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather and
+// all_to_all out of place from kCmaGatherMinBytes (each rank reads its peers' shards or blocks straight from their
+// send buffers: 2 steps per call, one copy per byte; all_gather_cma, all_to_all_cma), and for broadcasts
 // of kCmaBroadcastMinBytes and more: the others read the head of the root's buffer while the root writes the
 // tail into theirs (broadcast_cma). A CMA copy pins the remote pages and copies in the kernel: on the AMD EPYC
 // KVM host of this work, 1 thread, 11-13 GB/s from 64 KB to 8 MB and 6.8 GB/s at 32 MB, against 40-55 and
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/copy.h"
 #include "comm/shm/job.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/p2p.h"
@@ -57,6 +61,16 @@ namespace mt::comm::shm {
 constexpr size_t kDirectMaxBytes = 32 * 1024;
 // Broadcasts of at least this many bytes use the single-copy (CMA) path when the kernel allows it.
 constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
+// all_gather and all_to_all out of place of at least this many bytes (the whole output) use the single-copy path
+// (all_gather_cma, all_to_all_cma): from here the staged path's copies go to DRAM anyway (kStreamMinBytes), where
+// it makes three passes per byte to CMA's two, and it synchronises once per slot chunk instead of twice per
+// call. Measured on the loaded 2-core host of this work (load average 24-34, 2 ranks, back to back, 32-256 MB):
+// all_gather 46-399 ms against 88-722 ms staged, 0.99-1.38x OpenMPI against 0.55-0.70x; all_to_all 1.00-1.38x
+// against 0.55-0.89x. Below 16 MB, not measured reliably (noise); the idle-host figures of the staged path (8 MB
+// faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
+// overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
+constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
+size_t cma_gather_min_bytes();
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -116,6 +130,8 @@ class ShmCommunicator : public Communicator {
   // Single copy: peers read the root's buffer with process_vm_readv. Returns false (on every rank alike)
   // when some rank could not, and the staged broadcast must run instead.
   bool broadcast_cma(Ctx& c);
+  bool all_gather_cma(Ctx& c);
+  bool all_to_all_cma(Ctx& c);
   void all_to_all(Ctx& c);
   void all_to_all_v(Ctx& c);
   void barrier(Ctx& c);
