@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "optim/onebit_adam.h"
 #include "parallel/compress/onebit.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
+#include "train/sma_sync.h"
 
 namespace mt::train {
 
@@ -16,6 +18,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.compress = cfg.compress;
   o.method = cfg.async == AsyncMode::ps                    ? SyncMethod::parameter_server
              : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
+             : cfg.learners > 0                            ? SyncMethod::sma
              : o.compress.enabled()                        ? SyncMethod::compressed
              : cfg.local_sgd > 0        ? SyncMethod::local_sgd
                                         : SyncMethod::exact;
@@ -34,6 +37,10 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.local_state = cfg.local_sgd_state;
   o.freeze_step = cfg.freeze_step;
   o.batch_windows = cfg.batch_size;
+  o.learners = cfg.learners;
+  o.grow = {cfg.adaptive_batch, cfg.adaptive_batch_max, cfg.adaptive_batch_every, cfg.adaptive_batch_every};
+  o.sma_alpha = cfg.sma_alpha;
+  o.sma_momentum = cfg.sma_momentum;
   return o;
 }
 
@@ -106,9 +113,27 @@ class ExactSync : public GradSync {
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
       : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
-        probe_(p) {
+        probe_(p), grow_opts_(o.grow) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
+  }
+  // --adaptive-batch (adaptive_batch.h): the optimizer steps once per k data steps, on their mean gradient;
+  // the optimizer's step count is its own (updates so far), so k = 1 is the plain run.
+  void begin_run(int64_t first) override { updates_ = first; }
+  void begin_step(int64_t s) override {
+    t_step0_ = trace::ChromeTrace::now_us();
+    GradSync::begin_step(s);
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t s) override {
+    if (!grow_opts_.enabled) return GradSync::update(opt, lr, s);
+    MT_ASSERT(grow_, "the adaptive batch starts at the first step");
+    const double t0 = trace::ChromeTrace::now_us();
+    t_batch_ = (t0 - t_step0_) * 1e-6;
+    t_update_ = -1;
+    if (grow_->accumulate(params_.grad())) {
+      engine_.update(opt, lr * grow_->lr_scale(), updates_++);
+      t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
+    }
   }
   // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
   // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
@@ -126,6 +151,7 @@ class ExactSync : public GradSync {
     return h;
   }
   void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
+    if (grow_opts_.enabled && !grow_) grow_ = std::make_unique<AdaptiveBatch>(grow_opts_, params_.size(), items);
     GradSync::step(s, loss_sum, items, tail, opt);
     if (!probing_) return;
     // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2.
@@ -135,8 +161,15 @@ class ExactSync : public GradSync {
     const int M = probe_.micro_batches() * mesh_.grid().dp();
     noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
     if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
+    if (grow_) {
+      const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
+                       : noise_.g2() > 0                      ? noise_.b_simple()
+                                                              : std::numeric_limits<double>::infinity();
+      grow_->observe(s, t_batch_, t_update_, b);
+    }
   }
   void annotate(nlohmann::json& row) const override {
+    if (grow_) grow_->annotate(row);
     if (!probing_ || !noise_valid_ || !noise_.last().valid) return;
     row["noise_scale"] = noise_.b_simple();  // moving-average B_simple (noise_scale.h)
     row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
@@ -170,6 +203,10 @@ class ExactSync : public GradSync {
   NoiseProbe probe_;
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;
+  AdaptiveBatchOptions grow_opts_;
+  std::unique_ptr<AdaptiveBatch> grow_;
+  int64_t updates_ = 0;
+  double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;
 };
 
 // The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
@@ -333,6 +370,8 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
       return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
     case SyncMethod::onebit:
       return std::make_unique<OnebitSync>(mesh, store, params, o, tracer);
+    case SyncMethod::sma:
+      return make_sma_sync(o, mesh, store, params, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }
