@@ -9,6 +9,7 @@
 #include "parallel/compress/onebit.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
+#include "train/exchange_state.h"
 #include "train/sma_sync.h"
 
 namespace mt::train {
@@ -36,6 +37,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.local_warmup = cfg.local_sgd_warmup;
   o.local_state = cfg.local_sgd_state;
   o.freeze_step = cfg.freeze_step;
+  o.beta1 = (float)cfg.beta1;
   o.batch_windows = cfg.batch_size;
   o.learners = cfg.learners;
   o.grow = {cfg.adaptive_batch, cfg.adaptive_batch_max, cfg.adaptive_batch_every, cfg.adaptive_batch_every};
@@ -235,7 +237,7 @@ class TiedCopies {
 // over its dp group, then the parts are summed over the tie group. Summing first would give both ends the same
 // tensor to encode, but a codec's draws and residuals are per tensor of a rank's registry, so the two ends'
 // exchanged copies could differ; summed after, they are equal by construction, and the bytes are the same.
-class CompressedSync : public GradSync {
+class CompressedSync : public GradSync, public ExchangeState {
  public:
   CompressedSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
                  trace::ChromeTrace* t)
@@ -262,6 +264,8 @@ class CompressedSync : public GradSync {
     row["compress_light"] = exchange_.light_fraction();
     row["compress_levels"] = exchange_.light_layers();
   }
+  std::vector<std::vector<float>*> state_buffers() override { return exchange_.state_buffers(); }
+  std::string state_method() const override { return "--compress " + spec_.str() + (dgc_ ? " --dgc" : ""); }
 
  private:
   compress::CompressSpec spec_;
@@ -324,11 +328,16 @@ class LocalSgdSync : public GradSync {
 // gradient share into the synchronized momentum and exchanges that as signs (OnebitMomentumExchange), and the
 // optimizer (optim::OnebitAdam) takes the result as its momentum. After K the step's norm is this rank's
 // share's (no communication), so --grad-clip clips each rank's share.
-class OnebitSync : public GradSync {
+class OnebitSync : public GradSync, public ExchangeState {
  public:
+  // The momentum exchange is made at once (its errors start at zero, used from step K on), so a checkpoint
+  // after K holds its errors and a resume can load them before the first step.
   OnebitSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
              trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), K_(o.freeze_step), tied_(p) {}
+      : GradSync(m, store, p, t), K_(o.freeze_step), b1_(o.beta1), tied_(p),
+        exchange_(std::make_unique<compress::OnebitMomentumExchange>(p, m.dp(), o.beta1)) {}
+  std::vector<std::vector<float>*> state_buffers() override { return exchange_->state_buffers(); }
+  std::string state_method() const override { return "--optimizer onebit-adam"; }
   void reduce(int64_t s) override {
     engine_.finish_backward();
     tied_.sum(mesh_, tracer_);
@@ -341,17 +350,19 @@ class OnebitSync : public GradSync {
     if (s >= K_) {
       auto* ob = dynamic_cast<optim::OnebitAdam*>(&opt);
       MT_ASSERT(ob, "the 1-bit Adam exchange needs optim::OnebitAdam");
-      if (!exchange_)
-        exchange_ = std::make_unique<compress::OnebitMomentumExchange>(params_, mesh_.dp(), ob->beta1());
+      MT_ASSERT(ob->beta1() == b1_, "1-bit Adam's beta1 ", ob->beta1(), " differs from the exchange's ", b1_);
+      compressed_ = true;
       trace::TraceScope ts(tracer_, "1-bit momentum exchange (dp)", "comm");
       exchange_->exchange(params_.grad(), ob->take_grad_scale(), ob->momentum(), params_.grad());
     }
     engine_.update(opt, lr, s);
   }
-  void annotate(nlohmann::json& row) const override { row["onebit_compressed"] = exchange_ != nullptr; }
+  void annotate(nlohmann::json& row) const override { row["onebit_compressed"] = compressed_; }
 
  private:
   int64_t K_;
+  float b1_;
+  bool compressed_ = false;
   TiedCopies tied_;
   std::unique_ptr<compress::OnebitMomentumExchange> exchange_;
 };

@@ -72,6 +72,7 @@ struct SyncOptions {
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
   int64_t freeze_step = 0;      // onebit: exact gradients for steps < K, compressed momentum after
+  float beta1 = 0.9f;           // onebit: the momentum's decay (the exchange mixes shares into it)
   AdaptiveBatchOptions grow;    // exact: --adaptive-batch
   int learners = 0;             // sma: L learners per rank
   double sma_alpha = -1, sma_momentum = 0;
