@@ -195,7 +195,8 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "a central average model every step; evaluation and files hold the central model (0: off)")
       ->capture_default_str();
   s->add_option("--sma-alpha", c.sma_alpha,
-                "--learners: the correction c_j = alpha (w_j - z) (default 1 / (L x dp))");
+                "--learners: the correction c_j = alpha (w_j - z), in [0, 1] (default 1 / (L x dp))")
+      ->check(CLI::NonNegativeNumber);  // the default's -1 (not given) is never checked
   s->add_flag("--adaptive-batch", c.adaptive_batch,
               "CHANGES THE MATH. Pollux-style: every --adaptive-batch-every optimizer steps, double the global "
               "batches averaged per optimizer step (k) while the predicted goodput (measured throughput x "
