@@ -189,6 +189,27 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "exact data parallelism for the first K steps, local steps after (post-local SGD)")
       ->capture_default_str();
   s->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
+  s->add_option("--learners", c.learners,
+                "CHANGES THE MATH. Crossbow's synchronous model averaging: L learner replicas per rank, each "
+                "stepping on its own micro-batches (--micro-batch-size: a multiple of L per rank), corrected toward "
+                "a central average model every step; evaluation and files hold the central model (0: off)")
+      ->capture_default_str();
+  s->add_option("--sma-alpha", c.sma_alpha,
+                "--learners: the correction c_j = alpha (w_j - z), in [0, 1] (default 1 / (L x dp))")
+      ->check(CLI::NonNegativeNumber);  // the default's -1 (not given) is never checked
+  s->add_flag("--adaptive-batch", c.adaptive_batch,
+              "CHANGES THE MATH. Pollux-style: every --adaptive-batch-every optimizer steps, double the global "
+              "batches averaged per optimizer step (k) while the predicted goodput (measured throughput x "
+              "statistical efficiency from the gradient noise scale) improves; learning rate x sqrt(k); --steps "
+              "counts global batches (exact exchange, ZeRO 0, --grad-clip 0)");
+  s->add_option("--adaptive-batch-max", c.adaptive_batch_max, "--adaptive-batch: the largest k")
+      ->capture_default_str();
+  s->add_option("--adaptive-batch-every", c.adaptive_batch_every,
+                "--adaptive-batch: optimizer steps between decisions (and global batches before the first)")
+      ->capture_default_str();
+  s->add_option("--sma-momentum", c.sma_momentum,
+                "--learners: momentum mu of the central model: z += sum_j c_j + mu (z - z_prev)")
+      ->capture_default_str();
   add_enum_option(s, "--async", c.async,
                   "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
                   "slices of the parameters and optimizer state and apply updates, the others compute gradients "

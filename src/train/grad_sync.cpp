@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "optim/onebit_adam.h"
 #include "parallel/compress/onebit.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
+#include "train/exchange_state.h"
+#include "train/sma_sync.h"
 
 namespace mt::train {
 
@@ -16,6 +19,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.compress = cfg.compress;
   o.method = cfg.async == AsyncMode::ps                    ? SyncMethod::parameter_server
              : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
+             : cfg.learners > 0                            ? SyncMethod::sma
              : o.compress.enabled()                        ? SyncMethod::compressed
              : cfg.local_sgd > 0        ? SyncMethod::local_sgd
                                         : SyncMethod::exact;
@@ -33,7 +37,12 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.local_warmup = cfg.local_sgd_warmup;
   o.local_state = cfg.local_sgd_state;
   o.freeze_step = cfg.freeze_step;
+  o.beta1 = (float)cfg.beta1;
   o.batch_windows = cfg.batch_size;
+  o.learners = cfg.learners;
+  o.grow = {cfg.adaptive_batch, cfg.adaptive_batch_max, cfg.adaptive_batch_every, cfg.adaptive_batch_every};
+  o.sma_alpha = cfg.sma_alpha;
+  o.sma_momentum = cfg.sma_momentum;
   return o;
 }
 
@@ -106,9 +115,27 @@ class ExactSync : public GradSync {
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
       : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
-        probe_(p) {
+        probe_(p), grow_opts_(o.grow) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
+  }
+  // --adaptive-batch (adaptive_batch.h): the optimizer steps once per k data steps, on their mean gradient;
+  // the optimizer's step count is its own (updates so far), so k = 1 is the plain run.
+  void begin_run(int64_t first) override { updates_ = first; }
+  void begin_step(int64_t s) override {
+    t_step0_ = trace::ChromeTrace::now_us();
+    GradSync::begin_step(s);
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t s) override {
+    if (!grow_opts_.enabled) return GradSync::update(opt, lr, s);
+    MT_ASSERT(grow_, "the adaptive batch starts at the first step");
+    const double t0 = trace::ChromeTrace::now_us();
+    t_batch_ = (t0 - t_step0_) * 1e-6;
+    t_update_ = -1;
+    if (grow_->accumulate(params_.grad())) {
+      engine_.update(opt, lr * grow_->lr_scale(), updates_++);
+      t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
+    }
   }
   // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
   // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
@@ -126,6 +153,7 @@ class ExactSync : public GradSync {
     return h;
   }
   void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
+    if (grow_opts_.enabled && !grow_) grow_ = std::make_unique<AdaptiveBatch>(grow_opts_, params_.size(), items);
     GradSync::step(s, loss_sum, items, tail, opt);
     if (!probing_) return;
     // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2.
@@ -135,8 +163,15 @@ class ExactSync : public GradSync {
     const int M = probe_.micro_batches() * mesh_.grid().dp();
     noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
     if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
+    if (grow_) {
+      const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
+                       : noise_.g2() > 0                      ? noise_.b_simple()
+                                                              : std::numeric_limits<double>::infinity();
+      grow_->observe(s, t_batch_, t_update_, b);
+    }
   }
   void annotate(nlohmann::json& row) const override {
+    if (grow_) grow_->annotate(row);
     if (!probing_ || !noise_valid_ || !noise_.last().valid) return;
     row["noise_scale"] = noise_.b_simple();  // moving-average B_simple (noise_scale.h)
     row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
@@ -170,6 +205,10 @@ class ExactSync : public GradSync {
   NoiseProbe probe_;
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;
+  AdaptiveBatchOptions grow_opts_;
+  std::unique_ptr<AdaptiveBatch> grow_;
+  int64_t updates_ = 0;
+  double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;
 };
 
 // The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
@@ -198,7 +237,7 @@ class TiedCopies {
 // over its dp group, then the parts are summed over the tie group. Summing first would give both ends the same
 // tensor to encode, but a codec's draws and residuals are per tensor of a rank's registry, so the two ends'
 // exchanged copies could differ; summed after, they are equal by construction, and the bytes are the same.
-class CompressedSync : public GradSync {
+class CompressedSync : public GradSync, public ExchangeState {
  public:
   CompressedSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
                  trace::ChromeTrace* t)
@@ -225,6 +264,8 @@ class CompressedSync : public GradSync {
     row["compress_light"] = exchange_.light_fraction();
     row["compress_levels"] = exchange_.light_layers();
   }
+  std::vector<std::vector<float>*> state_buffers() override { return exchange_.state_buffers(); }
+  std::string state_method() const override { return "--compress " + spec_.str() + (dgc_ ? " --dgc" : ""); }
 
  private:
   compress::CompressSpec spec_;
@@ -287,11 +328,16 @@ class LocalSgdSync : public GradSync {
 // gradient share into the synchronized momentum and exchanges that as signs (OnebitMomentumExchange), and the
 // optimizer (optim::OnebitAdam) takes the result as its momentum. After K the step's norm is this rank's
 // share's (no communication), so --grad-clip clips each rank's share.
-class OnebitSync : public GradSync {
+class OnebitSync : public GradSync, public ExchangeState {
  public:
+  // The momentum exchange is made at once (its errors start at zero, used from step K on), so a checkpoint
+  // after K holds its errors and a resume can load them before the first step.
   OnebitSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
              trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), K_(o.freeze_step), tied_(p) {}
+      : GradSync(m, store, p, t), K_(o.freeze_step), b1_(o.beta1), tied_(p),
+        exchange_(std::make_unique<compress::OnebitMomentumExchange>(p, m.dp(), o.beta1)) {}
+  std::vector<std::vector<float>*> state_buffers() override { return exchange_->state_buffers(); }
+  std::string state_method() const override { return "--optimizer onebit-adam"; }
   void reduce(int64_t s) override {
     engine_.finish_backward();
     tied_.sum(mesh_, tracer_);
@@ -304,17 +350,19 @@ class OnebitSync : public GradSync {
     if (s >= K_) {
       auto* ob = dynamic_cast<optim::OnebitAdam*>(&opt);
       MT_ASSERT(ob, "the 1-bit Adam exchange needs optim::OnebitAdam");
-      if (!exchange_)
-        exchange_ = std::make_unique<compress::OnebitMomentumExchange>(params_, mesh_.dp(), ob->beta1());
+      MT_ASSERT(ob->beta1() == b1_, "1-bit Adam's beta1 ", ob->beta1(), " differs from the exchange's ", b1_);
+      compressed_ = true;
       trace::TraceScope ts(tracer_, "1-bit momentum exchange (dp)", "comm");
       exchange_->exchange(params_.grad(), ob->take_grad_scale(), ob->momentum(), params_.grad());
     }
     engine_.update(opt, lr, s);
   }
-  void annotate(nlohmann::json& row) const override { row["onebit_compressed"] = exchange_ != nullptr; }
+  void annotate(nlohmann::json& row) const override { row["onebit_compressed"] = compressed_; }
 
  private:
   int64_t K_;
+  float b1_;
+  bool compressed_ = false;
   TiedCopies tied_;
   std::unique_ptr<compress::OnebitMomentumExchange> exchange_;
 };
@@ -333,6 +381,8 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
       return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
     case SyncMethod::onebit:
       return std::make_unique<OnebitSync>(mesh, store, params, o, tracer);
+    case SyncMethod::sma:
+      return make_sma_sync(o, mesh, store, params, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }

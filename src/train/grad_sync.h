@@ -52,12 +52,13 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/mesh/mesh.h"
 #include "trace/chrome_trace.h"
+#include "train/adaptive_batch.h"
 #include "train/step_tail.h"
 #include "train/task.h"
 
 namespace mt::train {
 
-enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit };
+enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit, sma };
 
 // Everything the synchronizers need from the flags, parsed once.
 struct SyncOptions {
@@ -71,6 +72,10 @@ struct SyncOptions {
   int64_t local_warmup = 0;     // exact steps first
   bool local_state = false;     // average the optimizer state too
   int64_t freeze_step = 0;      // onebit: exact gradients for steps < K, compressed momentum after
+  float beta1 = 0.9f;           // onebit: the momentum's decay (the exchange mixes shares into it)
+  AdaptiveBatchOptions grow;    // exact: --adaptive-batch
+  int learners = 0;             // sma: L learners per rank
+  double sma_alpha = -1, sma_momentum = 0;
   int batch_windows = 0;        // the global batch in windows (the noise scale needs an even split of them)
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
   // loop; a pipeline under ZeRO 2, 3); false: the gradient is reduced whole after the backward (a pipeline

@@ -122,11 +122,85 @@ nlohmann::json Checkpointer::run_identity() const {
   return j;
 }
 
+namespace {
+
+size_t total_size(const std::vector<std::vector<float>*>& bufs) {
+  size_t n = 0;
+  for (const auto* b : bufs) n += b->size();
+  return n;
+}
+
+std::string exchange_tensor(int rank) { return str("exchange.rank", rank); }
+
+}  // namespace
+
+void Checkpointer::gather_exchange(std::vector<std::vector<float>>& per_rank, std::vector<uint64_t>& sizes) {
+  const std::vector<std::vector<float>*> bufs = exchange_->state_buffers();
+  std::vector<float> mine;
+  mine.reserve(total_size(bufs));
+  for (const auto* b : bufs) mine.insert(mine.end(), b->begin(), b->end());
+  comm::Communicator* world = mesh_.world();
+  const int n = world ? world->size() : 1, me = world ? world->rank() : 0;
+  sizes.assign((size_t)n, 0);
+  const uint64_t my_size = mine.size();
+  if (world && n > 1)
+    world->all_gather(&my_size, sizes.data(), sizeof(uint64_t) * (size_t)n, comm::DType::u8);  // 8 bytes a rank
+  else
+    sizes[0] = my_size;
+  per_rank.assign((size_t)n, {});
+  MT_ASSERT(!mesh_.lead() || me == 0, "the lead writing checkpoints is world rank 0, not ", me);
+  constexpr int kTag = 7207;  // the exchange state's messages to the lead
+  if (!mesh_.lead()) {
+    if (my_size) world->send(mine.data(), my_size, comm::DType::f32, 0, kTag);
+    return;
+  }
+  per_rank[(size_t)me] = std::move(mine);
+  for (int r = 0; r < n; r++) {
+    if (r == me || sizes[(size_t)r] == 0) continue;
+    per_rank[(size_t)r].resize(sizes[(size_t)r]);
+    world->recv(per_rank[(size_t)r].data(), sizes[(size_t)r], comm::DType::f32, r, kTag);
+  }
+}
+
 int64_t Checkpointer::resume() {
   if (cfg_.resume.empty()) return 0;
   std::string fallback;
   const std::string path = checkpoint::resolve_checkpoint(cfg_.resume, &fallback);
   if (mesh_.lead() && !fallback.empty()) std::fprintf(stderr, "meshtrain: warning: %s\n", fallback.c_str());
+  // The exchange's state resumes when the checkpoint holds it for this method under the same layout: this
+  // rank's buffers are then read from the file with the rest; otherwise they start at zero, and the lead says so.
+  std::vector<float> exchange_in;
+  std::vector<checkpoint::NamedTensorOut> targets = state_.factored_targets();
+  if (exchange_) {
+    nlohmann::json st;
+    try {
+      st = nlohmann::json::parse(read_file(path + "/state.json"));
+    } catch (const std::exception&) {  // load_checkpoint names what is wrong with the file
+    }
+    const nlohmann::json saved = st.is_object() ? st.value("exchange_state", nlohmann::json()) : nlohmann::json();
+    comm::Communicator* world = mesh_.world();
+    const int n = world ? world->size() : 1, me = world ? world->rank() : 0;
+    const size_t mine = total_size(exchange_->state_buffers());
+    const bool same = saved.is_object() && saved.value("method", "") == exchange_->state_method() &&
+                      saved.value("ranks", 0) == n && saved.contains("sizes") && saved.at("sizes").is_array() &&
+                      (int)saved.at("sizes").size() == n && saved.at("sizes").at((size_t)me).is_number_unsigned() &&
+                      saved.at("sizes").at((size_t)me).get<uint64_t>() == mine;
+    // Every rank must agree (a rank whose sizes differ makes the whole run start over at zero).
+    float ok[1] = {same ? 0.0f : 1.0f};
+    if (world && n > 1) world->all_reduce(ok, ok, 1, comm::DType::f32, comm::ReduceOp::sum);
+    if (ok[0] == 0.0f && mine > 0) {
+      exchange_in.resize(mine);
+      targets.push_back({exchange_tensor(me), {(int64_t)mine}, exchange_in.data()});
+    } else if (ok[0] != 0.0f && mesh_.lead() && st.is_object()) {
+      std::fprintf(stderr,
+                   "meshtrain: warning: %s holds no exchange state for %s over %d ranks (%s): the exchange's "
+                   "per-rank state (error feedback, momentum) starts at zero\n",
+                   path.c_str(), exchange_->state_method().c_str(), n,
+                   saved.is_object() ? str("saved: ", saved.value("method", "?"), " over ", saved.value("ranks", 0),
+                                           " ranks").c_str()
+                                     : "saved by a run without it");
+    }
+  }
   if (delay_one(cfg_)) {  // the second weight version must be in the files: say so before reading them
     nlohmann::json st;
     try {
@@ -143,8 +217,15 @@ int64_t Checkpointer::resume() {
   std::vector<std::vector<float>> states(names.size(), std::vector<float>(full.size()));
   checkpoint::NamedFlatOut outs;
   for (size_t k = 0; k < names.size(); k++) outs.push_back({names[k], states[k].data()});
-  nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs, state_.factored_targets());
+  nlohmann::json st = checkpoint::load_checkpoint(path, full, whole.data(), outs, targets);
   state_.load(whole.data(), states);
+  if (!exchange_in.empty()) {
+    size_t at = 0;
+    for (std::vector<float>* b : exchange_->state_buffers()) {
+      std::copy(exchange_in.begin() + (long)at, exchange_in.begin() + (long)(at + b->size()), b->begin());
+      at += b->size();
+    }
+  }
   const int64_t start = st["step"].get<int64_t>();
   const std::string model = flag_name(cfg_.model), optimizer = flag_name(cfg_.optimizer);
   MT_CHECK_INPUT(st.value("model", model) == model, path, " holds a ", st.value("model", ""), " model but --model is ",
@@ -201,6 +282,9 @@ void Checkpointer::save(int64_t next_step) {
   state_.gather_states(states);
   std::vector<FactoredState> factored;
   state_.gather_factored(factored);
+  std::vector<std::vector<float>> exchange;
+  std::vector<uint64_t> exchange_sizes;
+  if (exchange_) gather_exchange(exchange, exchange_sizes);
   if (!mesh_.lead()) {  // the lead writes; every rank knows what, so all give the same advice on divergence
     written_.push_back(
         {next_step, (std::filesystem::path(cfg_.checkpoint_dir) / checkpoint::step_name(next_step)).string()});
@@ -224,6 +308,12 @@ void Checkpointer::save(int64_t next_step) {
   st.update(run_identity());
   std::vector<checkpoint::NamedTensor> tensors;
   for (const FactoredState& f : factored) tensors.push_back({f.name, f.shape, f.data.data()});
+  if (exchange_) {
+    st["exchange_state"] = {{"method", exchange_->state_method()}, {"ranks", exchange_sizes.size()},
+                            {"sizes", exchange_sizes}};
+    for (size_t r = 0; r < exchange.size(); r++)
+      if (!exchange[r].empty()) tensors.push_back({exchange_tensor((int)r), {(int64_t)exchange[r].size()}, exchange[r].data()});
+  }
   std::string path = checkpoint::save_checkpoint(cfg_.checkpoint_dir, next_step, state_.layout().full(), whole_.data(),
                                                  named, metadata_, st, cfg_.keep_checkpoints, tensors);
   written_.push_back({next_step, path});

@@ -24,6 +24,7 @@
 #include "trace/chrome_trace.h"
 #include "trace/metrics.h"
 #include "train/consolidate.h"
+#include "train/exchange_state.h"
 #include "train/task.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -117,8 +118,14 @@ class Checkpointer {
   const std::vector<std::pair<int64_t, std::string>>& written() const { return written_; }
   // "the last checkpoint is DIR/step_N (step N): ..." or why there is none, for messages that stop a run.
   std::string last_checkpoint() const;
+  // The exchange's per-rank state (exchange_state.h), saved and resumed with the rest; null: none. Set before
+  // resume().
+  void set_exchange_state(ExchangeState* e) { exchange_ = e; }
 
  private:
+  // Collective over the world: every rank's exchange buffers, concatenated, at the lead (per world rank;
+  // empty elsewhere), and each rank's element count.
+  void gather_exchange(std::vector<std::vector<float>>& per_rank, std::vector<uint64_t>& sizes);
   // The flags that change what a step computes, and the inputs' content (core/fs.h file_fingerprint), as
   // state.json records them; resume() compares them with this run's.
   nlohmann::json run_identity() const;
@@ -132,6 +139,7 @@ class Checkpointer {
   std::vector<std::pair<int64_t, std::string>> written_;  // (step, path), oldest first
   std::vector<float> whole_;
   nlohmann::json inputs_;  // lead: {"data_fingerprint": "BYTES:HASH", ...}, taken once at start
+  ExchangeState* exchange_ = nullptr;
 };
 
 // Every rank writes its events next to `path`; the lead merges them after a barrier over the world.

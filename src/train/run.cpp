@@ -139,6 +139,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
                         (double)store->grad_bytes(),   (double)opt->state().bytes(),
                         (double)opt->state().offloaded_bytes(), (double)task->activation_bytes()};
   check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
+  ckpt->set_exchange_state(dynamic_cast<ExchangeState*>(sync.get()));
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint

@@ -13,6 +13,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_generator.h"
 #include "train/layout.h"
+#include "train/sma_sync.h"
 #include "train/train_config.h"
 
 namespace mt::train {
@@ -275,6 +276,70 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) { return optimizer_flag(c) + " with " + async_flag(c); },
      "a parameter server steps each slice of the flat buffer on its own, so a tensor that straddles two servers "
      "has no whole-tensor statistics phase (and --async hogwild runs SGD); use --optimizer adamw or sgd"},
+    {[](const TrainConfig& c) {
+       return c.learners > 0 && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) ||
+                                 c.delayed_update);
+     },
+     [](const TrainConfig& c) {
+       return str("--learners ", c.learners, " with ",
+                  compressing(c)   ? compress_flag(c)
+                  : local_sgd(c)   ? local_flag(c)
+                  : asynchronous(c) ? async_flag(c)
+                  : onebit(c)      ? optimizer_flag(c)
+                                   : std::string("--delayed-update"));
+     },
+     "Crossbow's model averaging is the run's exchange (learners corrected toward a central model, no gradient "
+     "exchange), which these flags replace or change: choose one"},
+    {[](const TrainConfig& c) {
+       return c.learners > 0 && (c.zero > 0 || c.tp > 1 || c.pp > 1 || c.gpt.moe_every > 0 || c.moe.ep > 1);
+     },
+     [](const TrainConfig& c) {
+       return str("--learners ", c.learners, " with --zero ", c.zero, " --tp ", c.tp, " --pp ", c.pp,
+                  " --moe-every ", c.gpt.moe_every);
+     },
+     "each learner is a whole replica of the model on one rank, swapped in per micro-batch; learners split by "
+     "ZeRO, tensor, pipeline or expert groups are not built; use --zero 0 --tp 1 --pp 1 and a dense model"},
+    {[](const TrainConfig& c) { return c.learners > 0 && (!c.resume.empty() || c.offload.optimizer); },
+     [](const TrainConfig& c) {
+       return str("--learners ", c.learners, " with ", !c.resume.empty() ? "--resume" : "--offload optimizer");
+     },
+     "checkpoints hold the central model only (not the learners' weights, their optimizer state or the "
+     "central momentum), and each learner's optimizer state is kept in memory; a resumed run would not equal "
+     "the unbroken one"},
+    {[](const TrainConfig& c) {
+       return c.adaptive_batch && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.learners > 0 ||
+                                   c.delayed_update);
+     },
+     [](const TrainConfig& c) {
+       return "--adaptive-batch with " + (compressing(c)    ? compress_flag(c)
+                                          : local_sgd(c)    ? local_flag(c)
+                                          : asynchronous(c) ? async_flag(c)
+                                          : onebit(c)       ? optimizer_flag(c)
+                                          : c.learners > 0  ? str("--learners ", c.learners)
+                                                            : std::string("--delayed-update"));
+     },
+     "the batch grows by averaging whole reduced gradients of the exact exchange, whose measured noise scale "
+     "decides it; these flags replace that exchange or its update: choose one"},
+    {[](const TrainConfig& c) {
+       return c.adaptive_batch && (c.zero > 0 || c.pp > 1 || c.gpt.moe_every > 0 || c.moe.ep > 1);
+     },
+     [](const TrainConfig& c) {
+       return str("--adaptive-batch with --zero ", c.zero, " --pp ", c.pp, " --moe-every ", c.gpt.moe_every);
+     },
+     "the decision needs the gradient noise scale, measured for the micro-batch loop under ZeRO 0 and 1 without "
+     "pipeline or experts, and the accumulation keeps the whole reduced gradient (ZeRO 0); use --zero 0 --pp 1 "
+     "and a dense model"},
+    {[](const TrainConfig& c) {
+       return c.adaptive_batch && (c.grad_clip > 0 || !c.resume.empty() || c.offload.optimizer);
+     },
+     [](const TrainConfig& c) {
+       return "--adaptive-batch with " + (c.grad_clip > 0      ? str("--grad-clip ", c.grad_clip)
+                                          : !c.resume.empty() ? std::string("--resume")
+                                                              : std::string("--offload optimizer"));
+     },
+     "clipping would have to apply to the averaged gradient of the k batches (not built: use --grad-clip 0); "
+     "checkpoints do not hold the accumulator or k (a resumed run would differ); the tiled update is not built "
+     "with it"},
 };
 
 void check_refused(const TrainConfig& c) {
@@ -388,6 +453,19 @@ void TrainConfig::validate(int world_size) const {
   const BatchLayout layout(*this, d);
   moe.validate(*this, d);
   check_comm_efficient(*this, d);
+  check_learners(*this, d);
+  if (adaptive_batch) {
+    MT_CHECK_INPUT(adaptive_batch_max >= 1 && adaptive_batch_every >= 1,
+                   "--adaptive-batch-max and --adaptive-batch-every must be >= 1, got ", adaptive_batch_max, " and ",
+                   adaptive_batch_every);
+    MT_CHECK_INPUT(d * layout.micro_count() >= 2 && batch_size % (d * layout.micro_count()) == 0,
+                   "--adaptive-batch decides from the gradient noise scale, which needs at least two equal small "
+                   "batches per step: --batch-size ", batch_size, " over ", d, " data-parallel ranks in ",
+                   layout.micro_count(), " micro-batches each; use --nproc > 1 or --micro-batch-size");
+  } else {
+    MT_CHECK_INPUT(adaptive_batch_max == 8 && adaptive_batch_every == 10,
+                   "--adaptive-batch-max and --adaptive-batch-every need --adaptive-batch");
+  }
 }
 
 }  // namespace mt::train

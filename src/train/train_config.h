@@ -161,6 +161,12 @@ struct TrainConfig {
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
   int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
   bool local_sgd_state = false;    // also average the optimizer state at each sync
+  int learners = 0;                // --learners L > 0: Crossbow's SMA, L learner replicas per rank (sma_sync.h)
+  double sma_alpha = -1;           // the SMA correction's alpha (-1: 1 / (L x dp))
+  double sma_momentum = 0;         // the central model's momentum mu
+  bool adaptive_batch = false;     // Pollux-style growth of the batch per update (train/adaptive_batch.h)
+  int adaptive_batch_max = 8;      // the most global batches per optimizer step
+  int adaptive_batch_every = 10;   // optimizer steps between decisions (and data steps before the first)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute

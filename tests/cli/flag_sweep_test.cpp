@@ -102,6 +102,21 @@ TEST(FlagSweep, TrainGpt) {
                          "--tp",            "--pp",               "--virtual-stages"}));
 }
 
+// Crossbow's model averaging and the adaptive batch, each from a base that runs with it.
+TEST(FlagSweep, TrainLearnersAndAdaptiveBatch) {
+  TempDir dir;
+  const std::string shard = dir / "d.bin";
+  make_random_shard(shard, 5000, 64, 1);
+  const std::vector<std::string> common =
+      concat({"train", "--data", shard, "--seq-len", "16", "--batch-size", "4", "--micro-batch-size", "2", "--steps",
+              "2", "--quiet"},
+             tiny_gpt_flags());
+  sweep(concat(common, {"--learners", "2"}),
+        cases_for(concat(common, {"--learners", "2"}), {"--learners", "--sma-alpha", "--sma-momentum"}));
+  const std::vector<std::string> grow = concat(common, {"--adaptive-batch", "--grad-clip", "0"});
+  sweep(grow, cases_for(grow, {"--adaptive-batch-max", "--adaptive-batch-every"}));
+}
+
 // Byte sizes (K/M/G suffixes): the memory budget and the offload tier's tile, with an offload directory given.
 TEST(FlagSweep, TrainByteSizes) {
   TempDir dir;

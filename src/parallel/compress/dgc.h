@@ -23,7 +23,8 @@
 // clipped gradients that were not sent (plain error feedback), masking clears v where sent, and AdamW sees the
 // exchanged sparse sum as its gradient (its moments are the optimizer's, untouched by the exchange).
 //
-// State (u per tensor) is this rank's; a resumed run starts it at zero, like the error-feedback residuals.
+// State (u per tensor) is this rank's; checkpoints keep it with the error-feedback residuals, per rank
+// (train/exchange_state.h: a resume under the same layout continues it, any other starts it at zero).
 #pragma once
 
 #include <cstddef>
@@ -56,6 +57,8 @@ class DgcMomentum {
   // Momentum factor masking: u = 0 at the sent indices.
   void mask(size_t t, const std::vector<uint32_t>& sent);
   const std::vector<float>& velocity(size_t t) const { return u_[t]; }
+  std::vector<float>& velocity(size_t t) { return u_[t]; }
+  size_t tensors() const { return u_.size(); }
 
  private:
   float m_ = 0.0f;

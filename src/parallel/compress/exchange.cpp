@@ -119,6 +119,14 @@ float GradientExchange::dgc_clip() const {
   return dgc_clip_factor(std::sqrt(sq), dgc_.clip, n_);
 }
 
+std::vector<std::vector<float>*> GradientExchange::state_buffers() {
+  std::vector<std::vector<float>*> out;
+  for (auto& r : residual_) out.push_back(&r);
+  for (auto& q : q_) out.push_back(&q);
+  for (size_t t = 0; t < momentum_.tensors(); t++) out.push_back(&momentum_.velocity(t));
+  return out;
+}
+
 double GradientExchange::light_fraction() const {
   if (light_.empty()) return 0;
   int k = 0;

@@ -66,6 +66,10 @@ class GradientExchange {
   double density() const { return step_spec_.ratio; }
   float clip_factor() const { return clip_; }
   const DgcMomentum& momentum() const { return momentum_; }
+  // The buffers this rank carries between steps, for checkpoints: per tensor the error-feedback residual,
+  // PowerSGD's Q and DGC's velocity (each possibly empty), in that order. Accordion's interval state is not
+  // among them.
+  std::vector<std::vector<float>*> state_buffers();
 
  private:
   const CompressSpec& spec_of(const nn::Param& p) const;

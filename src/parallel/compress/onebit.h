@@ -14,7 +14,8 @@
 // Bytes sent per rank and step, with P = sum over tensors of 4 + ceil(n/8) and P_r the payloads rank r serves:
 // (P - P_r) + (N - 1) P_r, about 2 (N-1)/N P when the servers are balanced, against 2 (N-1)/N x 4 bytes per
 // element for exact data parallelism's all-reduce: about 32x fewer at any N (at N = 2 exactly P, whatever the
-// balance). M' is bit-identical on every rank (one server made it); e_s lives on the tensor's server. The errors are this rank's state; a resumed run starts them at zero.
+// balance). M' is bit-identical on every rank (one server made it); e_s lives on the tensor's server. The errors are this rank's state, kept
+// per rank in checkpoints (train/exchange_state.h: a resume under the same layout continues them).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +44,13 @@ class OnebitMomentumExchange {
   const std::vector<float>& worker_error(size_t t) const { return ew_[t]; }
   const std::vector<float>& server_error(size_t t) const { return es_[t]; }  // meaningful on owner(t)
   int owner(size_t t) const { return owner_[t]; }
+  // The errors for checkpoints: per tensor the worker error, then per tensor the server error.
+  std::vector<std::vector<float>*> state_buffers() {
+    std::vector<std::vector<float>*> out;
+    for (auto& e : ew_) out.push_back(&e);
+    for (auto& e : es_) out.push_back(&e);
+    return out;
+  }
 
  private:
   nn::ParamRegistry& params_;

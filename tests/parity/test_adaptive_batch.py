@@ -1,0 +1,145 @@
+"""--adaptive-batch at the CLI (train/adaptive_batch.h), on dp_common.py's tiny GPT (B0 = 12 windows x 16 tokens
+= 192 tokens per data step, --micro-batch-size 3: 4 small batches for the noise scale), --grad-clip 0.
+
+Checks:
+  1. --adaptive-batch-max 1 (k stays 1) equals the run without --adaptive-batch: every step's loss and
+     grad_norm at rel 1e-6 (the same operations), every row batches_per_update 1 and updated.
+  2. With the times pinned (MESHTRAIN_ADAPTIVE_BATCH_TIMES=1000,1000: a data step and an optimizer step of
+     1 ms each), the choice follows the noise scale alone: G(2)/G(1) = 4/3 (B_noise + B0)/(B_noise + 2 B0).
+     a. A shard of one repeated token: every window is the same sequence, every small batch has the same
+        gradient, tr(Sigma) ~ 0 and B_noise ~ 0: the gain is ~2/3 at every decision and k stays 1.
+     b. Uniform random tokens (the gradient is mostly noise; B_noise measured ~1000-3000 tokens against
+        B0 = 192): the gain at k = 1 is above 1 (B_noise > 2 B0 suffices), so the batch grows: k reaches 2.
+  3. Every adaptive run's rows follow the rule: at every decision row the logged gain equals the rule
+     recomputed here from the row's own inputs (goodput_noise, t_batch_s, t_update_s, k; rel 1e-9), k doubles
+     exactly when the gain exceeds 1 (and 2k <= max), the following rows use the new k with lr_scale sqrt(k),
+     and an optimizer step happens every k-th data step. Also a run with measured times (on this machine the
+     optimizer step is ~0.2% of a data step, so the measured rule keeps k = 1 unless B_noise is hundreds of
+     times B0: checked for consistency only).
+  4. Refusals name both flags.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dp_common as dc  # noqa: E402
+import gpt_reference as ref  # noqa: E402
+from parity_harness import Checks, parse_args, read_metrics, rel_diff  # noqa: E402
+
+HP = ref.HParams(lr=1e-3, min_lr=1e-4, warmup_steps=3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                 grad_clip=0.0)
+B0_TOKENS = dc.B * dc.T
+
+
+def run(args, checks, tag, data, steps, extra, pinned=False):
+    metrics = os.path.join(args.workdir, tag + ".jsonl")
+    dc.remove_stale(metrics)
+    os.environ.pop("MESHTRAIN_ADAPTIVE_BATCH_TIMES", None)
+    if pinned:
+        os.environ["MESHTRAIN_ADAPTIVE_BATCH_TIMES"] = "1000,1000"
+    r = dc.run_group(dc.train_cmd(args.meshtrain, args.init, data, steps,
+                                  ["--micro-batch-size", 3, *extra, "--metrics", metrics], hp=HP),
+                     120, os.path.join(args.workdir, tag))
+    if not checks.check(r.returncode == 0, dc.failure_text(r, tag)):
+        return None
+    return read_metrics(metrics, steps, checks, label=tag)
+
+
+def goodput(b_noise, k, t_batch, t_update):
+    e = 1.0 if b_noise is None else (max(0.0, b_noise) + B0_TOKENS) / (max(0.0, b_noise) + k * B0_TOKENS)
+    return k * B0_TOKENS / (k * t_batch + t_update) * e
+
+
+def follows_rule(rows, checks, tag, max_k):
+    """Check 3 over one run's rows; returns the k of each row."""
+    k, pending, bad = 1, 0, []
+    for r in rows:
+        if r["batches_per_update"] != k:
+            bad.append(f"step {r['step']}: batches_per_update {r['batches_per_update']}, expected {k}")
+        pending += 1
+        if r["updated"] != (pending == k):
+            bad.append(f"step {r['step']}: updated {r['updated']} with {pending} of {k} batches")
+        if pending == k:
+            pending = 0
+        if abs(r["lr_scale"] - math.sqrt(k)) > 1e-6:
+            bad.append(f"step {r['step']}: lr_scale {r['lr_scale']} for k {k}")
+        if "goodput_gain" in r:
+            want = (goodput(r.get("goodput_noise"), 2 * k, r["t_batch_s"], r["t_update_s"]) /
+                    goodput(r.get("goodput_noise"), k, r["t_batch_s"], r["t_update_s"]))
+            nxt = 2 * k if want > 1 and 2 * k <= max_k else k
+            if rel_diff(r["goodput_gain"], want) > 1e-9 or r["batches_next"] != nxt:
+                bad.append(f"step {r['step']}: gain {r['goodput_gain']} next {r['batches_next']}, rule gives "
+                           f"{want} next {nxt}")
+            k = r["batches_next"]
+    print(f"{tag}: k per step", [r["batches_per_update"] for r in rows])
+    print(f"{tag}: decisions (step, B_noise, gain)", [(r["step"], r.get("goodput_noise"), round(r["goodput_gain"], 4))
+                                                      for r in rows if "goodput_gain" in r])
+    checks.check(not bad, f"{tag}: {len(bad)} rows off the rule; first: {bad[0] if bad else ''}")
+    checks.check(any("goodput_gain" in r for r in rows), f"{tag}: no decision was logged")
+    return [r["batches_per_update"] for r in rows]
+
+
+def main():
+    args = parse_args(__doc__)
+    checks = Checks("--adaptive-batch")
+    args.init, markov, _ = dc.write_inputs(args.workdir)
+    const = os.path.join(args.workdir, "const.bin")
+    ref.write_shard(const, np.full(dc.N_TOKENS, 7, dtype=np.uint16))
+    noisy = os.path.join(args.workdir, "noisy.bin")
+    ref.write_shard(noisy, np.random.RandomState(5).randint(0, dc.CFG.vocab_size, dc.N_TOKENS).astype(np.uint16))
+
+    # 1. k = 1 is the plain run
+    plain = run(args, checks, "plain", markov, 10, [])
+    k1 = run(args, checks, "adaptive_max1", markov, 10, ["--adaptive-batch", "--adaptive-batch-max", 1,
+                                                          "--adaptive-batch-every", 2])
+    if plain and k1:
+        worst = max(max(rel_diff(a["loss"], b["loss"]), rel_diff(a["grad_norm"], b["grad_norm"]))
+                    for a, b in zip(plain, k1))
+        print(f"adaptive max 1 vs plain: worst rel {worst:.2e}")
+        checks.check(worst <= 1e-6, f"--adaptive-batch-max 1 vs plain: worst rel {worst:.2e} > 1e-6")
+        checks.check(all(r["batches_per_update"] == 1 and r["updated"] for r in k1),
+                     "--adaptive-batch-max 1: every row should have batches_per_update 1 and updated")
+
+    # 2a. no noise: never grows
+    rows = run(args, checks, "const", const, 16, ["--adaptive-batch", "--adaptive-batch-every", 2], pinned=True)
+    if rows:
+        follows_rule(rows, checks, "const", 8)
+        gains = [r["goodput_gain"] for r in rows if "goodput_gain" in r]
+        checks.check(len(gains) >= 4 and all(g < 1 for g in gains) and all(r["batches_per_update"] == 1 for r in rows),
+                     f"const data (no gradient noise): k must stay 1 with every goodput_gain < 1; gains {gains}")
+
+    # 2b. noise: grows
+    rows = run(args, checks, "noisy", noisy, 24, ["--adaptive-batch", "--adaptive-batch-every", 2,
+                                                   "--adaptive-batch-max", 4], pinned=True)
+    if rows:
+        ks = follows_rule(rows, checks, "noisy", 4)
+        checks.check(max(ks) >= 2, f"noisy data: the batch should grow (k reached {max(ks)})")
+
+    # 3. measured times: consistency only
+    rows = run(args, checks, "noisy_measured", noisy, 24, ["--adaptive-batch", "--adaptive-batch-every", 2,
+                                                            "--adaptive-batch-max", 4])
+    if rows:
+        follows_rule(rows, checks, "noisy_measured", 4)
+
+    # 4. refusals
+    bad = [(["--adaptive-batch", "--micro-batch-size", "3", "--zero", "1", "--nproc", "2"],
+            ["--adaptive-batch", "--zero 1"]),
+           (["--adaptive-batch", "--micro-batch-size", "3", "--grad-clip", "1"], ["--adaptive-batch", "--grad-clip 1"]),
+           (["--adaptive-batch"], ["--adaptive-batch", "--micro-batch-size"]),
+           (["--adaptive-batch-max", "4"], ["--adaptive-batch-max", "--adaptive-batch"])]
+    for i, (flags, names) in enumerate(bad):
+        metrics = os.path.join(args.workdir, f"bad{i}.jsonl")
+        hp = HP if "--grad-clip" not in flags else ref.HParams(**{**HP.__dict__, "grad_clip": 1.0})
+        cmd = dc.train_cmd(args.meshtrain, args.init, markov, 2, [f for f in flags if f not in ("--grad-clip", "1")]
+                           if "--grad-clip" in flags else flags, hp=hp)
+        dc.check_rejected(cmd, metrics, os.path.join(args.workdir, f"bad{i}"), names, checks, " ".join(flags))
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+// The adaptive batch's rule (train/adaptive_batch.h) on numbers worked by hand, and its accumulation.
+#include "train/adaptive_batch.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace mt::train;
+const double kInf = std::numeric_limits<double>::infinity();
+
+// E(B) = (B_noise + B0) / (B_noise + B): 110 / 120 at B_noise 100, B0 10, B 20; no noise: B0 / B; infinite
+// noise: 1.
+TEST(AdaptiveBatch, StatisticalEfficiency) {
+  EXPECT_DOUBLE_EQ(statistical_efficiency(100, 10, 20), 110.0 / 120.0);
+  EXPECT_DOUBLE_EQ(statistical_efficiency(0, 10, 40), 0.25);
+  EXPECT_DOUBLE_EQ(statistical_efficiency(-5, 10, 40), 0.25);
+  EXPECT_DOUBLE_EQ(statistical_efficiency(kInf, 10, 40), 1.0);
+}
+
+// B0 1, t_batch 1, t_update 1: G(1) = 1 / 2, G(2) = 2 / 3 (B_noise + 1) / (B_noise + 2), which beats G(1)
+// exactly when B_noise > 2. At B_noise 2 they tie (3/4 x 2/3 = 1/2): no growth; at 3, 8/15 > 1/2: k doubles.
+TEST(AdaptiveBatch, DoublesWhenGoodputImproves) {
+  EXPECT_DOUBLE_EQ(goodput(2, 1, 1, 1, 1), 0.5);
+  EXPECT_DOUBLE_EQ(goodput(3, 1, 2, 1, 1), 8.0 / 15.0);
+  EXPECT_EQ(choose_batches(2, 1, 1, 8, 1, 1), 1);
+  EXPECT_EQ(choose_batches(3, 1, 1, 8, 1, 1), 2);
+  EXPECT_EQ(choose_batches(0, 1, 1, 8, 1, 1), 1);     // no noise: a bigger batch only halves the efficiency
+  EXPECT_EQ(choose_batches(kInf, 1, 4, 8, 1, 1), 8);  // all noise: any throughput gain pays
+  EXPECT_EQ(choose_batches(kInf, 1, 8, 8, 1, 1), 8);  // never past max
+  EXPECT_EQ(choose_batches(kInf, 1, 1, 1, 1, 1), 1);
+}
+
+// every 1, warmup 1: the first observed update decides k = 2 (infinite noise); the next two gradients are
+// averaged into one step with lr x sqrt(2); no decision while a batch is pending.
+TEST(AdaptiveBatch, AccumulatesKBatchesThenSteps) {
+  AdaptiveBatch ab({true, 8, 1, 1}, 2, 1.0);
+  std::vector<float> g{5, 7};
+  EXPECT_TRUE(ab.accumulate(g.data()));  // k = 1: the gradient as it is
+  EXPECT_EQ(g, (std::vector<float>{5, 7}));
+  EXPECT_FLOAT_EQ(ab.lr_scale(), 1.0f);
+  ab.observe(0, 1.0, 1.0, kInf);
+  EXPECT_EQ(ab.k(), 2);
+  std::vector<float> a{1, 2}, b{3, 6};
+  EXPECT_FALSE(ab.accumulate(a.data()));
+  ab.observe(1, 1.0, -1.0, kInf);  // pending: k stays
+  EXPECT_EQ(ab.k(), 2);
+  EXPECT_TRUE(ab.accumulate(b.data()));
+  EXPECT_EQ(b, (std::vector<float>{2, 4}));
+  EXPECT_FLOAT_EQ(ab.lr_scale(), std::sqrt(2.0f));
+  ab.observe(2, 1.0, 1.0, std::nan(""));  // no estimate: no decision
+  EXPECT_EQ(ab.k(), 2);
+  ab.observe(3, 1.0, 1.0, 0.0);  // no noise: stays (never shrinks either)
+  EXPECT_EQ(ab.k(), 2);
+}
+
+}  // namespace
