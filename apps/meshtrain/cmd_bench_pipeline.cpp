@@ -118,6 +118,16 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
       // zb-v: two chunks in a V; chimera: one stage of each of its two pipelines
       const int V = name == "interleaved" ? a.virtual_stages : name == "zb-v" || name == "chimera" ? 2 : 1;
       const pipeline::ScheduleSpec spec{name, p, m, V};
+      // Every registered schedule by default: one that cannot build this (p, m) (chimera: odd p or m) is skipped
+      // with its reason; a schedule named in --schedules is refused.
+      if (a.schedules == pipeline::schedule_names()) {
+        try {
+          pipeline::validate(spec);
+        } catch (const InputError& e) {
+          std::printf("%-12s %3d %2d skipped: %s\n", name.c_str(), m, V, e.what());
+          continue;
+        }
+      }
       pipeline::validate(spec);
       // The peer of the ratio column: 1F1B at the same m, its steps alternating with this schedule's in the same
       // job, so a slower spell of the machine falls on both.
