@@ -16,7 +16,9 @@ Also checked:
   - held-out loss (--val-data, --eval-every) equal to the single process (each micro-batch's loss and tokens
     counted once, on the rank ending its route);
   - weight memory per rank: the summary's param_bytes summed over the ranks of a pp 2 and a pp 4 chimera run
-    is 2 x (the 1F1B run's sum - one wte), the whole model twice (1F1B holds the model once plus a second wte);
+    is 2 x (the 1F1B run's sum - one wte), the whole model twice (1F1B holds the model once plus a second wte),
+    and its pipeline.stage_copies is 2 (1 under 1F1B);
+  - a checkpoint at step 5 of a pp 4 run resumes it bit for bit (loss and grad_norm of steps 5-19);
   - refused at start with both flags named: ZeRO 2 and 3, an odd --pp, an odd micro-batch count.
 """
 from __future__ import annotations
@@ -45,7 +47,11 @@ def param_bytes(lr: dpc.LayoutRunner, tag: str, flags) -> list:
     if not lr.checks.check(r.returncode == 0, dpc.failure_text(r, tag)):
         return []
     with open(summary) as f:
-        return [rank["param_bytes"] for rank in json.load(f)["ranks"]]
+        s = json.load(f)
+    copies = s.get("pipeline", {}).get("stage_copies")
+    want = 2 if "chimera" in flags else 1
+    lr.checks.check(copies == want, f"{tag}: summary pipeline.stage_copies {copies}, want {want}")
+    return [rank["param_bytes"] for rank in s["ranks"]]
 
 
 def main() -> None:
@@ -103,6 +109,21 @@ def main() -> None:
                          f"want 2 x ({sum(one)} - {wte})")
             print(f"pp {p} param_bytes per rank: 1f1b {one}, chimera {chim} ({sum(chim) / (sum(one) - wte):.3f}x "
                   f"the model)")
+
+    # A checkpoint taken at step 5 of a pp 4 chimera run resumes it bit for bit (both copies of every stage
+    # saved and loaded by name on each of their ranks).
+    ck = lr.out("resume_ck", "d")
+    dpc.remove_stale(ck)
+    flags = ["--nproc", 4, "--pp", 4, "--micro-batch-size", 3] + CHIMERA
+    whole, _ = lr.run("resume_whole_chimera", flags, save=False)
+    first, _ = lr.run("resume_first_chimera", flags + ["--checkpoint-dir", ck, "--stop-at-step", 5], end=5,
+                      save=False)
+    rest, _ = lr.run("resume_rest_chimera", flags + ["--checkpoint-dir", ck, "--resume", ck], first=5, save=False)
+    if whole is not None and first is not None and rest is not None:
+        a = [(r["step"], r["loss"], r["grad_norm"]) for r in whole if r["step"] >= 5]
+        b = [(r["step"], r["loss"], r["grad_norm"]) for r in rest]
+        checks.check(len(a) == STEPS - 5 and a == b, f"resumed chimera run: {b[:2]} against the whole run's {a[:2]}")
+        print(f"resume at step 5 (pp 4): {sum(x == y for x, y in zip(a, b))} of {len(a)} rows bit-equal")
 
     # Refusals, at start, naming the flags.
     base = dpc.train_cmd(args.meshtrain, lr.init_path, lr.data_path, 2, [], lr.hp)
