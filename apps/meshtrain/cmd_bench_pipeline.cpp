@@ -115,8 +115,19 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
-      const int V = name == "interleaved" ? a.virtual_stages : name == "zb-v" ? 2 : 1;  // zb-v: two chunks in a V
+      // zb-v: two chunks in a V; chimera: one stage of each of its two pipelines
+      const int V = name == "interleaved" ? a.virtual_stages : name == "zb-v" || name == "chimera" ? 2 : 1;
       const pipeline::ScheduleSpec spec{name, p, m, V};
+      // Every registered schedule by default: one that cannot build this (p, m) (chimera: odd p or m) is skipped
+      // with its reason; a schedule named in --schedules is refused.
+      if (a.schedules == pipeline::schedule_names()) {
+        try {
+          pipeline::validate(spec);
+        } catch (const InputError& e) {
+          std::printf("%-12s %3d %2d skipped: %s\n", name.c_str(), m, V, e.what());
+          continue;
+        }
+      }
       pipeline::validate(spec);
       // The peer of the ratio column: 1F1B at the same m, its steps alternating with this schedule's in the same
       // job, so a slower spell of the machine falls on both.
@@ -130,7 +141,9 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         const size_t n = (size_t)(a.activation_kb * 1024 / sizeof(float));
         const pipeline::Schedule lists = pipeline::make_schedule(spec);
         const pipeline::Schedule peer_lists = with_peer ? pipeline::make_schedule(peer) : pipeline::Schedule{};
-        SleepRunner runner(a, V, n), peer_runner(a, 1, n);
+        // A chunk's share of the rank's forward F: 1 / V, or a whole stage when the placement holds each stage
+        // twice (chimera: each micro-batch passes one of the rank's two chunks, F per stage as under 1F1B).
+        SleepRunner runner(a, V / lists.placement.routes(), n), peer_runner(a, 1, n);
         pipeline::PipelineStats st, peer_st;
         pipeline::PipelineExecutor ex, peer_ex;
         for (int s = 0; s < a.steps; s++) {
@@ -197,7 +210,7 @@ void add_bench_pipeline_command(CLI::App& bench) {
   sub->add_option("--stages", a->stages, "p: pipeline ranks (forked, shared memory)")->capture_default_str();
   sub->add_option("--schedules", a->schedules, "which schedules")->delimiter(',')->capture_default_str();
   sub->add_option("--micro-batches", a->micro_batches, "m values (default p and 2p)")->delimiter(',');
-  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved (zb-v runs 2)")->capture_default_str();
+  sub->add_option("--virtual-stages", a->virtual_stages, "V for interleaved (zb-v and chimera run 2)")->capture_default_str();
   sub->add_option("--forward-ms", a->forward_ms, "forward time of one rank's share per micro-batch")
       ->capture_default_str();
   sub->add_option("--backward-ratio", a->backward_ratio, "backward / forward")->capture_default_str();

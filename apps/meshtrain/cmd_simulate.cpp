@@ -102,9 +102,12 @@ void run_simulate(SimulateArgs& a) {
 
   std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p, m,
               V, V > 1 ? "s" : "");
+  const int routes = schedule.placement.routes();  // 2: every stage held twice (chimera), a chunk is a stage
   if (a.cost.stage_forward.empty()) {
     std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
-                V > 1 ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str() : "stage",
+                routes > 1 ? "stage (one chunk)"
+                : V > 1    ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str()
+                           : "stage",
                 num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
     if (split)
       std::printf("cost of the split backward: input half (I) %s, weight half (W) %s per %s\n",
@@ -136,8 +139,12 @@ void run_simulate(SimulateArgs& a) {
   std::printf("makespan %s\n", num(r.makespan).c_str());
   std::printf("utilization %s (busy %s of %s)\n", pct(r.utilization).c_str(), num(r.busy).c_str(),
               num(p * r.makespan).c_str());
-  std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
-              V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());
+  if (routes == 2)
+    std::printf("bubble fraction %s (Chimera's (p-2)/(2m+p-2) = %d/%d = %s, with F = B and m a multiple of p)\n",
+                pct(r.bubble_fraction).c_str(), p - 2, 2 * m + p - 2, pct(plan::theoretical_bubble(spec)).c_str());
+  else
+    std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
+                V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());
   if (a.measured_bubble >= 0)
     std::printf("measured bubble of the run: %s (%+.1f percentage points from the simulation)\n",
                 pct(a.measured_bubble).c_str(), 100 * (a.measured_bubble - r.bubble_fraction));

@@ -63,11 +63,14 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   if (lists <= 0 || span <= 0) return r;
   r.cost.stage_forward.assign(S, 0.0);
   r.cost.stage_backward.assign(S, 0.0);
-  const double per = (double)lists * spec.micro_batches * 1000.0;  // us summed -> ms per micro-batch
+  // us summed -> ms per micro-batch; a chunk sees the micro-batches of its route (m / R of them), and a stage held
+  // on R routes (chimera's two pipelines) takes the mean of its R chunks.
+  const int R = pl.routes();
+  const double per = (double)lists * (spec.micro_batches / R) * 1000.0 * R;
   for (int j = 0; j < p; j++) {
     for (int c = 0; c < V && c < (int)ranks[j].chunk_forward_us.size(); c++) {
-      r.cost.stage_forward[pl.stage_of(j, c)] = ranks[j].chunk_forward_us[c] / per;
-      r.cost.stage_backward[pl.stage_of(j, c)] = ranks[j].chunk_backward_us[c] / per;
+      r.cost.stage_forward[pl.stage_of(j, c)] += ranks[j].chunk_forward_us[c] / per;
+      r.cost.stage_backward[pl.stage_of(j, c)] += ranks[j].chunk_backward_us[c] / per;
     }
   }
   // A split backward's halves as they ran: each stage's measured weight half (the rest is the input half).

@@ -41,11 +41,14 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
                        cost.stage_weight[s] <= cost.stage_backward[s] * (1 + 1e-6) + 1e-12,
                    "simulator: stage ", s, "'s weight half ", cost.stage_weight[s],
                    " is negative, non-finite or longer than its whole backward ", cost.stage_backward[s]);
+  // A rank's share of one model is V / R chunks (R routes: chimera holds each stage twice, so its chunk is a
+  // whole stage and F the forward of one stage, as under 1F1B).
+  const double per_chunk = (double)pl.routes() / V;
   auto t_fwd_of = [&](int rank, int chunk) {
-    return cost.stage_forward.empty() ? cost.forward / V : cost.stage_forward[pl.stage_of(rank, chunk)];
+    return cost.stage_forward.empty() ? cost.forward * per_chunk : cost.stage_forward[pl.stage_of(rank, chunk)];
   };
   auto t_bwd_of = [&](int rank, int chunk) {
-    return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward / V
+    return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward * per_chunk
                                       : cost.stage_backward[pl.stage_of(rank, chunk)];
   };
 
@@ -120,6 +123,7 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost) {
 
 double theoretical_bubble(const pipeline::ScheduleSpec& spec) {
   const double p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
+  if (pipeline::placement_of(spec).routes() == 2) return (p - 2) / (2 * m + p - 2);  // chimera
   return (p - 1) / (V * m + p - 1);
 }
 

@@ -6,8 +6,9 @@
 // share of the model (all its chunks), R the backward / forward ratio, C the cost of one message.
 //
 // Cost model, in units of F (the defaults give the textbook cells: forward 1, backward 2 when V = 1):
-//   forward of one chunk   F / V           (a rank's layers are split evenly over its V chunks)
-//   backward of one chunk  R F / V; split in two (zero-bubble schedules): its input half (B, "I") takes
+//   forward of one chunk   F K / V         (a rank's layers are split evenly over its V chunks; K the placement's
+//                                          routes, 1 but for chimera's 2: its chunk is a whole stage, F its forward)
+//   backward of one chunk  R F K / V; split in two (zero-bubble schedules): its input half (B, "I") takes
 //                          (1 - w) R F / V and its weight half (W) w R F / V, w the weight share (default 1/2:
 //                          with R = 2, F = B = W = 1 unit, the zero-bubble papers' assumption). Under measured
 //                          stage times, stage_weight (measured too) splits each stage's backward as it ran;
@@ -69,7 +70,8 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
 SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {});
 
 // (p - 1) / (V m + p - 1): the bubble of an ideal pipeline with m V equal units per rank, p - 1 of them idle at
-// each end; (p - 1) / (m + p - 1) for V = 1.
+// each end; (p - 1) / (m + p - 1) for V = 1. For a placement of two routes (chimera) the Chimera paper's
+// (p - 2) / (2m + p - 2), which its order reaches with F = B when m is a multiple of p.
 double theoretical_bubble(const pipeline::ScheduleSpec& spec);
 
 }  // namespace mt::plan

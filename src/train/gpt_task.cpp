@@ -16,6 +16,7 @@
 #include "nn/activation_store.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule_generator.h"
 #include "train/model_registry.h"
 #include "train/replicas.h"
 #include "train/task.h"
@@ -108,28 +109,48 @@ class GptTask : public TrainTask {
       // consecutive runs of blocks.
       pp_ = *pp;
       const pipeline::Placement& place = pp->schedule.placement;
-      MT_CHECK_INPUT(place.routes() == 1, "pipeline schedule ", pp->spec.name, " holds every stage ", place.routes(),
-                     " times; training runs placements that hold each stage once");
+      MT_CHECK_INPUT(place.routes() <= 2, "pipeline schedule ", pp->spec.name, " holds every stage ", place.routes(),
+                     " times; training runs placements that hold each stage once or twice (chimera)");
       const int V = pp->spec.virtual_stages, S = place.stages(), j = pp->group->rank();
       split_ = stage_split(cfg, shape, S);
       std::vector<int> first(S + 1, 0);
       for (int s = 0; s < S; s++) first[s + 1] = first[s] + split_[s];
       bool holds_first = false;
-      for (int c = 0; c < V; c++) {
+      // Declared in ascending stage order (the registry's groups ascend; chimera's upper ranks hold their lower
+      // stage in chunk 1), kept by chunk.
+      std::vector<int> by_stage(V);
+      for (int c = 0; c < V; c++) by_stage[c] = c;
+      std::sort(by_stage.begin(), by_stage.end(),
+                [&](int a, int b) { return place.stage_of(j, a) < place.stage_of(j, b); });
+      chunks_.resize(V);
+      for (int c : by_stage) {
         const int s = place.stage_of(j, c);
         holds_first = holds_first || s == 0;
-        chunks_.push_back(
-            std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_));
-        chunks_.back()->set_recompute(cfg.recompute);
-        chunks_.back()->set_sequence_parallel(cfg.sequence_parallel);
-        chunks_.back()->set_precision(cfg.precision);
+        chunks_[c] =
+            std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{first[s], first[s + 1], s, S}, moe_);
+        chunks_[c]->set_recompute(cfg.recompute);
+        chunks_[c]->set_sequence_parallel(cfg.sequence_parallel);
+        chunks_[c]->set_precision(cfg.precision);
       }
       model_ = chunks_.front().get();
       // The tied wte is two copies summed over the tie group when the first and the last stage are on two ranks;
       // one tensor when they are on one (a V-shaped placement: both chunks use the registry's one wte).
       const bool ends_apart = place.slot(0, 0).rank != place.slot(0, S - 1).rank;
-      set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1,
-                        ends_apart ? tied_tensors(shape, first) : std::set<std::string>{}, holds_first);
+      if (place.routes() == 2) {
+        // Two pipelines (chimera): rank j's chunk 0 is the down pipeline's stage j, whose tensors count here;
+        // the tied wte counts on rank 0 only (rank p - 1's chunk 0 holds it for the logits).
+        nn::ParamRegistry down;
+        const int s0 = place.stage_of(j, 0);
+        model::Gpt(shape, down, tp, model::StageRange{first[s0], first[s0 + 1], s0, S}, moe_);
+        std::set<std::string> mine;
+        const std::set<std::string> tied = tied_tensors(shape, first);
+        for (const nn::Param& x : down.params())
+          if (s0 == 0 || !tied.count(x.name)) mine.insert(x.name);
+        set_mirror_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1, mine);
+      } else {
+        set_replica_facts(params_, tp ? tp->rank() : 0, tp ? tp->size() : 1,
+                          ends_apart ? tied_tensors(shape, first) : std::set<std::string>{}, holds_first);
+      }
     } else {
       chunks_.push_back(std::make_unique<model::Gpt>(shape, params_, tp, model::StageRange{}, moe_));
       chunks_.back()->set_recompute(cfg.recompute);
@@ -241,8 +262,9 @@ class GptTask : public TrainTask {
     MoeRecording off(chunks_);  // held-out routing is not the step's
     for (int k = 0; k < batches; k++) {
       if (pp_.group) {
-        r.loss += pipeline_evaluate(k, sh, hooks);
-        if (chunks_.back()->last_stage()) r.count += (double)sh.count() * T_;
+        const auto [loss, count] = pipeline_evaluate(k, sh, hooks);
+        r.loss += loss;
+        r.count += count;
         continue;
       }
       inputs_.resize((size_t)sh.micro_size() * T_);
@@ -266,7 +288,7 @@ class GptTask : public TrainTask {
     int64_t batch;
     BatchShare sh;
     nn::ParamHooks* hooks;
-    double loss = 0;
+    double loss = 0, count = 0;
     EvalRunner(GptTask& task, int64_t k, const BatchShare& share, nn::ParamHooks* h)
         : t(task), batch(k), sh(share), hooks(h) {}
     int key(int c, int i) const { return kEvalKey - (i * t.pp_.spec.virtual_stages + c); }
@@ -282,6 +304,7 @@ class GptTask : public TrainTask {
       data::gpt_batch(*t.val_, batch, t.B_, t.T_, sh.micro_first(i), nb, t.inputs_.data(), t.targets_.data());
       g.set_moe_position(batch, sh.micro_first(i));
       loss += g.forward(t.store_, key(c, i), t.inputs_.data(), t.targets_.data(), nb, t.T_, 0.0f, hooks, input);
+      if (g.last_stage()) count += (double)nb * t.T_;  // the rank ending micro-batch i's route holds its loss
       return g.last_stage() ? nullptr : g.stage_output(t.store_, key(c, i), nb, t.T_);
     }
     const float* backward(int, int, const float*) override {
@@ -290,8 +313,9 @@ class GptTask : public TrainTask {
     }
   };
 
-  double pipeline_evaluate(int64_t k, const BatchShare& sh, nn::ParamHooks* hooks) {
-    if (sh.micro_count() == 0) return 0;
+  // The loss summed over the micro-batches whose last stage is on this rank, and their token count.
+  std::pair<double, double> pipeline_evaluate(int64_t k, const BatchShare& sh, nn::ParamHooks* hooks) {
+    if (sh.micro_count() == 0) return {0.0, 0.0};
     // Messages have one shape per schedule: every micro-batch is whole (the layout's even split).
     MT_ASSERT(sh.micro_len(sh.micro_count() - 1) == sh.micro_size(), "evaluation micro-batches of unequal size");
     pipeline::ScheduleSpec spec = pp_.spec;
@@ -300,7 +324,7 @@ class GptTask : public TrainTask {
     EvalRunner r(*this, k, sh, hooks);
     executor_.run(spec, eval_lists_, *pp_.group, r);
     for (int c = 0; c < spec.virtual_stages; c++) store_.release(r.key(c, sh.micro_count() - 1));
-    return r.loss;
+    return {r.loss, r.count};
   }
 
   bool is_classifier() const override { return false; }
@@ -471,8 +495,12 @@ void check_gpt_shape(const TrainConfig& cfg) {
   const model::GptConfig shape = gpt_shape(task, init ? &*init : nullptr);
   MT_CHECK_INPUT(shape.n_head % cfg.tp == 0, "n_head (", shape.n_head, ") is not divisible by --tp (", cfg.tp,
                  "): tensor parallelism splits attention by whole heads");
-  if (!cfg.stage_layers.empty())
-    pipeline::check_stage_layers(cfg.stage_layers, cfg.pp * cfg.virtual_stages, shape.n_layer);
+  if (!cfg.stage_layers.empty()) {
+    // The placement's stages: p V, or p under chimera (every stage held twice).
+    const std::string name = cfg.schedule.empty() ? pipeline::kDefaultSchedule : cfg.schedule;
+    const int stages = pipeline::find_schedule(name).placement({name, cfg.pp, 2, cfg.virtual_stages}).stages();
+    pipeline::check_stage_layers(cfg.stage_layers, stages, shape.n_layer);
+  }
 }
 
 }  // namespace mt::train

@@ -105,6 +105,18 @@ double GradSync::grad_norm() {
 
 namespace {
 
+// Sums the copies' gradients over the tie group, one all-reduce per run of tensors whose gradients lie next to
+// each other in the flat buffer (chimera marks every tensor: a few calls instead of one per tensor). Each
+// element is a + b over the two copies either way: the same bits.
+void sum_tied(comm::Communicator* tie, const std::vector<nn::Param*>& tied) {
+  for (size_t k = 0; k < tied.size();) {
+    float* begin = tied[k]->grad;
+    size_t n = tied[k]->numel;
+    for (k++; k < tied.size() && tied[k]->grad == begin + n; k++) n += tied[k]->numel;
+    tie->all_reduce(begin, begin, n, comm::DType::f32, comm::ReduceOp::sum);
+  }
+}
+
 // Exact data parallelism, ZeRO 0-3: the store reduces bucket by bucket during backward when the step
 // executor calls its hooks (the micro-batch loop; a pipeline's executor under ZeRO 2 and 3, once per step
 // after each bucket's last micro-batch); a pipeline's executor under ZeRO 0 and 1 calls none, so then the
@@ -182,7 +194,7 @@ class ExactSync : public GradSync {
     if (overlapped_ && tied_.empty()) return;
     const double t0 = trace::ChromeTrace::now_us();
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
-    for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
+    sum_tied(tie, tied_);
     const double t1 = trace::ChromeTrace::now_us();
     if (!overlapped_)
       engine_.reduce_all();
@@ -222,8 +234,7 @@ class TiedCopies {
   void sum(const parallel::Mesh& mesh, trace::ChromeTrace* tracer) {
     if (tied_.empty()) return;
     trace::TraceScope ts(tracer, "all_reduce tied tensors (first + last stage)", "comm");
-    comm::Communicator* tie = mesh.group(parallel::MeshGroup::tie);
-    for (nn::Param* x : tied_) tie->all_reduce(x->grad, x->grad, x->numel, comm::DType::f32, comm::ReduceOp::sum);
+    sum_tied(mesh.group(parallel::MeshGroup::tie), tied_);
   }
 
  private:

@@ -13,6 +13,7 @@
 #include "optim/onebit_adam.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule_generator.h"
 #include "tensor/blas.h"
 #include "train/model_registry.h"
 #include "train/ps_sync.h"
@@ -68,8 +69,15 @@ optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
 namespace {
 
 parallel::MeshGrid grid_of(const TrainConfig& cfg, comm::Communicator* world) {
-  return parallel::MeshGrid(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == AsyncMode::ps ? cfg.ps_servers() : 0,
-                            cfg.moe.ep);
+  parallel::MeshGrid g(world ? world->size() : 1, cfg.dp, cfg.tp, cfg.pp, cfg.async == AsyncMode::ps ? cfg.ps_servers() : 0,
+                       cfg.moe.ep);
+  // A placement that holds every stage twice (chimera's two pipelines) sums each stage's two copies over the
+  // pair of ranks holding them (the placement does not depend on the micro-batch count).
+  if (cfg.pp > 1 && !cfg.schedule.empty()) {
+    const pipeline::ScheduleGenerator& gen = pipeline::find_schedule(cfg.schedule);
+    g.set_mirrored(gen.placement({cfg.schedule, cfg.pp, 2, cfg.virtual_stages}).routes() == 2);
+  }
+  return g;
 }
 
 parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g) {

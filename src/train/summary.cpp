@@ -63,6 +63,8 @@ nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& la
           {"stages", P},
           {"micro_batches", spec.micro_batches},
           {"virtual_stages", spec.virtual_stages},
+          // Copies of each stage over the pipeline ranks: 2 under chimera (weight memory per rank doubles).
+          {"stage_copies", pipeline::placement_of(spec).routes()},
           {"stage_layers", task.stage_layers()},
           {"bubble_measured", b.measured},
           {"bubble_simulated", b.simulated},

@@ -263,6 +263,11 @@ const RefusedCombination kRefused[] = {
      "zb-v's V puts the first and the last stage on pipeline rank 0, so the tied wte is one tensor there whose "
      "gradient both ends add to, while ZeRO 2 and 3 reduce a group's gradient as soon as its first-stage uses "
      "are over (the store's hooks know one owner stage per group); use --zero 0 or 1, or --schedule zb-h1"},
+    {[](const TrainConfig& c) { return c.schedule == "chimera" && c.zero >= 2; },
+     [](const TrainConfig& c) { return str("--schedule chimera with --zero ", c.zero); },
+     "chimera holds every stage on two pipeline ranks whose gradients are summed over that pair after the whole "
+     "step's backward, while ZeRO 2 and 3 reduce-scatter (and free) a group's gradient over the data-parallel "
+     "group as soon as its last micro-batch is done; use --zero 0 or 1"},
     {[](const TrainConfig& c) { return whole_tensor_optimizer(c) && (compressing(c) || local_sgd(c)); },
      [](const TrainConfig& c) { return optimizer_flag(c) + " with " + (compressing(c) ? compress_flag(c) : local_flag(c)); },
      "LAMB's trust ratio and Adafactor's factored moments are per-tensor statistics of the exact reduced gradient "

@@ -216,3 +216,44 @@ TEST(PipelineExecutor, VShapedPlacementMatchesSerialAndStepsOnce) {
 }
 
 }  // namespace
+
+// Chimera (two routes: even micro-batches down, stage s on rank s chunk 0; odd ones up, on rank p - 1 - s chunk 1)
+// on real ranks: every list runs to the end, and each copy of a stage holds exactly its own pipeline's micro-
+// batches' gradients, accumulated in ascending order, bit for bit the serial loop over those micro-batches (the
+// run then sums the two copies over their pair; test_pp_chimera.py checks that end to end).
+TEST(PipelineExecutor, ChimeraCopiesHoldTheirOwnPipelinesGradients) {
+  int runs = 0;
+  for (int P : {2, 4}) {
+    for (int M : {2, 4, 6, 8}) {
+      const mt::pipeline::ScheduleSpec spec{"chimera", P, M, 2};
+      // Serial over the micro-batches of each route: route r takes i = r, r + 2, ...
+      std::vector<std::vector<std::pair<float, float>>> want(2, std::vector<std::pair<float, float>>(P, {0.f, 0.f}));
+      for (int r = 0; r < 2; r++)
+        for (int i = r; i < M; i += 2) {
+          std::vector<std::vector<float>> xs(P + 1);
+          xs[0] = input_of(i);
+          for (int s = 0; s < P; s++) xs[s + 1] = stage_forward(s, xs[s]);
+          std::vector<float> dy = xs[P];
+          for (int s = P - 1; s >= 0; s--) dy = stage_backward(s, xs[s], dy, want[r][s].first, want[r][s].second);
+        }
+      auto res = mt::test::run_shm_ranks(P, [&](mt::comm::Communicator& world) {
+        const auto lists = mt::pipeline::make_schedule(spec);
+        ToyRunner r(lists.placement, world.rank());
+        mt::pipeline::PipelineStats st;
+        mt::pipeline::run_actions(spec, lists, world, r, &st);
+        MT_REQUIRE(mt::Error, st.forwards == M && st.backwards == M, "stats counted ", st.forwards, " forwards and ",
+                   st.backwards, " backwards, want ", M, " each (every micro-batch once per rank)");
+        for (int c = 0; c < 2; c++) {
+          const int s = lists.placement.stage_of(world.rank(), c);
+          const auto got = r.grads.at(s);
+          MT_REQUIRE(mt::Error, got.first == want[c][s].first && got.second == want[c][s].second, "chunk ", c,
+                     " (stage ", s, "): gradients (", got.first, ", ", got.second, ") vs its pipeline's serial (",
+                     want[c][s].first, ", ", want[c][s].second, ")");
+        }
+      }, 30);
+      EXPECT_EQ(res.exit_code, 0) << "P=" << P << " M=" << M << ": rank " << res.failed_rank << ": " << res.failure;
+      runs++;
+    }
+  }
+  EXPECT_EQ(runs, 8);
+}

@@ -1,5 +1,5 @@
 """Layout equality for the MoE GPT: expert parallelism (--ep) combined with dp, tp (+ sequence parallel), pp
-(gpipe, 1f1b, zb-h1, zb-h2, zb-v), ZeRO 0-3, micro-batches and --recompute must reproduce the single-process MoE run.
+(gpipe, 1f1b, zb-h1, zb-h2, zb-v, chimera), ZeRO 0-3, micro-batches and --recompute must reproduce the single-process MoE run.
 
 Legend: dp data-parallel degree (ranks / (tp*pp)), ep expert-parallel degree (divides dp and E), z ZeRO
 stage, mb --micro-batch-size (a multiple of G), sp --sequence-parallel, rc --recompute.
@@ -85,6 +85,9 @@ LAYOUTS = [  # (tag, flags); dp = nproc / (tp * pp)
                                        "--micro-batch-size", 2, "--recompute"]),
     ("dp2_pp2_ep2_zbv_z1_mb2", ["--nproc", 4, "--pp", 2, "--ep", 2, "--schedule", "zb-v", "--virtual-stages", 2,
                                "--zero", 1, "--micro-batch-size", 2]),
+    # Chimera: every stage held twice (pipeline ranks j and 1 - j), the copies' gradients summed over the pair.
+    ("dp2_pp2_ep2_chimera_z1_mb2", ["--nproc", 4, "--pp", 2, "--ep", 2, "--schedule", "chimera",
+                                   "--virtual-stages", 2, "--zero", 1, "--micro-batch-size", 2]),
 ]
 
 

@@ -162,3 +162,30 @@ TEST(SimulateCli, ReplaysTheMeasuredWeightHalvesOfASplitSchedule) {
 }
 
 }  // namespace
+
+// Chimera: the paper's closed form with F = B at p = m = 4, the cost line (a chunk is a whole stage), and the
+// swimlane of both pipelines (each rank's two stages named, the closed form in the subtitle).
+namespace {
+
+TEST(SimulateCli, ChimeraClosedFormAndSwimlane) {
+  TempDir dir;
+  const std::string svg = dir / "chimera.svg";
+  RunResult r = simulate({"--schedule", "chimera", "--stages", "4", "--micro-batches", "4", "--virtual-stages", "2",
+                          "--backward-ratio", "1", "--svg", svg});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "cost: forward 1 per stage (one chunk), backward 1 x forward, message 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "makespan 10\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "bubble fraction 20.0% (Chimera's (p-2)/(2m+p-2) = 2/10 = 20.0%, with F = B and m a "
+                              "multiple of p)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 3: busy 8, idle 2")) << r.out;
+  const std::string doc = mt::clitest::slurp(svg);
+  EXPECT_TRUE(contains(doc, "rank 3 (stages 3,0)")) << doc.substr(0, 2000);
+  EXPECT_TRUE(contains(doc, "bubble 20.0% (Chimera&apos;s (p-2)/(2m+p-2), F = B = 20.0%)")) << doc.substr(0, 2000);
+
+  RunResult one = simulate({"--schedule", "1f1b", "--stages", "4", "--micro-batches", "4", "--backward-ratio", "1"});
+  ASSERT_EQ(one.exit_code, 0) << one.describe();
+  EXPECT_TRUE(contains(one.out, "bubble fraction 42.9%")) << one.out;
+}
+
+}  // namespace

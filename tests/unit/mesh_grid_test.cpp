@@ -242,3 +242,23 @@ TEST(MeshGrid, ExpertReplicaGroupsJoinTheSamePlaceOfEveryEpRun) {
   EXPECT_GT(checked, 200);
   EXPECT_STREQ(mt::parallel::group_name(MeshGroup::edp), "edp");
 }
+
+// A bidirectional pipeline (chimera) holds stage s on pipeline ranks s and pp - 1 - s: the tie group then pairs
+// every rank with its mirror (rank 0's pair is still the first and the last stage), within its (dp, tp) place.
+TEST(MeshGrid, MirroredTieGroupPairsEachPipelineRankWithItsMirror) {
+  for (int pp : {2, 4, 6}) {
+    MeshGrid g(2 * 2 * pp, 2, 2, pp);
+    const MeshGrid plain = g;
+    g.set_mirrored(true);
+    EXPECT_TRUE(g.mirrored());
+    for (int r = 0; r < g.world(); r++) {
+      const MeshCoord c = g.coord(r);
+      const int a = std::min(c.pp, pp - 1 - c.pp), b = std::max(c.pp, pp - 1 - c.pp);
+      const std::vector<int> want{g.world_rank({c.dp, c.tp, a}), g.world_rank({c.dp, c.tp, b})};
+      EXPECT_EQ(g.members(MeshGroup::tie, r), want) << "pp " << pp << " rank " << r;
+      EXPECT_EQ(g.key(MeshGroup::tie, r).key, c.pp);
+      // The ends' pair is the plain tie group.
+      if (c.pp == 0 || c.pp == pp - 1) EXPECT_EQ(plain.members(MeshGroup::tie, r), want) << "pp " << pp;
+    }
+  }
+}

@@ -79,6 +79,23 @@ TEST(TrainConfigSchedule, ZbVWithZeroTwoOrThreeIsRefusedNamingBothFlags) {
   EXPECT_EQ(error_of(one, 2), "(no error)");
 }
 
+TEST(TrainConfigSchedule, ChimeraWithZeroTwoOrThreeIsRefusedNamingBothFlags) {
+  // Its two copies of a stage are summed over their pair after the list, after ZeRO 2/3 would have reduced them.
+  for (int z : {2, 3}) {
+    TrainConfig c = pipeline_config("chimera", 2, 2);
+    c.zero = z;
+    const std::string e = error_of(c, 2);
+    EXPECT_NE(e.find("--schedule chimera with --zero " + std::to_string(z) + " is not supported"), std::string::npos)
+        << e;
+  }
+  TrainConfig one = pipeline_config("chimera", 2, 2);
+  one.zero = 1;
+  EXPECT_EQ(error_of(one, 2), "(no error)");
+  one.micro_batch_size = 8;  // one micro-batch: the two pipelines cannot split it
+  EXPECT_NE(error_of(one, 2).find("needs an even number of micro-batches per pipeline rank, got 1"), std::string::npos)
+      << error_of(one, 2);
+}
+
 TEST(TrainConfigSchedule, UnknownNameListsTheRegistry) {
   const std::string e = error_of(pipeline_config("zero-bubble"), 2);
   EXPECT_NE(e.find("--schedule must be one of " + mt::pipeline::schedule_names_joined() + "; got 'zero-bubble'"),

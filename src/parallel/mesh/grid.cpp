@@ -68,6 +68,7 @@ GroupKey MeshGrid::key(MeshGroup g, int r) const {
     case MeshGroup::pp: return {c.dp * tp_ + c.tp, c.pp};
     case MeshGroup::replica: return {c.dp, c.pp * tp_ + c.tp};
     case MeshGroup::tie:
+      if (mirrored_) return {(c.dp * tp_ + c.tp) * pp_ + std::min(c.pp, pp_ - 1 - c.pp), c.pp};
       return {c.pp == 0 || c.pp == pp_ - 1 ? c.dp * tp_ + c.tp : -1, c.pp};
     case MeshGroup::ep: return {(c.pp * tp_ + c.tp) * (dp_ / ep_) + c.dp / ep_, c.dp % ep_};
     case MeshGroup::edp: return {(c.pp * tp_ + c.tp) * ep_ + c.dp % ep_, c.dp / ep_};

@@ -14,6 +14,7 @@
 //   pp            (d, t, *)                              j                   activations between stages
 //   replica       (d, *, *)                              j * tp + t          one model: files, grad norm
 //   tie           (d, t, 0) and (d, t, pp-1), pp > 1     j                   tied embedding's gradient
+//                 mirrored: (d, t, j) and (d, t, pp-1-j)                      both copies of a stage (chimera)
 //   side          workers or servers                     world rank          parameter-server split
 //   ep            (d', t, j) with d' / ep = d / ep       d % ep              MoE token dispatch/combine
 //   edp           (d', t, j) with d' % ep = d % ep       d / ep              expert gradients (replicas)
@@ -73,8 +74,14 @@ class MeshGrid {
   // the notes follow their dimension (" (sequence-parallel)", " (1f1b)").
   std::string describe(const std::string& tp_note = "", const std::string& pp_note = "") const;
 
+  // A bidirectional pipeline (chimera) holds every stage twice, on pipeline ranks j and pp - 1 - j: the tie
+  // group then pairs every rank with its mirror (rank 0's pair is still the first and the last stage).
+  void set_mirrored(bool on) { mirrored_ = on; }
+  bool mirrored() const { return mirrored_; }
+
  private:
   int world_, servers_, dp_, tp_, pp_, ep_;
+  bool mirrored_ = false;
 };
 
 }  // namespace mt::parallel

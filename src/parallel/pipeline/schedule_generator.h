@@ -44,6 +44,7 @@ std::unique_ptr<ScheduleGenerator> make_pipedream_2bw_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_h1_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_h2_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_v_schedule();
+std::unique_ptr<ScheduleGenerator> make_chimera_schedule();
 
 // The zero-bubble schedules' order on one rank (schedules/deferred_weight.cpp), chunk 0: `warmup` forwards (at
 // most m), then forward and input-gradient half alternately, then the remaining input halves; the weight half

@@ -19,6 +19,7 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_zb_h2_schedule());
     v.push_back(make_zb_v_schedule());
     v.push_back(make_pipedream_2bw_schedule());
+    v.push_back(make_chimera_schedule());
     return v;
   }();
   return all;
