@@ -48,6 +48,10 @@ struct LaunchOptions {
   double timeout_s = 300;        // deadline of every blocking communication call (--comm-timeout)
   double grace_s = 2;            // after a failure, how long other ranks get to report before SIGKILL
   Algo algo = Algo::automatic;   // all-reduce algorithm override (benchmarks)
+  // shm: an injected fault, "RANK:K:KIND" (flight_recorder.h parse_fault; tests set it from MESHTRAIN_FAULT).
+  std::string fault;
+  // shm: when set and the job fails, every rank's flight recorder ring is written here (JSON, docs/faults.md).
+  std::string flight_file;
 };
 
 // Rejects bad option values with an InputError that names them. launch() calls it first.
@@ -64,12 +68,19 @@ struct LaunchResult {
   std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
   std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
   std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
+  std::string verdict;           // shm, on failure: the flight recorder's verdict (flight_verdict.h), else ""
+  std::vector<int> odd_ranks;    // the verdict's odd ranks out
+  std::vector<int> lost_ranks;   // ranks that marked their place lost (injected "lose" fault): not restartable
+  std::string host;              // shm: this host's name (every rank's)
 };
 
 // Runs body on every rank and returns what happened, printing nothing itself (tests use it).
 LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 // run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr (for a timeout: "meshtrain:
-// rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"); returns exit_code.
+// rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"), then the flight
+// recorder's verdict ("meshtrain: flight recorder: all ranks but 3 entered ..."); returns exit_code.
+// launch_result() is the same and returns the whole result (the restarting launcher reads lost_ranks).
+LaunchResult launch_result(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 // The one headline format for a failed job (both backends): waited_rank >= 0 for a timeout, failed_rank -1 when
 // no rank is to blame.
