@@ -99,6 +99,7 @@ class RecordedMessage : public detail::RequestState {
     return done;
   }
   void wait() override {
+    flight::mark(slot_, flight::State::waiting);
     try {
       inner_.wait();
     } catch (...) {

@@ -48,6 +48,7 @@ const char* state_name(State s) {
     case State::started: return "started";
     case State::done: return "done";
     case State::failed: return "failed";
+    case State::waiting: return "waiting";
     default: return "empty";
   }
 }

@@ -35,7 +35,9 @@ constexpr int kFlightEntries = 256;  // N, the operations each rank remembers
 constexpr int kGroupChars = 24;      // a group's name, truncated
 constexpr int kHostChars = 64;
 
-enum class State : uint32_t { empty = 0, queued = 1, started = 2, done = 3, failed = 4 };
+// A message is `started` when posted and `waiting` while a caller blocks on it (wait()); a collective is
+// `queued` until its turn, then `started` (blocking or on the progress thread).
+enum class State : uint32_t { empty = 0, queued = 1, started = 2, done = 3, failed = 4, waiting = 5 };
 const char* state_name(State s);
 
 struct Entry {

@@ -27,8 +27,9 @@ std::string where(const RankView& r, bool missing_from_majority) {
     return str(who(r), " is in ", describe_op(op), op.state == State::queued ? " (queued behind earlier operations)" : "");
   }
   if (r.ops.empty()) return str(who(r), " recorded no operation");
+  const Op& last = r.ops.back();
   return str(who(r), missing_from_majority ? " has not entered it: its last operation was " : " is between operations: its last was ",
-             describe_op(r.ops.back()), " (done)");
+             describe_op(last), " (", state_name(last.state), ")");
 }
 
 std::string join_ranks(const std::vector<int>& v) {
@@ -43,7 +44,9 @@ int position(const std::vector<Op>& ops) {
   int best = -1;
   for (size_t i = 0; i < ops.size(); i++) {
     const State s = ops[i].state;
-    if (s != State::queued && s != State::started && s != State::failed) continue;
+    const bool blocks = is_collective(ops[i].kind) ? s == State::queued || s == State::started || s == State::failed
+                                                   : s == State::waiting || s == State::failed;
+    if (!blocks) continue;
     if (best < 0 || ops[i].id < ops[best].id) best = static_cast<int>(i);
   }
   return best;

@@ -3,9 +3,10 @@
 // group pp". Pure: takes copies of the rings and what the launcher knows of each rank's fate; unit-tested on
 // synthetic rings (tests/comm/test_flight_verdict.cpp).
 //
-// The rule. A rank's position is its earliest-issued operation that has not finished (state queued, started
-// or failed: a rank that timed out marks its operation failed); a rank with none is between operations (in
-// computation, stalled or dead there), shown by its last finished operation. Ranks whose position is the same
+// The rule. A rank's position is its earliest-issued operation that blocks it: a collective not done (queued,
+// started, or failed: a rank that timed out marks its operation failed), or a message it waits on (waiting,
+// failed); a message only posted (isend before the wait) does not block. A rank with no position is between
+// operations (in computation, stalled or dead there), shown by its last recorded operation and its state. Ranks whose position is the same
 // collective (group name, kind, #seq) form a class; the largest class with two or more ranks (ties: the one
 // holding the lowest rank), or the only class when just one rank is in a collective (two ranks, one dead), is
 // "the majority" and every other rank is odd:

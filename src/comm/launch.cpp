@@ -266,7 +266,14 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
       --remaining;
       if (pidfds[r] >= 0) close(pidfds[r]);
       res.rank_status[r] = st;
-      if (!have_failure && got > 0) fate[r] = WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "finished" : describe_status(st);
+      if (!have_failure && got > 0) {
+        int fr = -1;
+        std::string fwhy;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) fate[r] = "finished";
+        else if (job.failed(&fr, &fwhy) && fr == r && job.waited_rank() >= 0)  // the witness of a stall
+          fate[r] = str("timed out waiting for rank ", job.waited_rank());
+        else fate[r] = describe_status(st);
+      }
       if (got < 0 || !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         std::string why = describe_status(st);
         std::string err = job.rank_error(r);

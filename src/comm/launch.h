@@ -14,7 +14,9 @@
 // shm/job.h) and returns non-zero; launch() prints the first failure once. A rank that times out names the end
 // of the chain of waits it sits in (rank 2 waits for 3, which waits for 1: rank 1 is the stalled one).
 // With MESHTRAIN_PIDS_FILE set, the supervisor writes "rank pid" lines there once every worker is forked (to
-// signal one rank: tests, debugging).
+// signal one rank: tests, debugging). Every worker records its communication in a flight recorder ring in the
+// job's segment (flight_recorder.h); after a failure the supervisor reads all rings, also of dead or stopped
+// ranks, and returns the verdict naming the odd ranks out (flight_verdict.h, docs/faults.md).
 //
 // mpi (under mpirun, detected from OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK, or backend "mpi"): body runs
 // in this process with the MPI world; rank and size come from MPI. MPI is initialised on first use (thread

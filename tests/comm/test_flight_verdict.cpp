@@ -41,7 +41,7 @@ TEST(FlightVerdict, OneRankInAMessageWhileTheOthersAreInACollective) {
     ranks.push_back(rank(r, {coll(1, "dp", OpKind::all_reduce, 411, State::done),
                              coll(2, "dp", OpKind::all_reduce, 412, r == 0 ? State::failed : State::started)}));
   ranks.push_back(rank(3, {coll(1, "dp", OpKind::all_reduce, 411, State::done),
-                           msg(2, "pp", OpKind::send, 17, 2, State::started)}, "h1"));
+                           msg(2, "pp", OpKind::send, 17, 2, State::waiting)}, "h1"));
   const Verdict v = verdict(ranks);
   EXPECT_EQ(v.line, "all ranks but 3 entered all_reduce #412 on group dp; rank 3 (host h1) is in send #17 to rank 2 "
                     "on group pp");
@@ -91,12 +91,20 @@ TEST(FlightVerdict, EveryRankInTheSameCollective) {
 
 TEST(FlightVerdict, MessagesNeverFormAClass) {
   // Two pipeline stages each waiting to receive from the other: a cycle, no collective in common.
-  std::vector<RankView> ranks = {rank(0, {msg(4, "pp", OpKind::recv, 3, 1, State::failed)}),
-                                 rank(1, {msg(9, "pp", OpKind::recv, 3, 0, State::started)})};
+  // Rank 0's posted send (#2, not waited on) does not block it: its receive does.
+  std::vector<RankView> ranks = {rank(0, {msg(3, "pp", OpKind::send, 2, 1, State::started),
+                                          msg(4, "pp", OpKind::recv, 3, 1, State::failed)}),
+                                 rank(1, {msg(9, "pp", OpKind::recv, 3, 0, State::waiting)})};
   const Verdict v = verdict(ranks);
   EXPECT_EQ(v.line, "no two ranks are in the same collective: rank 0 is in recv #3 from rank 1 on group pp; rank 1 is "
                     "in recv #3 from rank 0 on group pp");
   EXPECT_EQ(v.odd, std::vector<int>({0, 1}));
+  // A stalled rank with only a posted send is between operations, shown with its last one and its state.
+  ranks[1] = rank(1, {msg(8, "pp", OpKind::recv, 2, 0, State::done), msg(9, "pp", OpKind::send, 3, 0, State::started)},
+                  "", "stopped (SIGSTOP)");
+  EXPECT_EQ(verdict(ranks).line, "no two ranks are in the same collective: rank 0 is in recv #3 from rank 1 on group "
+                                 "pp; rank 1 (stopped (SIGSTOP)) is between operations: its last was send #3 to rank 0 "
+                                 "on group pp (started)");
 }
 
 TEST(FlightVerdict, TheLargestClassWinsAndTiesGoToTheLowestRank) {
