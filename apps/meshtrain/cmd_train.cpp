@@ -123,6 +123,13 @@ void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--comm-timeout", c.comm_timeout,
                 "seconds any communication may wait before failing (any value > 0; inf: wait forever)")
       ->capture_default_str();
+  s->add_option("--max-restarts", c.max_restarts,
+                "after a failure, restart the job from the last checkpoint in --checkpoint-dir, at most N times "
+                "(shm launcher; docs/faults.md)")
+      ->capture_default_str();
+  s->add_option("--min-nproc", c.min_nproc,
+                "when ranks' places are lost, a restart may continue with fewer ranks, down to K (0: never fewer)")
+      ->capture_default_str();
   s->add_option("--dp", c.dp, "data-parallel degree (default: ranks / --tp)")->check(kPositiveInt);
   s->add_option("--zero", c.zero, "ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();

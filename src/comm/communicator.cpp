@@ -81,15 +81,54 @@ class CollState : public detail::RequestState {
   bool done_ = false;
   std::exception_ptr err_;
 };
+
+// A message's request that tells the flight recorder when it ends (the first test() or wait() that sees it
+// finished). One allocation per non-blocking message, beside the backend's own state.
+class RecordedMessage : public detail::RequestState {
+ public:
+  RecordedMessage(Request inner, flight::Slot slot) : inner_(std::move(inner)), slot_(slot) {}
+  bool test() override {
+    bool done = false;
+    try {
+      done = inner_.test();
+    } catch (...) {
+      flight::mark(slot_, flight::State::failed);
+      throw;
+    }
+    if (done) flight::mark(slot_, flight::State::done);
+    return done;
+  }
+  void wait() override {
+    flight::mark(slot_, flight::State::waiting);
+    try {
+      inner_.wait();
+    } catch (...) {
+      flight::mark(slot_, flight::State::failed);
+      throw;
+    }
+    flight::mark(slot_, flight::State::done);
+  }
+
+ private:
+  Request inner_;
+  flight::Slot slot_;
+};
 }  // namespace
 
 struct Communicator::QueuedOp {
   uint64_t ticket;
+  flight::Slot slot;
   std::function<void()> fn;
   std::shared_ptr<CollState> state = std::make_shared<CollState>();
 };
 
-Communicator::Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+Communicator::Communicator(int rank, int size, std::string name)
+    : rank_(rank), size_(size), name_(std::move(name)), messages_(new std::atomic<uint64_t>[2 * size_t(size > 0 ? size : 1)]()) {}
+
+flight::Slot Communicator::record(const CollArgs& a, flight::State s) {
+  const bool rooted = a.kind == OpKind::broadcast || a.kind == OpKind::reduce;
+  return flight::record(name_, a.kind, a.seq, a.count * dtype_size(a.dtype), -1, rooted ? a.root : -1, s);
+}
 
 Communicator::~Communicator() { stop_progress_thread(); }
 
@@ -179,12 +218,13 @@ CollArgs Communicator::make_args(OpKind kind) {
 
 // ---- issue order ----
 
-void Communicator::execute(uint64_t ticket, const std::function<void()>& fn) {
+void Communicator::execute(uint64_t ticket, const std::function<void()>& fn, flight::Slot slot) {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait(l, [&] { return turn_ == ticket; });
   std::string broken = broken_;
   l.unlock();
   std::exception_ptr err;
+  flight::mark(slot, flight::State::started);
   if (!broken.empty()) {
     err = std::make_exception_ptr(
         CommError(str("group '", name_, "' is unusable after an earlier failure: ", broken)));
@@ -200,6 +240,7 @@ void Communicator::execute(uint64_t ticket, const std::function<void()>& fn) {
       err = std::current_exception();
     }
   }
+  flight::mark(slot, err ? flight::State::failed : flight::State::done);
   l.lock();
   ++turn_;
   cv_.notify_all();
@@ -207,18 +248,19 @@ void Communicator::execute(uint64_t ticket, const std::function<void()>& fn) {
   if (err) std::rethrow_exception(err);
 }
 
-void Communicator::run_blocking(const std::function<void()>& fn) {
+void Communicator::run_blocking(const std::function<void()>& fn, flight::Slot slot) {
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> l(mu_);
     ticket = next_ticket_++;
   }
-  execute(ticket, fn);
+  execute(ticket, fn, slot);
 }
 
-Request Communicator::start(std::function<void()> fn) {
+Request Communicator::start(std::function<void()> fn, flight::Slot slot) {
   auto job = std::make_shared<QueuedOp>();
   job->fn = std::move(fn);
+  job->slot = slot;
   {
     std::lock_guard<std::mutex> l(mu_);
     job->ticket = next_ticket_++;
@@ -241,7 +283,7 @@ void Communicator::progress_loop() {
     }
     std::exception_ptr err;
     try {
-      execute(job->ticket, job->fn);
+      execute(job->ticket, job->fn, job->slot);
     } catch (...) {
       err = std::current_exception();
     }
@@ -279,7 +321,8 @@ std::unique_ptr<Communicator> Communicator::split(int colour, int key, const std
   counters_.calls[static_cast<int>(OpKind::split)].fetch_add(1);
   std::unique_ptr<Communicator> out;
   double t = timeout_s_.load();
-  run_blocking([&] { out = run_split(colour, key, name, seq, t); });
+  const flight::Slot slot = flight::record(name_, OpKind::split, seq, 0, -1, -1, flight::State::queued);
+  run_blocking([&] { out = run_split(colour, key, name, seq, t); }, slot);
   if (out) {
     out->set_timeout(t);
     out->set_algorithm(algo_.load());
@@ -290,10 +333,10 @@ std::unique_ptr<Communicator> Communicator::split(int colour, int key, const std
 // Non-blocking: the lambda holds a copy of the arguments; sequence numbers are taken at issue time.
 #define MT_BLOCKING(...)                       \
   MT_COLL(__VA_ARGS__)                         \
-  run_blocking([&] { run_collective(a); });
+  run_blocking([&] { run_collective(a); }, record(a, flight::State::queued));
 #define MT_START(...)  \
   MT_COLL(__VA_ARGS__) \
-  return start([this, a] { run_collective(a); });
+  return start([this, a] { run_collective(a); }, record(a, flight::State::queued));
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
   MT_BLOCKING(OpKind::all_reduce, a.send = send, a.recv = recv, a.count = count, a.dtype = dtype, a.op = op)
@@ -358,13 +401,21 @@ void Communicator::recv(void* buf, size_t count, DType dtype, int peer, int tag)
 }
 Request Communicator::isend(const void* buf, size_t count, DType dtype, int peer, int tag) {
   check_peer(peer, "send");
-  count_p2p(OpKind::send, count * dtype_size(dtype));
-  return start_send(buf, count * dtype_size(dtype), peer, tag);
+  const size_t bytes = count * dtype_size(dtype);
+  count_p2p(OpKind::send, bytes);
+  if (!flight::attached()) return start_send(buf, bytes, peer, tag);
+  const uint64_t n = messages_[2 * size_t(peer)].fetch_add(1, std::memory_order_relaxed) + 1;
+  const flight::Slot slot = flight::record(name_, OpKind::send, n, bytes, world_of(peer), -1, flight::State::started);
+  return Request(std::make_shared<RecordedMessage>(start_send(buf, bytes, peer, tag), slot));
 }
 Request Communicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
   check_peer(peer, "recv");
-  count_p2p(OpKind::recv, count * dtype_size(dtype));
-  return start_recv(buf, count * dtype_size(dtype), peer, tag);
+  const size_t bytes = count * dtype_size(dtype);
+  count_p2p(OpKind::recv, bytes);
+  if (!flight::attached()) return start_recv(buf, bytes, peer, tag);
+  const uint64_t n = messages_[2 * size_t(peer) + 1].fetch_add(1, std::memory_order_relaxed) + 1;
+  const flight::Slot slot = flight::record(name_, OpKind::recv, n, bytes, world_of(peer), -1, flight::State::started);
+  return Request(std::make_shared<RecordedMessage>(start_recv(buf, bytes, peer, tag), slot));
 }
 
 }  // namespace mt::comm

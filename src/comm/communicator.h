@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/types.h"
 
 namespace mt::comm {
@@ -166,6 +167,8 @@ class Communicator {
   void set_algorithm(Algo a) { algo_.store(a); }  // override the by-size choice (benchmarks)
   Algo algorithm() const { return algo_.load(); }
   uint64_t collectives_issued() const;
+  // The world rank of group rank g (for messages in the flight recorder); backends that know it override.
+  virtual int world_of(int g) const { return g; }
 
  protected:
   // Runs one collective on the calling thread, blocking, in issue order. Throws CommError.
@@ -184,9 +187,10 @@ class Communicator {
   CollArgs make_args(OpKind kind);
   void count_bytes(const CollArgs& a);
   void count_p2p(OpKind kind, size_t bytes);
-  void run_blocking(const std::function<void()>& fn);
-  Request start(std::function<void()> fn);
-  void execute(uint64_t ticket, const std::function<void()>& fn);
+  void run_blocking(const std::function<void()>& fn, flight::Slot slot);
+  Request start(std::function<void()> fn, flight::Slot slot);
+  void execute(uint64_t ticket, const std::function<void()>& fn, flight::Slot slot);
+  flight::Slot record(const CollArgs& a, flight::State s);
   void progress_loop();
 
   int rank_, size_;
@@ -199,6 +203,8 @@ class Communicator {
     std::atomic<uint64_t> sent[kNumOpKinds] = {};
     std::atomic<uint64_t> recvd[kNumOpKinds] = {};
   } counters_;
+  // Messages per peer (group rank) and direction, for their "#n" in the flight recorder: [2 * peer + is_recv].
+  std::unique_ptr<std::atomic<uint64_t>[]> messages_;
 
   // Issue order: every collective takes a ticket when issued and runs when turn_ reaches it, either on the
   // caller's thread (blocking) or on the progress thread (non-blocking).

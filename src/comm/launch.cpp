@@ -16,8 +16,11 @@
 #include <memory>
 #include <numeric>
 
+#include "comm/flight_recorder.h"
+#include "comm/flight_verdict.h"
 #include "comm/shm/job.h"
 #include "comm/shm/shm_comm.h"
+#include "core/env.h"
 #include "core/error.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include "comm/mpi/mpi_comm.h"
@@ -57,10 +60,58 @@ std::string describe_status(int st) {
   return "ended";
 }
 
+// 'T' (stopped) or 't' (traced) in /proc/PID/stat's state field.
+bool is_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512] = {};
+  const size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close_paren = got ? std::strrchr(buf, ')') : nullptr;  // the command may hold spaces and ')'
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'T' || close_paren[2] == 't');
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
+    else o += c;
+  }
+  return o;
+}
+
+// The rings as JSON (docs/faults.md): {"verdict": "...", "ranks": [{"rank", "host", "pid", "fate", "ops": [...]}]}.
+void write_flight_file(const std::string& path, const std::vector<flight::RankView>& views, const std::string& verdict) {
+  std::string t = str("{\"verdict\": \"", json_escape(verdict), "\",\n \"ranks\": [");
+  for (size_t i = 0; i < views.size(); i++) {
+    const flight::RankView& v = views[i];
+    t += str(i ? ",\n  " : "\n  ", "{\"rank\": ", v.rank, ", \"host\": \"", json_escape(v.host), "\", \"fate\": \"",
+             json_escape(v.fate), "\", \"ops\": [");
+    for (size_t j = 0; j < v.ops.size(); j++) {
+      const flight::Op& op = v.ops[j];
+      t += str(j ? ",\n    " : "\n    ", "{\"id\": ", op.id, ", \"group\": \"", json_escape(op.group), "\", \"op\": \"",
+               op_kind_name(op.kind), "\", \"seq\": ", op.seq, ", \"bytes\": ", op.bytes, ", \"peer\": ", op.peer,
+               ", \"root\": ", op.root, ", \"state\": \"", flight::state_name(op.state), "\", \"t_queued_ns\": ",
+               op.t_queued_ns, ", \"t_started_ns\": ", op.t_started_ns, ", \"t_done_ns\": ", op.t_done_ns, "}");
+    }
+    t += "]}";
+  }
+  t += "\n]}\n";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(t.c_str(), f);
+    std::fclose(f);
+  }
+}
+
 [[noreturn]] void run_worker(shm::Job& job, uint64_t region, int r, int n, pid_t parent, const LaunchOptions& o,
-                             const std::function<void(Communicator&)>& body) {
+                             const std::function<void(Communicator&)>& body, flight::Ring* ring,
+                             const flight::FaultPoint& fault) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // the supervisor died: so do we
   if (getppid() != parent) _exit(1);
+  flight::attach(ring, fault);
   for (int s : kForwarded) signal(s, SIG_DFL);
   signal(SIGPIPE, SIG_DFL);  // a closed output ends the rank; the supervisor reports it (describe_status)
   job.block().pids[r] = getpid();
@@ -105,7 +156,14 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   const int n = o.nproc < 1 ? 1 : o.nproc;
   shm::Job job(n, kArenaBytes);
   uint64_t region = shm::ShmCommunicator::create_region(job, n);
+  const flight::FaultPoint fault = flight::parse_fault(o.fault);
+  // MESHTRAIN_FLIGHT_RECORDER=0 turns the recorder off (to measure what it costs: docs/faults.md).
+  const bool recording = env_flag("MESHTRAIN_FLIGHT_RECORDER").value_or(true);
+  // The flight recorder's rings: in the job's segment, so this process reads them whatever becomes of a rank.
+  auto* rings = static_cast<flight::Ring*>(job.at(job.allocate(sizeof(flight::Ring) * n)));
+  for (int r = 0; r < n; ++r) flight::init_ring(&rings[r], r);
   LaunchResult res;
+  std::vector<std::string> fate(n);  // what became of each rank by the first failure (the verdict names it)
   res.rank_status.assign(n, 0);
 
   struct sigaction sa = {};
@@ -131,7 +189,7 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   std::string fork_error;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
-    if (pid == 0) run_worker(job, region, r, n, parent, o, body);
+    if (pid == 0) run_worker(job, region, r, n, parent, o, body, recording ? &rings[r] : nullptr, fault);
     if (pid < 0) {
       fork_error = str("fork of rank ", r, " failed: ", std::strerror(errno));
       break;
@@ -208,6 +266,14 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
       --remaining;
       if (pidfds[r] >= 0) close(pidfds[r]);
       res.rank_status[r] = st;
+      if (!have_failure && got > 0) {
+        int fr = -1;
+        std::string fwhy;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) fate[r] = "finished";
+        else if (job.failed(&fr, &fwhy) && fr == r && job.waited_rank() >= 0)  // the witness of a stall
+          fate[r] = str("timed out waiting for rank ", job.waited_rank());
+        else fate[r] = describe_status(st);
+      }
       if (got < 0 || !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         std::string why = describe_status(st);
         std::string err = job.rank_error(r);
@@ -220,7 +286,11 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
     }
     if (!killed && remaining > 0 && Clock::now() >= kill_at) {
       for (int r = 0; r < n; ++r) {
-        if (alive[r]) kill(pids[r], SIGKILL);
+        if (!alive[r]) continue;
+        if (fate[r].empty() && res.exit_code < 128)
+          fate[r] = is_stopped(pids[r]) ? "stopped (SIGSTOP or another stop signal)"
+                                        : str("still running ", o.grace_s, " s after the failure");
+        kill(pids[r], SIGKILL);
       }
       killed = true;
     }
@@ -229,6 +299,24 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   for (size_t i = 0; i < std::size(kForwarded); i++) sigaction(kForwarded[i], &old[i], nullptr);
   sigaction(SIGPIPE, &old_pipe, nullptr);
   for (int r = 0; r < n; ++r) res.rank_errors.push_back(job.rank_error(r));
+  char host[flight::kHostChars] = {};
+  gethostname(host, sizeof host - 1);
+  res.host = host;
+  for (int r = 0; r < n; ++r)
+    if (rings[r].lost.load()) res.lost_ranks.push_back(r);
+  if (res.exit_code != 0 && res.exit_code < 128) {  // a failure, not an interruption: where was every rank?
+    std::vector<flight::RankView> views(n);
+    for (int r = 0; r < n; ++r) {
+      views[r].rank = r;
+      views[r].host = res.host;
+      views[r].fate = fate[r] == "finished" ? "" : fate[r];
+      views[r].ops = flight::snapshot(rings[r]);
+    }
+    flight::Verdict v = flight::verdict(views);
+    res.verdict = v.line;
+    res.odd_ranks = v.odd;
+    if (!o.flight_file.empty()) write_flight_file(o.flight_file, views, v.line);
+  }
   shm::sweep_segments(getpid());
   return res;
 }
@@ -267,6 +355,10 @@ LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communic
 }
 
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
+  return launch_result(o, body).exit_code;
+}
+
+LaunchResult launch_result(const LaunchOptions& o, const std::function<void(Communicator& world)>& body) {
   LaunchResult r = run_ranks(o, body);
   if (r.exit_code != 0) {
     // stderr may be the pipe whose closing ended the job: the write fails instead of killing this process.
@@ -275,9 +367,10 @@ int launch(const LaunchOptions& o, const std::function<void(Communicator& world)
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &old);
     print_failure_headline(r.failed_rank, r.waited_rank, r.failure);
+    if (!r.verdict.empty()) std::fprintf(stderr, "meshtrain: flight recorder: %s\n", r.verdict.c_str());
     sigaction(SIGPIPE, &old, nullptr);
   }
-  return r.exit_code;
+  return r;
 }
 
 void print_failure_headline(int failed_rank, int waited_rank, const std::string& failure) {

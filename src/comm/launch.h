@@ -14,7 +14,9 @@
 // shm/job.h) and returns non-zero; launch() prints the first failure once. A rank that times out names the end
 // of the chain of waits it sits in (rank 2 waits for 3, which waits for 1: rank 1 is the stalled one).
 // With MESHTRAIN_PIDS_FILE set, the supervisor writes "rank pid" lines there once every worker is forked (to
-// signal one rank: tests, debugging).
+// signal one rank: tests, debugging). Every worker records its communication in a flight recorder ring in the
+// job's segment (flight_recorder.h); after a failure the supervisor reads all rings, also of dead or stopped
+// ranks, and returns the verdict naming the odd ranks out (flight_verdict.h, docs/faults.md).
 //
 // mpi (under mpirun, detected from OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK, or backend "mpi"): body runs
 // in this process with the MPI world; rank and size come from MPI. MPI is initialised on first use (thread
@@ -48,6 +50,10 @@ struct LaunchOptions {
   double timeout_s = 300;        // deadline of every blocking communication call (--comm-timeout)
   double grace_s = 2;            // after a failure, how long other ranks get to report before SIGKILL
   Algo algo = Algo::automatic;   // all-reduce algorithm override (benchmarks)
+  // shm: an injected fault, "RANK:K:KIND" (flight_recorder.h parse_fault; tests set it from MESHTRAIN_FAULT).
+  std::string fault;
+  // shm: when set and the job fails, every rank's flight recorder ring is written here (JSON, docs/faults.md).
+  std::string flight_file;
 };
 
 // Rejects bad option values with an InputError that names them. launch() calls it first.
@@ -64,12 +70,19 @@ struct LaunchResult {
   std::string failure;           // its error, or how it died ("killed by signal 9 (SIGKILL)")
   std::vector<int> rank_status;  // shm: per rank, the wait() status from waitpid
   std::vector<std::string> rank_errors;  // shm: per rank, the error it reported ("" if none)
+  std::string verdict;           // shm, on failure: the flight recorder's verdict (flight_verdict.h), else ""
+  std::vector<int> odd_ranks;    // the verdict's odd ranks out
+  std::vector<int> lost_ranks;   // ranks that marked their place lost (injected "lose" fault): not restartable
+  std::string host;              // shm: this host's name (every rank's)
 };
 
 // Runs body on every rank and returns what happened, printing nothing itself (tests use it).
 LaunchResult run_ranks(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 // run_ranks, then on failure prints "meshtrain: rank R failed: <why>" to stderr (for a timeout: "meshtrain:
-// rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"); returns exit_code.
+// rank W did not respond within --comm-timeout ...: rank R timed out waiting for it: <why>"), then the flight
+// recorder's verdict ("meshtrain: flight recorder: all ranks but 3 entered ..."); returns exit_code.
+// launch_result() is the same and returns the whole result (the restarting launcher reads lost_ranks).
+LaunchResult launch_result(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 int launch(const LaunchOptions& o, const std::function<void(Communicator& world)>& body);
 // The one headline format for a failed job (both backends): waited_rank >= 0 for a timeout, failed_rank -1 when
 // no rank is to blame.

@@ -93,6 +93,10 @@ void check_outputs(const TrainConfig& c) {
   MT_CHECK_INPUT(c.save_every >= 0, "--save-every must be >= 0, got ", c.save_every);
   MT_CHECK_INPUT(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
   MT_CHECK_INPUT(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got ", c.stop_at_step);
+  MT_CHECK_INPUT(c.max_restarts >= 0 && c.max_restarts <= 1000, "--max-restarts must be in 0..1000, got ",
+                 c.max_restarts);
+  MT_CHECK_INPUT(c.min_nproc >= 0 && c.min_nproc <= c.nproc, "--min-nproc must be in 1..--nproc (", c.nproc,
+                 "), got ", c.min_nproc);
   MT_CHECK_INPUT(c.stop_at_step == 0 || !c.checkpoint_dir.empty(), "--stop-at-step ", c.stop_at_step,
                  " ends the run early to be resumed: it needs --checkpoint-dir (else the work is lost)");
   MT_CHECK_INPUT(c.resume.empty() || !c.checkpoint_dir.empty() || !c.save.empty(), "--resume ", c.resume,
@@ -345,6 +349,16 @@ const RefusedCombination kRefused[] = {
      "clipping would have to apply to the averaged gradient of the k batches (not built: use --grad-clip 0); "
      "checkpoints do not hold the accumulator or k (a resumed run would differ); the tiled update is not built "
      "with it"},
+    {[](const TrainConfig& c) { return c.max_restarts > 0 && c.checkpoint_dir.empty(); },
+     [](const TrainConfig& c) { return str("--max-restarts ", c.max_restarts, " without --checkpoint-dir"); },
+     "a restarted job continues from the last checkpoint in --checkpoint-dir (give --save-every K too, or it "
+     "holds only the final one)"},
+    {[](const TrainConfig& c) { return c.min_nproc > 0 && c.max_restarts == 0; },
+     [](const TrainConfig& c) { return str("--min-nproc ", c.min_nproc, " without --max-restarts"); },
+     "--min-nproc is how few ranks a restart may continue with; without restarts there is none"},
+    {[](const TrainConfig& c) { return c.max_restarts > 0 && c.async == AsyncMode::hogwild; },
+     [](const TrainConfig& c) { return str("--max-restarts ", c.max_restarts, " with --async hogwild"); },
+     "Hogwild's threads run in one process and write no checkpoints to restart from"},
 };
 
 void check_refused(const TrainConfig& c) {

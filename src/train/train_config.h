@@ -173,6 +173,8 @@ struct TrainConfig {
                                    // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest
   Straggler straggler;             // --straggler RANK:MS (emulates a slow worker)
+  int max_restarts = 0;            // the launcher restarts a failed job from the last checkpoint (train/elastic.h)
+  int min_nproc = 0;               // ... with fewer ranks, down to this many, when ranks are lost (0: never fewer)
   // Workers (ranks computing gradients): the ranks minus the parameter servers.
   int ps_servers() const { return servers > 0 ? servers : 1; }
   int workers(int world_size) const { return async == AsyncMode::ps ? world_size - ps_servers() : world_size; }

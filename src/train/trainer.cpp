@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -15,6 +16,7 @@
 #include "core/fs.h"
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
+#include "train/elastic.h"
 #include "train/model_registry.h"
 #include "train/preflight.h"
 #include "train/run.h"
@@ -124,6 +126,12 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
 
 }  // namespace
 
+// MESHTRAIN_FAULT=RANK:K:KIND: a fault injected into the first attempt (tests; comm/flight_recorder.h).
+static std::string env_fault() {
+  const char* v = std::getenv("MESHTRAIN_FAULT");
+  return v ? v : "";
+}
+
 void write_resolved_config(const TrainConfig& cfg, const comm::Communicator* world) {
   if (!cfg.resolved_config_path.empty() && (!world || world->rank() == 0))
     write_file_atomic(cfg.resolved_config_path, cfg.resolved_config);
@@ -145,22 +153,30 @@ int train_main(const TrainConfig& cfg) {
     report(cfg, run_hogwild(cfg));
     return 0;
   }
-  comm::LaunchOptions lo;
-  lo.nproc = cfg.nproc;
-  lo.backend = flag_name(cfg.backend);
-  lo.timeout_s = cfg.comm_timeout;
-  if (cfg.nproc == 1 && !comm::under_mpirun() && cfg.backend != BackendKind::mpi) {
+  if (cfg.nproc == 1 && cfg.max_restarts == 0 && !comm::under_mpirun() && cfg.backend != BackendKind::mpi) {
     report(cfg, run_training(cfg, nullptr));
     return 0;
   }
-  if (!comm::under_mpirun()) {
-    cfg.validate(cfg.nproc);
-    if (auto check = model_entry(cfg.model).check_shape) check(cfg);
-  }
-  return comm::launch(lo, [&](comm::Communicator& world) {
-    TrainSummary s = run_training(cfg, &world);
-    if (world.rank() == 0) report(cfg, s);
-  });
+  MT_CHECK_INPUT(cfg.max_restarts == 0 || !comm::under_mpirun(), "--max-restarts ", cfg.max_restarts,
+                 " under mpirun: restarts are the shm launcher's (--nproc); under mpirun the job is mpirun's");
+  // One attempt: the launcher over cfg's ranks; train/elastic.h restarts failed ones (--max-restarts).
+  auto attempt = [&](const TrainConfig& c, bool first) {
+    comm::LaunchOptions lo;
+    lo.nproc = c.nproc;
+    lo.backend = flag_name(c.backend);
+    lo.timeout_s = c.comm_timeout;
+    if (first) lo.fault = env_fault();
+    if (!c.metrics.empty()) lo.flight_file = c.metrics + ".flight.json";
+    if (!comm::under_mpirun()) {
+      c.validate(c.nproc);
+      if (auto check = model_entry(c.model).check_shape) check(c);
+    }
+    return comm::launch_result(lo, [&](comm::Communicator& world) {
+      TrainSummary s = run_training(c, &world);
+      if (world.rank() == 0) report(c, s);
+    });
+  };
+  return run_elastic(cfg, attempt);
 }
 
 }  // namespace mt::train

@@ -52,6 +52,7 @@ class MpiCommunicator : public Communicator {
   void check_descriptor(const CollArgs& a);
   void run_reducing(const CollArgs& a);
   int world_rank_of(int group_rank) const;  // -1 when not in MPI_COMM_WORLD's group
+  int world_of(int g) const override { return world_rank_of(g); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm desc_comm_ = MPI_COMM_NULL;  // the descriptor exchange's own context (never matches user messages)

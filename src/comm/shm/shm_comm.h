@@ -86,6 +86,7 @@ class ShmCommunicator : public Communicator {
   static uint64_t create_region(Job& job, int n);
 
   const char* backend() const override { return "shm"; }
+  int world_of(int g) const override { return world_ranks_[g]; }
 
  protected:
   void run_collective(const CollArgs& a) override;
