@@ -7,7 +7,8 @@
 #                                Benchmark, OpenBLAS (the second GEMM backend), PyTorch and NumPy (the
 #                                independent reference), Node.js and npm (the reference GPT-2 encoders),
 #                                Chromium (headless: the browser test of meshtrain report's page),
-#                                pybind11 and Python's headers (the Python module)
+#                                pybind11 and Python's headers (the Python module), clang (libFuzzer:
+#                                the fuzz targets)
 # No argument means test (everything). Idempotent: packages already present are not touched and apt is not
 # even called. Run as root (or with sudo available).
 set -euo pipefail
@@ -32,6 +33,7 @@ TEST_PKGS=(
   pybind11-dev python3-dev # the Python module `import meshtrain` (python/) and its test
   nodejs npm               # reference GPT-2 encoders (npm packages) for the tokenizer test and bench
   chromium                 # headless browser for tests/report/test_report_browser.py
+  clang                    # libFuzzer and its sanitizers for the readers' fuzz targets (fuzz/, scripts/fuzz.sh)
 )
 
 case "${1:-test}" in

@@ -11,8 +11,26 @@ cmake --build "$BUILD" -j "$(nproc)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 (cd "$BUILD" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
 # The OpenBLAS backend (-DMESHTRAIN_BLAS=openblas, the build option beside the default oneDNN) must keep
-# building and computing right: its library and the unit tests (kernels, layers, models, optimizer).
-OB="$BUILD-openblas"
-cmake -S . -B "$OB" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_BLAS=openblas > "$OB.cmake.log" 2>&1 || { cat "$OB.cmake.log"; exit 1; }
-cmake --build "$OB" -j "$(nproc)" --target test_unit
-"$OB/tests/test_unit" --gtest_brief=1
+# building and computing right; its build doubles as the sanitizer build: AddressSanitizer (with its leak
+# check) and UndefinedBehaviorSanitizer at -O1 with assertions, running the unit, io and comm tests (the
+# kernels, layers, models, optimizers, readers and collectives). Any report stops the test that made it.
+SAN="$BUILD-openblas-asan"
+cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_BLAS=openblas -DMESHTRAIN_SANITIZE="address,undefined" \
+  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF \
+  > "$SAN.cmake.log" 2>&1 || { cat "$SAN.cmake.log"; exit 1; }
+cmake --build "$SAN" -j "$(nproc)" --target meshtrain test_unit test_io test_comm
+# Mpi.* run under mpirun in the main build (tests/comm/extra.cmake); Bf16Env.* needs its variable per run.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+for t in unit io comm; do
+  "$SAN/tests/test_$t" --gtest_brief=1 --gtest_filter="-Mpi.*:Bf16Env.*"
+done
+unset ASAN_OPTIONS UBSAN_OPTIONS
+# ThreadSanitizer: the comm tests (the collectives, their waits and the failure paths) in a build of their own.
+TSAN="$BUILD-tsan"
+cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread \
+  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF \
+  > "$TSAN.cmake.log" 2>&1 || { cat "$TSAN.cmake.log"; exit 1; }
+cmake --build "$TSAN" -j "$(nproc)" --target meshtrain test_comm
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$TSAN/tests/test_comm" --gtest_brief=1 --gtest_filter="-Mpi.*"
+# The readers' fuzz targets (clang's libFuzzer), each for a bounded time over its seed corpus.
+BUILD_DIR="$BUILD" bash scripts/fuzz.sh
