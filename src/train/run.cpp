@@ -111,7 +111,8 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // The delay-1 rule (--delayed-update, pipedream-2bw): a second weight version beside the store's.
-  store->set_versions(make_weight_versions(cfg));
+  store->set_versions(make_weight_versions(cfg, g.pp() > 1 ? &pipeline.schedule : nullptr));
+  executor->set_versions(store->versions());
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
@@ -193,7 +194,12 @@ void Run::announce() {
   if (g.pp() > 1)
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
-  if (store->versions())
+  if (store->versions() && !delay_one(cfg))
+    log->message(str("per-micro-batch updates (changes the math): --schedule ", layout.schedule().name,
+                     " updates each stage after every micro-batch's backward; ",
+                     cfg.vertical_sync ? "--vertical-sync: micro-batch i reads stage 0's version on every stage"
+                                       : "each backward reads the version its forward read (stashed)"));
+  else if (store->versions())
     log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
                  "two weight versions kept");
 }

@@ -152,6 +152,13 @@ std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(
 bool async_schedule(const TrainConfig& c) {
   return c.pp > 1 && !c.schedule.empty() && pipeline::find_schedule(c.schedule).weight_versions() > 1;
 }
+// A schedule that updates each stage after every micro-batch (pipedream, pipemare), given by name.
+bool micro_update_name(const TrainConfig& c) {
+  return !c.schedule.empty() && pipeline::has_schedule(c.schedule) &&
+         pipeline::find_schedule(c.schedule).micro_updates() != pipeline::ScheduleGenerator::MicroUpdates::none;
+}
+bool micro_update_schedule(const TrainConfig& c) { return c.pp > 1 && micro_update_name(c); }
+std::string schedule_flag(const TrainConfig& c) { return "--schedule " + c.schedule; }
 // Optimizers with a whole-tensor statistics phase (optim/optimizer.h), run by the exact exchange's store.
 bool whole_tensor_optimizer(const TrainConfig& c) {
   return c.optimizer == OptimizerKind::lamb || c.optimizer == OptimizerKind::adafactor;
@@ -275,6 +282,56 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) { return optimizer_flag(c) + " with " + async_flag(c); },
      "a parameter server steps each slice of the flat buffer on its own, so a tensor that straddles two servers "
      "has no whole-tensor statistics phase (and --async hogwild runs SGD); use --optimizer adamw or sgd"},
+    {[](const TrainConfig& c) { return micro_update_name(c) && c.pp <= 1; },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --pp ", c.pp); },
+     "the schedule updates each pipeline stage after every micro-batch's backward, with weight versions that "
+     "differ between stages; with one stage there is no pipeline to run it; use --pp 2 or more"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.zero >= 2; },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --zero ", c.zero); },
+     "the schedule updates after every micro-batch, while ZeRO 2 and 3 reduce-scatter a stage's gradient "
+     "buckets once per step (after m backward visits) and ZeRO 3 gathers the parameters the versions would "
+     "have to swap; use --zero 0 or 1"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.delayed_update; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --delayed-update"; },
+     "two different asynchronous update rules (per-micro-batch updates with their own weight versions, and the "
+     "delay-1 rule's one-step-old weights): choose one"},
+    {[](const TrainConfig& c) { return c.vertical_sync && !(c.pp > 1 && c.schedule == "pipedream"); },
+     [](const TrainConfig& c) {
+       return str("--vertical-sync with ", c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c),
+                  " --pp ", c.pp);
+     },
+     "vertical sync chooses which stashed weight version a micro-batch reads on each stage: it needs "
+     "--schedule pipedream and --pp 2 or more (pipemare keeps no stash)"},
+    {[](const TrainConfig& c) {
+       return micro_update_schedule(c) && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.dgc);
+     },
+     [](const TrainConfig& c) {
+       return schedule_flag(c) + " with " +
+              (compressing(c) ? compress_flag(c)
+               : local_sgd(c) ? local_flag(c)
+               : asynchronous(c) ? async_flag(c)
+               : onebit(c)      ? std::string("--optimizer onebit-adam")
+                                : std::string("--dgc"));
+     },
+     "the per-micro-batch updates are built on the exact gradient exchange (one reduce, norm and update per "
+     "micro-batch); these methods replace it: choose one"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.precision == Precision::bf16; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --precision bf16"; },
+     "the bf16 mirror of the weights is refreshed once per step, while this schedule changes the weight version "
+     "a computation reads many times per step; use --precision fp32"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.offload.optimizer; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --offload optimizer"; },
+     "the tiled update that streams the optimizer state from --offload-dir would run once per micro-batch "
+     "(m times the disk traffic), a combination not built or tested; drop one"},
+    {[](const TrainConfig& c) { return c.pp > 1 && c.schedule == "pipemare" && c.recompute; },
+     [](const TrainConfig&) { return std::string("--schedule pipemare with --recompute"); },
+     "pipemare's backward multiplies by the stage's newest weights but uses the activations its forward "
+     "computed; recomputing them at the backward would take them at the newest weights instead, another rule; "
+     "drop --recompute (pipedream takes it: its backward reads the forward's version)"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && (c.gpt.moe_every > 0 || c.moe.ep > 1); },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --moe-every ", c.gpt.moe_every, " --ep ", c.moe.ep); },
+     "an MoE model's per-step router statistics and expert-group reductions have not been built or checked "
+     "with per-micro-batch updates; use a dense model"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -163,6 +163,7 @@ struct TrainConfig {
   bool local_sgd_state = false;    // also average the optimizer state at each sync
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
+  bool vertical_sync = false;        // --schedule pipedream: one weight version per micro-batch on every stage
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute
                                    // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest

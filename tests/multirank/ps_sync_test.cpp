@@ -65,7 +65,7 @@ TEST(PsSync, StalenessZeroWorkersGetTheExactDataParallelStep) {
         for (int64_t s = 0; s < kSteps; s++) {
           sync.begin_step(s);
           int updates = 0;
-          auto update = [&](double loss_sum) {
+          auto update = [&](double loss_sum, train::UpdatePart) {
             updates++;
             sync.step(s, loss_sum, kItems, tail, opt);
           };

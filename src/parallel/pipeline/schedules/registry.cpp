@@ -19,6 +19,8 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_zb_h2_schedule());
     v.push_back(make_zb_v_schedule());
     v.push_back(make_pipedream_2bw_schedule());
+    v.push_back(make_pipedream_schedule());
+    v.push_back(make_pipemare_schedule());
     return v;
   }();
   return all;
