@@ -10,9 +10,10 @@
 // update holds the newest version. A version still needed by a micro-batch in flight is saved before A
 // changes (an update, or an older version copied in for another micro-batch) and dropped when no micro-batch
 // in flight needs it. Cost: a copy of the rank's resident parameters each time A changes version (at most
-// two per computation); memory: one saved copy per older version in flight. Under 1F1B without
-// --vertical-sync the versions in flight on stage s of p are at most p - s (the newest included): peak() is
-// the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
+// two per computation); memory: A plus up to one saved copy per version held (the newest is saved too while an
+// older one is in A; bytes() reports the most). Under 1F1B without --vertical-sync the versions in flight on
+// stage s of p are at most p - s (the newest included), max(1, min(p - s, m - (p - 1 - s))) with the flush:
+// peak() is the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
 // between steps only the newest version exists: checkpoints hold one version.
 #pragma once
 

@@ -11,7 +11,8 @@ Problem: test_delay_one's (L=4, H=2, C=32, V=64, B=12, T=16, 12 steps, AdamW lr 
 clip 2.5; --stage-layers given so the reference's split is the run's). Clipping acts on some micro-batch
 updates and not others (asserted from the reference).
 meshtrain runs, each compared with the reference of its rule: pipedream at pp 2 (m 2, m 4) and pp 4 (m 4),
-pipedream --vertical-sync at pp 4, pipemare at pp 2 and 4, pipedream at dp 2 x pp 2 (m 2).
+pipedream --vertical-sync at pp 4, pipemare at pp 2 and 4, pipedream at dp 2 x pp 2 (m 2), pipemare at
+tp 2 x pp 2 (m 2), pipedream with --zero 1 --recompute at dp 2 x pp 2 (m 2).
 Tolerances: loss 2e-4 abs, grad_norm 1e-3 rel, lr 1e-6 rel, final weights 2e-4 abs (test_delay_one's).
 The comparison can fail: at pp 4 the three rules (stash, vertical sync, newest) and the exact 1F1B run are
 asserted to differ pairwise in the reference by more than 20x the loss tolerance or 10x the weight tolerance.
@@ -100,10 +101,9 @@ def main() -> None:
         checks.check(dk <= k_tol, f"{tag}: key-bias slice differs by {dk:.2e} > sum(lr) {k_tol:.2e}")
         print(f"{tag:<30}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}")
 
-    def pp_flags(p, sched, mb, extra=()):
-        return ["--nproc", p * (2 if "--dp2" in extra else 1), "--pp", p, "--schedule", sched,
-                "--micro-batch-size", mb, "--stage-layers", ",".join(map(str, SPLITS[p]))] + \
-               [e for e in extra if e != "--dp2"]
+    def pp_flags(p, sched, mb, extra=(), ranks_per_stage=1):
+        return ["--nproc", p * ranks_per_stage, "--pp", p, "--schedule", sched,
+                "--micro-batch-size", mb, "--stage-layers", ",".join(map(str, SPLITS[p]))] + list(extra)
 
     layouts = [
         ("pp2_pipedream_m2", (2, 2, "stash"), pp_flags(2, "pipedream", 6)),
@@ -112,7 +112,10 @@ def main() -> None:
         ("pp4_pipedream_vsync_m4", (4, 4, "stash", True), pp_flags(4, "pipedream", 3, ["--vertical-sync"])),
         ("pp2_pipemare_m4", (2, 4, "newest"), pp_flags(2, "pipemare", 3)),
         ("pp4_pipemare_m4", (4, 4, "newest"), pp_flags(4, "pipemare", 3)),
-        ("dp2_pp2_pipedream_m2", (2, 2, "stash", False, 2), pp_flags(2, "pipedream", 3, ["--dp2"])),
+        ("dp2_pp2_pipedream_m2", (2, 2, "stash", False, 2), pp_flags(2, "pipedream", 3, ranks_per_stage=2)),
+        ("tp2_pp2_pipemare_m2", (2, 2, "newest"), pp_flags(2, "pipemare", 6, ["--tp", 2], 2)),
+        ("dp2_pp2_pipedream_z1_recompute", (2, 2, "stash", False, 2),
+         pp_flags(2, "pipedream", 3, ["--zero", 1, "--recompute"], 2)),
     ]
     print(f"\n{'layout':<30}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}")
     for tag, key, extra in layouts:
