@@ -197,3 +197,61 @@ TEST(TrainConfigOptimizer, WholeTensorOptimizersRefuseInexactExchanges) {
 }
 
 }  // namespace
+
+// Per-micro-batch updates (--schedule pipedream, pipemare): every refused combination names both flags; the
+// combinations the parity test runs are accepted.
+TEST(TrainConfigMicroUpdates, RefusedCombinationsNameBothFlags) {
+  auto refused = [](const TrainConfig& c, int world, const std::string& a, const std::string& b) {
+    const std::string e = error_of(c, world);
+    EXPECT_NE(e.find(a), std::string::npos) << e;
+    EXPECT_NE(e.find(b), std::string::npos) << e;
+  };
+  for (const std::string s : {"pipedream", "pipemare"}) {
+    TrainConfig ok = pipeline_config(s, 2);
+    EXPECT_EQ(error_of(ok, 2), "(no error)") << s;
+    for (int z : {0, 1}) {
+      TrainConfig c = pipeline_config(s, 2);
+      c.nproc = 4;
+      c.zero = z;
+      EXPECT_EQ(error_of(c, 4), "(no error)") << s << " ZeRO " << z;
+    }
+    for (int z : {2, 3}) {
+      TrainConfig c = pipeline_config(s, 2);
+      c.nproc = 4;
+      c.zero = z;
+      refused(c, 4, "--schedule " + s, "--zero " + std::to_string(z));
+    }
+    TrainConfig d = pipeline_config(s, 2);
+    d.delayed_update = true;
+    refused(d, 2, "--schedule " + s, "--delayed-update");
+    TrainConfig b = pipeline_config(s, 2);
+    b.precision = mt::Precision::bf16;
+    refused(b, 2, "--schedule " + s, "--precision bf16");
+    TrainConfig o = pipeline_config(s, 2);
+    o.offload.optimizer = true;
+    o.offload.dir = "/tmp";
+    refused(o, 2, "--schedule " + s, "--offload optimizer");
+    TrainConfig moe = pipeline_config(s, 2);
+    moe.gpt.moe_every = 2;
+    moe.gpt.experts = 2;
+    refused(moe, 2, "--schedule " + s, "--moe-every 2");
+    TrainConfig l = pipeline_config(s, 2);
+    l.nproc = 4;
+    l.local_sgd = 4;
+    refused(l, 4, "--schedule " + s, "--local-sgd 4");
+    TrainConfig one = pipeline_config(s, 1);
+    EXPECT_NE(error_of(one, 1).find("--schedule " + s), std::string::npos) << error_of(one, 1);
+  }
+  TrainConfig r = pipeline_config("pipemare", 2);
+  r.recompute = true;
+  refused(r, 2, "--schedule pipemare", "--recompute");
+  r.schedule = "pipedream";  // its backward reads the forward's version: recomputing is exact
+  EXPECT_EQ(error_of(r, 2), "(no error)");
+  TrainConfig v = pipeline_config("pipemare", 2);
+  v.vertical_sync = true;
+  refused(v, 2, "--vertical-sync", "--schedule pipemare");
+  v.schedule = "1f1b";
+  refused(v, 2, "--vertical-sync", "--schedule 1f1b");
+  v.schedule = "pipedream";
+  EXPECT_EQ(error_of(v, 2), "(no error)");
+}
