@@ -88,6 +88,7 @@ void WeightStash::before_micro_backward(int i) {
             " before its forward or twice");
   const int v = mode_ == MicroUpdates::stashed ? fwd_[i] : newest_;
   load(v);
+  count_live();  // micro-batch i is in flight until its backward has read its version
   bwd_[i] = v;
   prune();
 }
@@ -102,6 +103,7 @@ void WeightStash::after_update() {
   newest_++;
   loaded_ = newest_;
   prune();
+  count_live();
 }
 
 std::vector<int> gather_stash_peaks(const parallel::Mesh& mesh, parallel::ParamVersions* v) {

@@ -11,9 +11,9 @@
 // changes (an update, or an older version copied in for another micro-batch) and dropped when no micro-batch
 // in flight needs it. Cost: a copy of the rank's resident parameters each time A changes version (at most
 // two per computation); memory: A plus up to one saved copy per version held (the newest is saved too while an
-// older one is in A; bytes() reports the most). Under 1F1B without --vertical-sync the versions in flight on
-// stage s of p are at most p - s (the newest included), max(1, min(p - s, m - (p - 1 - s))) with the flush:
-// peak() is the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
+// older one is in A; bytes() reports the most). Under 1F1B without --vertical-sync the versions held on stage
+// s of p are at most p - s (the newest included), reached under the flush once m >= 2 (p - 1 - s): peak() is
+// the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
 // between steps only the newest version exists: checkpoints hold one version.
 #pragma once
 
@@ -45,8 +45,9 @@ class WeightStash : public parallel::ParamVersions {
   void before_micro_backward(int i) override;
   float* other() override { return nullptr; }  // between steps only one version exists
   size_t bytes() const override { return peak_saved_ * n_ * sizeof(float); }  // the most the saved copies took
-  // The most versions in flight at once on this rank so far: the newest and every version a micro-batch whose
-  // forward ran and whose backward has not (or, with --vertical-sync, will) read.
+  // The most versions held at once on this rank so far: the newest and every version a micro-batch whose
+  // forward ran and whose backward has not yet run reads (looked at after each forward, at each backward and
+  // after each update).
   int peak() const { return peak_; }
   // Which version micro-batch i's forward and backward read in the current (or last) step (-1: not yet).
   int forward_version(int i) const { return fwd_.at(i); }

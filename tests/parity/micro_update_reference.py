@@ -188,22 +188,29 @@ def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: 
 
 
 def stash_depth(p: int, m: int, mode: str, vertical_sync: bool = False) -> List[int]:
-    """Per stage, the most versions in flight at once along its list: the newest and the versions that
-    micro-batches whose forward ran and whose backward has not will read (stash), counted before each
-    forward."""
+    """Per stage, the most versions held at once along its list: the newest and the versions of the
+    micro-batches in flight (forward run, backward not yet run: until its backward has read it), looked at
+    after each forward, at each backward (before it ends) and after each update. Without a stash only the
+    newest."""
     fwd, bwd = versions_read(p, m, mode, vertical_sync)
     out = []
     for j in range(p):
         done, started, finished, peak = 0, set(), set(), 0
+
+        def look():
+            live = {done}
+            if mode == "stash" or vertical_sync:
+                live |= {fwd[j][k] for k in started - finished}
+            return len(live)
+
         for kind, i in one_f_one_b(p, m, j):
             if kind == "F":
                 started.add(i)
-                live = {done}
-                if mode == "stash" or vertical_sync:
-                    live |= {fwd[j][k] for k in started - finished}
-                peak = max(peak, len(live))
+                peak = max(peak, look())
             else:
+                peak = max(peak, look())  # i still in flight
                 finished.add(i)
-                done += 1
+                done += 1  # the update after it
+                peak = max(peak, look())
         out.append(peak)
     return out

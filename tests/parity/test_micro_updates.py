@@ -17,8 +17,8 @@ Tolerances: loss 2e-4 abs, grad_norm 1e-3 rel, lr 1e-6 rel, final weights 2e-4 a
 The comparison can fail: at pp 4 the three rules (stash, vertical sync, newest) and the exact 1F1B run are
 asserted to differ pairwise in the reference by more than 20x the loss tolerance or 10x the weight tolerance.
 Stash depth: `--summary`'s pipeline section reports the most versions each rank held; pipedream at pp 4
-equals the reference's count; under the flush that is max(1, min(p - j, m - (p - 1 - j))) on rank j: at
-p 4, m 4 it is 1, 2, 2, 1 and at p 4, m 8 (B 16, a run of its own) p - j = 4, 3, 2, 1; pipemare 1 everywhere.
+equals the reference's count (at most p - j on rank j, reached once m >= 2 (p - 1 - j) under the flush: at
+p 4, m 4 it is 2, 3, 2, 1 and at p 4, m 8 (B 16, a run of its own) 4, 3, 2, 1); pipemare 1 everywhere.
 Bad input (refused naming both flags): pipedream with --zero 2, --vertical-sync with pipemare, pipemare with
 --recompute, pipedream with --delayed-update, pipedream at --pp 1.
 --help: --schedule's text says pipedream and pipemare CHANGE THE MATH.
