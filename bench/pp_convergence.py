@@ -38,7 +38,14 @@ sys.path.insert(0, HERE)
 from bench_util import prepare_text  # noqa: E402
 from delay_one_convergence import isa  # noqa: E402
 
-SCHEDULES = ["1f1b", "zb-h1", "pipedream-2bw", "pipedream", "pipemare"]
+SCHEDULES = ["1f1b", "zb-h1", "pipedream-2bw", "pipedream", "pipemare", "pipemare+lr", "pipemare+corr",
+             "pipemare+both"]
+# PipeMare with its corrections (docs/parallelism.md, "PipeMare's corrections"): the learning-rate rescheduling
+# annealed over K = 400 updates (half the run's 800 at 200 steps, m = 4) and the discrepancy correction with
+# GAMMA = 0.5; both values chosen here, not tuned.
+VARIANTS = {"pipemare+lr": ["--pipemare-lr-anneal", "400"],
+            "pipemare+corr": ["--pipemare-correction", "0.5"],
+            "pipemare+both": ["--pipemare-lr-anneal", "400", "--pipemare-correction", "0.5"]}
 
 
 def write_outputs(out, host, steps, results):
@@ -69,6 +76,7 @@ def write_outputs(out, host, steps, results):
         json.dump(dict(host=host, steps=steps, runs=results), f, indent=1)
     for P in sorted({r["P"] for r in results}):
         runs = [r for r in results if r["P"] == P]
+        runs.sort(key=lambda r: SCHEDULES.index(r["schedule"]))
         for x in ("step", "time"):
             cmd = [sys.executable, os.path.join(HERE, "convergence_svg.py"), "--x", x,
                    "--out", os.path.join(out, f"val_loss_{x}_P{P}.svg"),
@@ -88,6 +96,8 @@ def main():
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "pp_convergence"))
     ap.add_argument("--from-results", action="store_true", help="rewrite table.md and the SVGs from results.json")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep results.json's runs of other schedules (rerun only --schedules, same host line)")
     a = ap.parse_args()
     a.meshtrain, a.out = os.path.abspath(a.meshtrain), os.path.abspath(a.out)
     if a.from_results:
@@ -103,6 +113,13 @@ def main():
             f"builds); lr {a.lr:g}")
     print(host, flush=True)
     results = []
+    if a.keep and os.path.exists(os.path.join(a.out, "results.json")):
+        with open(os.path.join(a.out, "results.json")) as f:
+            old = json.load(f)
+        assert old["steps"] == a.steps, f"--keep: results.json has {old['steps']} steps, not {a.steps}"
+        mine = set(a.schedules.split(","))
+        results = [r for r in old["runs"] if r["schedule"] not in mine]
+        host = f"{old['host']}; the {', '.join(sorted(mine))} runs later: {host}"
     for P in (int(x) for x in a.stages.split(",")):
         for sched in a.schedules.split(","):
             tag = f"P{P}_{sched}"
@@ -115,7 +132,7 @@ def main():
                    "--steps", str(a.steps), "--lr", repr(a.lr), "--min-lr", repr(a.lr / 10), "--warmup-steps",
                    "20", "--grad-clip", "1.0", "--eval-every", "50", "--eval-batches", "8", "--seed", "1337",
                    "--threads", "1", "--quiet", "--metrics", metrics, "--summary", summary,
-                   "--nproc", str(P), "--pp", str(P), "--schedule", sched]
+                   "--nproc", str(P), "--pp", str(P), "--schedule", sched.split("+")[0]] + VARIANTS.get(sched, [])
             t0 = time.monotonic()
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400)
             wall = time.monotonic() - t0
@@ -130,6 +147,7 @@ def main():
                        param_bytes=[rk["param_bytes"] for rk in s["ranks"]],
                        stash_versions=s.get("pipeline", {}).get("stash_versions"))
             results.append(res)
+            results.sort(key=lambda r: (r["P"], SCHEDULES.index(r["schedule"])))
             print(f"P={P} {sched:<14} final val {val[-1][1]:.4f}  {step_s * 1e3:7.1f} ms/step  param_bytes "
                   f"{res['param_bytes']}  versions {res['stash_versions']}", flush=True)
             write_outputs(a.out, host, a.steps, results)  # after every run: a partial record survives

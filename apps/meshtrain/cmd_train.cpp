@@ -274,6 +274,16 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--vertical-sync", c.vertical_sync,
               "--schedule pipedream: micro-batch i reads, on every stage, the weight version stage 0 read when i "
               "entered the pipeline (PipeDream's vertical sync; without it each stage's forward reads its newest)");
+  s->add_option("--pipemare-lr-anneal", c.pipemare_lr_anneal,
+                 "--schedule pipemare: PipeMare's learning-rate rescheduling: update n (one per micro-batch, counted "
+                 "over the run) of stage j of p uses lr * (p-j)^-(1 - min(n/K, 1)), annealing to lr over K updates; "
+                 "the tied embedding takes stage 0's factor (0: off, Pipelined Backpropagation's lr)")
+      ->capture_default_str();
+  s->add_option("--pipemare-correction", c.pipemare_correction,
+                 "--schedule pipemare: PipeMare's discrepancy correction with decay GAMMA in [0, 1): the backward "
+                 "of a micro-batch whose forward read d versions ago multiplies by W - d delta, delta the "
+                 "moving average (GAMMA) of the stage's weight changes per update (-1: off)")
+      ->capture_default_str();
 }
 
 // Mixture of experts (GPT): the shape (saved in the weights' metadata) and how tokens are routed.

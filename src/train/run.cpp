@@ -15,6 +15,7 @@
 #include "parallel/pipeline/partition.h"
 #include "tensor/blas.h"
 #include "train/model_registry.h"
+#include "train/pipemare.h"
 #include "train/ps_sync.h"
 #include "train/weight_versions.h"
 
@@ -119,6 +120,8 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
                             : ps          ? 0
                                           : store->state_size();
   opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size, params), tracer.enabled());
+  // PipeMare's learning-rate rescheduling: this stage's step size by its delay (train/pipemare.h).
+  if (cfg.pipemare_lr_anneal > 0) opt = pipemare_lr_schedule(std::move(opt), g.pp(), mesh.coord().pp, cfg.pipemare_lr_anneal);
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);

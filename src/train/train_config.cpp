@@ -302,6 +302,38 @@ const RefusedCombination kRefused[] = {
      },
      "vertical sync chooses which stashed weight version a micro-batch reads on each stage: it needs "
      "--schedule pipedream and --pp 2 or more (pipemare keeps no stash)"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal != 0 && !(c.pp > 1 && c.schedule == "pipemare"); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal, " with ",
+                  c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c), " --pp ", c.pp);
+     },
+     "PipeMare's learning-rate rescheduling scales each stage's step size by its delay under the per-micro-batch "
+     "updates without a stash: it needs --schedule pipemare and --pp 2 or more"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal < 0; },
+     [](const TrainConfig& c) { return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal); },
+     "the number of updates K over which the step size anneals to the base rate must be positive (0: off)"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal > 0 && whole_tensor_optimizer(c); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal, " with --optimizer ",
+                  c.optimizer == OptimizerKind::lamb ? "lamb" : "adafactor");
+     },
+     "the per-stage step size runs the optimizer once per learning rate, which a whole-tensor statistics phase "
+     "(LAMB, Adafactor) would not see whole; use --optimizer adamw or sgd"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 0 && !(c.pp > 1 && c.schedule == "pipemare"); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-correction ", c.pipemare_correction, " with ",
+                  c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c), " --pp ", c.pp);
+     },
+     "PipeMare's discrepancy correction predicts the weights a backward multiplies by when it reads newer "
+     "weights than its forward: it needs --schedule pipemare and --pp 2 or more (pipedream's stash reads the "
+     "forward's own)"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 1 || (c.pipemare_correction < 0 && c.pipemare_correction != -1); },
+     [](const TrainConfig& c) { return str("--pipemare-correction ", c.pipemare_correction); },
+     "the moving average's decay GAMMA must be in [0, 1) (-1: off)"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 0 && !c.resume.empty(); },
+     [](const TrainConfig& c) { return str("--pipemare-correction ", c.pipemare_correction, " with --resume"); },
+     "the correction's moving average of weight changes is not written to checkpoints, so a resumed run would "
+     "restart it at zero and leave the rule: drop one"},
     {[](const TrainConfig& c) {
        return micro_update_schedule(c) && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.dgc);
      },

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedule_generator.h"
 #include "train/train_config.h"
+#include "train/pipemare.h"
 #include "train/weight_stash.h"
 
 namespace mt::train {
@@ -43,6 +44,7 @@ std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig&
     int m = 0;  // micro-batches of a step: the forwards of stage 0's rank (one chunk per rank)
     for (const pipeline::Action& a : (*schedule)[(size_t)schedule->placement.slot(0, 0).rank])
       if (a.kind == pipeline::ActionKind::forward) m++;
+    if (cfg.pipemare_correction >= 0) return std::make_unique<PipeMareVersions>(m, cfg.pipemare_correction);
     return std::make_unique<WeightStash>(pipeline::find_schedule(cfg.schedule).micro_updates(), m,
                                          cfg.vertical_sync ? vertical_sync_versions(*schedule, m) : std::vector<int>{});
   }

@@ -14,6 +14,10 @@ The rule, as the reference follows it:
   0's version, logits part at stage p-1's, summed), clipped by its own global norm, AdamW with t = n + 1 and
   the learning rate of step s;
 - the row of step s: mean of the m losses, mean of the m pre-clip norms, lr(s).
+- PipeMare's learning-rate rescheduling (lr_anneal = K > 0, "PipeMare's corrections"): update n applies to the
+  parameters of stage j the learning rate lr(s) * tau_j ** -(1 - min(n / K, 1)), tau_j = p - j; the tied wte
+  (held by stages 0 and p-1) takes tau = p, stage 0's; wpe is stage 0's, ln_f stage p-1's. Clipping and AdamW's
+  bias correction are unchanged (the factor scales only the step size, weight decay with it).
 
 A backward that reads other weights than its forward (pipemare): for every product of a parameter w with an
 activation x the forward value is x*W_f and the backward multiplies by W_b. Written as
@@ -126,9 +130,19 @@ def staged_loss(P: Callable[[str, int], Tuple[torch.Tensor, torch.Tensor]], idx:
     return ref.cross_entropy(logits, targets)
 
 
+def stage_tau(name: str, p: int, block_stage: Sequence[int]) -> int:
+    """PipeMare's delay of the stage holding `name`: p - j; the tied wte takes stage 0's (p)."""
+    if name.startswith("h."):
+        return p - block_stage[int(name.split(".")[1])]
+    if name.startswith("ln_f"):
+        return 1
+    assert name in ("wte.weight", "wpe.weight"), name
+    return p
+
+
 def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: ref.HParams, p: int, m: int,
-                split: Sequence[int], mode: str, vertical_sync: bool = False, dp: int = 1
-                ) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray], Dict[str, object]]:
+                split: Sequence[int], mode: str, vertical_sync: bool = False, dp: int = 1,
+                lr_anneal: int = 0, correction: float = -1.0) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray], Dict[str, object]]:
     """Returns ([{step, loss, lr, grad_norm, clipped}] per step, the final weights, facts) where facts holds
     the versions read (fwd, bwd) and how many micro-batch updates were clipped. B windows per step, split
     over dp ranks (B/dp each), each rank's share in m micro-batches; micro-batch i is the i-th of every
@@ -143,6 +157,7 @@ def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: 
     share, mb = B // dp, B // dp // m
     assert share * dp == B and mb * m == share
     history, clipped_updates, all_norms = [], 0, []
+    delta = {n: torch.zeros_like(t) for n, t in w.items()}
     for s in range(steps):
         # The step's versions: hist[k] = the model after k of this step's updates.
         hist = [{n: t.detach().clone() for n, t in w.items()}]
@@ -158,7 +173,11 @@ def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: 
                 base = "wpe.weight" if name == "wpe.weight_T" else name
                 key = (base, st)
                 if key not in leaves:
-                    leaves[key] = hist[bwd[st][i]][base].clone().requires_grad_(True)
+                    d = bwd[st][i] - fwd[st][i]
+                    wb = hist[bwd[st][i]][base]
+                    if correction >= 0 and d > 0:
+                        wb = wb - d * delta[base]
+                    leaves[key] = wb.clone().requires_grad_(True)
                 L = leaves[key]
                 W = L if fwd[st][i] == bwd[st][i] else hist[fwd[st][i]][base]
                 if name == "wpe.weight_T":
@@ -176,8 +195,17 @@ def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: 
             if scale < 1.0:
                 grads = {n: g * scale for n, g in grads.items()}
                 clipped_updates += 1
-            opt.step(w, grads, s * m + i + 1, lr)
+            n_upd = s * m + i
+            if lr_anneal > 0:
+                power = 1.0 - min(n_upd / lr_anneal, 1.0)
+                for n in names:
+                    opt.step({n: w[n]}, {n: grads[n]}, n_upd + 1, lr * float(stage_tau(n, p, block_stage)) ** -power)
+            else:
+                opt.step(w, grads, n_upd + 1, lr)
             hist.append({n: t.detach().clone() for n, t in w.items()})
+            if correction >= 0:
+                for n in names:
+                    delta[n] = correction * delta[n] + (1.0 - correction) * (hist[-1][n] - hist[-2][n])
             losses.append(float(loss))
             norms.append(norm)
             all_norms.append(norm)

@@ -255,3 +255,39 @@ TEST(TrainConfigMicroUpdates, RefusedCombinationsNameBothFlags) {
   v.schedule = "pipedream";
   EXPECT_EQ(error_of(v, 2), "(no error)");
 }
+
+// PipeMare's corrections: each flag needs --schedule pipemare at pp >= 2; the learning-rate rescheduling refuses
+// the whole-tensor optimizers; the correction refuses --resume and a decay outside [0, 1).
+TEST(TrainConfigMicroUpdates, PipeMareCorrectionFlags) {
+  auto refused = [](const TrainConfig& c, int world, const std::string& a, const std::string& b) {
+    const std::string e = error_of(c, world);
+    EXPECT_NE(e.find(a), std::string::npos) << e;
+    EXPECT_NE(e.find(b), std::string::npos) << e;
+  };
+  TrainConfig a = pipeline_config("pipemare", 2);
+  a.pipemare_lr_anneal = 100;
+  a.pipemare_correction = 0.5;
+  EXPECT_EQ(error_of(a, 2), "(no error)");
+  for (const std::string s : {"pipedream", "1f1b"}) {
+    TrainConfig k = pipeline_config(s, 2);
+    k.pipemare_lr_anneal = 100;
+    refused(k, 2, "--pipemare-lr-anneal 100", "--schedule " + s);
+    TrainConfig g = pipeline_config(s, 2);
+    g.pipemare_correction = 0.5;
+    refused(g, 2, "--pipemare-correction 0.5", "--schedule " + s);
+  }
+  TrainConfig l = pipeline_config("pipemare", 2);
+  l.pipemare_lr_anneal = 100;
+  l.optimizer = mt::train::OptimizerKind::lamb;
+  refused(l, 2, "--pipemare-lr-anneal 100", "--optimizer lamb");
+  TrainConfig r = pipeline_config("pipemare", 2);
+  r.pipemare_correction = 0.5;
+  r.resume = "/tmp/ck";
+  r.checkpoint_dir = "/tmp/ck";
+  refused(r, 2, "--pipemare-correction 0.5", "--resume");
+  TrainConfig g = pipeline_config("pipemare", 2);
+  g.pipemare_correction = 1.5;
+  EXPECT_NE(error_of(g, 2).find("--pipemare-correction 1.5"), std::string::npos) << error_of(g, 2);
+  g.pipemare_correction = 0.0;
+  EXPECT_EQ(error_of(g, 2), "(no error)");
+}
