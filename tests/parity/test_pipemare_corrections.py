@@ -17,6 +17,9 @@ uncorrected rule and from the other two cases by more than 2x the loss or the we
 correction's effect at this size is small: about 1e-3 in loss and weights against the uncorrected rule, 6e-4
 between "anneal" and "both" at pp 2; meshtrain agrees with each reference to about 3e-7). Bad input (refused naming both flags): --pipemare-lr-anneal with pipedream and with 1f1b,
 --pipemare-correction with pipedream, GAMMA 1.5.
+Mutations seen to fail here: tau_j = p - j + 1 (every anneal and both case), the prediction's sign W + d delta
+(both correct cases), the tied wte at its own stage's factor instead of stage 0's (every anneal and both case:
+the two copies drift apart).
 """
 from __future__ import annotations
 
