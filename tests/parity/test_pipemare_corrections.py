@@ -17,6 +17,7 @@ uncorrected rule and from the other two cases by more than 2x the loss or the we
 correction's effect at this size is small: about 1e-3 in loss and weights against the uncorrected rule, 6e-4
 between "anneal" and "both" at pp 2; meshtrain agrees with each reference to about 3e-7). Bad input (refused naming both flags): --pipemare-lr-anneal with pipedream and with 1f1b,
 --pipemare-correction with pipedream, GAMMA 1.5.
+Also both corrections at dp 2 x pp 2 with --zero 1 and at tp 2 x pp 2 (m 2).
 Mutations seen to fail here: tau_j = p - j + 1 (every anneal and both case), the prediction's sign W + d delta
 (both correct cases), the tied wte at its own stage's factor instead of stage 0's (every anneal and both case:
 the two copies drift apart).
@@ -48,12 +49,23 @@ def main() -> None:
     out = lr.out
     refs = {}
 
-    def reference(p, anneal, gamma):
-        key = (p, anneal, gamma)
+    def reference(p, anneal, gamma, m=4, dp=1):
+        key = (p, anneal, gamma, m, dp)
         if key not in refs:
-            refs[key] = mr.train_micro(lr.init_path, lr.data_path, dpc.B, dpc.T, tmu.STEPS, tmu.HP, p, 4,
-                                       tmu.SPLITS[p], "newest", False, 1, anneal, gamma)
+            refs[key] = mr.train_micro(lr.init_path, lr.data_path, dpc.B, dpc.T, tmu.STEPS, tmu.HP, p, m,
+                                       tmu.SPLITS[p], "newest", False, dp, anneal, gamma)
         return refs[key]
+
+    def compare(tag, flags, h, W, m):
+        got, got_w = lr.run(tag, flags)
+        if got is None:
+            return
+        wl, wg = dpc.compare_steps(got, h, checks, tag, loss_abs=tmu.TOL_LOSS_ABS, against=f"the reference of {tag}")
+        dw, where, dk = dpc.weight_diffs(got_w, W, tmu.CFG)
+        k_tol = sum(x["lr"] for x in h) * m
+        checks.check(dw <= tmu.TOL_W_ABS, f"{tag}: final weights differ from the reference by {dw:.2e} in {where}")
+        checks.check(dk <= k_tol, f"{tag}: key-bias slice differs by {dk:.2e} > sum(lr) {k_tol:.2e}")
+        print(f"{tag:<30}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}")
 
     print(f"\n{'layout':<30}{'max|dloss|':>12}{'gn rel':>10}{'max|dw|':>10}")
     for p in (2, 4):
@@ -74,16 +86,17 @@ def main() -> None:
                 flags += ["--pipemare-lr-anneal", anneal]
             if gamma >= 0:
                 flags += ["--pipemare-correction", gamma]
-            got, got_w = lr.run(tag, flags)
-            if got is None:
-                continue
-            wl, wg = dpc.compare_steps(got, h, checks, tag, loss_abs=tmu.TOL_LOSS_ABS,
-                                       against=f"the reference pp {p} {name}")
-            dw, where, dk = dpc.weight_diffs(got_w, W, tmu.CFG)
-            k_tol = sum(x["lr"] for x in h) * 4
-            checks.check(dw <= tmu.TOL_W_ABS, f"{tag}: final weights differ from the reference by {dw:.2e} in {where}")
-            checks.check(dk <= k_tol, f"{tag}: key-bias slice differs by {dk:.2e} > sum(lr) {k_tol:.2e}")
-            print(f"{tag:<30}{wl:>12.2e}{wg:>10.2e}{dw:>10.2e}")
+            compare(tag, flags, h, W, m=4)
+
+    # both corrections with the other layouts of pp 2 (m 2): dp 2 under ZeRO 1, and tp 2
+    h, W, _ = reference(2, K, GAMMA, m=2, dp=2)
+    compare("dp2_pp2_both_z1", ["--nproc", 4, "--pp", 2, "--zero", 1, "--schedule", "pipemare",
+                                "--micro-batch-size", 3, "--stage-layers", "2,2", "--pipemare-lr-anneal", K,
+                                "--pipemare-correction", GAMMA], h, W, m=2)
+    h, W, _ = reference(2, K, GAMMA, m=2)
+    compare("tp2_pp2_both", ["--nproc", 4, "--pp", 2, "--tp", 2, "--schedule", "pipemare",
+                             "--micro-batch-size", 6, "--stage-layers", "2,2", "--pipemare-lr-anneal", K,
+                             "--pipemare-correction", GAMMA], h, W, m=2)
 
     for tag, extra, words in (
             ("bad_pipedream", ["--nproc", 2, "--pp", 2, "--schedule", "pipedream", "--pipemare-lr-anneal", K],
