@@ -16,8 +16,10 @@ from collections import OrderedDict
 COLOURS = ["#1f5fa8", "#c8501e", "#2e8b3d", "#7a3fa0", "#8a6d1a"]
 
 
-def val_curve(path):
-    pts = []
+def val_curve(path, x_axis="step"):
+    """[(x, val_loss)]: x the step count after the evaluated step, or (x_axis "time") the training seconds
+    so far (the rows' step_time_s summed up to and including the evaluated step)."""
+    pts, t = [], 0.0
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -27,14 +29,15 @@ def val_curve(path):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 sys.exit(f"{path}:{n}: not a JSON line ({e})")
+            t += float(row.get("step_time_s", 0.0))
             if row.get("val_loss") is not None:
-                pts.append((int(row["step"]) + 1, float(row["val_loss"])))
+                pts.append((t if x_axis == "time" else int(row["step"]) + 1, float(row["val_loss"])))
     if not pts:
         sys.exit(f"{path}: no val_loss rows (train with --val-data and --eval-every)")
     return pts
 
 
-def svg(groups, width=720, height=400, title="validation loss"):
+def svg(groups, width=720, height=400, title="validation loss", x_label="step"):
     L, R, T, B = 60, 150, 30, 45
     xs = [x for runs in groups.values() for _, c in runs for x, _ in c]
     ys = [y for runs in groups.values() for _, c in runs for _, y in c]
@@ -54,8 +57,9 @@ def svg(groups, width=720, height=400, title="validation loss"):
         out.append(f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:.3f}</text>')
     for k in range(5):  # x labels
         x = x0 + (x1 - x0) * k / 4
-        out.append(f'<text x="{sx(x):.1f}" y="{height - B + 16}" text-anchor="middle">{int(x)}</text>')
-    out.append(f'<text x="{(L + width - R) / 2}" y="{height - 8}" text-anchor="middle">step</text>')
+        out.append(f'<text x="{sx(x):.1f}" y="{height - B + 16}" text-anchor="middle">'
+                   f'{int(x) if x1 >= 20 else round(x, 1)}</text>')
+    out.append(f'<text x="{(L + width - R) / 2}" y="{height - 8}" text-anchor="middle">{x_label}</text>')
     out.append(f'<rect x="{L}" y="{T}" width="{width - L - R}" height="{height - T - B}" fill="none" stroke="#888"/>')
     for i, (label, runs) in enumerate(groups.items()):
         colour = COLOURS[i % len(COLOURS)]
@@ -75,6 +79,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="SVG file to write")
     ap.add_argument("--title", default="validation loss")
+    ap.add_argument("--x", choices=("step", "time"), default="step",
+                    help="x axis: steps, or training seconds (the metrics' step_time_s summed)")
     ap.add_argument("runs", nargs="+", help="LABEL=metrics.jsonl")
     a = ap.parse_args()
     groups = OrderedDict()
@@ -82,9 +88,9 @@ def main():
         label, sep, path = spec.partition("=")
         if not sep:
             sys.exit(f"{spec}: expected LABEL=metrics.jsonl")
-        groups.setdefault(label, []).append((path, val_curve(path)))
+        groups.setdefault(label, []).append((path, val_curve(path, a.x)))
     with open(a.out, "w") as f:
-        f.write(svg(groups, title=a.title))
+        f.write(svg(groups, title=a.title, x_label="step" if a.x == "step" else "training seconds"))
     finals = {}
     print("| run | final validation loss per run | mean |")
     print("|---|---|---|")

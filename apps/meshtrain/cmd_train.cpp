@@ -292,8 +292,26 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
                     (stale.empty() ? std::string()
                                    : "; " + stale +
                                          " CHANGES THE MATH: the delay-1 rule of --delayed-update (one-step-stale "
-                                         "weights, two weight versions per stage), in 1F1B's order"));
+                                         "weights, two weight versions per stage), in 1F1B's order") +
+                    "; pipedream and pipemare CHANGE THE MATH: 1F1B's order with an update of each stage after "
+                    "EVERY micro-batch's backward (the gradient of that micro-batch's mean loss, clipped by its "
+                    "own global norm over all stages, lr of the step; AdamW counts updates); pipedream's backward "
+                    "reads the weight version its forward read (stashed: stage s of p keeps up to p-s), pipemare's "
+                    "(Pipelined Backpropagation; PipeMare with --pipemare-lr-anneal, --pipemare-correction) the newest; both flush at the step's end");
   s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
+  s->add_flag("--vertical-sync", c.vertical_sync,
+              "--schedule pipedream: micro-batch i reads, on every stage, the weight version stage 0 read when i "
+              "entered the pipeline (PipeDream's vertical sync; without it each stage's forward reads its newest)");
+  s->add_option("--pipemare-lr-anneal", c.pipemare_lr_anneal,
+                 "--schedule pipemare: PipeMare's learning-rate rescheduling: update n (one per micro-batch, counted "
+                 "over the run) of stage j of p uses lr * (p-j)^-(1 - min(n/K, 1)), annealing to lr over K updates; "
+                 "the tied embedding takes stage 0's factor (0: off, Pipelined Backpropagation's lr)")
+      ->capture_default_str();
+  s->add_option("--pipemare-correction", c.pipemare_correction,
+                 "--schedule pipemare: PipeMare's discrepancy correction with decay GAMMA in [0, 1): the backward "
+                 "of a micro-batch whose forward read d versions ago multiplies by W - d delta, delta the "
+                 "moving average (GAMMA) of the stage's weight changes per update (-1: off)")
+      ->capture_default_str();
 }
 
 // Mixture of experts (GPT): the shape (saved in the weights' metadata) and how tokens are routed.

@@ -19,7 +19,7 @@ class EngineSource : public FlatSource {
   void gather_state(const float* shard, std::vector<float>& flat) override { e_.full_state(shard, flat); }
   void load_params(const float* flat) override { e_.load_full_params(flat); }
   void load_state(const float* flat, float* shard) override { e_.load_full_state(flat, shard); }
-  bool has_other_params() override { return e_.versions() != nullptr; }
+  bool has_other_params() override { return e_.versions() != nullptr && e_.versions()->other() != nullptr; }
   void gather_other_params(std::vector<float>& flat) override { e_.full_other_params(flat); }
   void load_other_params(const float* flat) override { e_.load_full_other_params(flat); }
 

@@ -95,6 +95,37 @@ void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& ta
   if (sink_) sink_(s, out);
 }
 
+// The update after micro-batch i of m alone (pipedream, pipemare): the registry holds micro-batch i's share of
+// the step's mean-loss gradient (the task scales by the step's items), so m times it is the gradient of
+// micro-batch i's mean loss (on every dp rank: B/m windows). Reduced, clipped by its own global norm, applied
+// with the learning rate of step s as the optimizer's update number s m + i (AdamW's bias correction
+// t = s m + i + 1). The step's row gets the mean of the m losses (the global batch's mean loss) and the mean of
+// the m pre-clip norms, with the update of micro-batch m - 1.
+void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int m, const StepTail& tail,
+                           optim::Optimizer& opt) {
+  if (i < 0) return step(s, loss_sum, items, tail, opt);
+  MT_ASSERT(i < m, "the update of micro-batch ", i, " of ", m);
+  reduce(s);
+  scale((float)m);
+  const double loss = global_loss(loss_sum) / (items / m), norm = grad_norm();
+  const float lr = tail.finish(s, loss, norm, [&](float f) { opt.scale_next_grads(f); });
+  {
+    trace::TraceScope ts(tracer_, "optimizer step (micro-batch)", "compute");
+    update(opt, lr, s * m + i);
+  }
+  engine_.restart_grads();
+  if (i == 0) micro_loss_ = micro_norm_ = 0;
+  micro_loss_ += loss;
+  micro_norm_ += norm;
+  if (i < m - 1) return;
+  StepOutcome out;
+  out.loss = micro_loss_ / m;
+  out.norm = micro_norm_ / m;
+  out.lr = lr;
+  last_ = out;
+  if (sink_) sink_(s, out);
+}
+
 double GradSync::grad_norm() {
   if (!mesh_.replica()) return engine_.grad_norm();
   auto [all, skip] = engine_.grad_sq(not_counted_);

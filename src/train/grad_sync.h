@@ -122,6 +122,10 @@ class GradSync {
   // loss sum; items: the global batch's item count): reduce, the global mean loss and norm, the tail (checks,
   // clipping, learning rate), the optimizer; the outcome goes to the sink.
   virtual void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt);
+  // The update the step executor asks for: step() for the step's one update; under schedules that update after
+  // every micro-batch (pipedream, pipemare) micro_step(). The exact exchange only (other methods are refused).
+  void update_part(int64_t s, double loss_sum, double items, int micro_batch, int micro_batches,
+                   const StepTail& tail, optim::Optimizer& opt);
   void set_outcome_sink(OutcomeSink sink) { sink_ = std::move(sink); }
   // Before evaluation, a checkpoint or the end after step s: the parameters after step s are here.
   virtual void settle(int64_t s) {}
@@ -153,6 +157,7 @@ class GradSync {
   trace::ChromeTrace* tracer_;
   OutcomeSink sink_;
   StepOutcome last_;               // the last step() of this rank's outcome
+  double micro_loss_ = 0, micro_norm_ = 0;  // sums over the step's per-micro-batch updates so far
   std::vector<bool> not_counted_;  // per tensor: replicated copies that the norm skips
 };
 

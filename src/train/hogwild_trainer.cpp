@@ -102,7 +102,7 @@ void work(Shared& sh, int w) {
     const auto t0 = StepClock::now();
     parallel::hogwild_read(sh.params.data(), params.data(), n);
     engine.begin_step();
-    executor->run(s, sh.layout.share(w, s), hooks, [&](double loss_sum) {
+    executor->run(s, sh.layout.share(w, s), hooks, [&](double loss_sum, UpdatePart) {
       engine.finish_backward();
       cfg.straggler.pause(w);
       // The model scaled the gradient for the global batch; this update is the mean over this worker's share.

@@ -121,7 +121,7 @@ class PsServerSync : public GradSync {
 
 class ServerSteps : public StepExecutor {
  public:
-  void run(int64_t, const BatchShare&, const StepHooks&, const StepUpdate& update) override { update(0.0); }
+  void run(int64_t, const BatchShare&, const StepHooks&, const StepUpdate& update) override { update(0.0, {}); }
   bool calls_hooks() const override { return false; }
 };
 

@@ -16,6 +16,7 @@
 #include "parallel/pipeline/schedule_generator.h"
 #include "tensor/blas.h"
 #include "train/model_registry.h"
+#include "train/pipemare.h"
 #include "train/ps_sync.h"
 #include "train/weight_versions.h"
 
@@ -119,13 +120,16 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   store->initialize([&](nn::Param& p) { task->init_param(p); });
   task->prepare();
   // The delay-1 rule (--delayed-update, pipedream-2bw): a second weight version beside the store's.
-  store->set_versions(make_weight_versions(cfg));
+  store->set_versions(make_weight_versions(cfg, g.pp() > 1 ? &pipeline.schedule : nullptr));
+  executor->set_versions(store->versions());
   // A parameter server keeps the optimizer state of its slice; its workers keep none.
   const parallel::PsLayout psl = ps_layout(cfg, g);
   const size_t state_size = mesh.server() ? psl.slice(params.size(), mesh.world_rank() - psl.workers).count
                             : ps          ? 0
                                           : store->state_size();
   opt = offload.wrap(cfg, mesh.world_rank(), make_optimizer(cfg, state_size, params), tracer.enabled());
+  // PipeMare's learning-rate rescheduling: this stage's step size by its delay (train/pipemare.h).
+  if (cfg.pipemare_lr_anneal > 0) opt = pipemare_lr_schedule(std::move(opt), g.pp(), mesh.coord().pp, cfg.pipemare_lr_anneal);
   if (ps) {  // the exchange and the source share a server's slice
     PsParts parts = make_ps_parts(mesh, *store, params, psl, Cadence::from(cfg, false).end(), tail, &tracer);
     sync = std::move(parts.sync);
@@ -202,7 +206,12 @@ void Run::announce() {
   if (g.pp() > 1)
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
-  if (store->versions())
+  if (store->versions() && !delay_one(cfg))
+    log->message(str("per-micro-batch updates (changes the math): --schedule ", layout.schedule().name,
+                     " updates each stage after every micro-batch's backward; ",
+                     cfg.vertical_sync ? "--vertical-sync: micro-batch i reads stage 0's version on every stage"
+                                       : "each backward reads the version its forward read (stashed)"));
+  else if (store->versions())
     log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
                  "two weight versions kept");
 }

@@ -1,6 +1,8 @@
 #include "train/step_executor.h"
 
 #include "core/error.h"
+#include "parallel/pipeline/schedule_generator.h"
+#include "train/weight_stash.h"
 
 namespace mt::train {
 
@@ -17,7 +19,7 @@ class MicroBatchLoop : public StepExecutor {
       if (hooks.micro_batch) hooks.micro_batch(i, share.micro_count());
       loss += task_.micro_batch(s, share.micro_first(i), share.micro_len(i), hooks.params);
     }
-    update(loss);
+    update(loss, {});
   }
   bool calls_hooks() const override { return true; }
 
@@ -34,7 +36,15 @@ class MicroBatchLoop : public StepExecutor {
 class PipelineSteps : public StepExecutor {
  public:
   PipelineSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace, bool hooks)
-      : task_(task), pp_(pp), trace_(trace), hooks_(hooks) {}
+      : task_(task), pp_(pp), trace_(trace), hooks_(hooks),
+        micro_updates_(pipeline::find_schedule(pp.spec.name).micro_updates() !=
+                       pipeline::ScheduleGenerator::MicroUpdates::none) {
+    // The updates' order on each rank is its backwards' order, ascending (the k-th update is micro-batch k's).
+    int k = 0;
+    for (const pipeline::Action& a : pp.schedule[pp.group->rank()])
+      if (a.kind == pipeline::ActionKind::optimizer_step && a.micro_batch >= 0)
+        MT_ASSERT(a.micro_batch == k++, "per-micro-batch updates out of order in schedule ", pp.spec.name);
+  }
   void run(int64_t s, const BatchShare& share, const StepHooks& hooks, const StepUpdate& update) override {
     MT_ASSERT(share.micro_count() == pp_.spec.micro_batches, "a share of ", share.micro_count(),
               " micro-batches for a schedule of ", pp_.spec.micro_batches);
@@ -45,13 +55,22 @@ class PipelineSteps : public StepExecutor {
     task_.begin_step(s);
     if (hooks_ && hooks.accumulate) hooks.accumulate(share.micro_count());
     std::unique_ptr<TaskStageRunner> runner = task_.stage_runner(s, share, hooks_ ? hooks.params : nullptr);
+    // Schedules that update after every micro-batch: the versions see each forward and backward, and each
+    // update gets its micro-batch's loss (the last stage's; 0 elsewhere).
+    std::unique_ptr<pipeline::StageRunner> versioned;
+    if (versions_ && micro_updates_) versioned = std::make_unique<VersionedRunner>(*runner, *versions_);
     int updates = 0;
-    executor_.run(pp_.spec, pp_.schedule, *pp_.group, *runner, &stats_, trace_, [&] {
-      updates++;
-      update(runner->loss);
+    double loss_before = 0;
+    executor_.run(pp_.spec, pp_.schedule, *pp_.group, versioned ? *versioned : *runner, &stats_, trace_, [&] {
+      const int i = updates++;
+      if (!micro_updates_) return update(runner->loss, {});
+      update(runner->loss - loss_before, {i, pp_.spec.micro_batches});
+      loss_before = runner->loss;
     });
-    MT_ASSERT(updates == 1, "pipeline schedule ", pp_.spec.name, " ran ", updates, " optimizer steps in one step");
+    MT_ASSERT(updates == (micro_updates_ ? pp_.spec.micro_batches : 1), "pipeline schedule ", pp_.spec.name, " ran ",
+              updates, " optimizer steps in one step");
   }
+  void set_versions(parallel::ParamVersions* v) override { versions_ = v; }
   bool calls_hooks() const override { return hooks_; }
   pipeline::PipelineStats* stats() override { return &stats_; }
 
@@ -62,6 +81,8 @@ class PipelineSteps : public StepExecutor {
   pipeline::PipelineStats stats_;
   trace::ChromeTrace* trace_;
   bool hooks_;
+  bool micro_updates_;  // the schedule updates after every micro-batch (pipedream, pipemare)
+  parallel::ParamVersions* versions_ = nullptr;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "parallel/data/param_versions.h"
 #include "parallel/pipeline/executor.h"
 #include "trace/chrome_trace.h"
 #include "train/layout.h"
@@ -19,7 +20,13 @@ namespace mt::train {
 // The update of a step, the same part whatever the executor: called once this rank's forward and backward
 // work of the step is done (after the last micro-batch, or at the schedule's optimizer_step action) with the
 // loss sum this rank computed (under a pipeline, only the last stage's rank has one).
-using StepUpdate = std::function<void(double loss_sum)>;
+// part: which gradient the registry holds (the whole step's, or one micro-batch's under schedules that update
+// after every micro-batch: pipedream, pipemare).
+struct UpdatePart {
+  int micro_batch = -1;    // -1: the step's one update; i >= 0: the update after micro-batch i alone
+  int micro_batches = 1;   // m of the step
+};
+using StepUpdate = std::function<void(double loss_sum, UpdatePart part)>;
 
 class StepExecutor {
  public:
@@ -31,6 +38,9 @@ class StepExecutor {
   virtual bool calls_hooks() const = 0;
   // Pipeline runs: the executor's accumulated timings on this rank (null otherwise).
   virtual pipeline::PipelineStats* stats() { return nullptr; }
+  // The store's weight versions (null: none), for a pipeline whose schedule updates after every micro-batch:
+  // its forwards and backwards tell the versions which micro-batch they compute (train/weight_stash.h).
+  virtual void set_versions(parallel::ParamVersions*) {}
 };
 
 // pp null or of one stage: the micro-batch loop; else the schedule of pp->spec over pp->group. trace (may be

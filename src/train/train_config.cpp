@@ -157,6 +157,13 @@ std::string async_flag(const TrainConfig& c) { return str("--async ", flag_name(
 bool async_schedule(const TrainConfig& c) {
   return c.pp > 1 && !c.schedule.empty() && pipeline::find_schedule(c.schedule).weight_versions() > 1;
 }
+// A schedule that updates each stage after every micro-batch (pipedream, pipemare), given by name.
+bool micro_update_name(const TrainConfig& c) {
+  return !c.schedule.empty() && pipeline::has_schedule(c.schedule) &&
+         pipeline::find_schedule(c.schedule).micro_updates() != pipeline::ScheduleGenerator::MicroUpdates::none;
+}
+bool micro_update_schedule(const TrainConfig& c) { return c.pp > 1 && micro_update_name(c); }
+std::string schedule_flag(const TrainConfig& c) { return "--schedule " + c.schedule; }
 // Optimizers with a whole-tensor statistics phase (optim/optimizer.h), run by the exact exchange's store.
 bool whole_tensor_optimizer(const TrainConfig& c) {
   return c.optimizer == OptimizerKind::lamb || c.optimizer == OptimizerKind::adafactor;
@@ -359,6 +366,88 @@ const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return c.max_restarts > 0 && c.async == AsyncMode::hogwild; },
      [](const TrainConfig& c) { return str("--max-restarts ", c.max_restarts, " with --async hogwild"); },
      "Hogwild's threads run in one process and write no checkpoints to restart from"},
+    {[](const TrainConfig& c) { return micro_update_name(c) && c.pp <= 1; },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --pp ", c.pp); },
+     "the schedule updates each pipeline stage after every micro-batch's backward, with weight versions that "
+     "differ between stages; with one stage there is no pipeline to run it; use --pp 2 or more"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.zero >= 2; },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --zero ", c.zero); },
+     "the schedule updates after every micro-batch, while ZeRO 2 and 3 reduce-scatter a stage's gradient "
+     "buckets once per step (after m backward visits) and ZeRO 3 gathers the parameters the versions would "
+     "have to swap; use --zero 0 or 1"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.delayed_update; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --delayed-update"; },
+     "two different asynchronous update rules (per-micro-batch updates with their own weight versions, and the "
+     "delay-1 rule's one-step-old weights): choose one"},
+    {[](const TrainConfig& c) { return c.vertical_sync && !(c.pp > 1 && c.schedule == "pipedream"); },
+     [](const TrainConfig& c) {
+       return str("--vertical-sync with ", c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c),
+                  " --pp ", c.pp);
+     },
+     "vertical sync chooses which stashed weight version a micro-batch reads on each stage: it needs "
+     "--schedule pipedream and --pp 2 or more (pipemare keeps no stash)"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal != 0 && !(c.pp > 1 && c.schedule == "pipemare"); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal, " with ",
+                  c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c), " --pp ", c.pp);
+     },
+     "PipeMare's learning-rate rescheduling scales each stage's step size by its delay under the per-micro-batch "
+     "updates without a stash: it needs --schedule pipemare and --pp 2 or more"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal < 0; },
+     [](const TrainConfig& c) { return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal); },
+     "the number of updates K over which the step size anneals to the base rate must be positive (0: off)"},
+    {[](const TrainConfig& c) { return c.pipemare_lr_anneal > 0 && whole_tensor_optimizer(c); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-lr-anneal ", c.pipemare_lr_anneal, " with --optimizer ",
+                  c.optimizer == OptimizerKind::lamb ? "lamb" : "adafactor");
+     },
+     "the per-stage step size runs the optimizer once per learning rate, which a whole-tensor statistics phase "
+     "(LAMB, Adafactor) would not see whole; use --optimizer adamw or sgd"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 0 && !(c.pp > 1 && c.schedule == "pipemare"); },
+     [](const TrainConfig& c) {
+       return str("--pipemare-correction ", c.pipemare_correction, " with ",
+                  c.schedule.empty() ? std::string("no --schedule") : schedule_flag(c), " --pp ", c.pp);
+     },
+     "PipeMare's discrepancy correction predicts the weights a backward multiplies by when it reads newer "
+     "weights than its forward: it needs --schedule pipemare and --pp 2 or more (pipedream's stash reads the "
+     "forward's own)"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 1 || (c.pipemare_correction < 0 && c.pipemare_correction != -1); },
+     [](const TrainConfig& c) { return str("--pipemare-correction ", c.pipemare_correction); },
+     "the moving average's decay GAMMA must be in [0, 1) (-1: off)"},
+    {[](const TrainConfig& c) { return c.pipemare_correction >= 0 && !c.resume.empty(); },
+     [](const TrainConfig& c) { return str("--pipemare-correction ", c.pipemare_correction, " with --resume"); },
+     "the correction's moving average of weight changes is not written to checkpoints, so a resumed run would "
+     "restart it at zero and leave the rule: drop one"},
+    {[](const TrainConfig& c) {
+       return micro_update_schedule(c) && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.dgc);
+     },
+     [](const TrainConfig& c) {
+       return schedule_flag(c) + " with " +
+              (compressing(c) ? compress_flag(c)
+               : local_sgd(c) ? local_flag(c)
+               : asynchronous(c) ? async_flag(c)
+               : onebit(c)      ? std::string("--optimizer onebit-adam")
+                                : std::string("--dgc"));
+     },
+     "the per-micro-batch updates are built on the exact gradient exchange (one reduce, norm and update per "
+     "micro-batch); these methods replace it: choose one"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.precision == Precision::bf16; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --precision bf16"; },
+     "the bf16 mirror of the weights is refreshed once per step, while this schedule changes the weight version "
+     "a computation reads many times per step; use --precision fp32"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && c.offload.optimizer; },
+     [](const TrainConfig& c) { return schedule_flag(c) + " with --offload optimizer"; },
+     "the tiled update that streams the optimizer state from --offload-dir would run once per micro-batch "
+     "(m times the disk traffic), a combination not built or tested; drop one"},
+    {[](const TrainConfig& c) { return c.pp > 1 && c.schedule == "pipemare" && c.recompute; },
+     [](const TrainConfig&) { return std::string("--schedule pipemare with --recompute"); },
+     "pipemare's backward multiplies by the stage's newest weights but uses the activations its forward "
+     "computed; recomputing them at the backward would take them at the newest weights instead, another rule; "
+     "drop --recompute (pipedream takes it: its backward reads the forward's version)"},
+    {[](const TrainConfig& c) { return micro_update_schedule(c) && (c.gpt.moe_every > 0 || c.moe.ep > 1); },
+     [](const TrainConfig& c) { return schedule_flag(c) + str(" with --moe-every ", c.gpt.moe_every, " --ep ", c.moe.ep); },
+     "an MoE model's per-step router statistics and expert-group reductions have not been built or checked "
+     "with per-micro-batch updates; use a dense model"},
 };
 
 void check_refused(const TrainConfig& c) {

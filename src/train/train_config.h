@@ -169,6 +169,9 @@ struct TrainConfig {
   int adaptive_batch_every = 10;   // optimizer steps between decisions (and data steps before the first)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
+  bool vertical_sync = false;        // --schedule pipedream: one weight version per micro-batch on every stage
+  double pipemare_correction = -1;   // --schedule pipemare: GAMMA in [0, 1) turns on the discrepancy correction
+  int64_t pipemare_lr_anneal = 0;    // --schedule pipemare: K > 0 rescales stage j's lr by (p-j)^-(1-min(n/K,1))
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute
                                    // (-1: --servers not given, 1 server)
   int staleness = 0;               // ps: a worker runs at most K steps ahead of the slowest

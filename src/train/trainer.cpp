@@ -21,6 +21,8 @@
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
+#include "train/weight_stash.h"
+#include "train/weight_versions.h"
 
 namespace mt::train {
 
@@ -40,9 +42,9 @@ void run_steps(Run& r) {
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
     meter.start();
     sync.begin_step(s);
-    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum) {
+    r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum, UpdatePart part) {
       r.straggler.pause(r.mesh.world_rank());
-      sync.step(s, loss_sum, items, r.tail, *r.opt);
+      sync.update_part(s, loss_sum, items, part.micro_batch, part.micro_batches, r.tail, *r.opt);
     });
     nlohmann::json row = {{"step", s}};
     meter.finish(s, row);
@@ -79,6 +81,10 @@ TrainSummary finish_run(Run& r) {
   nlohmann::json sections = nlohmann::json::object();
   if (!method.key.empty()) sections[method.key] = method.section;
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
+  if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
+    const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
+    if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;
+  }
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   sections["offload"] = r.offload.report();  // the lead rank's tier (null without one)
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);

@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedule_generator.h"
 #include "train/train_config.h"
+#include "train/pipemare.h"
+#include "train/weight_stash.h"
 
 namespace mt::train {
 
@@ -30,7 +32,22 @@ bool delay_one(const TrainConfig& cfg) {
   return pipeline::find_schedule(name).weight_versions() > 1;
 }
 
-std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig& cfg) {
+bool micro_updates(const TrainConfig& cfg) {
+  if (cfg.pp <= 1 || cfg.schedule.empty()) return false;
+  return pipeline::find_schedule(cfg.schedule).micro_updates() != pipeline::ScheduleGenerator::MicroUpdates::none;
+}
+
+std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig& cfg,
+                                                              const pipeline::Schedule* schedule) {
+  if (micro_updates(cfg)) {
+    MT_ASSERT(schedule && schedule->size() > 0, "per-micro-batch updates without the run's schedule");
+    int m = 0;  // micro-batches of a step: the forwards of stage 0's rank (one chunk per rank)
+    for (const pipeline::Action& a : (*schedule)[(size_t)schedule->placement.slot(0, 0).rank])
+      if (a.kind == pipeline::ActionKind::forward) m++;
+    if (cfg.pipemare_correction >= 0) return std::make_unique<PipeMareVersions>(m, cfg.pipemare_correction);
+    return std::make_unique<WeightStash>(pipeline::find_schedule(cfg.schedule).micro_updates(), m,
+                                         cfg.vertical_sync ? vertical_sync_versions(*schedule, m) : std::vector<int>{});
+  }
   if (!delay_one(cfg)) return nullptr;
   return std::make_unique<DelayOneVersions>();
 }

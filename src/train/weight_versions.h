@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "parallel/data/param_versions.h"
+#include "parallel/pipeline/schedule.h"
 #include "tensor/buffer.h"
 
 namespace mt::train {
@@ -52,7 +53,13 @@ class DelayOneVersions : public parallel::ParamVersions {
 // versions (pipedream-2bw).
 bool delay_one(const TrainConfig& cfg);
 
-// The part the run's parameter store gets (null: the exact rule, one version).
-std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig& cfg);
+// Whether the run's schedule updates each stage after every micro-batch (pipedream, pipemare; pp > 1).
+bool micro_updates(const TrainConfig& cfg);
+
+// The part the run's parameter store gets (null: the exact rule, one version): the delay-1 versions, or the
+// stash of a schedule that updates after every micro-batch (train/weight_stash.h; schedule: the run's, null
+// without a pipeline).
+std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig& cfg,
+                                                              const pipeline::Schedule* schedule = nullptr);
 
 }  // namespace mt::train

@@ -65,7 +65,7 @@ TEST(PsSync, StalenessZeroWorkersGetTheExactDataParallelStep) {
         for (int64_t s = 0; s < kSteps; s++) {
           sync.begin_step(s);
           int updates = 0;
-          auto update = [&](double loss_sum) {
+          auto update = [&](double loss_sum, UpdatePart) {
             updates++;
             sync.step(s, loss_sum, kItems, tail, opt);
           };
@@ -74,7 +74,7 @@ TEST(PsSync, StalenessZeroWorkersGetTheExactDataParallelStep) {
           } else {
             for (mt::nn::Param& p : params.params())
               for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(r + 1 + p.offset + i + s);
-            update(r + 1.0 + s);
+            update(r + 1.0 + s, {});
           }
           MT_REQUIRE(mt::Error, updates == 1, "step ", s, ": ", updates, " updates");
           sync.settle(s);

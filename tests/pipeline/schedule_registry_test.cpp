@@ -15,7 +15,7 @@ using namespace mt::pipeline;
 
 TEST(ScheduleRegistry, FindsEachGeneratorByName) {
   EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v",
-                                                  "pipedream-2bw", "chimera"}));
+                                                  "pipedream-2bw", "chimera", "pipedream", "pipemare"}));
   for (const std::string& name : schedule_names()) EXPECT_EQ(find_schedule(name).name(), name);
 }
 
@@ -26,7 +26,7 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
   } catch (const mt::InputError& e) {
     EXPECT_STREQ(e.what(),
                  "unknown pipeline schedule 'zero-bubble'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, "
-                 "pipedream-2bw, chimera");
+                 "pipedream-2bw, chimera, pipedream, pipemare");
   }
   EXPECT_THROW(validate({"Gpipe", 2, 2, 1}), mt::InputError);  // names are exact
 }

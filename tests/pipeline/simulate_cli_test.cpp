@@ -84,9 +84,9 @@ TEST(SimulateCli, BadSpecsAreRejectedWithTheirValues) {
   EXPECT_TRUE(contains(r.err, "try m = 4 or 8")) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
 
-  RunResult u = simulate({"--schedule", "pipedream", "--stages", "2", "--micro-batches", "2"});
+  RunResult u = simulate({"--schedule", "no-such-schedule", "--stages", "2", "--micro-batches", "2"});
   EXPECT_EQ(u.exit_code, 1) << u.describe();
-  EXPECT_TRUE(contains(u.err, "unknown pipeline schedule 'pipedream'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v"))
+  EXPECT_TRUE(contains(u.err, "unknown pipeline schedule 'no-such-schedule'; choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v"))
       << u.err;
 
   RunResult v = simulate({"--schedule", "interleaved", "--stages", "2", "--micro-batches", "2"});

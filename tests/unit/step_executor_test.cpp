@@ -35,7 +35,7 @@ Result run(const TrainConfig& cfg, const std::vector<int>& sizes) {
   BatchShare share;
   share.sizes = sizes;
   Result r;
-  ex->run(3, share, {}, [&](double loss_sum) {
+  ex->run(3, share, {}, [&](double loss_sum, UpdatePart) {
     r.loss = loss_sum;
     r.updates++;
   });

@@ -214,3 +214,97 @@ TEST(TrainConfigOptimizer, WholeTensorOptimizersRefuseInexactExchanges) {
 }
 
 }  // namespace
+
+// Per-micro-batch updates (--schedule pipedream, pipemare): every refused combination names both flags; the
+// combinations the parity test runs are accepted.
+TEST(TrainConfigMicroUpdates, RefusedCombinationsNameBothFlags) {
+  auto refused = [](const TrainConfig& c, int world, const std::string& a, const std::string& b) {
+    const std::string e = error_of(c, world);
+    EXPECT_NE(e.find(a), std::string::npos) << e;
+    EXPECT_NE(e.find(b), std::string::npos) << e;
+  };
+  for (const std::string s : {"pipedream", "pipemare"}) {
+    TrainConfig ok = pipeline_config(s, 2);
+    EXPECT_EQ(error_of(ok, 2), "(no error)") << s;
+    for (int z : {0, 1}) {
+      TrainConfig c = pipeline_config(s, 2);
+      c.nproc = 4;
+      c.zero = z;
+      EXPECT_EQ(error_of(c, 4), "(no error)") << s << " ZeRO " << z;
+    }
+    for (int z : {2, 3}) {
+      TrainConfig c = pipeline_config(s, 2);
+      c.nproc = 4;
+      c.zero = z;
+      refused(c, 4, "--schedule " + s, "--zero " + std::to_string(z));
+    }
+    TrainConfig d = pipeline_config(s, 2);
+    d.delayed_update = true;
+    refused(d, 2, "--schedule " + s, "--delayed-update");
+    TrainConfig b = pipeline_config(s, 2);
+    b.precision = mt::Precision::bf16;
+    refused(b, 2, "--schedule " + s, "--precision bf16");
+    TrainConfig o = pipeline_config(s, 2);
+    o.offload.optimizer = true;
+    o.offload.dir = "/tmp";
+    refused(o, 2, "--schedule " + s, "--offload optimizer");
+    TrainConfig moe = pipeline_config(s, 2);
+    moe.gpt.moe_every = 2;
+    moe.gpt.experts = 2;
+    refused(moe, 2, "--schedule " + s, "--moe-every 2");
+    TrainConfig l = pipeline_config(s, 2);
+    l.nproc = 4;
+    l.local_sgd = 4;
+    refused(l, 4, "--schedule " + s, "--local-sgd 4");
+    TrainConfig one = pipeline_config(s, 1);
+    EXPECT_NE(error_of(one, 1).find("--schedule " + s), std::string::npos) << error_of(one, 1);
+  }
+  TrainConfig r = pipeline_config("pipemare", 2);
+  r.recompute = true;
+  refused(r, 2, "--schedule pipemare", "--recompute");
+  r.schedule = "pipedream";  // its backward reads the forward's version: recomputing is exact
+  EXPECT_EQ(error_of(r, 2), "(no error)");
+  TrainConfig v = pipeline_config("pipemare", 2);
+  v.vertical_sync = true;
+  refused(v, 2, "--vertical-sync", "--schedule pipemare");
+  v.schedule = "1f1b";
+  refused(v, 2, "--vertical-sync", "--schedule 1f1b");
+  v.schedule = "pipedream";
+  EXPECT_EQ(error_of(v, 2), "(no error)");
+}
+
+// PipeMare's corrections: each flag needs --schedule pipemare at pp >= 2; the learning-rate rescheduling refuses
+// the whole-tensor optimizers; the correction refuses --resume and a decay outside [0, 1).
+TEST(TrainConfigMicroUpdates, PipeMareCorrectionFlags) {
+  auto refused = [](const TrainConfig& c, int world, const std::string& a, const std::string& b) {
+    const std::string e = error_of(c, world);
+    EXPECT_NE(e.find(a), std::string::npos) << e;
+    EXPECT_NE(e.find(b), std::string::npos) << e;
+  };
+  TrainConfig a = pipeline_config("pipemare", 2);
+  a.pipemare_lr_anneal = 100;
+  a.pipemare_correction = 0.5;
+  EXPECT_EQ(error_of(a, 2), "(no error)");
+  for (const std::string s : {"pipedream", "1f1b"}) {
+    TrainConfig k = pipeline_config(s, 2);
+    k.pipemare_lr_anneal = 100;
+    refused(k, 2, "--pipemare-lr-anneal 100", "--schedule " + s);
+    TrainConfig g = pipeline_config(s, 2);
+    g.pipemare_correction = 0.5;
+    refused(g, 2, "--pipemare-correction 0.5", "--schedule " + s);
+  }
+  TrainConfig l = pipeline_config("pipemare", 2);
+  l.pipemare_lr_anneal = 100;
+  l.optimizer = mt::train::OptimizerKind::lamb;
+  refused(l, 2, "--pipemare-lr-anneal 100", "--optimizer lamb");
+  TrainConfig r = pipeline_config("pipemare", 2);
+  r.pipemare_correction = 0.5;
+  r.resume = "/tmp/ck";
+  r.checkpoint_dir = "/tmp/ck";
+  refused(r, 2, "--pipemare-correction 0.5", "--resume");
+  TrainConfig g = pipeline_config("pipemare", 2);
+  g.pipemare_correction = 1.5;
+  EXPECT_NE(error_of(g, 2).find("--pipemare-correction 1.5"), std::string::npos) << error_of(g, 2);
+  g.pipemare_correction = 0.0;
+  EXPECT_EQ(error_of(g, 2), "(no error)");
+}

@@ -114,6 +114,7 @@ void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
     opt.set_tensor_sums(round, std::move(ts));
   }
   stage_->update(opt, lr, step);
+  if (versions_) versions_->after_update();
   // Once per step, after the update: every product of the next step reads it (with versions kept, begin_step
   // swaps in the version the step reads and refreshes it then).
   if (!versions_) refresh_mirror();

@@ -63,6 +63,9 @@ class DataParallel : public nn::ParamHooks {
   // begin_step (before the first forward) and update (before the optimizer). Set once, after initialize().
   void set_versions(std::unique_ptr<ParamVersions> v);
   ParamVersions* versions() const { return versions_.get(); }
+  // Per-micro-batch updates (pipedream, pipemare): the next micro-batch's gradients start fresh, as at a
+  // step's begin (ZeRO 0 and 1).
+  void restart_grads() { stage_->begin_step(); }
 
   // Elements of this rank's optimizer state (and of the segments' shard side).
   size_t state_size() const { return stage_->state_size(); }

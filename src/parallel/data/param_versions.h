@@ -25,6 +25,12 @@ class ParamVersions {
   // a resume loads it.
   virtual float* other() = 0;
   virtual size_t bytes() const = 0;
+  // Schedules that update after every micro-batch (pipedream, pipemare; train/weight_stash.h): before this
+  // rank's forward or backward of micro-batch i, resident must hold the version that computation reads; after
+  // each update of the store (resident then holds the new version).
+  virtual void before_micro_forward(int /*i*/) {}
+  virtual void before_micro_backward(int /*i*/) {}
+  virtual void after_update() {}
 };
 
 }  // namespace mt::parallel

@@ -72,9 +72,23 @@ Schedule with_communication(const Placement& placement, const ActionLists& compu
       return std::nullopt;
     };
 
-    const std::vector<Action>& xs = compute[j];
-    for (const Action& x : xs)
+    // A compute order may hold per-micro-batch updates (optimizer_step(i), schedules/pipedream.cpp): they
+    // pass through where they stand, after the send of the computation before them; then the list has no
+    // step-end update.
+    const std::vector<Action>& all = compute[j];
+    std::vector<Action> xs;
+    std::vector<std::vector<Action>> updates_after(all.size() + 1);  // per computation k: the updates after it
+    bool micro_updates = false;
+    for (const Action& x : all) {
+      if (x.kind == ActionKind::optimizer_step && x.micro_batch >= 0) {
+        MT_ASSERT(!xs.empty(), "an update before any computation: ", to_string(x));
+        updates_after[xs.size() - 1].push_back(x);
+        micro_updates = true;
+        continue;
+      }
       MT_ASSERT(is_compute(x.kind) && x.chunk >= 0 && x.chunk < V, "not a computation: ", to_string(x));
+      xs.push_back(x);
+    }
     std::vector<Action>& list = out.lists[j];
     if (!xs.empty())
       if (auto w = input_wait(xs[0])) list.push_back(post_of(*w));
@@ -84,8 +98,9 @@ Schedule with_communication(const Placement& placement, const ActionLists& compu
         if (auto w = input_wait(xs[k + 1])) list.push_back(post_of(*w));
       list.push_back(xs[k]);
       if (auto snd = output_send(xs[k])) list.push_back(*snd);
+      for (const Action& u : updates_after[k]) list.push_back(u);
     }
-    list.push_back(Action{ActionKind::optimizer_step, -1, -1, -1});
+    if (!micro_updates) list.push_back(Action{ActionKind::optimizer_step, -1, -1, -1});
   }
   return out;
 }
@@ -167,7 +182,8 @@ const char* to_string(ActionKind kind) {
 }
 
 std::string to_string(const Action& a) {
-  if (a.kind == ActionKind::optimizer_step) return "optimizer_step";
+  if (a.kind == ActionKind::optimizer_step)
+    return a.micro_batch < 0 ? "optimizer_step" : str("optimizer_step(i=", a.micro_batch, ", c=", a.chunk, ")");
   std::string s = str(to_string(a.kind), "(i=", a.micro_batch, ", c=", a.chunk);
   if (is_send(a.kind)) s += str(", to=", a.peer);
   if (is_post(a.kind) || is_wait(a.kind)) s += str(", from=", a.peer);

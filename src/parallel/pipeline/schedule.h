@@ -81,7 +81,9 @@ enum class ActionKind : uint8_t {
   post_recv_grad,   // post a non-blocking receive of the gradient of chunk's output of micro_batch from peer
   wait_recv_grad,   // wait for that receive to complete; the backward that follows reads its buffer
   optimizer_step,   // this rank's gradients are final: the executor calls the run's update (the same part the
-                    // micro-batch loop calls after its last micro-batch), after completing the sends so far
+                    // micro-batch loop calls after its last micro-batch), after completing the sends so far.
+                    // micro_batch -1: the step's one update, the list's last action; micro_batch i >= 0 (with
+                    // its chunk): the update after micro-batch i's backward alone (pipedream, pipemare)
   backward_input,   // the split backward (zero-bubble B): the input's gradient only, what the previous stage
                     // waits for (zb-h1, zb-h2)
   backward_weight,  // the split backward (zero-bubble W): the parameter gradients of (micro_batch, chunk),
@@ -90,7 +92,7 @@ enum class ActionKind : uint8_t {
 
 struct Action {
   ActionKind kind = ActionKind::forward;
-  int micro_batch = -1;  // i in [0, m); -1 for optimizer_step
+  int micro_batch = -1;  // i in [0, m); -1 for the step-end optimizer_step
   int chunk = -1;        // c in [0, V): the chunk on this rank that computes, sends or receives; -1 for the step
   int peer = -1;         // the other rank of a send or receive; -1 otherwise
   bool operator==(const Action&) const = default;

@@ -20,6 +20,7 @@ enum Flag : uint16_t {
   kPostedGrad = 1 << 6,
   kWaitedGrad = 1 << 7,
   kWeight = 1 << 8,  // the parameter gradients: backward, or backward_weight after backward_input
+  kUpdated = 1 << 9,  // the update after this micro-batch alone (optimizer_step(i): pipedream, pipemare)
 };
 
 struct Endpoint {  // one send or post on a channel
@@ -75,11 +76,24 @@ void Checker::check_rank(int j) {
   const std::vector<Action>& list = sched_[j];
   std::vector<uint16_t> state((size_t)m_ * V_, 0);
   bool stepped = false;
+  int micro_steps = 0;  // per-micro-batch updates so far
   for (size_t k = 0; k < list.size(); k++) {
     const Action& a = list[k];
     const Fail fail = [&](const std::string& msg) { throw ScheduleError(str(where(j, k, a), ": ", msg)); };
     if (stepped) fail("an action after optimizer_step, which must be the last");
+    if (a.kind == ActionKind::optimizer_step && a.micro_batch >= 0) {  // the update after one micro-batch
+      if (a.micro_batch >= m_ || a.chunk < 0 || a.chunk >= V_ || a.peer != -1)
+        fail("a micro-batch's optimizer_step takes a micro-batch in [0, m), a chunk of this rank and no peer");
+      uint16_t& st = state[(size_t)a.micro_batch * V_ + a.chunk];
+      if (!(st & kWeight)) fail("optimizer_step of a micro-batch before its backward");
+      if (st & kUpdated) fail("optimizer_step of a micro-batch a second time");
+      st |= kUpdated;
+      micro_steps++;
+      if (k + 1 == list.size()) stepped = true;
+      continue;
+    }
     if (a.kind == ActionKind::optimizer_step) {
+      if (micro_steps > 0) fail("a step-end optimizer_step in a list of per-micro-batch updates");
       if (a.micro_batch != -1 || a.chunk != -1 || a.peer != -1)
         fail("optimizer_step takes no micro-batch, chunk or peer (all -1)");
       stepped = true;
@@ -95,6 +109,12 @@ void Checker::check_rank(int j) {
   }
   if (!stepped) throw ScheduleError(str("rank ", j, ": the list does not end with optimizer_step"));
   check_complete(j, state);
+  if (micro_steps > 0)
+    for (int i = 0; i < m_; i++)
+      for (int c = 0; c < V_; c++)
+        if (pl_.visits(i, j, c) && !(state[(size_t)i * V_ + c] & kUpdated))
+          throw ScheduleError(str("rank ", j, ", micro-batch ", i, ", chunk ", c,
+                                  ": no optimizer_step after its backward, in a list of per-micro-batch updates"));
 }
 
 // The rank at the other end of a message, as placement dictates.

@@ -31,6 +31,12 @@ class ScheduleGenerator {
   // t's gradient is taken at W(t-1) and applied to W(t), which changes the math (train/weight_versions.h
   // keeps the second version; the run composes it when the generator asks for it).
   virtual int weight_versions() const { return 1; }
+  // Schedules that update each stage after every micro-batch's backward (an optimizer_step(i) action after
+  // backward i in each list, schedules/pipedream.cpp): which weights that backward reads. none: one update per
+  // step at the end of the list. stashed (PipeDream): the version its forward on this stage read. newest
+  // (PipeMare, Pipelined Backpropagation): the stage's newest weights. Both change the math.
+  enum class MicroUpdates { none, stashed, newest };
+  virtual MicroUpdates micro_updates() const { return MicroUpdates::none; }
 };
 
 // The generator called name; throws mt::InputError listing the known names when there is none.
@@ -45,6 +51,12 @@ std::unique_ptr<ScheduleGenerator> make_zb_h1_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_h2_schedule();
 std::unique_ptr<ScheduleGenerator> make_zb_v_schedule();
 std::unique_ptr<ScheduleGenerator> make_chimera_schedule();
+std::unique_ptr<ScheduleGenerator> make_pipedream_schedule();
+std::unique_ptr<ScheduleGenerator> make_pipemare_schedule();
+
+// 1F1B's order with an optimizer_step(i, chunk 0) right after each backward of micro-batch i (pipedream,
+// pipemare; one chunk per rank).
+ActionLists one_f_one_b_with_updates(const ScheduleSpec& spec, const Placement& placement);
 
 // The zero-bubble schedules' order on one rank (schedules/deferred_weight.cpp), chunk 0: `warmup` forwards (at
 // most m), then forward and input-gradient half alternately, then the remaining input halves; the weight half

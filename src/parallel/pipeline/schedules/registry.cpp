@@ -20,6 +20,8 @@ const std::vector<std::unique_ptr<ScheduleGenerator>>& registry() {
     v.push_back(make_zb_v_schedule());
     v.push_back(make_pipedream_2bw_schedule());
     v.push_back(make_chimera_schedule());
+    v.push_back(make_pipedream_schedule());
+    v.push_back(make_pipemare_schedule());
     return v;
   }();
   return all;
