@@ -189,6 +189,20 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                 "exact data parallelism for the first K steps, local steps after (post-local SGD)")
       ->capture_default_str();
   s->add_flag("--local-sgd-state", c.local_sgd_state, "also average the optimizer state at each sync");
+  add_enum_option(s, "--sync", c.sync,
+                  "CHANGES THE MATH unless exact. exact: gradients all-reduced over dp (default); gossip: no "
+                  "all-reduce, each rank steps on its own windows then averages its model with its --gossip-graph "
+                  "neighbours every step (D-PSGD); decentralized-lowprec: BAGUA's variant, 8-bit model differences "
+                  "with the ring neighbours (dp > 1, ZeRO 0, no tp/pp)",
+                  true);
+  add_enum_option(s, "--gossip-graph", c.gossip_graph,
+                  "--sync gossip: ring (each rank with its two neighbours, 1/3 each) | exp (one peer per step at "
+                  "hop 2^(step mod ceil(log2 dp)), 1/2 each)",
+                  true);
+  s->add_option("--consensus-every", c.consensus_every,
+                "--sync gossip/decentralized-lowprec: measure the consensus distance sqrt(mean_r |x_r - mean x|^2) "
+                "every K steps (one all-reduce of the model, not counted in comm_bytes; 0: never)")
+      ->capture_default_str();
   add_enum_option(s, "--async", c.async,
                   "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "
                   "slices of the parameters and optimizer state and apply updates, the others compute gradients "

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "optim/onebit_adam.h"
 #include "parallel/compress/onebit.h"
+#include "train/gossip_sync.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
 
@@ -14,7 +15,9 @@ namespace mt::train {
 SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   SyncOptions o;
   o.compress = cfg.compress;
-  o.method = cfg.async == AsyncMode::ps                    ? SyncMethod::parameter_server
+  o.method = cfg.sync == SyncKind::gossip                  ? SyncMethod::gossip
+             : cfg.sync == SyncKind::decentralized_lowprec ? SyncMethod::decentralized_lowprec
+             : cfg.async == AsyncMode::ps                  ? SyncMethod::parameter_server
              : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
              : o.compress.enabled()                        ? SyncMethod::compressed
              : cfg.local_sgd > 0        ? SyncMethod::local_sgd
@@ -34,6 +37,9 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.local_state = cfg.local_sgd_state;
   o.freeze_step = cfg.freeze_step;
   o.batch_windows = cfg.batch_size;
+  o.gossip_graph = cfg.gossip_graph == GossipGraphKind::exp ? parallel::GossipGraph::exp : parallel::GossipGraph::ring;
+  o.consensus_every = cfg.consensus_every;
+  o.steps = cfg.steps;
   return o;
 }
 
@@ -333,6 +339,9 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
       return std::make_unique<LocalSgdSync>(mesh, store, params, o, tracer);
     case SyncMethod::onebit:
       return std::make_unique<OnebitSync>(mesh, store, params, o, tracer);
+    case SyncMethod::gossip:
+    case SyncMethod::decentralized_lowprec:
+      return make_gossip_sync(o, mesh, store, params, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }

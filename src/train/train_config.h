@@ -34,6 +34,8 @@ enum class OptimizerKind { adamw, sgd, lamb, adafactor, onebit_adam };
 enum class AsyncMode { off, ps, hogwild };
 enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
 enum class GradCommDtype { f32, bf16 };
+enum class SyncKind { exact, gossip, decentralized_lowprec };  // --sync (train/gossip_sync.h)
+enum class GossipGraphKind { ring, exp };                       // --gossip-graph (parallel/data/gossip.h)
 
 template <class E>
 struct FlagValue {
@@ -50,6 +52,11 @@ inline constexpr FlagValue<BackendKind> kBackendValues[] = {
     {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};
 inline constexpr FlagValue<GradCommDtype> kGradCommDtypeValues[] = {{"f32", GradCommDtype::f32},
                                                                     {"bf16", GradCommDtype::bf16}};
+inline constexpr FlagValue<SyncKind> kSyncValues[] = {{"exact", SyncKind::exact},
+                                                      {"gossip", SyncKind::gossip},
+                                                      {"decentralized-lowprec", SyncKind::decentralized_lowprec}};
+inline constexpr FlagValue<GossipGraphKind> kGossipGraphValues[] = {{"ring", GossipGraphKind::ring},
+                                                                    {"exp", GossipGraphKind::exp}};
 inline constexpr FlagValue<Precision> kPrecisionValues[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
                                                                       {"random", nn::SecondPolicy::random}};
@@ -60,6 +67,8 @@ constexpr std::span<const FlagValue<AsyncMode>> flag_values(AsyncMode) { return 
 constexpr std::span<const FlagValue<BackendKind>> flag_values(BackendKind) { return kBackendValues; }
 constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) { return kGradCommDtypeValues; }
 constexpr std::span<const FlagValue<Precision>> flag_values(Precision) { return kPrecisionValues; }
+constexpr std::span<const FlagValue<SyncKind>> flag_values(SyncKind) { return kSyncValues; }
+constexpr std::span<const FlagValue<GossipGraphKind>> flag_values(GossipGraphKind) { return kGossipGraphValues; }
 constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
 
 // The flag spelling of v ("" for the not-given value).
@@ -161,6 +170,9 @@ struct TrainConfig {
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps
   int64_t local_sgd_warmup = 0;    // exact data parallelism for the first K steps (post-local SGD)
   bool local_sgd_state = false;    // also average the optimizer state at each sync
+  SyncKind sync = SyncKind::exact;   // decentralized: gossip | decentralized-lowprec (changes the math)
+  GossipGraphKind gossip_graph = GossipGraphKind::ring;
+  int consensus_every = 10;          // decentralized: consensus distance every K steps (0: never)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
   int servers = -1;                // ps: the last ps_servers() ranks hold the parameters, the others compute

@@ -99,7 +99,7 @@ TEST(FlagSweep, TrainGpt) {
                          "--nproc",         "--comm-timeout",     "--dp",            "--zero",
                          "--bucket-mb",     "--compress-adaptive-every", "--compress-adaptive-eta",
                          "--local-sgd",     "--local-sgd-warmup", "--servers",       "--staleness",
-                         "--tp",            "--pp",               "--virtual-stages"}));
+                         "--tp",            "--pp",               "--virtual-stages", "--consensus-every"}));
 }
 
 // Byte sizes (K/M/G suffixes): the memory budget and the offload tier's tile, with an offload directory given.

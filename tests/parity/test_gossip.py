@@ -1,0 +1,156 @@
+"""Decentralized training at the CLI (`--sync gossip`, `--sync decentralized-lowprec`, train/gossip_sync.h):
+the complete graph reproduces exact data parallelism, every method trains, the bytes each rank sends follow
+from the graph, the consensus distance is reported where and as often as asked, and bad combinations are
+refused naming both flags.
+
+Legend: dp data-parallel degree (= --nproc), Psi parameter count (28544), comm_bytes rank 0's bytes per step
+(metrics rows; the consensus measurement and the final averaging are not counted in them).
+
+The problem is dp_common.py's tiny GPT (L=2, H=2, C=32, V=64, Tmax=32, B=12, T=16, Markov tokens), 20 steps,
+AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says otherwise. Checks:
+  1. dp=2 with SGD (--optimizer sgd --grad-clip 0 --lr 0.3; momentum 0 and 0.9): the ring at 2 ranks is the
+     complete graph, W = J/2, and gossip steps each replica on its own share's mean gradient and then averages
+     the models: mean_r (p - lr g_r) = p - lr mean_r g_r, exact data parallelism up to float32 rounding
+     (momentum: each rank's buffer is linear in its gradients, so the mean of the buffers is exact DP's buffer).
+     Tolerances as for --local-sgd 1 in test_comm_efficient.py: every step's loss 1e-5 abs, final weights 1e-5
+     abs. --gossip-graph exp at 2 ranks is the same graph: the same check. Every row has consensus_distance
+     (--consensus-every 1) and it is exactly 0 (both ranks compute 0.5 a + 0.5 b: the same bits). comm_bytes is
+     4 Psi per step (one model to the one neighbour). The drift a real bug would cause (no mixing at all) is
+     measured and printed: it must be far above the tolerance.
+  2. dp=4, AdamW: gossip ring, gossip exp and decentralized-lowprec train (last-5 mean loss at least 0.08 below
+     an lr=0 control's, as in test_comm_efficient.py); comm_bytes per step: ring 2 x 4 Psi (both neighbours),
+     exp 4 Psi (one peer), lowprec 2 (8 ceil(Psi/512) + Psi) (8-bit codes plus two floats per block of 512,
+     to both neighbours); --consensus-every 5: rows 4, 9, 14, 19 carry consensus_distance, finite and > 0, the
+     others none, and the --summary's "decentralized" section has the last one and the largest.
+  3. bad combinations exit non-zero before training, naming both flags (train_config.cpp kRefused).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dp_common as dc  # noqa: E402
+from parity_harness import parse_args  # noqa: E402
+from test_comm_efficient import (MIN_IMPROVEMENT, SGD_LR, STEPS, TOL_SGD_LOSS, TOL_SGD_W, Runner,  # noqa: E402
+                                 losses, override)
+
+PSI = dc.PSI
+BLOCK = 512  # gossip.h LowPrecisionGossip::kBlock
+
+
+def lowprec_payload(n: int) -> int:
+    return 8 * math.ceil(n / BLOCK) + n
+
+
+def bytes_per_step(checks: dc.Tally, tag: str, rows, want: int) -> None:
+    got = [r.get("comm_bytes") for r in rows]
+    checks.check(all(g == want for g in got), f"{tag}: comm_bytes per step {sorted(set(got))[:4]} != {want}")
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    checks = dc.Tally("test_gossip")
+    t0 = time.monotonic()
+    rn = Runner(args, checks)
+    dp2, dp4 = ["--nproc", 2, "--dp", 2], ["--nproc", 4, "--dp", 4]
+
+    # ---- 1. the complete graph with SGD is exact data parallelism
+    for momentum in (0, 0.9):
+        sgd = dp2 + ["--optimizer", "sgd", "--momentum", momentum, "--grad-clip", 0, "--lr", SGD_LR]
+        exact = rn.run(f"sgd{momentum}_exact", sgd, save=True)
+        if exact is None:
+            continue
+        we = dc.load_saved(rn.path(f"sgd{momentum}_exact", "safetensors"), checks, "exact SGD")
+        for graph in ("ring", "exp"):
+            tag = f"--sync gossip --gossip-graph {graph} at dp=2 (SGD, momentum {momentum})"
+            name = f"sgd{momentum}_gossip_{graph}"
+            rows = rn.run(name, sgd + ["--sync", "gossip", "--gossip-graph", graph, "--consensus-every", 1], save=True)
+            if rows is None:
+                continue
+            dl = float(np.max(np.abs(losses(rows) - losses(exact))))
+            print(f"{tag}: worst |loss - exact| {dl:.2e}")
+            checks.check(dl <= TOL_SGD_LOSS, f"{tag}: loss differs from exact DP by {dl:.2e} > {TOL_SGD_LOSS:g}")
+            wg = dc.load_saved(rn.path(name, "safetensors"), checks, tag)
+            if we is not None and wg is not None:
+                dw = max(float(np.max(np.abs(wg[k] - we[k]))) for k in we)
+                print(f"{tag}: final weights max |diff| {dw:.2e}")
+                checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact DP by {dw:.2e} > {TOL_SGD_W:g}")
+            xi = [r.get("consensus_distance") for r in rows]
+            checks.check(all(x == 0 for x in xi), f"{tag}: consensus_distance must be 0 on every row, got "
+                         f"{sorted(set(map(str, xi)))[:4]}")
+            bytes_per_step(checks, tag, rows, 4 * PSI)
+        if momentum == 0:
+            # What a broken exchange would give: each replica alone (no mixing) -- --local-sgd 1000 never syncs
+            # within 20 steps, the same local steps gossip takes before mixing.
+            alone = rn.run("sgd0_alone", sgd + ["--local-sgd", 1000])
+            if alone is not None:
+                drift = float(np.max(np.abs(losses(alone) - losses(exact))))
+                print(f"replicas that never mix: worst |loss - exact| {drift:.2e}")
+                checks.check(drift > 100 * TOL_SGD_LOSS, f"test setup: unmixed replicas differ from exact DP by "
+                             f"only {drift:.2e}: the equality check would not see a missing exchange")
+
+    # ---- 2. dp=4 with AdamW: each method trains; bytes from the graph; consensus every 5 steps
+    control = rn.run("control_lr0", dp2 + ["--lr", 0, "--min-lr", 0])
+    base = float(losses(control)[-5:].mean()) if control is not None else None
+    cases = [("gossip ring", ["--sync", "gossip"], 2 * 4 * PSI),
+             ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp"], 4 * PSI),
+             ("decentralized-lowprec", ["--sync", "decentralized-lowprec"], 2 * lowprec_payload(PSI))]
+    for tag, flags, want in cases:
+        name = "dp4_" + tag.replace(" ", "_")
+        summ = rn.path(name, "summary.json")
+        rows = rn.run(name, dp4 + flags + ["--consensus-every", 5], summary=True)
+        if rows is None:
+            continue
+        if base is not None:
+            imp = base - float(losses(rows)[-5:].mean())
+            print(f"dp=4 {tag}: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}, improvement over lr=0 {imp:.3f}")
+            checks.check(imp >= MIN_IMPROVEMENT, f"dp=4 {tag}: improves on the lr=0 control by only {imp:.3f}")
+        bytes_per_step(checks, f"dp=4 {tag}", rows, want)
+        measured = [r["step"] for r in rows if "consensus_distance" in r]
+        checks.check(measured == [4, 9, 14, 19], f"dp=4 {tag}: consensus_distance on steps {measured}, want 4 9 14 19")
+        xi = [r["consensus_distance"] for r in rows if "consensus_distance" in r]
+        checks.check(all(math.isfinite(x) and x > 0 for x in xi), f"dp=4 {tag}: consensus distances {xi}")
+        print(f"dp=4 {tag}: consensus distance at steps 4, 9, 14, 19: {', '.join(f'{x:.3e}' for x in xi)}")
+        try:
+            with open(summ) as f:
+                sec = json.load(f).get("decentralized", {})
+        except (OSError, json.JSONDecodeError) as e:
+            sec = {}
+            checks.check(False, f"dp=4 {tag}: --summary unreadable: {e}")
+        if xi:
+            checks.check(sec.get("consensus_distance_last") == xi[-1] and sec.get("consensus_distance_max") == max(xi)
+                         and sec.get("consensus_measurements") == len(xi),
+                         f"dp=4 {tag}: summary section {sec} does not match the rows' {xi}")
+
+    # ---- 3. bad combinations
+    g = ["--sync", "gossip"]
+    bad_flags = [
+        (dp2 + g + ["--zero", 1], ["--sync gossip", "--zero 1"]),
+        (["--nproc", 4, "--tp", 2] + g, ["--sync gossip", "--tp 2"]),
+        (dp2 + g + ["--compress", "topk:0.1"], ["--sync gossip", "--compress"]),
+        (dp2 + g + ["--local-sgd", 2], ["--sync gossip", "--local-sgd"]),
+        (dp2 + g + ["--optimizer", "lamb"], ["--sync gossip", "--optimizer lamb"]),
+        (dp2 + g + ["--optimizer", "adafactor"], ["--sync gossip", "--optimizer adafactor"]),
+        (dp2 + ["--sync", "decentralized-lowprec", "--gossip-graph", "exp"],
+         ["--sync decentralized-lowprec", "--gossip-graph exp"]),
+        (["--nproc", 1] + g, ["--sync gossip", "--nproc"]),
+        (dp2 + g + ["--consensus-every", -1], ["--consensus-every"]),
+        (dp2 + ["--sync", "bogus"], ["--sync", "bogus"]),
+    ]
+    for i, (extra, names) in enumerate(bad_flags):
+        label = " ".join(str(x) for x in extra)
+        cmd = override(dc.train_cmd(args.meshtrain, rn.init_path, rn.data_path, STEPS, []), [str(x) for x in extra])
+        dc.check_rejected(cmd, rn.path(f"bad{i}", "jsonl"), rn.path(f"bad{i}", "log"), names, checks, f"`{label}`")
+
+    print(f"total time {time.monotonic() - t0:.1f} s")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
