@@ -74,7 +74,7 @@ from bench_util import prepare_text
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SEED = 1337
-MODELS = ("mlp", "gpt", "gpt-sgd")
+MODELS = ("mlp", "gpt", "gpt-sgd", "gpt-dp4")
 
 # The issue's goals: minimum reduction factor of bytes or syncs, maximum loss gap in %.
 GOALS = {
@@ -85,6 +85,11 @@ GOALS = {
     # issue 27: with AdamW on the GPT, after their warm-up (bytes per step from the warm-up's end on)
     "topk:0.001 dgc": dict(bytes_after=30, gap=3),
     "onebit-adam": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc warm-up 50%": dict(bytes_after=30, gap=3),
+    # issue 27: the decentralized methods at dp=4 (bytes per rank reported, no bytes goal)
+    "gossip ring": dict(gap=3),
+    "gossip exp": dict(gap=3),
+    "decentralized-lowprec": dict(gap=3),
 }
 
 
@@ -119,10 +124,24 @@ def method_list(model, warm):
     m.append(("topk:0.001 dgc", ["--compress", "topk:0.001", "--dgc", "--dgc-warmup-steps", str(warm)], 2,
               "#393b79", None))
     if model == "gpt":
+        # DGC under AdamW with a 5x longer sparsity warm-up (half of the GPT's 400 steps): the treatment tried for
+        # the +28.8% gap of the 40-step warm-up (issue 27); its bytes goal counts from the warm-up's end.
+        m.append(("topk:0.001 dgc warm-up 50%", ["--compress", "topk:0.001", "--dgc", "--dgc-warmup-steps",
+                                                  str(5 * warm)], 2, "#393b79", "6,4"))
         m.append(("onebit-adam", ["--optimizer", "onebit-adam", "--freeze-step", str(warm)], 2, "#e6550d", None))
-    after = {"topk:0.001 dgc": warm, "onebit-adam": warm}  # steps before the method's compressed regime
+    after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
+    if model == "gpt-dp4":  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)
+        return [dict(key=k, flags=f, nproc=4, color=c, dash=d, after=0) for k, f, c, d in [
+            ("exact", [], "#000000", None),
+            ("gossip ring", ["--sync", "gossip", "--gossip-graph", "ring", "--consensus-every", "10"], "#2ca02c", None),
+            ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp", "--consensus-every", "10"], "#2ca02c", dash),
+            ("decentralized-lowprec", ["--sync", "decentralized-lowprec", "--consensus-every", "10"], "#9467bd",
+             None),
+            # the control: every replica with its own AdamW state on its own share, the models averaged exactly
+            # every step (the complete graph) -- separates the graph's mixing from the local optimizer state
+            ("local-sgd 1 (exact averaging)", ["--local-sgd", "1"], "#d62728", "2,3")]]
     if model == "gpt-sgd":  # the optimizer control: only the methods whose goal GPT with AdamW misses
         m = [x for x in m if x[0] in ("exact", "topk:0.01", "powersgd:4", "local-sgd 8", "topk:0.001",
                                       "topk:0.001 dgc")]
@@ -144,6 +163,7 @@ def model_config(model, quick, work, data):
     steps, every, batches = (32, 16, 2) if quick else (400, 40, 16)
     warmup = max(1, steps // 20)
     sgd = model == "gpt-sgd"
+    dp4 = model == "gpt-dp4"
     flags = ["--model", "gpt", "--data", os.path.join(work, "train.bin"), "--val-data", os.path.join(work, "val.bin"),
              "--eval-batches", str(batches), "--n-layer", "2", "--n-head", "4", "--n-embd", "256",
              "--vocab-size", "256", "--n-positions", "64", "--seq-len", "64", "--batch-size", "16",
@@ -154,6 +174,9 @@ def model_config(model, quick, work, data):
             f"last 10% validation), {'SGD momentum 0.9, lr 0.1' if sgd else 'AdamW lr 1e-3'}, warm-up {warmup} "
             f"steps then cosine to lr/10, batch 16 x 64 tokens, {steps} steps, evaluation every {every} on "
             f"{batches} validation batches")
+    if dp4:
+        desc = ("Decentralized methods at dp=4 (4 ranks on 2 cores, oversubscribed), exact DP at dp=4 as the "
+                "reference; consensus distance every 10 steps (not counted in the bytes). " + desc)
     if sgd:
         desc = ("Optimizer control: the GPT above, same data and steps, trained with SGD and momentum (the optimizer "
                 "of the PowerSGD and top-k papers) instead of AdamW, for the methods whose goal GPT misses. " + desc)
@@ -213,6 +236,9 @@ def summarize(rows, steps):
         s["staleness_mean"] = float(np.mean(st))
         s["staleness_max"] = int(max(st))
         s["wait_s_total"] = float(sum(r.get("wait_s", 0.0) for r in rows))
+    xi = [r["consensus_distance"] for r in rows if "consensus_distance" in r]
+    if xi:  # decentralized methods: sqrt(mean_r |x_r - xbar|^2) at the last measurement and the largest
+        s["consensus_last"], s["consensus_max"] = float(xi[-1]), float(max(xi))
     return s
 
 
@@ -237,8 +263,8 @@ def goal_text(goal):
         return "—"
     part = (f">= {goal['bytes']}x fewer bytes" if "bytes" in goal else
             f">= {goal['bytes_after']}x fewer bytes per step after warm-up" if "bytes_after" in goal else
-            f">= {goal['syncs']}x fewer syncs")
-    return f"{part}, gap <= {goal['gap']}%"
+            f">= {goal['syncs']}x fewer syncs" if "syncs" in goal else None)
+    return f"{part}, gap <= {goal['gap']}%" if part else f"gap <= {goal['gap']}%"
 
 
 def fmt_bytes(b):
@@ -294,7 +320,7 @@ def aggregate(m, per_seed, seeds):
     ok = [r for r in runs if r["status"] == "ok"] if not bad else []
     use = ok or runs[:1]
     for k in ("final_val_loss", "final_val_accuracy", "bytes_total", "syncs", "train_s", "wall_s",
-              "staleness_mean", "wait_s_total", "bytes_per_step_after"):
+              "staleness_mean", "wait_s_total", "bytes_per_step_after", "consensus_last", "consensus_max"):
         agg[k] = mean_of([r.get(k) for r in use]) if (ok or k in ("wall_s", "train_s")) else None
     if "staleness_max" in use[0]:
         agg["staleness_max"] = max(r.get("staleness_max", 0) for r in use)
@@ -422,6 +448,13 @@ def table_md(results):
             out += ["", "After warm-up (steps from the end of each method's warm-up on): " + "; ".join(
                 f"{r['key']} {fmt_bytes(r['bytes_per_step_after'])}/step ({r['bytes_after_ratio']:.1f}x fewer than "
                 f"exact's {fmt_bytes(ex_b)})" for r in after) + "."]
+        xi = [r for r in res["runs"] if r.get("consensus_last") is not None]
+        if xi:
+            out += ["", "Bytes per rank per step (rank 0's comm_bytes): " + "; ".join(
+                f"{r['key']} {fmt_bytes(r['bytes_total'] / res['steps'])}" for r in res["runs"]
+                if r.get("bytes_total")) + ". Consensus distance sqrt(mean_r |x_r - xbar|^2) at the last "
+                "measurement (step " + str(res["steps"]) + ") / the largest: " + "; ".join(
+                f"{r['key']} {r['consensus_last']:.3g} / {r['consensus_max']:.3g}" for r in xi) + "."]
         line = noise_line(res)
         if line:
             out += ["", line]
