@@ -20,6 +20,10 @@ differ), 2 data-parallel workers on this machine:
        AdamW divides each coordinate by its own running gradient scale, so an entry that error feedback holds
        back for many steps and then sends at once gets about one step of size lr instead of many; with SGD the
        delayed sum arrives whole. The control separates that from the compressors themselves.
+  gpt-dp4, gpt-dp4-sgd  issue 27's decentralized methods at dp=4 (4 ranks): exact DP, --sync gossip with the
+       ring and the exponential graph, --sync decentralized-lowprec, and the control --local-sgd 1 (models
+       averaged exactly every step, each rank's own optimizer state), on the GPT with AdamW (gpt-dp4) or with
+       gpt-sgd's SGD (gpt-dp4-sgd); goal gap <= 3%; bytes per rank per step and the consensus distance in the table.
 Exact DP always runs with 3 seeds (--exact-seeds): the table reports the spread of its final loss, the noise
 floor below which a gap means nothing.
 Methods: exact DP; --compress topk:0.01, topk:0.1, randk:0.1, randk:0.25, qsgd:4, qsgd:8, nuqsgd:2, nuqsgd:4,
@@ -49,7 +53,7 @@ and shown as such. Timings come from a shared 2-core machine: the parameter serv
 and other load makes them noisy.
 
 Usage: /usr/bin/python3 bench/comm_efficiency.py [--meshtrain build/meshtrain] [--out DIR] [--data DIR]
-           [--only mlp|gpt|gpt-sgd] [--quick] [--mlp-seeds 3] [--gpt-seeds 1] [--exact-seeds 3] [--timeout SECONDS]
+           [--only mlp|gpt|gpt-sgd|gpt-dp4|gpt-dp4-sgd] [--quick] [--mlp-seeds 3] [--gpt-seeds 1] [--exact-seeds 3] [--timeout SECONDS]
 --quick runs every method for a few steps (a smoke test of the script, not a measurement). The full run takes
 about 19 minutes on 2 cores (MLP about 5, GPT about 11, the control about 3).
 """
@@ -74,7 +78,7 @@ from bench_util import prepare_text
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SEED = 1337
-MODELS = ("mlp", "gpt", "gpt-sgd", "gpt-dp4")
+MODELS = ("mlp", "gpt", "gpt-sgd", "gpt-dp4", "gpt-dp4-sgd")
 
 # The issue's goals: minimum reduction factor of bytes or syncs, maximum loss gap in %.
 GOALS = {
@@ -132,7 +136,7 @@ def method_list(model, warm):
     after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
-    if model == "gpt-dp4":  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)
+    if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)
         return [dict(key=k, flags=f, nproc=4, color=c, dash=d, after=0) for k, f, c, d in [
             ("exact", [], "#000000", None),
             ("gossip ring", ["--sync", "gossip", "--gossip-graph", "ring", "--consensus-every", "10"], "#2ca02c", None),
@@ -162,8 +166,8 @@ def model_config(model, quick, work, data):
         return dict(steps=steps, every=every, flags=flags, desc=desc, timeout=300)
     steps, every, batches = (32, 16, 2) if quick else (400, 40, 16)
     warmup = max(1, steps // 20)
-    sgd = model == "gpt-sgd"
-    dp4 = model == "gpt-dp4"
+    sgd = model in ("gpt-sgd", "gpt-dp4-sgd")
+    dp4 = model.startswith("gpt-dp4")
     flags = ["--model", "gpt", "--data", os.path.join(work, "train.bin"), "--val-data", os.path.join(work, "val.bin"),
              "--eval-batches", str(batches), "--n-layer", "2", "--n-head", "4", "--n-embd", "256",
              "--vocab-size", "256", "--n-positions", "64", "--seq-len", "64", "--batch-size", "16",
@@ -177,7 +181,7 @@ def model_config(model, quick, work, data):
     if dp4:
         desc = ("Decentralized methods at dp=4 (4 ranks on 2 cores, oversubscribed), exact DP at dp=4 as the "
                 "reference; consensus distance every 10 steps (not counted in the bytes). " + desc)
-    if sgd:
+    if sgd and not dp4:
         desc = ("Optimizer control: the GPT above, same data and steps, trained with SGD and momentum (the optimizer "
                 "of the PowerSGD and top-k papers) instead of AdamW, for the methods whose goal GPT misses. " + desc)
     return dict(steps=steps, every=every, flags=flags, desc=desc, timeout=900)
