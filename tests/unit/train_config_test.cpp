@@ -258,6 +258,10 @@ TEST(TrainConfigDecentralized, RefusalsNameBothFlags) {
   lp.gossip_graph = GossipGraphKind::exp;
   const std::string e = error_of(lp, 4);
   EXPECT_NE(e.find("--sync decentralized-lowprec with --gossip-graph exp is not supported"), std::string::npos) << e;
+  TrainConfig plain = base(SyncKind::exact, 2);
+  plain.gossip_graph = GossipGraphKind::exp;
+  const std::string g = error_of(plain, 2);
+  EXPECT_NE(g.find("--gossip-graph exp needs --sync gossip (got --sync exact)"), std::string::npos) << g;
   const std::string one = error_of(base(SyncKind::gossip, 1), 1);
   EXPECT_NE(one.find("--sync gossip needs more than one data-parallel rank"), std::string::npos) << one;
   EXPECT_NE(one.find("--nproc"), std::string::npos) << one;
