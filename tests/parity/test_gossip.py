@@ -23,12 +23,17 @@ AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says 
      to both neighbours); --consensus-every 5: rows 4, 9, 14, 19 carry consensus_distance, finite and > 0, the
      others none, and the --summary's "decentralized" section has the last one and the largest.
   3. bad combinations exit non-zero before training, naming both flags (train_config.cpp kRefused).
+  4. the MPI backend (mpirun -np 4, point-to-point over MPI): gossip ring and decentralized-lowprec give the shm
+     runs of 2. step for step: loss within 1e-6 abs (the mixing arithmetic is the same; only the per-step loss
+     sum's reduction order may differ: measured 3.2e-7), the same comm_bytes, consensus distance within 1e-6
+     relative. Without mpirun on PATH the test fails (scripts/setup.sh installs it), as test_dp_mpirun.py does.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -127,6 +132,36 @@ def main() -> None:
             checks.check(sec.get("consensus_distance_last") == xi[-1] and sec.get("consensus_distance_max") == max(xi)
                          and sec.get("consensus_measurements") == len(xi),
                          f"dp=4 {tag}: summary section {sec} does not match the rows' {xi}")
+
+    # ---- 4. the MPI backend gives the shm runs
+    mpirun = shutil.which("mpirun")
+    checks.check(mpirun is not None, "mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh)")
+    os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
+    for tag, flags in (("gossip ring", ["--sync", "gossip"]), ("decentralized-lowprec", ["--sync", "decentralized-lowprec"])):
+        if mpirun is None:
+            break
+        name = "dp4_" + tag.replace(" ", "_")
+        shm = dc.read_metrics_range(rn.path(name, "jsonl"), 0, STEPS, checks, tag) \
+            if os.path.exists(rn.path(name, "jsonl")) else None
+        m = rn.path("mpi_" + name, "jsonl")
+        dc.remove_stale(m)
+        cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "4"] + [str(x) for x in dc.train_cmd(
+            args.meshtrain, rn.init_path, rn.data_path, STEPS, flags + ["--consensus-every", 5, "--metrics", m])]
+        r = dc.run_group(cmd, 300, rn.path("mpi_" + name, "log"))
+        if not checks.check(r.ok, dc.failure_text(r, f"mpirun -np 4 {tag}")) or shm is None:
+            continue
+        rows = dc.read_metrics_range(m, 0, STEPS, checks, f"mpi {tag}")
+        if rows is None:
+            continue
+        dl = float(np.max(np.abs(losses(rows) - losses(shm))))
+        print(f"mpirun -np 4 {tag}: worst |loss - shm| {dl:.2e}")
+        checks.check(dl <= 1e-6, f"mpirun -np 4 {tag}: loss differs from the shm run by {dl:.2e} > 1e-6")
+        checks.check([r.get("comm_bytes") for r in rows] == [r.get("comm_bytes") for r in shm],
+                     f"mpirun -np 4 {tag}: comm_bytes differ from the shm run's")
+        xa = [r.get("consensus_distance") for r in rows]
+        xb = [r.get("consensus_distance") for r in shm]
+        checks.check(all((a is None) == (b is None) and (a is None or abs(a - b) <= 1e-6 * b) for a, b in zip(xa, xb)),
+                     f"mpirun -np 4 {tag}: consensus distances {xa} vs shm {xb}")
 
     # ---- 3. bad combinations
     g = ["--sync", "gossip"]
