@@ -94,6 +94,9 @@ GOALS = {
     "gossip ring": dict(gap=3),
     "gossip exp": dict(gap=3),
     "decentralized-lowprec": dict(gap=3),
+    "gossip ring mix-both": dict(gap=3),
+    "gossip exp mix-both": dict(gap=3),
+    "gossip ring mix-grads": dict(gap=3),
 }
 
 
@@ -143,6 +146,14 @@ def method_list(model, warm):
             ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp", "--consensus-every", "10"], "#2ca02c", dash),
             ("decentralized-lowprec", ["--sync", "decentralized-lowprec", "--consensus-every", "10"], "#9467bd",
              None),
+            # --gossip-mix: the gradients mixed with the neighbours before each rank's optimizer step (each AdamW
+            # then normalizes a mean over several shares), with or without the models mixed after it
+            ("gossip ring mix-both", ["--sync", "gossip", "--gossip-graph", "ring", "--gossip-mix", "both",
+                                       "--consensus-every", "10"], "#17becf", None),
+            ("gossip exp mix-both", ["--sync", "gossip", "--gossip-graph", "exp", "--gossip-mix", "both",
+                                      "--consensus-every", "10"], "#17becf", dash),
+            ("gossip ring mix-grads", ["--sync", "gossip", "--gossip-graph", "ring", "--gossip-mix", "grads",
+                                        "--consensus-every", "10"], "#17becf", "2,3"),
             # the control: every replica with its own AdamW state on its own share, the models averaged exactly
             # every step (the complete graph) -- separates the graph's mixing from the local optimizer state
             ("local-sgd 1 (exact averaging)", ["--local-sgd", "1"], "#d62728", "2,3")]]
@@ -360,10 +371,11 @@ def run_model(model, args, work, env):
     if model.startswith("gpt") and not os.path.exists(os.path.join(work, "val.bin")):
         prepare_text(args.meshtrain, work, args.data)
     timeout = args.timeout or cfg["timeout"]
-    seeds = list(range(SEED, SEED + (args.mlp_seeds if model == "mlp" else args.gpt_seeds)))
+    first = args.first_seed
+    seeds = list(range(first, first + (args.mlp_seeds if model == "mlp" else args.gpt_seeds)))
     if model == "gpt-sgd":  # a control, not a measurement of noise: one seed of exact DP too
         seeds = seeds[:1]
-    exact_seeds = list(range(SEED, SEED + max(len(seeds), 1 if model == "gpt-sgd" else args.exact_seeds)))
+    exact_seeds = list(range(first, first + max(len(seeds), 1 if model == "gpt-sgd" else args.exact_seeds)))
     methods = [m for m in method_list(model, cfg["every"])
                if not args.methods or m["key"] == "exact" or m["key"] in args.methods]
     total = sum(len(exact_seeds) if m["key"] == "exact" else len(seeds) for m in methods)
@@ -610,6 +622,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few steps per run: a smoke test, not a measurement")
     ap.add_argument("--mlp-seeds", type=int, default=3, help="seeds per MLP method (numbers are their means)")
     ap.add_argument("--gpt-seeds", type=int, default=1, help="seeds per GPT method")
+    ap.add_argument("--first-seed", type=int, default=SEED, help="the seeds are first-seed, first-seed + 1, ...")
     ap.add_argument("--exact-seeds", type=int, default=3, help="seeds of exact DP (at least the methods' seeds): "
                     "the spread of its final loss shows the seed noise")
     ap.add_argument("--methods", type=lambda s: s.split(","), default=None,

@@ -199,6 +199,12 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                   "--sync gossip: ring (each rank with its two neighbours, 1/3 each) | exp (one peer per step at "
                   "hop 2^(step mod ceil(log2 dp)), 1/2 each)",
                   true);
+  add_enum_option(s, "--gossip-mix", c.gossip_mix,
+                  "--sync gossip: what each rank mixes with its graph neighbours (the same W, the same messages). "
+                  "params: its model after its own optimizer step (D-PSGD); grads: its own share's mean gradient "
+                  "before the optimizer step, g_r <- sum_j W_rj g_j, and no model mixing (replicas can drift apart); "
+                  "both: the gradient before the step and the model after it (twice the bytes)",
+                  true);
   s->add_option("--consensus-every", c.consensus_every,
                 "--sync gossip/decentralized-lowprec: measure the consensus distance sqrt(mean_r |x_r - mean x|^2) "
                 "every K steps (one all-reduce of the model, not counted in comm_bytes; 0: never)")

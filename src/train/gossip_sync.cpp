@@ -32,22 +32,28 @@ class DecentralizedSync : public GradSync {
   DecentralizedSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
                     trace::ChromeTrace* t)
       : GradSync(m, store, p, t), lowprec_(o.method == SyncMethod::decentralized_lowprec), graph_(o.gossip_graph),
+        mix_grads_(!lowprec_ && o.gossip_mix_grads), mix_params_(lowprec_ || o.gossip_mix_params),
         every_(o.consensus_every), steps_(o.steps), mixer_(m.dp(), o.gossip_graph, p.size()),
         lowprec_exchange_(m.dp(), p.size()) {}
 
   void begin_run(int64_t) override {
     if (lowprec_) lowprec_exchange_.begin(params_.data());
   }
-  void reduce(int64_t) override {
+  void reduce(int64_t s) override {
     engine_.finish_backward();
     // The loss is the global batch's mean, so this rank's gradient is its share's sum / items: x dp gives its
     // share's mean (even shares), the gradient a rank stepping alone would take.
     const int n = mesh_.grid().dp();
     if (n > 1) engine_.scale_grads((float)n);
+    if (mix_grads_) {
+      // g_r <- sum_j W_rj g_j with step s's W, before the clip norm and the optimizer read the gradient.
+      trace::TraceScope ts(tracer_, "gossip of gradients (dp neighbours)", "comm");
+      mixer_.mix(params_.grad(), s);
+    }
   }
   void update(optim::Optimizer& opt, float lr, int64_t s) override {
     engine_.update(opt, lr, s);
-    {
+    if (mix_params_) {
       trace::TraceScope ts(tracer_, lowprec_ ? "low-precision gossip (dp neighbours)" : "gossip (dp neighbours)",
                            "comm");
       if (lowprec_)
@@ -80,6 +86,7 @@ class DecentralizedSync : public GradSync {
     ExchangeReport r;
     r.key = "decentralized";
     r.section = {{"method", lowprec_ ? "decentralized-lowprec" : "gossip"},
+                 {"mix", mix_grads_ && mix_params_ ? "both" : mix_grads_ ? "grads" : "params"},
                  {"graph", lowprec_ ? "ring" : graph_ == parallel::GossipGraph::ring ? "ring" : "exp"},
                  {"consensus_every", every_},
                  {"consensus_measurements", count_}};
@@ -104,6 +111,7 @@ class DecentralizedSync : public GradSync {
 
   bool lowprec_;
   parallel::GossipGraph graph_;
+  bool mix_grads_, mix_params_;
   int every_;
   int64_t steps_;
   parallel::GossipMixer mixer_;

@@ -12,6 +12,15 @@
 //   decentralized-lowprec    the same                                 optimizer, then BAGUA's compressed
 //                                                                     difference exchange (LowPrecisionGossip)
 //
+// --gossip-mix (--sync gossip only) chooses what is mixed, with step s's W and the same messages:
+//   params   (above) the model after the optimizer step
+//   grads    the gradient before the clip norm and the optimizer: g_r <- sum_j W_rj g_j; no model mixing, so
+//            nothing contracts x_i - x_j (they drift apart except on the complete graph); measured, not advised
+//   both     the gradient before the step and the model after it: each rank's optimizer (AdamW's moments) sees
+//            a mean over several shares' gradients, and the models still contract; twice the bytes
+// At 2 ranks (W = J/2) grads and both give every rank exact DP's reduced gradient, so any optimizer, AdamW too,
+// takes exact DP's steps (tests/parity/test_gossip.py: equal bit for bit there).
+//
 // The only other per-step collective is the one-float loss sum for the metrics row (as for Local SGD); the
 // clip norm is each rank's own (no communication). Consensus distance, every --consensus-every K steps (0: off):
 //   Xi = sqrt( (1/n) sum_r |x_r - xbar|^2 ),  xbar = (1/n) sum_r x_r   over the data-parallel group,

@@ -77,6 +77,8 @@ struct SyncOptions {
   int64_t freeze_step = 0;      // onebit: exact gradients for steps < K, compressed momentum after
   int batch_windows = 0;        // the global batch in windows (the noise scale needs an even split of them)
   parallel::GossipGraph gossip_graph = parallel::GossipGraph::ring;  // gossip, decentralized-lowprec (ring)
+  bool gossip_mix_grads = false;   // gossip: mix the gradients with the neighbours before the optimizer step
+  bool gossip_mix_params = true;   // gossip: mix the models with the neighbours after it
   int consensus_every = 0;      // decentralized: measure the consensus distance every K steps (0: never)
   int64_t steps = 0;            // the run's --steps (decentralized: the replicas are averaged after the last)
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch

@@ -36,6 +36,7 @@ enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun,
 enum class GradCommDtype { f32, bf16 };
 enum class SyncKind { exact, gossip, decentralized_lowprec };  // --sync (train/gossip_sync.h)
 enum class GossipGraphKind { ring, exp };                       // --gossip-graph (parallel/data/gossip.h)
+enum class GossipMixKind { params, grads, both };               // --gossip-mix (train/gossip_sync.h)
 
 template <class E>
 struct FlagValue {
@@ -57,6 +58,8 @@ inline constexpr FlagValue<SyncKind> kSyncValues[] = {{"exact", SyncKind::exact}
                                                       {"decentralized-lowprec", SyncKind::decentralized_lowprec}};
 inline constexpr FlagValue<GossipGraphKind> kGossipGraphValues[] = {{"ring", GossipGraphKind::ring},
                                                                     {"exp", GossipGraphKind::exp}};
+inline constexpr FlagValue<GossipMixKind> kGossipMixValues[] = {
+    {"params", GossipMixKind::params}, {"grads", GossipMixKind::grads}, {"both", GossipMixKind::both}};
 inline constexpr FlagValue<Precision> kPrecisionValues[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
                                                                       {"random", nn::SecondPolicy::random}};
@@ -69,6 +72,7 @@ constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) {
 constexpr std::span<const FlagValue<Precision>> flag_values(Precision) { return kPrecisionValues; }
 constexpr std::span<const FlagValue<SyncKind>> flag_values(SyncKind) { return kSyncValues; }
 constexpr std::span<const FlagValue<GossipGraphKind>> flag_values(GossipGraphKind) { return kGossipGraphValues; }
+constexpr std::span<const FlagValue<GossipMixKind>> flag_values(GossipMixKind) { return kGossipMixValues; }
 constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
 
 // The flag spelling of v ("" for the not-given value).
@@ -172,6 +176,7 @@ struct TrainConfig {
   bool local_sgd_state = false;    // also average the optimizer state at each sync
   SyncKind sync = SyncKind::exact;   // decentralized: gossip | decentralized-lowprec (changes the math)
   GossipGraphKind gossip_graph = GossipGraphKind::ring;
+  GossipMixKind gossip_mix = GossipMixKind::params;  // --sync gossip: what is mixed with the neighbours
   int consensus_every = 10;          // decentralized: consensus distance every K steps (0: never)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)

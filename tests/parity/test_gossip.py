@@ -17,11 +17,19 @@ AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says 
      (--consensus-every 1) and it is exactly 0 (both ranks compute 0.5 a + 0.5 b: the same bits). comm_bytes is
      4 Psi per step (one model to the one neighbour). The drift a real bug would cause (no mixing at all) is
      measured and printed: it must be far above the tolerance.
+  1b. --gossip-mix grads (ring) and both (ring, exp) at dp=2, with AdamW (the default flags) and with SGD
+     (momentum 0, lr 0.3, no clipping): the gradient mix with W = J/2 hands every rank exact DP's reduced gradient
+     (0.5 (2 a) + 0.5 (2 b) = a + b), so from one seed every rank takes exact DP's step whatever the optimizer:
+     losses and final weights within 1e-5 of exact DP's (measured 0: the same bits), consensus_distance 0 on
+     every row, comm_bytes 4 Psi (grads) or 8 Psi (both: a gradient and a model per step). The gap a missing
+     gradient mix would leave under AdamW (--gossip-mix params: each rank's own AdamW state) is measured and
+     printed: it must be far above the tolerance (measured 3.1e-2).
   2. dp=4, AdamW: gossip ring, gossip exp and decentralized-lowprec train (last-5 mean loss at least 0.08 below
      an lr=0 control's, as in test_comm_efficient.py); comm_bytes per step: ring 2 x 4 Psi (both neighbours),
      exp 4 Psi (one peer), lowprec 2 (8 ceil(Psi/512) + Psi) (8-bit codes plus two floats per block of 512,
      to both neighbours); --consensus-every 5: rows 4, 9, 14, 19 carry consensus_distance, finite and > 0, the
-     others none, and the --summary's "decentralized" section has the last one and the largest.
+     others none, and the --summary's "decentralized" section has the last one and the largest. The same for
+     --gossip-mix grads (ring: 8 Psi, the gradients only), both (ring: 16 Psi; exp: 8 Psi).
   3. bad combinations exit non-zero before training, naming both flags (train_config.cpp kRefused).
   4. the MPI backend (mpirun -np 4, point-to-point over MPI): gossip ring and decentralized-lowprec give the shm
      runs of 2. step for step: loss within 1e-6 abs (the mixing arithmetic is the same; only the per-step loss
@@ -100,12 +108,52 @@ def main() -> None:
                 checks.check(drift > 100 * TOL_SGD_LOSS, f"test setup: unmixed replicas differ from exact DP by "
                              f"only {drift:.2e}: the equality check would not see a missing exchange")
 
+    # ---- 1b. --gossip-mix grads | both at 2 ranks: the gradient mix with W = J/2 gives every rank exact DP's
+    # reduced gradient (0.5 (2 a) + 0.5 (2 b) = a + b), so with identical starting replicas each rank takes exact
+    # DP's step whatever the optimizer -- AdamW too, where --gossip-mix params (each rank's own AdamW state on
+    # its own share) does not: that run is measured and printed as the gap the check would see.
+    adam_exact = rn.run("adam_exact", dp2, save=True)
+    wa = dc.load_saved(rn.path("adam_exact", "safetensors"), checks, "exact AdamW") if adam_exact else None
+    sgd_exact = rn.run("sgd0_exact_b", dp2 + ["--optimizer", "sgd", "--grad-clip", 0, "--lr", SGD_LR], save=True)
+    ws = dc.load_saved(rn.path("sgd0_exact_b", "safetensors"), checks, "exact SGD") if sgd_exact else None
+    for opt, ref, wref, extra in (("adamw", adam_exact, wa, []),
+                                  ("sgd", sgd_exact, ws, ["--optimizer", "sgd", "--grad-clip", 0, "--lr", SGD_LR])):
+        for mix, graph in (("grads", "ring"), ("both", "ring"), ("both", "exp")):
+            tag = f"--sync gossip --gossip-mix {mix} --gossip-graph {graph} at dp=2 ({opt})"
+            name = f"{opt}_mix_{mix}_{graph}"
+            rows = rn.run(name, dp2 + extra + ["--sync", "gossip", "--gossip-graph", graph, "--gossip-mix", mix,
+                                               "--consensus-every", 1], save=True)
+            if rows is None or ref is None:
+                continue
+            dl = float(np.max(np.abs(losses(rows) - losses(ref))))
+            print(f"{tag}: worst |loss - exact| {dl:.2e}")
+            checks.check(dl <= TOL_SGD_LOSS, f"{tag}: loss differs from exact DP by {dl:.2e} > {TOL_SGD_LOSS:g}")
+            wg = dc.load_saved(rn.path(name, "safetensors"), checks, tag)
+            if wref is not None and wg is not None:
+                dw = max(float(np.max(np.abs(wg[k] - wref[k]))) for k in wref)
+                print(f"{tag}: final weights max |diff| {dw:.2e}")
+                checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact DP by {dw:.2e} > {TOL_SGD_W:g}")
+            xi = [r.get("consensus_distance") for r in rows]
+            checks.check(all(x == 0 for x in xi), f"{tag}: consensus_distance must be 0 on every row, got "
+                         f"{sorted(set(map(str, xi)))[:4]}")
+            bytes_per_step(checks, tag, rows, (2 if mix == "both" else 1) * 4 * PSI)
+    if adam_exact is not None:
+        own = rn.run("adam_mix_params", dp2 + ["--sync", "gossip"])
+        if own is not None:
+            gap = float(np.max(np.abs(losses(own) - losses(adam_exact))))
+            print(f"--gossip-mix params at dp=2 (AdamW, each rank's own state): worst |loss - exact| {gap:.2e}")
+            checks.check(gap > 100 * TOL_SGD_LOSS, f"test setup: models-only mixing under AdamW differs from exact "
+                         f"DP by only {gap:.2e}: the check above would not see a missing gradient mix")
+
     # ---- 2. dp=4 with AdamW: each method trains; bytes from the graph; consensus every 5 steps
     control = rn.run("control_lr0", dp2 + ["--lr", 0, "--min-lr", 0])
     base = float(losses(control)[-5:].mean()) if control is not None else None
     cases = [("gossip ring", ["--sync", "gossip"], 2 * 4 * PSI),
              ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp"], 4 * PSI),
-             ("decentralized-lowprec", ["--sync", "decentralized-lowprec"], 2 * lowprec_payload(PSI))]
+             ("decentralized-lowprec", ["--sync", "decentralized-lowprec"], 2 * lowprec_payload(PSI)),
+             ("gossip ring mix grads", ["--sync", "gossip", "--gossip-mix", "grads"], 2 * 4 * PSI),
+             ("gossip ring mix both", ["--sync", "gossip", "--gossip-mix", "both"], 2 * 2 * 4 * PSI),
+             ("gossip exp mix both", ["--sync", "gossip", "--gossip-graph", "exp", "--gossip-mix", "both"], 2 * 4 * PSI)]
     for tag, flags, want in cases:
         name = "dp4_" + tag.replace(" ", "_")
         summ = rn.path(name, "summary.json")
@@ -176,6 +224,10 @@ def main() -> None:
          ["--sync decentralized-lowprec", "--gossip-graph exp"]),
         (["--nproc", 1] + g, ["--sync gossip", "--nproc"]),
         (dp2 + g + ["--consensus-every", -1], ["--consensus-every"]),
+        (dp2 + ["--gossip-mix", "grads"], ["--gossip-mix grads", "--sync exact"]),
+        (dp2 + ["--sync", "decentralized-lowprec", "--gossip-mix", "both"], ["--gossip-mix both",
+                                                                             "--sync decentralized-lowprec"]),
+        (dp2 + g + ["--gossip-mix", "bogus"], ["--gossip-mix", "bogus"]),
         (dp2 + ["--sync", "bogus"], ["--sync", "bogus"]),
     ]
     for i, (extra, names) in enumerate(bad_flags):

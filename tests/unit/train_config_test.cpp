@@ -267,4 +267,34 @@ TEST(TrainConfigDecentralized, RefusalsNameBothFlags) {
   EXPECT_NE(one.find("--nproc"), std::string::npos) << one;
 }
 
+// --gossip-mix grads | both: accepted with --sync gossip (both graphs), refused naming both flags with any other
+// --sync (exact: nothing to mix; decentralized-lowprec: its exchange is of compressed model differences only).
+TEST(TrainConfigDecentralized, GossipMixNeedsSyncGossip) {
+  using mt::train::GossipGraphKind;
+  using mt::train::GossipMixKind;
+  using mt::train::SyncKind;
+  for (GossipMixKind m : {GossipMixKind::grads, GossipMixKind::both}) {
+    for (GossipGraphKind g : {GossipGraphKind::ring, GossipGraphKind::exp}) {
+      TrainConfig c;
+      c.data = "unused.bin";
+      c.nproc = 4;
+      c.sync = SyncKind::gossip;
+      c.gossip_graph = g;
+      c.gossip_mix = m;
+      EXPECT_EQ(error_of(c, 4), "(no error)");
+    }
+    for (SyncKind k : {SyncKind::exact, SyncKind::decentralized_lowprec}) {
+      TrainConfig c;
+      c.data = "unused.bin";
+      c.nproc = 2;
+      c.sync = k;
+      c.gossip_mix = m;
+      const std::string e = error_of(c, 2);
+      const std::string want = std::string("--gossip-mix ") + mt::train::flag_name(m) + " needs --sync gossip (got --sync " +
+                               mt::train::flag_name(k) + ")";
+      EXPECT_NE(e.find(want), std::string::npos) << e;
+    }
+  }
+}
+
 }  // namespace
