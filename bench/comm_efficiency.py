@@ -142,8 +142,10 @@ def method_list(model, warm):
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)
         return [dict(key=k, flags=f, nproc=4, color=c, dash=d, after=0) for k, f, c, d in [
             ("exact", [], "#000000", None),
-            ("gossip ring", ["--sync", "gossip", "--gossip-graph", "ring", "--consensus-every", "10"], "#2ca02c", None),
-            ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp", "--consensus-every", "10"], "#2ca02c", dash),
+            ("gossip ring", ["--sync", "gossip", "--gossip-graph", "ring", "--gossip-mix", "params",
+                             "--consensus-every", "10"], "#2ca02c", None),
+            ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp", "--gossip-mix", "params",
+                            "--consensus-every", "10"], "#2ca02c", dash),
             ("decentralized-lowprec", ["--sync", "decentralized-lowprec", "--consensus-every", "10"], "#9467bd",
              None),
             # --gossip-mix: the gradients mixed with the neighbours before each rank's optimizer step (each AdamW

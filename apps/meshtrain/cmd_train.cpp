@@ -203,8 +203,9 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
                   "--sync gossip: what each rank mixes with its graph neighbours (the same W, the same messages). "
                   "params: its model after its own optimizer step (D-PSGD); grads: its own share's mean gradient "
                   "before the optimizer step, g_r <- sum_j W_rj g_j, and no model mixing (replicas can drift apart); "
-                  "both: the gradient before the step and the model after it (twice the bytes)",
-                  true);
+                  "both (default): the gradient before the step and the model after it (twice the bytes); "
+                  "at 2 ranks grads and both are exact data parallelism with any optimizer",
+                  false);
   s->add_option("--consensus-every", c.consensus_every,
                 "--sync gossip/decentralized-lowprec: measure the consensus distance sqrt(mean_r |x_r - mean x|^2) "
                 "every K steps (one all-reduce of the model, not counted in comm_bytes; 0: never)")

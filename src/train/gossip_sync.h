@@ -1,8 +1,7 @@
 // The decentralized exchanges (--sync gossip, --sync decentralized-lowprec): no gradient all-reduce; each rank
-// steps its own replica on its own share's mean gradient, then mixes its MODEL with its graph neighbours
-// (parallel/data/gossip.h). Parameters, not gradients: D-PSGD's consensus comes from averaging the iterates; a
-// rank that averaged only gradients with its neighbours would never pull its weights back toward the others',
-// so the replicas would drift apart without bound (nothing contracts x_i - x_j).
+// steps its own replica on its own share's mean gradient (--gossip-mix grads|both: mixed with its graph
+// neighbours' first), then mixes its MODEL with them (params|both; parallel/data/gossip.h). The models are what
+// pull the replicas together: with gradients alone (grads) nothing contracts x_i - x_j, and they drift apart.
 //
 //   method                   reduce(s)                               update(s)
 //   gossip                   own share's mean gradient (x dp)         optimizer on x_t, then x <- sum_j W_rj x_j
@@ -12,7 +11,7 @@
 //   decentralized-lowprec    the same                                 optimizer, then BAGUA's compressed
 //                                                                     difference exchange (LowPrecisionGossip)
 //
-// --gossip-mix (--sync gossip only) chooses what is mixed, with step s's W and the same messages:
+// --gossip-mix (--sync gossip only; not given: both) chooses what is mixed, with step s's W and the same messages:
 //   params   (above) the model after the optimizer step
 //   grads    the gradient before the clip norm and the optimizer: g_r <- sum_j W_rj g_j; no model mixing, so
 //            nothing contracts x_i - x_j (they drift apart except on the complete graph); measured, not advised

@@ -38,7 +38,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.freeze_step = cfg.freeze_step;
   o.batch_windows = cfg.batch_size;
   o.gossip_graph = cfg.gossip_graph == GossipGraphKind::exp ? parallel::GossipGraph::exp : parallel::GossipGraph::ring;
-  o.gossip_mix_grads = cfg.gossip_mix != GossipMixKind::params;
+  o.gossip_mix_grads = cfg.gossip_mix != GossipMixKind::params;  // unset: both
   o.gossip_mix_params = cfg.gossip_mix != GossipMixKind::grads;
   o.consensus_every = cfg.consensus_every;
   o.steps = cfg.steps;

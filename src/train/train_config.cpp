@@ -374,7 +374,7 @@ void check_decentralized(const TrainConfig& c, int d) {
   MT_CHECK_INPUT(c.consensus_every >= 0, "--consensus-every must be >= 0 (0: never), got ", c.consensus_every);
   MT_CHECK_INPUT(c.gossip_graph == GossipGraphKind::ring || c.sync == SyncKind::gossip,
                  "--gossip-graph ", flag_name(c.gossip_graph), " needs --sync gossip (got --sync ", flag_name(c.sync), ")");
-  MT_CHECK_INPUT(c.gossip_mix == GossipMixKind::params || c.sync == SyncKind::gossip, "--gossip-mix ",
+  MT_CHECK_INPUT(c.gossip_mix == GossipMixKind::unset || c.sync == SyncKind::gossip, "--gossip-mix ",
                  flag_name(c.gossip_mix), " needs --sync gossip (got --sync ", flag_name(c.sync), ")");
   if (c.sync == SyncKind::exact) return;
   MT_CHECK_INPUT(d > 1, "--sync ", flag_name(c.sync), " needs more than one data-parallel rank (here ", d,

@@ -36,7 +36,8 @@ enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun,
 enum class GradCommDtype { f32, bf16 };
 enum class SyncKind { exact, gossip, decentralized_lowprec };  // --sync (train/gossip_sync.h)
 enum class GossipGraphKind { ring, exp };                       // --gossip-graph (parallel/data/gossip.h)
-enum class GossipMixKind { params, grads, both };               // --gossip-mix (train/gossip_sync.h)
+// --gossip-mix (train/gossip_sync.h); unset: the flag not given (no spelling), both under --sync gossip
+enum class GossipMixKind { unset, params, grads, both };
 
 template <class E>
 struct FlagValue {
@@ -176,7 +177,7 @@ struct TrainConfig {
   bool local_sgd_state = false;    // also average the optimizer state at each sync
   SyncKind sync = SyncKind::exact;   // decentralized: gossip | decentralized-lowprec (changes the math)
   GossipGraphKind gossip_graph = GossipGraphKind::ring;
-  GossipMixKind gossip_mix = GossipMixKind::params;  // --sync gossip: what is mixed with the neighbours
+  GossipMixKind gossip_mix = GossipMixKind::unset;  // --sync gossip: what is mixed (unset: both)
   int consensus_every = 10;          // decentralized: consensus distance every K steps (0: never)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)

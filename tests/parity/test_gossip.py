@@ -8,7 +8,7 @@ Legend: dp data-parallel degree (= --nproc), Psi parameter count (28544), comm_b
 
 The problem is dp_common.py's tiny GPT (L=2, H=2, C=32, V=64, Tmax=32, B=12, T=16, Markov tokens), 20 steps,
 AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says otherwise. Checks:
-  1. dp=2 with SGD (--optimizer sgd --grad-clip 0 --lr 0.3; momentum 0 and 0.9): the ring at 2 ranks is the
+  1. dp=2 with SGD (--optimizer sgd --grad-clip 0 --lr 0.3; momentum 0 and 0.9), --gossip-mix params: the ring at 2 ranks is the
      complete graph, W = J/2, and gossip steps each replica on its own share's mean gradient and then averages
      the models: mean_r (p - lr g_r) = p - lr mean_r g_r, exact data parallelism up to float32 rounding
      (momentum: each rank's buffer is linear in its gradients, so the mean of the buffers is exact DP's buffer).
@@ -29,7 +29,8 @@ AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says 
      exp 4 Psi (one peer), lowprec 2 (8 ceil(Psi/512) + Psi) (8-bit codes plus two floats per block of 512,
      to both neighbours); --consensus-every 5: rows 4, 9, 14, 19 carry consensus_distance, finite and > 0, the
      others none, and the --summary's "decentralized" section has the last one and the largest. The same for
-     --gossip-mix grads (ring: 8 Psi, the gradients only), both (ring: 16 Psi; exp: 8 Psi).
+     --gossip-mix grads (ring: 8 Psi, the gradients only), both (ring: 16 Psi; exp: 8 Psi), and for no
+     --gossip-mix at all (the default, both: ring 16 Psi). gossip ring and exp in this list are --gossip-mix params.
   3. bad combinations exit non-zero before training, naming both flags (train_config.cpp kRefused).
   4. the MPI backend (mpirun -np 4, point-to-point over MPI): gossip ring and decentralized-lowprec give the shm
      runs of 2. step for step: loss within 1e-6 abs (the mixing arithmetic is the same; only the per-step loss
@@ -83,7 +84,8 @@ def main() -> None:
         for graph in ("ring", "exp"):
             tag = f"--sync gossip --gossip-graph {graph} at dp=2 (SGD, momentum {momentum})"
             name = f"sgd{momentum}_gossip_{graph}"
-            rows = rn.run(name, sgd + ["--sync", "gossip", "--gossip-graph", graph, "--consensus-every", 1], save=True)
+            rows = rn.run(name, sgd + ["--sync", "gossip", "--gossip-mix", "params", "--gossip-graph", graph,
+                                       "--consensus-every", 1], save=True)
             if rows is None:
                 continue
             dl = float(np.max(np.abs(losses(rows) - losses(exact))))
@@ -138,7 +140,7 @@ def main() -> None:
                          f"{sorted(set(map(str, xi)))[:4]}")
             bytes_per_step(checks, tag, rows, (2 if mix == "both" else 1) * 4 * PSI)
     if adam_exact is not None:
-        own = rn.run("adam_mix_params", dp2 + ["--sync", "gossip"])
+        own = rn.run("adam_mix_params", dp2 + ["--sync", "gossip", "--gossip-mix", "params"])
         if own is not None:
             gap = float(np.max(np.abs(losses(own) - losses(adam_exact))))
             print(f"--gossip-mix params at dp=2 (AdamW, each rank's own state): worst |loss - exact| {gap:.2e}")
@@ -148,12 +150,13 @@ def main() -> None:
     # ---- 2. dp=4 with AdamW: each method trains; bytes from the graph; consensus every 5 steps
     control = rn.run("control_lr0", dp2 + ["--lr", 0, "--min-lr", 0])
     base = float(losses(control)[-5:].mean()) if control is not None else None
-    cases = [("gossip ring", ["--sync", "gossip"], 2 * 4 * PSI),
-             ("gossip exp", ["--sync", "gossip", "--gossip-graph", "exp"], 4 * PSI),
+    cases = [("gossip ring", ["--sync", "gossip", "--gossip-mix", "params"], 2 * 4 * PSI),
+             ("gossip exp", ["--sync", "gossip", "--gossip-mix", "params", "--gossip-graph", "exp"], 4 * PSI),
              ("decentralized-lowprec", ["--sync", "decentralized-lowprec"], 2 * lowprec_payload(PSI)),
              ("gossip ring mix grads", ["--sync", "gossip", "--gossip-mix", "grads"], 2 * 4 * PSI),
              ("gossip ring mix both", ["--sync", "gossip", "--gossip-mix", "both"], 2 * 2 * 4 * PSI),
-             ("gossip exp mix both", ["--sync", "gossip", "--gossip-graph", "exp", "--gossip-mix", "both"], 2 * 4 * PSI)]
+             ("gossip exp mix both", ["--sync", "gossip", "--gossip-graph", "exp", "--gossip-mix", "both"], 2 * 4 * PSI),
+             ("gossip ring default mix", ["--sync", "gossip"], 2 * 2 * 4 * PSI)]  # no --gossip-mix: both
     for tag, flags, want in cases:
         name = "dp4_" + tag.replace(" ", "_")
         summ = rn.path(name, "summary.json")
@@ -185,7 +188,8 @@ def main() -> None:
     mpirun = shutil.which("mpirun")
     checks.check(mpirun is not None, "mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh)")
     os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
-    for tag, flags in (("gossip ring", ["--sync", "gossip"]), ("decentralized-lowprec", ["--sync", "decentralized-lowprec"])):
+    for tag, flags in (("gossip ring", ["--sync", "gossip", "--gossip-mix", "params"]),
+                       ("decentralized-lowprec", ["--sync", "decentralized-lowprec"])):
         if mpirun is None:
             break
         name = "dp4_" + tag.replace(" ", "_")
@@ -225,6 +229,7 @@ def main() -> None:
         (["--nproc", 1] + g, ["--sync gossip", "--nproc"]),
         (dp2 + g + ["--consensus-every", -1], ["--consensus-every"]),
         (dp2 + ["--gossip-mix", "grads"], ["--gossip-mix grads", "--sync exact"]),
+        (dp2 + ["--gossip-mix", "params"], ["--gossip-mix params", "--sync exact"]),
         (dp2 + ["--sync", "decentralized-lowprec", "--gossip-mix", "both"], ["--gossip-mix both",
                                                                              "--sync decentralized-lowprec"]),
         (dp2 + g + ["--gossip-mix", "bogus"], ["--gossip-mix", "bogus"]),

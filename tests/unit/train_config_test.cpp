@@ -267,13 +267,22 @@ TEST(TrainConfigDecentralized, RefusalsNameBothFlags) {
   EXPECT_NE(one.find("--nproc"), std::string::npos) << one;
 }
 
-// --gossip-mix grads | both: accepted with --sync gossip (both graphs), refused naming both flags with any other
-// --sync (exact: nothing to mix; decentralized-lowprec: its exchange is of compressed model differences only).
+// --gossip-mix params | grads | both: accepted with --sync gossip (both graphs), refused naming both flags with
+// any other --sync (exact: nothing to mix; decentralized-lowprec: its exchange is of compressed model
+// differences only); not given (unset, both under gossip) is accepted with every --sync.
 TEST(TrainConfigDecentralized, GossipMixNeedsSyncGossip) {
   using mt::train::GossipGraphKind;
   using mt::train::GossipMixKind;
   using mt::train::SyncKind;
-  for (GossipMixKind m : {GossipMixKind::grads, GossipMixKind::both}) {
+  for (SyncKind k : {SyncKind::exact, SyncKind::gossip, SyncKind::decentralized_lowprec}) {
+    TrainConfig c;
+    c.data = "unused.bin";
+    c.nproc = 2;
+    c.sync = k;
+    EXPECT_EQ(c.gossip_mix, GossipMixKind::unset);
+    EXPECT_EQ(error_of(c, 2), "(no error)");
+  }
+  for (GossipMixKind m : {GossipMixKind::params, GossipMixKind::grads, GossipMixKind::both}) {
     for (GossipGraphKind g : {GossipGraphKind::ring, GossipGraphKind::exp}) {
       TrainConfig c;
       c.data = "unused.bin";
