@@ -24,6 +24,8 @@ differ), 2 data-parallel workers on this machine:
        ring and the exponential graph, --sync decentralized-lowprec, and the control --local-sgd 1 (models
        averaged exactly every step, each rank's own optimizer state), on the GPT with AdamW (gpt-dp4) or with
        gpt-sgd's SGD (gpt-dp4-sgd); goal gap <= 3%; bytes per rank per step and the consensus distance in the table.
+       'gossip ring'/'gossip exp' mix the models only (--gossip-mix params); 'gossip ring|exp mix-both' mix the
+       gradients before each rank's optimizer step too (the default), 'gossip ring mix-grads' the gradients only.
 Exact DP always runs with 3 seeds (--exact-seeds): the table reports the spread of its final loss, the noise
 floor below which a gap means nothing.
 Methods: exact DP; --compress topk:0.01, topk:0.1, randk:0.1, randk:0.25, qsgd:4, qsgd:8, nuqsgd:2, nuqsgd:4,
@@ -53,7 +55,7 @@ and shown as such. Timings come from a shared 2-core machine: the parameter serv
 and other load makes them noisy.
 
 Usage: /usr/bin/python3 bench/comm_efficiency.py [--meshtrain build/meshtrain] [--out DIR] [--data DIR]
-           [--only mlp|gpt|gpt-sgd|gpt-dp4|gpt-dp4-sgd] [--quick] [--mlp-seeds 3] [--gpt-seeds 1] [--exact-seeds 3] [--timeout SECONDS]
+           [--only mlp|gpt|gpt-sgd|gpt-dp4|gpt-dp4-sgd] [--quick] [--mlp-seeds 3] [--gpt-seeds 1] [--first-seed 1337] [--exact-seeds 3] [--timeout SECONDS]
 --quick runs every method for a few steps (a smoke test of the script, not a measurement). The full run takes
 about 19 minutes on 2 cores (MLP about 5, GPT about 11, the control about 3).
 """
