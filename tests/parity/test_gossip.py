@@ -32,7 +32,8 @@ AdamW lr 1e-3 -> 1e-4 (warmup 3, cosine), wd 0.1, clip 2.5, unless a check says 
      --gossip-mix grads (ring: 8 Psi, the gradients only), both (ring: 16 Psi; exp: 8 Psi), and for no
      --gossip-mix at all (the default, both: ring 16 Psi). gossip ring and exp in this list are --gossip-mix params.
   3. bad combinations exit non-zero before training, naming both flags (train_config.cpp kRefused).
-  4. the MPI backend (mpirun -np 4, point-to-point over MPI): gossip ring and decentralized-lowprec give the shm
+  4. the MPI backend (mpirun -np 4, point-to-point over MPI): gossip ring (--gossip-mix params and both) and
+     decentralized-lowprec give the shm
      runs of 2. step for step: loss within 1e-6 abs (the mixing arithmetic is the same; only the per-step loss
      sum's reduction order may differ: measured 3.2e-7), the same comm_bytes, consensus distance within 1e-6
      relative. Without mpirun on PATH the test fails (scripts/setup.sh installs it), as test_dp_mpirun.py does.
@@ -189,6 +190,7 @@ def main() -> None:
     checks.check(mpirun is not None, "mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh)")
     os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
     for tag, flags in (("gossip ring", ["--sync", "gossip", "--gossip-mix", "params"]),
+                       ("gossip ring mix both", ["--sync", "gossip", "--gossip-mix", "both"]),
                        ("decentralized-lowprec", ["--sync", "decentralized-lowprec"])):
         if mpirun is None:
             break
