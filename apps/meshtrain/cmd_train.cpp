@@ -216,6 +216,26 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
   s->add_option("--sma-momentum", c.sma_momentum,
                 "--learners: momentum mu of the central model: z += sum_j c_j + mu (z - z_prev)")
+  add_enum_option(s, "--sync", c.sync,
+                  "CHANGES THE MATH unless exact. exact: gradients all-reduced over dp (default); gossip: no "
+                  "all-reduce, each rank steps on its own windows then averages its model with its --gossip-graph "
+                  "neighbours every step (D-PSGD); decentralized-lowprec: BAGUA's variant, 8-bit model differences "
+                  "with the ring neighbours (dp > 1, ZeRO 0, no tp/pp)",
+                  true);
+  add_enum_option(s, "--gossip-graph", c.gossip_graph,
+                  "--sync gossip: ring (each rank with its two neighbours, 1/3 each) | exp (one peer per step at "
+                  "hop 2^(step mod ceil(log2 dp)), 1/2 each)",
+                  true);
+  add_enum_option(s, "--gossip-mix", c.gossip_mix,
+                  "--sync gossip: what each rank mixes with its graph neighbours (the same W, the same messages). "
+                  "params: its model after its own optimizer step (D-PSGD); grads: its own share's mean gradient "
+                  "before the optimizer step, g_r <- sum_j W_rj g_j, and no model mixing (replicas can drift apart); "
+                  "both (default): the gradient before the step and the model after it (twice the bytes); "
+                  "at 2 ranks grads and both are exact data parallelism with any optimizer",
+                  false);
+  s->add_option("--consensus-every", c.consensus_every,
+                "--sync gossip/decentralized-lowprec: measure the consensus distance sqrt(mean_r |x_r - mean x|^2) "
+                "every K steps (one all-reduce of the model, not counted in comm_bytes; 0: never)")
       ->capture_default_str();
   add_enum_option(s, "--async", c.async,
                   "CHANGES THE MATH (unless --staleness 0). ps: parameter server: the last --servers ranks hold "

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "optim/onebit_adam.h"
 #include "parallel/compress/onebit.h"
+#include "train/gossip_sync.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
 #include "train/exchange_state.h"
@@ -17,7 +18,9 @@ namespace mt::train {
 SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   SyncOptions o;
   o.compress = cfg.compress;
-  o.method = cfg.async == AsyncMode::ps                    ? SyncMethod::parameter_server
+  o.method = cfg.sync == SyncKind::gossip                  ? SyncMethod::gossip
+             : cfg.sync == SyncKind::decentralized_lowprec ? SyncMethod::decentralized_lowprec
+             : cfg.async == AsyncMode::ps                  ? SyncMethod::parameter_server
              : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
              : cfg.learners > 0                            ? SyncMethod::sma
              : o.compress.enabled()                        ? SyncMethod::compressed
@@ -43,6 +46,11 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.grow = {cfg.adaptive_batch, cfg.adaptive_batch_max, cfg.adaptive_batch_every, cfg.adaptive_batch_every};
   o.sma_alpha = cfg.sma_alpha;
   o.sma_momentum = cfg.sma_momentum;
+  o.gossip_graph = cfg.gossip_graph == GossipGraphKind::exp ? parallel::GossipGraph::exp : parallel::GossipGraph::ring;
+  o.gossip_mix_grads = cfg.gossip_mix != GossipMixKind::params;  // unset: both
+  o.gossip_mix_params = cfg.gossip_mix != GossipMixKind::grads;
+  o.consensus_every = cfg.consensus_every;
+  o.steps = cfg.steps;
   return o;
 }
 
@@ -425,6 +433,9 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
       return std::make_unique<OnebitSync>(mesh, store, params, o, tracer);
     case SyncMethod::sma:
       return make_sma_sync(o, mesh, store, params, tracer);
+    case SyncMethod::gossip:
+    case SyncMethod::decentralized_lowprec:
+      return make_gossip_sync(o, mesh, store, params, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }

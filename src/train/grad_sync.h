@@ -20,6 +20,9 @@
 //                               servers; begin_step waits for parameters at      outcome arrives with
 //                               most K versions old (ps_sync.h)                  the version)
 //   ps server    none           step(s) gathers the workers' pushes for s        its slice, then publishes
+//   gossip,      none           own share's mean gradient                        store, then the model mixed
+//   decentr.-                                                                    with graph neighbours
+//   lowprec                                                                      (gossip_sync.h)
 //   1-bit Adam   none           s < K: tied copies summed, all-reduce over dp;  store (OnebitAdam: AdamW
 //                               s >= K: nothing (each rank keeps its share)      before K); s >= K: first the
 //                                                                                momentum exchange (signs, EF)
@@ -50,6 +53,7 @@
 #include "optim/optimizer.h"
 #include "parallel/compress/exchange.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/data/gossip.h"
 #include "parallel/mesh/mesh.h"
 #include "trace/chrome_trace.h"
 #include "train/adaptive_batch.h"
@@ -58,7 +62,7 @@
 
 namespace mt::train {
 
-enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit, sma };
+enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit, sma, gossip, decentralized_lowprec };
 
 // Everything the synchronizers need from the flags, parsed once.
 struct SyncOptions {
@@ -77,6 +81,11 @@ struct SyncOptions {
   int learners = 0;             // sma: L learners per rank
   double sma_alpha = -1, sma_momentum = 0;
   int batch_windows = 0;        // the global batch in windows (the noise scale needs an even split of them)
+  parallel::GossipGraph gossip_graph = parallel::GossipGraph::ring;  // gossip, decentralized-lowprec (ring)
+  bool gossip_mix_grads = false;   // gossip: mix the gradients with the neighbours before the optimizer step
+  bool gossip_mix_params = true;   // gossip: mix the models with the neighbours after it
+  int consensus_every = 0;      // decentralized: measure the consensus distance every K steps (0: never)
+  int64_t steps = 0;            // the run's --steps (decentralized: the replicas are averaged after the last)
   // exact: the step executor calls the store's hooks, which reduce buckets during backward (the micro-batch
   // loop; a pipeline under ZeRO 2, 3); false: the gradient is reduced whole after the backward (a pipeline
   // under ZeRO 0, 1 passes no hooks).

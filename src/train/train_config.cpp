@@ -169,6 +169,8 @@ bool whole_tensor_optimizer(const TrainConfig& c) {
   return c.optimizer == OptimizerKind::lamb || c.optimizer == OptimizerKind::adafactor;
 }
 std::string optimizer_flag(const TrainConfig& c) { return str("--optimizer ", flag_name(c.optimizer)); }
+bool decentralized(const TrainConfig& c) { return c.sync != SyncKind::exact; }
+std::string sync_flag(const TrainConfig& c) { return str("--sync ", flag_name(c.sync)); }
 
 const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
@@ -448,6 +450,48 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) { return schedule_flag(c) + str(" with --moe-every ", c.gpt.moe_every, " --ep ", c.moe.ep); },
      "an MoE model's per-step router statistics and expert-group reductions have not been built or checked "
      "with per-micro-batch updates; use a dense model"},
+    // Decentralized methods (--sync gossip | decentralized-lowprec, train/gossip_sync.h).
+    {[](const TrainConfig& c) { return decentralized(c) && (c.learners > 0 || c.adaptive_batch); },
+     [](const TrainConfig& c) {
+       return sync_flag(c) + " with " + (c.learners > 0 ? str("--learners ", c.learners) : "--adaptive-batch");
+     },
+     "Crossbow's learners and the adaptive batch are exchanges of their own over the exact gradient sum; the "
+     "decentralized methods replace that exchange: choose one"},
+    {[](const TrainConfig& c) { return decentralized(c) && c.zero > 0; },
+     [](const TrainConfig& c) { return sync_flag(c) + str(" with --zero ", c.zero); },
+     "each data-parallel rank steps and mixes a whole replica and optimizer state of its own, which ZeRO would "
+     "share as one sharded copy over those ranks; use --zero 0"},
+    {[](const TrainConfig& c) { return decentralized(c) && (c.tp > 1 || c.pp > 1 || c.gpt.moe_every > 0 || c.moe.ep > 1); },
+     [](const TrainConfig& c) {
+       return sync_flag(c) + str(" with --tp ", c.tp, " --pp ", c.pp, " --moe-every ", c.gpt.moe_every, " --ep ", c.moe.ep);
+     },
+     "the neighbour exchange mixes one flat replica per data-parallel rank; over tensor, pipeline or expert "
+     "splits of a replica it is neither built nor tested; use --tp 1 --pp 1 and a dense model"},
+    {[](const TrainConfig& c) { return decentralized(c) && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c)); },
+     [](const TrainConfig& c) {
+       return sync_flag(c) + " with " +
+              (compressing(c) ? compress_flag(c) : local_sgd(c) ? local_flag(c) : asynchronous(c) ? async_flag(c)
+                                                                                                  : optimizer_flag(c));
+     },
+     "each of these replaces the exact gradient exchange with one of its own, as the decentralized methods do: "
+     "choose one (decentralized-lowprec is the compressed decentralized variant)"},
+    {[](const TrainConfig& c) { return decentralized(c) && whole_tensor_optimizer(c); },
+     [](const TrainConfig& c) { return sync_flag(c) + " with " + optimizer_flag(c); },
+     "LAMB's trust ratio and Adafactor's factored moments are per-tensor statistics of the exact reduced gradient; "
+     "each replica would take them from its own share's gradient, a combination neither built for nor tested; use "
+     "--optimizer adamw or sgd"},
+    {[](const TrainConfig& c) { return c.sync == SyncKind::decentralized_lowprec && c.gossip_graph == GossipGraphKind::exp; },
+     [](const TrainConfig&) { return std::string("--sync decentralized-lowprec with --gossip-graph exp"); },
+     "the low-precision exchange sends differences against an exact copy of each neighbour's model, kept over the "
+     "whole run, so its neighbours must stay fixed (the ring); the exponential graph changes them every step"},
+    {[](const TrainConfig& c) { return decentralized(c) && (c.offload.optimizer || c.delayed_update || !c.resume.empty()); },
+     [](const TrainConfig& c) {
+       return sync_flag(c) + " with " +
+              (c.offload.optimizer ? "--offload optimizer" : c.delayed_update ? "--delayed-update" : "--resume");
+     },
+     "--offload and --delayed-update are not built or checked with the neighbour exchange; a checkpoint holds one "
+     "replica (the writing rank's) and not the neighbour copies of decentralized-lowprec, so --resume could "
+     "not continue the run"},
 };
 
 void check_refused(const TrainConfig& c) {
@@ -502,6 +546,18 @@ void check_comm_efficient(const TrainConfig& c, int d) {
   MT_CHECK_INPUT(c.dgc || c.dgc_warmup == 0, "--dgc-warmup-steps needs --dgc");
   MT_CHECK_INPUT(c.compress_adaptive_every >= 1 && c.compress_adaptive_eta > 0,
                  "--compress-adaptive-every must be >= 1 and --compress-adaptive-eta > 0");
+}
+
+// --sync gossip | decentralized-lowprec and their own flags (combinations: kRefused).
+void check_decentralized(const TrainConfig& c, int d) {
+  MT_CHECK_INPUT(c.consensus_every >= 0, "--consensus-every must be >= 0 (0: never), got ", c.consensus_every);
+  MT_CHECK_INPUT(c.gossip_graph == GossipGraphKind::ring || c.sync == SyncKind::gossip,
+                 "--gossip-graph ", flag_name(c.gossip_graph), " needs --sync gossip (got --sync ", flag_name(c.sync), ")");
+  MT_CHECK_INPUT(c.gossip_mix == GossipMixKind::unset || c.sync == SyncKind::gossip, "--gossip-mix ",
+                 flag_name(c.gossip_mix), " needs --sync gossip (got --sync ", flag_name(c.sync), ")");
+  if (c.sync == SyncKind::exact) return;
+  MT_CHECK_INPUT(d > 1, "--sync ", flag_name(c.sync), " needs more than one data-parallel rank (here ", d,
+                 "; set --nproc > 1): with one rank there are no neighbours to mix with");
 }
 
 // --offload and --memory-limit (the directory itself is checked when each rank creates its file).
@@ -574,6 +630,7 @@ void TrainConfig::validate(int world_size) const {
     MT_CHECK_INPUT(adaptive_batch_max == 8 && adaptive_batch_every == 10,
                    "--adaptive-batch-max and --adaptive-batch-every need --adaptive-batch");
   }
+  check_decentralized(*this, d);
 }
 
 }  // namespace mt::train

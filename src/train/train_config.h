@@ -34,6 +34,10 @@ enum class OptimizerKind { adamw, sgd, lamb, adafactor, onebit_adam };
 enum class AsyncMode { off, ps, hogwild };
 enum class BackendKind { automatic, shm, mpi };  // automatic: mpi under mpirun, else shm
 enum class GradCommDtype { f32, bf16 };
+enum class SyncKind { exact, gossip, decentralized_lowprec };  // --sync (train/gossip_sync.h)
+enum class GossipGraphKind { ring, exp };                       // --gossip-graph (parallel/data/gossip.h)
+// --gossip-mix (train/gossip_sync.h); unset: the flag not given (no spelling), both under --sync gossip
+enum class GossipMixKind { unset, params, grads, both };
 
 template <class E>
 struct FlagValue {
@@ -50,6 +54,13 @@ inline constexpr FlagValue<BackendKind> kBackendValues[] = {
     {"auto", BackendKind::automatic}, {"shm", BackendKind::shm}, {"mpi", BackendKind::mpi}};
 inline constexpr FlagValue<GradCommDtype> kGradCommDtypeValues[] = {{"f32", GradCommDtype::f32},
                                                                     {"bf16", GradCommDtype::bf16}};
+inline constexpr FlagValue<SyncKind> kSyncValues[] = {{"exact", SyncKind::exact},
+                                                      {"gossip", SyncKind::gossip},
+                                                      {"decentralized-lowprec", SyncKind::decentralized_lowprec}};
+inline constexpr FlagValue<GossipGraphKind> kGossipGraphValues[] = {{"ring", GossipGraphKind::ring},
+                                                                    {"exp", GossipGraphKind::exp}};
+inline constexpr FlagValue<GossipMixKind> kGossipMixValues[] = {
+    {"params", GossipMixKind::params}, {"grads", GossipMixKind::grads}, {"both", GossipMixKind::both}};
 inline constexpr FlagValue<Precision> kPrecisionValues[] = {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
 inline constexpr FlagValue<nn::SecondPolicy> kSecondPolicyValues[] = {{"all", nn::SecondPolicy::all},
                                                                       {"random", nn::SecondPolicy::random}};
@@ -60,6 +71,9 @@ constexpr std::span<const FlagValue<AsyncMode>> flag_values(AsyncMode) { return 
 constexpr std::span<const FlagValue<BackendKind>> flag_values(BackendKind) { return kBackendValues; }
 constexpr std::span<const FlagValue<GradCommDtype>> flag_values(GradCommDtype) { return kGradCommDtypeValues; }
 constexpr std::span<const FlagValue<Precision>> flag_values(Precision) { return kPrecisionValues; }
+constexpr std::span<const FlagValue<SyncKind>> flag_values(SyncKind) { return kSyncValues; }
+constexpr std::span<const FlagValue<GossipGraphKind>> flag_values(GossipGraphKind) { return kGossipGraphValues; }
+constexpr std::span<const FlagValue<GossipMixKind>> flag_values(GossipMixKind) { return kGossipMixValues; }
 constexpr std::span<const FlagValue<nn::SecondPolicy>> flag_values(nn::SecondPolicy) { return kSecondPolicyValues; }
 
 // The flag spelling of v ("" for the not-given value).
@@ -167,6 +181,10 @@ struct TrainConfig {
   bool adaptive_batch = false;     // Pollux-style growth of the batch per update (train/adaptive_batch.h)
   int adaptive_batch_max = 8;      // the most global batches per optimizer step
   int adaptive_batch_every = 10;   // optimizer steps between decisions (and data steps before the first)
+  SyncKind sync = SyncKind::exact;   // decentralized: gossip | decentralized-lowprec (changes the math)
+  GossipGraphKind gossip_graph = GossipGraphKind::ring;
+  GossipMixKind gossip_mix = GossipMixKind::unset;  // --sync gossip: what is mixed (unset: both)
+  int consensus_every = 10;          // decentralized: consensus distance every K steps (0: never)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
   bool vertical_sync = false;        // --schedule pipedream: one weight version per micro-batch on every stage

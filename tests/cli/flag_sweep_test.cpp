@@ -99,7 +99,7 @@ TEST(FlagSweep, TrainGpt) {
                          "--nproc",         "--comm-timeout",     "--dp",            "--zero",
                          "--bucket-mb",     "--compress-adaptive-every", "--compress-adaptive-eta",
                          "--local-sgd",     "--local-sgd-warmup", "--servers",       "--staleness",
-                         "--tp",            "--pp",               "--virtual-stages"}));
+                         "--tp",            "--pp",               "--virtual-stages", "--consensus-every"}));
 }
 
 // Crossbow's model averaging and the adaptive batch, each from a base that runs with it.

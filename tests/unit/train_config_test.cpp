@@ -213,6 +213,116 @@ TEST(TrainConfigOptimizer, WholeTensorOptimizersRefuseInexactExchanges) {
   }
 }
 
+// --sync gossip | decentralized-lowprec (train/gossip_sync.h): the plain run is accepted at dp 2 and 4 (both
+// graphs); each combination of kRefused's decentralized rows is refused naming both flags; one rank is refused
+// naming --nproc.
+TEST(TrainConfigDecentralized, RefusalsNameBothFlags) {
+  using mt::train::GossipGraphKind;
+  using mt::train::SyncKind;
+  auto base = [](SyncKind k, int world) {
+    TrainConfig c;
+    c.data = "unused.bin";
+    c.nproc = world;
+    c.sync = k;
+    return c;
+  };
+  for (int world : {2, 4}) {
+    EXPECT_EQ(error_of(base(SyncKind::gossip, world), world), "(no error)");
+    TrainConfig e = base(SyncKind::gossip, world);
+    e.gossip_graph = GossipGraphKind::exp;
+    EXPECT_EQ(error_of(e, world), "(no error)");
+    EXPECT_EQ(error_of(base(SyncKind::decentralized_lowprec, world), world), "(no error)");
+  }
+  struct Case {
+    const char* second;
+    void (*set)(TrainConfig&);
+    int world;
+  };
+  const Case cases[] = {
+      {"--zero 1", [](TrainConfig& c) { c.zero = 1; }, 2},
+      {"--tp 2", [](TrainConfig& c) { c.tp = 2; }, 4},
+      {"--pp 2", [](TrainConfig& c) { c.pp = 2; }, 4},
+      {"--compress topk:0.01", [](TrainConfig& c) { c.compress = mt::compress::parse_compress_spec("topk:0.01"); }, 2},
+      {"--local-sgd 4", [](TrainConfig& c) { c.local_sgd = 4; }, 2},
+      {"--async ps", [](TrainConfig& c) { c.async = mt::train::AsyncMode::ps; }, 3},
+      {"--optimizer lamb", [](TrainConfig& c) { c.optimizer = mt::train::OptimizerKind::lamb; }, 2},
+      {"--optimizer adafactor", [](TrainConfig& c) { c.optimizer = mt::train::OptimizerKind::adafactor; }, 2},
+      {"--optimizer onebit-adam",
+       [](TrainConfig& c) {
+         c.optimizer = mt::train::OptimizerKind::onebit_adam;
+         c.freeze_step = 2;
+       },
+       2},
+      {"--delayed-update", [](TrainConfig& c) { c.delayed_update = true; }, 2},
+      {"--resume",
+       [](TrainConfig& c) {
+         c.resume = "ckpt";
+         c.checkpoint_dir = "ckpt";
+       },
+       2},
+  };
+  for (SyncKind k : {SyncKind::gossip, SyncKind::decentralized_lowprec})
+    for (const Case& x : cases) {
+      TrainConfig c = base(k, x.world);
+      x.set(c);
+      const std::string e = error_of(c, x.world);
+      const std::string first = std::string("--sync ") + mt::train::flag_name(k);
+      EXPECT_NE(e.find(first), std::string::npos) << x.second << ": " << e;
+      EXPECT_NE(e.find(x.second), std::string::npos) << e;
+      EXPECT_NE(e.find("is not supported"), std::string::npos) << e;
+    }
+  TrainConfig lp = base(SyncKind::decentralized_lowprec, 4);
+  lp.gossip_graph = GossipGraphKind::exp;
+  const std::string e = error_of(lp, 4);
+  EXPECT_NE(e.find("--sync decentralized-lowprec with --gossip-graph exp is not supported"), std::string::npos) << e;
+  TrainConfig plain = base(SyncKind::exact, 2);
+  plain.gossip_graph = GossipGraphKind::exp;
+  const std::string g = error_of(plain, 2);
+  EXPECT_NE(g.find("--gossip-graph exp needs --sync gossip (got --sync exact)"), std::string::npos) << g;
+  const std::string one = error_of(base(SyncKind::gossip, 1), 1);
+  EXPECT_NE(one.find("--sync gossip needs more than one data-parallel rank"), std::string::npos) << one;
+  EXPECT_NE(one.find("--nproc"), std::string::npos) << one;
+}
+
+// --gossip-mix params | grads | both: accepted with --sync gossip (both graphs), refused naming both flags with
+// any other --sync (exact: nothing to mix; decentralized-lowprec: its exchange is of compressed model
+// differences only); not given (unset, both under gossip) is accepted with every --sync.
+TEST(TrainConfigDecentralized, GossipMixNeedsSyncGossip) {
+  using mt::train::GossipGraphKind;
+  using mt::train::GossipMixKind;
+  using mt::train::SyncKind;
+  for (SyncKind k : {SyncKind::exact, SyncKind::gossip, SyncKind::decentralized_lowprec}) {
+    TrainConfig c;
+    c.data = "unused.bin";
+    c.nproc = 2;
+    c.sync = k;
+    EXPECT_EQ(c.gossip_mix, GossipMixKind::unset);
+    EXPECT_EQ(error_of(c, 2), "(no error)");
+  }
+  for (GossipMixKind m : {GossipMixKind::params, GossipMixKind::grads, GossipMixKind::both}) {
+    for (GossipGraphKind g : {GossipGraphKind::ring, GossipGraphKind::exp}) {
+      TrainConfig c;
+      c.data = "unused.bin";
+      c.nproc = 4;
+      c.sync = SyncKind::gossip;
+      c.gossip_graph = g;
+      c.gossip_mix = m;
+      EXPECT_EQ(error_of(c, 4), "(no error)");
+    }
+    for (SyncKind k : {SyncKind::exact, SyncKind::decentralized_lowprec}) {
+      TrainConfig c;
+      c.data = "unused.bin";
+      c.nproc = 2;
+      c.sync = k;
+      c.gossip_mix = m;
+      const std::string e = error_of(c, 2);
+      const std::string want = std::string("--gossip-mix ") + mt::train::flag_name(m) + " needs --sync gossip (got --sync " +
+                               mt::train::flag_name(k) + ")";
+      EXPECT_NE(e.find(want), std::string::npos) << e;
+    }
+  }
+}
+
 }  // namespace
 
 // Per-micro-batch updates (--schedule pipedream, pipemare): every refused combination names both flags; the
