@@ -22,7 +22,8 @@ TEST(InFlightBound, EveryRankOfEveryListReachesItsBoundExactly) {
   };
   int checked = 0;
   for (const Case c : {Case{"gpipe", 1}, Case{"1f1b", 1}, Case{"pipedream-2bw", 1}, Case{"interleaved", 2},
-                       Case{"interleaved", 3}, Case{"zb-h1", 1}, Case{"zb-h2", 1}, Case{"zb-v", 2}})
+                       Case{"interleaved", 3}, Case{"zb-h1", 1}, Case{"zb-h2", 1}, Case{"zb-v", 2},
+                       Case{"pipedream", 1}, Case{"pipemare", 1}, Case{"chimera", 2}})
     for (int p = 1; p <= 6; p++)
       for (int m = 1; m <= 14; m++) {
         const ScheduleSpec spec{c.name, p, m, c.V};

@@ -4,11 +4,13 @@
 // test can hold the generators (and a run's measured activation store) to it.
 //
 //   gpipe                     m                    every forward before any backward
-//   1f1b, pipedream-2bw       min(p - j, m)        warm-up p - j - 1 forwards, then one in, one out
+//   1f1b, pipedream-2bw,      min(p - j, m)        warm-up p - j - 1 forwards, then one in, one out
+//   pipedream, pipemare
 //   interleaved (V chunks)    min(2 (p - j - 1) + (V - 1) p + 1, V m)   Megatron's warm-up plus one
 //   zb-h1                     min(p, m)            1F1B's peak (its rank 0's) on every rank
 //   zb-h2                     min(2p - 1, m)
 //   zb-v (2 chunks)           min(2p, 2m)          p whole stages' worth: 1F1B's peak
+//   chimera (2 routes)        min(p, m)            at most p pairs over both routes' chunks
 #pragma once
 
 #include "parallel/pipeline/schedule.h"
