@@ -103,8 +103,13 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
-  store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  try {  // --offload params / grads create their files here
+    store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  } catch (const InputError& e) {
+    throw InputError(str("rank ", mesh.world_rank(), ": ", e.what()));
+  }
   if (tracer.enabled()) store->set_trace(&tracer);
+  offload.add_shards(store->shard_files());
   store->set_tensor_group(mesh.tp());  // tensors split over tp: whole-tensor statistics sum there
   const bool ps = cfg.async == AsyncMode::ps;
   if (!ps) sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);

@@ -1,0 +1,153 @@
+"""--offload params and --offload grads (docs/offload.md), end to end on a small GPT (L=2, C=32, V=64, B=8, T=16,
+ZeRO 3 with small buckets, so a rank's shards are several buckets and the update's 4 KiB tiles cut them):
+  1. The math does not change: each ZeRO 3 layout (nproc 1; dp 2; dp 2 with 2 micro-batches, so gradient shards
+     accumulate through the file; tp 2; pp 2; bf16 products on dp 2; MoE experts over ep 2) trained with
+     optimizer,params / optimizer,grads / optimizer,params,grads offloaded gives the same losses, gradient norms
+     and final weights (--save bytes) as the same layout in memory.
+  2. Checkpoints: an optimizer,params,grads run saved at step 3 of 6 resumes in memory and the other way round,
+     each ending byte-equal to the uninterrupted in-memory run.
+  3. --summary reports the parameter and gradient bytes offloaded (4 bytes per element of the rank's shard), no
+     resident float32 parameter or gradient shard, and bytes read and written per step at least the shards'
+     size; --trace has parameter and gradient reads and writes on the io track; nothing is left in
+     --offload-dir.
+  4. Refused with a message naming both flags: params below ZeRO 3, params without optimizer, params with
+     --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_offload import Env, check, rows, FAILS  # noqa: E402
+
+KINDS = ("optimizer,params", "optimizer,grads", "optimizer,params,grads")
+Z3 = ["--zero", 3, "--bucket-mb", 0.004]
+
+
+def off(e: Env, kinds: str):
+    return ["--offload", kinds, "--offload-dir", e.odir, "--offload-tile", "4096"]
+
+
+def equality(e: Env, quick: bool) -> None:
+    layouts = {
+        "z3_nproc1": ["--nproc", 1] + Z3,
+        "z3_dp2": ["--nproc", 2] + Z3,
+        "z3_dp2_mb2": ["--nproc", 2, "--micro-batch-size", 2] + Z3,
+        "z3_tp2": ["--nproc", 2, "--tp", 2] + Z3,
+        "z3_pp2": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2] + Z3,
+        "z3_dp2_bf16": ["--nproc", 2, "--precision", "bf16"] + Z3,
+        "z3_moe_ep2": ["--nproc", 2, "--moe-every", 1, "--experts", 4, "--ep", 2] + Z3,
+    }
+    for name, flags in layouts.items():
+        m = os.path.join(e.wd, f"{name}.memory.jsonl")
+        w = os.path.join(e.wd, f"{name}.memory.safetensors")
+        r = e.run(flags + ["--metrics", m, "--save", w])
+        check(r.returncode == 0, f"{name} in memory: exit 0")
+        for kinds in (KINDS[2:] if quick else KINDS):
+            tag = kinds.replace(",", "+")
+            m2 = os.path.join(e.wd, f"{name}.{tag}.jsonl")
+            w2 = os.path.join(e.wd, f"{name}.{tag}.safetensors")
+            r = e.run(flags + off(e, kinds) + ["--metrics", m2, "--save", w2])
+            check(r.returncode == 0, f"{name} {kinds}: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+            check(os.listdir(e.odir) == [], f"{name} {kinds}: nothing left in --offload-dir")
+            if r.returncode != 0 or not os.path.exists(m):
+                continue
+            a, b = rows(m), rows(m2)
+            check(len(a) == 6 and a == b, f"{name} {kinds}: losses, grad norms and lr equal bit for bit ({len(a)} steps)")
+            check(filecmp.cmp(w, w2, shallow=False), f"{name} {kinds}: final weights byte-equal")
+
+
+def resume(e: Env) -> None:
+    flags = ["--nproc", 2] + Z3
+    full = os.path.join(e.wd, "shards.full.safetensors")
+    check(e.run(flags + ["--save", full]).returncode == 0, "uninterrupted in-memory run")
+    o = off(e, KINDS[2])
+    for first, second, tag in ((o, [], "offloaded -> in memory"), ([], o, "in memory -> offloaded")):
+        ck = os.path.join(e.wd, "ck_shards_" + ("a" if first else "b"))
+        r = e.run(flags + first + ["--checkpoint-dir", ck, "--save-every", 3, "--stop-at-step", 3])
+        check(r.returncode == 0, f"{tag}: first half exit 0")
+        w = os.path.join(e.wd, f"shards.resume.{'a' if first else 'b'}.safetensors")
+        r = e.run(flags + second + ["--resume", ck, "--save", w])
+        check(r.returncode == 0, f"{tag}: second half exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+        check(os.path.exists(w) and filecmp.cmp(full, w, shallow=False),
+              f"{tag}: final weights byte-equal to the uninterrupted run")
+        check(os.listdir(e.odir) == [], f"{tag}: nothing left in --offload-dir")
+
+
+def reports(e: Env) -> None:
+    s, t = os.path.join(e.wd, "shards.summary.json"), os.path.join(e.wd, "shards.trace.json")
+    r = e.run(["--nproc", 2] + Z3 + off(e, KINDS[2]) + ["--summary", s, "--trace", t, "--memory-limit", "4G"])
+    check(r.returncode == 0, f"summary run exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode != 0:
+        return
+    j = json.load(open(s))
+    for rank in j["ranks"]:
+        p, g = rank.get("params_offloaded_bytes", 0), rank.get("grads_offloaded_bytes", 0)
+        o = rank.get("optimizer_offloaded_bytes", 0)
+        # AdamW's state is 2 floats per element of the shard; the shards one float each.
+        check(p > 0 and p == g and 2 * p <= o, f"rank {rank['rank']}: params {p} = grads {g} offloaded, state {o}")
+        check(rank["param_bytes"] == 0 and rank["grad_bytes"] == 0,
+              f"rank {rank['rank']}: no resident float32 shard (params {rank['param_bytes']}, grads {rank['grad_bytes']})")
+        check(rank["offload_read_bytes_per_step"] >= o + p + g and rank["offload_written_bytes_per_step"] >= o + p + g,
+              f"rank {rank['rank']}: read {rank['offload_read_bytes_per_step']} and written "
+              f"{rank['offload_written_bytes_per_step']} per step >= {o + p + g}")
+    kinds = {x["kind"] for x in j["offload"]["shards"]}
+    check(kinds == {"parameters", "gradients"}, f"summary offload section lists the shard files {sorted(kinds)}")
+    ev = json.load(open(t))["traceEvents"]
+    io_tid = [x["tid"] for x in ev if x.get("ph") == "M" and x.get("args", {}).get("name") == "io"]
+    io = [x["name"] for x in ev if x.get("ph") == "X" and io_tid and x["tid"] == io_tid[0]]
+    for want in ("read parameters", "write parameters", "read gradients", "write gradients"):
+        check(any(n.startswith(want) for n in io), f"trace: '{want}' on the io track")
+    check(os.listdir(e.odir) == [], "summary run: nothing left in --offload-dir")
+
+
+def bad_input(e: Env) -> None:
+    def refused(extra, want, what):
+        r = e.run(extra, 2, expect_ok=False)
+        ok = r.returncode != 0 and all(w in r.stderr for w in want)
+        check(ok, f"{what}: refused naming {want} (exit {r.returncode}: {r.stderr.strip()[-300:]})")
+
+    refused(["--zero", 2, "--offload", "optimizer,params", "--offload-dir", e.odir],
+            ["--offload params with --zero 2"], "params under ZeRO 2")
+    refused(["--zero", 3, "--offload", "grads", "--offload-dir", e.odir],
+            ["--offload grads without --offload optimizer"], "grads without optimizer")
+    refused(["--zero", 3, "--offload", "optimizer,params", "--offload-dir", e.odir, "--delayed-update"],
+            ["--offload params with --delayed-update"], "params with --delayed-update")
+    refused(["--offload", "disk", "--offload-dir", e.odir], ["--offload", "'disk'"], "an unknown kind")
+    mnt = os.path.join(e.wd, "mnt_shards_full")
+    os.makedirs(mnt, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64K", "tmpfs", mnt], capture_output=True, text=True)
+    check(m.returncode == 0, f"mount a 64 KiB tmpfs ({m.stderr.strip()})")
+    if m.returncode == 0:
+        try:
+            refused(["--zero", 3, "--n-embd", 128, "--offload", "optimizer,params,grads", "--offload-dir", mnt],
+                    [mnt, "no room", "parameters"], "full tmpfs")
+            check(os.listdir(mnt) == [], "full tmpfs: nothing left")
+        finally:
+            subprocess.run(["umount", mnt])
+    check(os.listdir(e.odir) == [], "bad input: nothing left in --offload-dir")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meshtrain", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--quick", action="store_true", help="optimizer,params,grads alone in the equality part")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    e = Env(a.meshtrain, a.workdir)
+    equality(e, a.quick)
+    resume(e)
+    reports(e)
+    bad_input(e)
+    print(f"{len(FAILS)} failed")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
