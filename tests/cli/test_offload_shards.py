@@ -10,7 +10,12 @@ ZeRO 3 with small buckets, so a rank's shards are several buckets and the update
      resident float32 parameter or gradient shard, and bytes read and written per step at least the shards'
      size; --trace has parameter and gradient reads and writes on the io track; nothing is left in
      --offload-dir.
-  4. Refused with a message naming both flags: params below ZeRO 3, params without optimizer, params with
+  4. The budget: a GPT of 22.2M parameters (28 layers of width 256; 16 bytes per parameter of float32 weights,
+     gradients and AdamW state = 338 MiB) trains 3 steps with optimizer,params,grads offloaded (--recompute,
+     256 KiB tiles) under --memory-limit 80M, at least 4x below its training state: measured peak RSS under the
+     limit (--summary within_memory_limit); the same run in memory, or with the optimizer state alone
+     offloaded, is refused at start by the limit's plan.
+  5. Refused with a message naming both flags: params below ZeRO 3, params without optimizer, params with
      --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty.
 """
 from __future__ import annotations
@@ -106,6 +111,29 @@ def reports(e: Env) -> None:
     check(os.listdir(e.odir) == [], "summary run: nothing left in --offload-dir")
 
 
+def memory_4x(e: Env) -> None:
+    big = ["--n-layer", 28, "--n-head", 4, "--n-embd", 256, "--seq-len", 32, "--batch-size", 2, "--zero", 3,
+           "--recompute", "--memory-limit", "80M"]
+    s = os.path.join(e.wd, "memory_4x.json")
+    r = e.run(big + ["--offload", "optimizer,params,grads", "--offload-dir", e.odir, "--offload-tile", "256K",
+                     "--summary", s], steps=3)
+    check(r.returncode == 0, f"4x: offloaded run exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    check(os.listdir(e.odir) == [], "4x: nothing left in --offload-dir")
+    if r.returncode == 0:
+        j = json.load(open(s))
+        rank, limit = j["ranks"][0], j["memory_limit"]
+        state = 16 * j["params"]
+        check(state >= 4 * limit, f"4x: training state {state / 2**20:.1f} MiB >= 4 x limit {limit / 2**20:.0f} MiB")
+        check(rank["peak_rss_bytes"] < limit and rank.get("within_memory_limit") is True,
+              f"4x: measured peak RSS {rank['peak_rss_bytes'] / 2**20:.1f} MiB under the limit")
+        check(rank["params_offloaded_bytes"] == 4 * j["params"] and rank["grads_offloaded_bytes"] == 4 * j["params"],
+              "4x: every parameter and gradient element offloaded (one rank)")
+    for what, extra in (("in memory", []), ("optimizer alone offloaded", ["--offload", "optimizer", "--offload-dir", e.odir])):
+        r = e.run(big + extra, steps=3, expect_ok=False)
+        check(r.returncode != 0 and "--memory-limit" in r.stderr and "too small" in r.stderr,
+              f"4x: {what} refused at start by the plan ({r.stderr.strip()[-160:]})")
+
+
 def bad_input(e: Env) -> None:
     def refused(extra, want, what):
         r = e.run(extra, 2, expect_ok=False)
@@ -144,6 +172,7 @@ def main() -> int:
     equality(e, a.quick)
     resume(e)
     reports(e)
+    memory_4x(e)
     bad_input(e)
     print(f"{len(FAILS)} failed")
     return 1 if FAILS else 0
