@@ -15,7 +15,6 @@
 namespace mt::offload {
 
 ShardFile::ShardFile(const Options& o) : o_(o), n_(o.n) {
-  MT_ASSERT(n_ > 0, "an offloaded ", o.kind, " shard of no elements");
   bool direct = false;
   fd_ = open_unnamed(o.dir, direct);
   if (direct) {  // ranges here are not block-aligned: through the page cache
@@ -27,7 +26,7 @@ ShardFile::ShardFile(const Options& o) : o_(o), n_(o.n) {
     }
   }
   const off_t size = (off_t)file_bytes();
-  int rc = ::posix_fallocate(fd_, 0, size);
+  int rc = size == 0 ? 0 : ::posix_fallocate(fd_, 0, size);
   if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, size) == 0 ? 0 : errno;
   if (rc != 0) {
     ::close(fd_);
@@ -99,8 +98,8 @@ void ShardFile::io_loop() {
 }
 
 ShardFile::Ticket ShardFile::queue(Job j) {
-  MT_ASSERT(j.off + j.count <= n_, o_.kind, " file I/O of [", j.off, ", ", j.off + j.count, ") of ", n_);
   std::lock_guard<std::mutex> lk(mu_);
+  MT_ASSERT(j.off + j.count <= n_, o_.kind, " file I/O of [", j.off, ", ", j.off + j.count, ") of ", n_);
   if (!error_.empty()) throw OffloadError(error_);
   j.ticket = ++issued_;
   const Ticket t = j.ticket;
@@ -142,6 +141,23 @@ void ShardFile::wait_locked(std::unique_lock<std::mutex>& lk, const char* what, 
 void ShardFile::wait(Ticket t) {
   std::unique_lock<std::mutex> lk(mu_);
   wait_locked(lk, "reading or writing", [&] { return done_ >= t; });
+}
+
+bool ShardFile::done(Ticket t) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!error_.empty()) throw OffloadError(error_);
+  return done_ >= t;
+}
+
+void ShardFile::reserve(size_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (n <= n_) return;
+  int rc = ::posix_fallocate(fd_, (off_t)(n_ * sizeof(float)), (off_t)((n - n_) * sizeof(float)));
+  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, (off_t)(n * sizeof(float))) == 0 ? 0 : errno;
+  if (rc != 0)
+    throw OffloadError(str("offload: no room in --offload-dir ", o_.dir, " for this rank's ", o_.kind, " (", n * sizeof(float),
+                           " bytes): ", std::strerror(rc), "; free space there or choose another --offload-dir"));
+  n_ = n;
 }
 
 void ShardFile::drain() {

@@ -37,7 +37,7 @@ class ShardFile {
   struct Options {
     std::string dir;            // --offload-dir
     std::string kind;           // "parameters" or "gradients", for messages and the trace
-    size_t n = 0;               // floats
+    size_t n = 0;               // floats (0: grown by reserve())
     double timeout_s = 600;     // deadline of every wait
     bool record_events = false; // keep IoEvents for the trace
   };
@@ -59,6 +59,10 @@ class ShardFile {
   void read(size_t off, size_t count, float* out) { wait(read_async(off, count, out)); }
   void write(size_t off, size_t count, const float* in) { wait(write_async(off, count, in)); }
   void drain();  // every queued job done
+  bool done(Ticket t) const;  // without waiting; throws the I/O error if one happened
+  // Grows the file to at least n floats, reserving the space now (posix_fallocate): a full disk is an
+  // OffloadError naming DIR here, on the caller's side.
+  void reserve(size_t n);
 
   size_t size() const { return n_; }
   size_t file_bytes() const { return n_ * sizeof(float); }

@@ -311,6 +311,7 @@ class GptTask : public TrainTask {
   size_t activation_bytes() const override { return model_->activation_bytes(layout_.micro_size(), T_); }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
+  nn::ActivationStore* activation_store() override { return &store_; }
   std::vector<int> stage_layers() const override { return split_; }
   void set_trace(trace::ChromeTrace* t) override {
     for (auto& c : chunks_)

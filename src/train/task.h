@@ -81,6 +81,8 @@ class TrainTask {
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }
+  // The store a model keeps its activations in (--offload-activations gives it a tier); null: none to offload.
+  virtual nn::ActivationStore* activation_store() { return nullptr; }
   // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
   // The task's own events (MoE dispatch and combine) go here; the pipeline's go to the step executor.
