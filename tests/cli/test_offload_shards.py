@@ -20,7 +20,9 @@ ZeRO 3 with small buckets, so a rank's shards are several buckets and the update
      and --save bytes as in memory; on a 6-layer model the measured activation peak (--summary
      activation_peak_bytes) falls, activations are read and written on the io track, nothing is left in DIR.
   6. Refused with a message naming both flags: params below ZeRO 3, params without optimizer, params with
-     --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty.
+     --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty; an
+     activation file that fills its directory (a 16 KiB tmpfs) during the run stops it with an error naming the
+     directory, leaving it empty.
 """
 from __future__ import annotations
 
@@ -209,6 +211,20 @@ def bad_input(e: Env) -> None:
             refused(["--zero", 3, "--n-embd", 128, "--offload", "optimizer,params,grads", "--offload-dir", mnt],
                     [mnt, "no room", "parameters"], "full tmpfs")
             check(os.listdir(mnt) == [], "full tmpfs: nothing left")
+        finally:
+            subprocess.run(["umount", mnt])
+    # The activation file grows during the run: a disk that fills then is an error naming the directory at the
+    # spill that needed the room (here the first: 16 KiB hold less than one block), and nothing is left.
+    mnt = os.path.join(e.wd, "mnt_acts_full")
+    os.makedirs(mnt, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16K", "tmpfs", mnt], capture_output=True, text=True)
+    check(m.returncode == 0, f"mount a 16 KiB tmpfs ({m.stderr.strip()})")
+    if m.returncode == 0:
+        try:
+            for nproc in (1, 2):
+                refused(["--nproc", nproc, "--n-layer", 3, "--offload-activations", "--offload-dir", mnt],
+                        [mnt, "no room", "activations", "No space left"], f"activations filling a tmpfs, nproc {nproc}")
+                check(os.listdir(mnt) == [], f"activations filling a tmpfs, nproc {nproc}: nothing left")
         finally:
             subprocess.run(["umount", mnt])
     check(os.listdir(e.odir) == [], "bad input: nothing left in --offload-dir")
