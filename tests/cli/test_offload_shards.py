@@ -30,6 +30,7 @@ import argparse
 import filecmp
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -80,6 +81,7 @@ def resume(e: Env) -> None:
     o = off(e, KINDS[2])
     for first, second, tag in ((o, [], "offloaded -> in memory"), ([], o, "in memory -> offloaded")):
         ck = os.path.join(e.wd, "ck_shards_" + ("a" if first else "b"))
+        shutil.rmtree(ck, ignore_errors=True)
         r = e.run(flags + first + ["--checkpoint-dir", ck, "--save-every", 3, "--stop-at-step", 3])
         check(r.returncode == 0, f"{tag}: first half exit 0")
         w = os.path.join(e.wd, f"shards.resume.{'a' if first else 'b'}.safetensors")

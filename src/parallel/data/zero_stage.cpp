@@ -380,7 +380,7 @@ class Stage3 : public Stage2 {
     std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
     if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
     for (size_t i = 0; i < n; i++) acc[i] += g[i];
-    gf_->write_owned(b.pos, std::move(acc));
+    write_grad(b.pos, std::move(acc));
     touched_[b.index] = 1;
   }
 
@@ -468,12 +468,19 @@ class Stage3 : public Stage2 {
     pf_->wait(reads_[b.index].ticket);
     return reads_[b.index].buf.data();
   }
+  // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
+  // far the disk lags.
+  void write_grad(size_t pos, std::vector<float> v) {
+    if (last_grad_write_) gf_->wait(last_grad_write_);
+    last_grad_write_ = gf_->write_owned(pos, std::move(v));
+  }
+  offload::ShardFile::Ticket last_grad_write_ = 0;
   // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
   void settle_grads() {
     if (!gf_) return;
     for (Bucket* b : b_.buckets) {
       if (touched_[b->index]) continue;
-      gf_->write_owned(b->pos, std::vector<float>(held(*b), 0.0f));
+      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
       touched_[b->index] = 1;
     }
   }
