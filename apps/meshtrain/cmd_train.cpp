@@ -268,7 +268,13 @@ void add_offload_flags(CLI::App* s, train::TrainConfig& c) {
       "--offload", [&c](const std::string& v) { c.offload.parse_kinds(v); },
       "optimizer: each rank's optimizer state (its ZeRO shard) lives in a file under --offload-dir and streams "
       "through a few tile buffers, read ahead of the update and written behind it on an I/O thread; the math is "
-      "unchanged (same bits as in memory). params and grads are not built yet");
+      "unchanged (same bits as in memory). params, grads (with optimizer, under --zero 3): the float32 parameter and "
+      "gradient shards live there too, each bucket's shard read ahead of its gather and the update streaming "
+      "them tile by tile; comma-separated, e.g. optimizer,params,grads");
+  s->add_flag("--offload-activations", c.offload.activations,
+              "each transformer block's saved activations (with --recompute, its input) are written to a file "
+              "under --offload-dir after the next block's forward and read back ahead of the block's backward; "
+              "same bits as in memory (gpt)");
   s->add_option("--offload-dir", c.offload.dir,
                 "directory for --offload's files (created unnamed: nothing is left there when the run ends, fails "
                 "or is killed); must exist and be writable, with room for the state (checked at start)");

@@ -300,6 +300,9 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
     block_forward(store, recompute_ ? kScratchMb : mb, recompute_ ? -1 : l, l, x, res3, B, T, mb);
     hk.after_forward(1 + l);
     x = res3;
+    // The block before this one is complete (this one has read its output): the store may spill it
+    // (--offload-activations; a no-op otherwise).
+    if (l > begin_) store.spill(mb, key(l - 1, ""));
   }
   double loss = 0.0;
   if (last_stage()) {
@@ -415,6 +418,8 @@ void Gpt::backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::Pa
 
   for (int l = end_ - 1; l >= begin_; l--) {
     const LayerParams& p = layers_[l];
+    // A spilled block comes back ahead of its backward: the one this block reads the input of, and the next.
+    for (int k = l - 1; k >= std::max(begin_, l - 2); k--) store.fetch(mb, key(k, ""));
     open(1 + l);  // ZeRO-3 gathers the block's parameters: recomputation needs them too
     const float* x = store.get(mb, l > begin_ ? key(l - 1, "res3") : std::string("x0"), (size_t)Nr * C);
     // The input half keeps recomputed intermediates under the micro-batch: the weight half reads them.
@@ -498,6 +503,7 @@ void Gpt::backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::Pa
     if (sp_ && !input_only)
       rows_.sum_replicated({{p.ln2_w, dlnp}, {p.ln2_b, dlnp + C}, {p.ln1_w, dlnp + 2 * C}, {p.ln1_b, dlnp + 3 * C}});
     close(1 + l);
+    if (!input_only) store.drop(mb, key(l, ""));  // read by no later step of this backward
   }
   if (!first_stage()) return;  // dres is the gradient of this stage's input (stage_input_grad)
   if (input_only) {  // the embeddings' gradients are the weight half's

@@ -13,6 +13,10 @@
 
 #include "tensor/buffer.h"
 
+namespace mt::offload {
+class ShardFile;
+}
+
 namespace mt::nn {
 
 class ActivationStore {
@@ -48,7 +52,35 @@ class ActivationStore {
   int peak_live_keys() const { return peak_keys_; }
   size_t peak_key_bytes() const { return peak_key_bytes_; }
 
+  // ---- --offload-activations: a block's buffers spilled to a file between its forward and its backward. ----
+  // The model marks where blocks end; without a tier these are no-ops. A block is every buffer of micro-batch
+  // mb whose name starts with `prefix` (GPT: "h3.").
+  // The store owns the tier (offload/shard_file.h, grown as buffers are first spilled; each (mb, name) keeps its
+  // place in the file).
+  void set_tier(std::unique_ptr<offload::ShardFile> tier);
+  offload::ShardFile* tier() const { return tier_.get(); }
+  // After the block's forward (and after the next block's, which reads its output): queue a write of each of
+  // its buffers; a buffer returns to the free list once written.
+  void spill(int mb, const std::string& prefix);
+  // Ahead of the block's backward: queue reads of its spilled buffers; get() of one waits for its read.
+  void fetch(int mb, const std::string& prefix);
+  // After the block's whole backward: its buffers return to the free list (the next forward rewrites them).
+  void drop(int mb, const std::string& prefix);
+  ActivationStore();
+  ~ActivationStore();
+
  private:
+  struct Spilled {
+    AlignedBuffer buf;  // while writing (the data being written) or reading (its destination)
+    size_t off = 0;
+    uint64_t ticket = 0;
+    bool reading = false;
+  };
+  void reclaim();  // buffers whose write finished go to the free list
+  AlignedBuffer take_free(size_t count);
+  std::map<std::pair<int, std::string>, Spilled> spilled_;
+  std::map<std::pair<int, std::string>, std::pair<size_t, size_t>> places_;  // (offset, count) in the file
+  size_t file_end_ = 0;
   std::map<std::pair<int, std::string>, AlignedBuffer> live_;
   std::multimap<size_t, AlignedBuffer> free_;
   std::map<std::pair<int, std::string>, std::shared_ptr<void>> objects_;
@@ -56,6 +88,7 @@ class ActivationStore {
   std::map<int, size_t> key_bytes_;    // live bytes per micro-batch key >= 0
   int peak_keys_ = 0;
   size_t peak_key_bytes_ = 0;
+  std::unique_ptr<offload::ShardFile> tier_;  // last: its I/O thread stops before the buffers go
 };
 
 }  // namespace mt::nn

@@ -12,16 +12,16 @@
 #include <cstring>
 #include <utility>
 
+#include "offload/shard_file.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::offload {
 
 namespace {
-
 constexpr size_t kAlign = 4096;
+}  // namespace
 
-// Opens an unnamed file in dir: O_TMPFILE (with O_DIRECT where the filesystem takes it), else a named file
-// removed at once. Throws InputError naming dir when dir is missing, not a directory or not writable.
+// O_TMPFILE (with O_DIRECT where the filesystem takes it), else a named file removed at once.
 int open_unnamed(const std::string& dir, bool& direct) {
   struct stat st {};
   MT_CHECK_INPUT(::stat(dir.c_str(), &st) == 0, "--offload-dir ", dir, ": ", std::strerror(errno),
@@ -46,8 +46,6 @@ int open_unnamed(const std::string& dir, bool& direct) {
   direct = false;
   return fd;
 }
-
-}  // namespace
 
 StateSwapper::StateSwapper(const Options& o) : o_(o), B_(o.buffers), n_(o.n) {
   MT_ASSERT(B_ > 0 && n_ > 0, "an offloaded state of ", B_, " buffers of ", n_, " elements");

@@ -29,6 +29,22 @@ void TiledOptimizer::cut(const std::vector<Segment>& segments, size_t lo, size_t
 
 void TiledOptimizer::step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
                           int64_t step) {
+  run(segments, nullptr, [&](size_t, size_t, size_t) { inner_->step(params, grads, tile_, lr, step); });
+}
+
+void TiledOptimizer::step_from(TileSource& src, const std::vector<Segment>& segments, float lr, int64_t step) {
+  for (const Segment& s : segments)
+    MT_ASSERT(s.param == s.state && s.grad == s.state, "a tile source needs segments laid out as the state");
+  run(segments, &src, [&](size_t t, size_t lo, size_t hi) {
+    const auto [p, g] = src.open(t, lo, hi);
+    for (Segment& s : tile_) s.param = s.grad = s.state;  // cut made the state offsets relative to lo
+    inner_->step(p, g, tile_, lr, step);
+    src.close(t, lo, hi);
+  });
+}
+
+void TiledOptimizer::run(const std::vector<Segment>& segments, TileSource* src,
+                         const std::function<void(size_t, size_t, size_t)>& tile_step) {
   StateStore& st = inner_->state();
   StateTier& tier = *st.tier();
   const std::vector<size_t> flat = st.flat();
@@ -39,6 +55,7 @@ void TiledOptimizer::step(float* params, const float* grads, const std::vector<S
     for (size_t k : flat) st.set_window(k, nullptr);
   };
   tier.begin_update();
+  if (src) src->begin(T, n);
   try {
     for (size_t t = 0; t < tier.tiles(); t++) {
       const size_t lo = t * T, hi = std::min(n, lo + T);
@@ -46,10 +63,11 @@ void TiledOptimizer::step(float* params, const float* grads, const std::vector<S
       const std::vector<float*> w = tier.acquire(t);
       for (size_t j = 0; j < flat.size(); j++) st.set_window(flat[j], w[j]);
       inner_->scale_next_grads(gs);
-      inner_->step(params, grads, tile_, lr, step);
+      tile_step(t, lo, hi);
       close();
       tier.release(t);
     }
+    if (src) src->end();
     tier.end_update();
   } catch (...) {
     close();

@@ -9,11 +9,26 @@
 // the statistics phase's sums are handed to every tile's call.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "optim/optimizer.h"
 
 namespace mt::optim {
+
+// Where a tile's parameters and gradients come from when the store keeps them outside memory too (--offload
+// params, --offload grads: parallel/data/zero_stage.cpp's stage 3). They are laid out as the state (a segment's
+// param and grad offsets equal its state offset); open(t, lo, hi) returns elements [lo, hi) of each, valid
+// until close(t, lo, hi), which writes the updated parameters back. Tiles are opened in order 0, 1, ...
+class TileSource {
+ public:
+  virtual ~TileSource() = default;
+  virtual void begin(size_t tile_elems, size_t n) = 0;
+  virtual std::pair<float*, const float*> open(size_t t, size_t lo, size_t hi) = 0;
+  virtual void close(size_t t, size_t lo, size_t hi) = 0;
+  virtual void end() = 0;
+};
 
 class TiledOptimizer final : public Optimizer {
  public:
@@ -21,6 +36,8 @@ class TiledOptimizer final : public Optimizer {
   explicit TiledOptimizer(std::unique_ptr<Optimizer> inner);
   void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
             int64_t step) override;
+  // The same update with each tile's parameters and gradients from src (segments laid out as the state).
+  void step_from(TileSource& src, const std::vector<Segment>& segments, float lr, int64_t step);
   StateStore& state() override { return inner_->state(); }
   const StateStore& state() const override { return inner_->state(); }
   int stat_rounds() const override { return inner_->stat_rounds(); }
@@ -32,6 +49,9 @@ class TiledOptimizer final : public Optimizer {
   static void cut(const std::vector<Segment>& segments, size_t lo, size_t hi, std::vector<Segment>& out);
 
  private:
+  // Every tile in order: acquire its state, tile_step(t, lo, hi) on tile_ (the cut segments), release it.
+  void run(const std::vector<Segment>& segments, TileSource* src,
+           const std::function<void(size_t, size_t, size_t)>& tile_step);
   std::unique_ptr<Optimizer> inner_;
   std::vector<Segment> tile_;
 };

@@ -337,6 +337,7 @@ class GptTask : public TrainTask {
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
   int activation_peak_micro_batches() const override { return store_.peak_live_keys(); }
   size_t activation_peak_micro_batch_bytes() const override { return store_.peak_key_bytes(); }
+  nn::ActivationStore* activation_store() override { return &store_; }
   std::vector<int> stage_layers() const override { return split_; }
   void set_trace(trace::ChromeTrace* t) override {
     for (auto& c : chunks_)

@@ -30,6 +30,11 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.engine.bucket_mb = cfg.bucket_mb;
   o.engine.grad_dtype = cfg.grad_comm_dtype == GradCommDtype::bf16 ? comm::DType::bf16 : comm::DType::f32;
   o.engine.bf16_mirror = cfg.precision == Precision::bf16;
+  o.engine.offload_params = cfg.offload.params;
+  o.engine.offload_grads = cfg.offload.grads;
+  o.engine.offload_dir = cfg.offload.dir;
+  o.engine.offload_timeout_s = cfg.comm_timeout;
+  o.engine.offload_events = !cfg.trace.empty();
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
   // DGC: the momentum moves into the exchange with SGD (the optimizer then runs without it: make_optimizer);
   // with AdamW it stays in Adam's moments (m = 0 here). The clip threshold moves into the exchange too.

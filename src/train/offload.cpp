@@ -35,16 +35,46 @@ std::unique_ptr<optim::Optimizer> OffloadTiers::wrap(const TrainConfig& cfg, int
 }
 
 void OffloadTiers::trace_into(trace::ChromeTrace& t) {
-  if (!state_ || !t.enabled()) return;
-  for (const offload::IoEvent& e : state_->take_events())
-    t.add(trace::Track::io, str(e.write ? "write" : "read", " optimizer tile ", e.tile), "offload", e.t0_us, e.t1_us);
+  if (!t.enabled()) return;
+  if (state_)
+    for (const offload::IoEvent& e : state_->take_events())
+      t.add(trace::Track::io, str(e.write ? "write" : "read", " optimizer tile ", e.tile), "offload", e.t0_us, e.t1_us);
+  for (offload::ShardFile* f : shards_)
+    for (const offload::IoEvent& e : f->take_events())
+      t.add(trace::Track::io, str(e.write ? "write " : "read ", f->kind(), " at ", e.tile), "offload", e.t0_us, e.t1_us);
+}
+
+offload::IoCounters OffloadTiers::counters() const {
+  offload::IoCounters c = state_ ? state_->counters() : offload::IoCounters{};
+  for (const offload::ShardFile* f : shards_) {
+    const offload::IoCounters s = f->counters();
+    c.bytes_read += s.bytes_read;
+    c.bytes_written += s.bytes_written;
+    c.read_s += s.read_s;
+    c.write_s += s.write_s;
+    c.busy_s += s.busy_s;
+  }
+  return c;
 }
 
 nlohmann::json OffloadTiers::report() const {
   if (!state_) return nullptr;
   const offload::IoCounters c = state_->counters();
   auto rate = [](double bytes, double s) { return s > 0 ? bytes / s : 0.0; };
+  nlohmann::json shards = nlohmann::json::array();
+  for (const offload::ShardFile* f : shards_) {
+    const offload::IoCounters s = f->counters();
+    shards.push_back({{"kind", f->kind()},
+                      {"file_bytes", f->file_bytes()},
+                      {"read_bytes", s.bytes_read},
+                      {"written_bytes", s.bytes_written},
+                      {"read_s", s.read_s},
+                      {"write_s", s.write_s},
+                      {"read_bytes_per_s", rate((double)s.bytes_read, s.read_s)},
+                      {"write_bytes_per_s", rate((double)s.bytes_written, s.write_s)}});
+  }
   return {{"kind", "optimizer"},
+          {"shards", shards},
           {"file_bytes", state_->file_bytes()},
           {"tiles", state_->tiles()},
           {"tile_bytes_per_buffer", state_->tile_elems() * sizeof(float)},

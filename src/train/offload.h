@@ -8,7 +8,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "offload/shard_file.h"
 #include "offload/state_swapper.h"
 #include "optim/optimizer.h"
 #include "trace/chrome_trace.h"
@@ -24,13 +26,18 @@ class OffloadTiers {
                                          bool trace);
   // The I/O thread's reads and writes so far, as events on the trace's io track.
   void trace_into(trace::ChromeTrace& t);
-  offload::IoCounters counters() const { return state_ ? state_->counters() : offload::IoCounters{}; }
+  // --offload params / grads: the store's shard files (parallel::DataParallel::shard_files), reported and traced
+  // beside the optimizer's tier.
+  void add_shards(std::vector<offload::ShardFile*> files) { shards_ = std::move(files); }
+  // Every tier's reads and writes summed (optimizer state, parameters, gradients).
+  offload::IoCounters counters() const;
   // This rank's tier for --summary's "offload" section (null without one): tiles, bytes and seconds of the
   // I/O thread's reads and writes, the bandwidth they reached, direct I/O or not.
   nlohmann::json report() const;
 
  private:
   offload::StateSwapper* state_ = nullptr;  // owned by the optimizer's store
+  std::vector<offload::ShardFile*> shards_;  // owned by the parameter store
 };
 
 // What a rank keeps in memory, planned once its parts are built and before the optimizer state, the activations

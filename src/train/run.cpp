@@ -15,6 +15,7 @@
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule_generator.h"
 #include "tensor/blas.h"
+#include "offload/shard_file.h"
 #include "train/model_registry.h"
 #include "train/pipemare.h"
 #include "train/ps_sync.h"
@@ -112,8 +113,29 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
-  store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  try {  // --offload params / grads create their files here
+    store = std::make_unique<parallel::DataParallel>(params, store_on.group, sync_options.engine, store_on.experts);
+  } catch (const InputError& e) {
+    throw InputError(str("rank ", mesh.world_rank(), ": ", e.what()));
+  }
   if (tracer.enabled()) store->set_trace(&tracer);
+  std::vector<offload::ShardFile*> files = store->shard_files();
+  if (cfg.offload.activations) {  // --offload-activations: the task's activation store spills to a file
+    nn::ActivationStore* acts = task->activation_store();
+    MT_CHECK_INPUT(acts, "--offload-activations needs a model that keeps per-block activations (--model gpt)");
+    offload::ShardFile::Options fo;
+    fo.dir = cfg.offload.dir;
+    fo.kind = "activations";
+    fo.timeout_s = cfg.comm_timeout;
+    fo.record_events = tracer.enabled();
+    try {
+      acts->set_tier(std::make_unique<offload::ShardFile>(fo));
+      files.push_back(acts->tier());
+    } catch (const InputError& e) {
+      throw InputError(str("rank ", mesh.world_rank(), ": ", e.what()));
+    }
+  }
+  offload.add_shards(files);
   store->set_tensor_group(mesh.tp());  // tensors split over tp: whole-tensor statistics sum there
   const bool ps = cfg.async == AsyncMode::ps;
   if (!ps) sync = make_grad_sync(sync_options, mesh, *store, params, &tracer);

@@ -9,12 +9,13 @@ namespace mt::train {
 
 void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
                    TrainTask& task, const offload::IoCounters& io, TrainSummary& sum) {
-  constexpr int kF = 10;
+  constexpr int kF = 12;
   const int W = mesh.grid().world();
   double mine[kF] = {(double)engine.param_bytes(),      (double)engine.grad_bytes(),        0.0,
                      (double)task.activation_bytes(),   (double)peak_rss_bytes(),
                      (double)engine.transient_bytes(),  (double)task.activation_peak_bytes(),
-                     (double)opt.state().offloaded_bytes(), (double)io.bytes_read, (double)io.bytes_written};
+                     (double)opt.state().offloaded_bytes(), (double)io.bytes_read, (double)io.bytes_written,
+                     (double)engine.offloaded_param_bytes(), (double)engine.offloaded_grad_bytes()};
   mine[2] = (double)opt.state().bytes();
   std::vector<float> all(kF * W), in(kF);
   for (int i = 0; i < kF; i++) in[i] = (float)(mine[i] / 1024.0);  // KiB: exact in float32 up to 16 GiB
@@ -25,7 +26,8 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
   for (int r = 0; r < W; r++) {
     const float* v = &all[kF * r];
     sum.ranks.push_back({v[0] * 1024.0, v[1] * 1024.0, v[2] * 1024.0, v[3] * 1024.0, v[4] * 1024.0, v[5] * 1024.0,
-                         v[6] * 1024.0, v[7] * 1024.0, v[8] * 1024.0, v[9] * 1024.0});
+                         v[6] * 1024.0, v[7] * 1024.0, v[8] * 1024.0, v[9] * 1024.0, v[10] * 1024.0,
+                         v[11] * 1024.0});
   }
 }
 
@@ -98,6 +100,8 @@ void write_summary(const std::string& path, const TrainSummary& sum, const paral
                           {"activation_peak_bytes", m.activation_peak_bytes},
                           {"peak_rss_bytes", m.peak_rss_bytes},
                           {"optimizer_offloaded_bytes", m.optimizer_offloaded_bytes},
+                          {"params_offloaded_bytes", m.param_offloaded_bytes},
+                          {"grads_offloaded_bytes", m.grad_offloaded_bytes},
                           {"offload_read_bytes_per_step", sum.steps_run ? m.io_read_bytes / (double)sum.steps_run : 0.0},
                           {"offload_written_bytes_per_step",
                            sum.steps_run ? m.io_written_bytes / (double)sum.steps_run : 0.0}});

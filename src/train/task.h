@@ -85,6 +85,8 @@ class TrainTask {
   // held (the activation store's live keys); -1 / 0 when the task does not count them.
   virtual int activation_peak_micro_batches() const { return -1; }
   virtual size_t activation_peak_micro_batch_bytes() const { return 0; }
+  // The store a model keeps its activations in (--offload-activations gives it a tier); null: none to offload.
+  virtual nn::ActivationStore* activation_store() { return nullptr; }
   // Pipeline runs: blocks per global stage.
   virtual std::vector<int> stage_layers() const { return {}; }
   // The task's own events (MoE dispatch and combine) go here; the pipeline's go to the step executor.

@@ -171,6 +171,12 @@ bool whole_tensor_optimizer(const TrainConfig& c) {
 std::string optimizer_flag(const TrainConfig& c) { return str("--optimizer ", flag_name(c.optimizer)); }
 bool decentralized(const TrainConfig& c) { return c.sync != SyncKind::exact; }
 std::string sync_flag(const TrainConfig& c) { return str("--sync ", flag_name(c.sync)); }
+// --offload params and/or grads: the ZeRO 3 shards in files (offload/shard_file.h).
+bool shards_offloaded(const TrainConfig& c) { return c.offload.params || c.offload.grads; }
+std::string shards_flag(const TrainConfig& c) {
+  return str("--offload ", c.offload.params ? "params" : "", c.offload.params && c.offload.grads ? "," : "",
+             c.offload.grads ? "grads" : "");
+}
 
 const RefusedCombination kRefused[] = {
     {[](const TrainConfig& c) { return compressing(c) && local_sgd(c); },
@@ -492,6 +498,27 @@ const RefusedCombination kRefused[] = {
      "--offload and --delayed-update are not built or checked with the neighbour exchange; a checkpoint holds one "
      "replica (the writing rank's) and not the neighbour copies of decentralized-lowprec, so --resume could "
      "not continue the run"},
+    {[](const TrainConfig& c) { return shards_offloaded(c) && c.zero != 3; },
+     [](const TrainConfig& c) { return shards_flag(c) + str(" with --zero ", c.zero); },
+     "the parameter and gradient shards that go to --offload-dir are ZeRO 3's (gathered bucket by bucket around "
+     "each use, reduce-scattered after it); below stage 3 every rank holds them whole in memory for the model; "
+     "use --zero 3"},
+    {[](const TrainConfig& c) { return shards_offloaded(c) && !c.offload.optimizer; },
+     [](const TrainConfig& c) { return shards_flag(c) + " without --offload optimizer"; },
+     "the offloaded shards are updated inside the tiled update that streams the optimizer state from "
+     "--offload-dir; a resident optimizer state has no such update: use --offload optimizer,params (and grads)"},
+    {[](const TrainConfig& c) { return shards_offloaded(c) && (c.delayed_update || async_schedule(c)); },
+     [](const TrainConfig& c) {
+       return shards_flag(c) + " with " + (c.delayed_update ? "--delayed-update" : "--schedule " + c.schedule);
+     },
+     "the delay-1 rule keeps a second version of the resident parameters and swaps the two in memory, which an "
+     "offloaded parameter shard does not have; offload the optimizer state alone"},
+    {[](const TrainConfig& c) { return shards_offloaded(c) && (compressing(c) || local_sgd(c) || asynchronous(c)); },
+     [](const TrainConfig& c) {
+       return shards_flag(c) + " with " + (compressing(c) ? compress_flag(c) : local_sgd(c) ? local_flag(c) : async_flag(c));
+     },
+     "these exchanges read and write the whole gradient or parameter shard in memory; only the exact exchange "
+     "streams them from --offload-dir"},
 };
 
 void check_refused(const TrainConfig& c) {
@@ -564,7 +591,7 @@ void check_decentralized(const TrainConfig& c, int d) {
 void check_offload(const TrainConfig& c) {
   const OffloadFlags& o = c.offload;
   MT_CHECK_INPUT(!o.any() || !o.dir.empty(), "--offload needs --offload-dir DIR (where each rank's files go)");
-  MT_CHECK_INPUT(o.any() || o.dir.empty(), "--offload-dir ", o.dir, " needs --offload optimizer");
+  MT_CHECK_INPUT(o.any() || o.dir.empty(), "--offload-dir ", o.dir, " needs --offload optimizer (with params and grads if wanted)");
   MT_CHECK_INPUT(o.tile_bytes >= 4096 && o.tile_bytes % 4096 == 0,
                  "--offload-tile must be a positive multiple of 4096 bytes, got ", o.tile_bytes);
 }
@@ -578,11 +605,12 @@ void OffloadFlags::parse_kinds(const std::string& v) {
     const std::string kind = v.substr(at, comma - at);
     if (kind == "optimizer")
       optimizer = true;
-    else if (kind == "params" || kind == "grads")
-      throw InputError(str("--offload ", kind, " is not built yet: only --offload optimizer streams its tensors "
-                           "from --offload-dir (docs/offload.md)"));
+    else if (kind == "params")
+      params = true;
+    else if (kind == "grads")
+      grads = true;
     else
-      throw InputError(str("--offload takes optimizer (params and grads are not built yet), got '", kind, "'"));
+      throw InputError(str("--offload takes optimizer, params or grads (comma-separated), got '", kind, "'"));
     at = comma + 1;
   } while (at <= v.size());
 }

@@ -100,11 +100,13 @@ struct MoeFlags {
 // Offload tiers and the memory budget (docs/offload.md; train/offload.h assembles them).
 struct OffloadFlags {
   bool optimizer = false;                // --offload optimizer: each rank's optimizer state in a file under dir
+  bool params = false, grads = false;    // --offload params / grads: the ZeRO 3 parameter / gradient shards too
+  bool activations = false;              // --offload-activations: each block's saved activations too
   std::string dir;                       // --offload-dir
   uint64_t tile_bytes = uint64_t(1) << 20;  // --offload-tile: bytes per state buffer per tile (multiple of 4096)
   uint64_t memory_limit = 0;             // --memory-limit: bytes per rank (0: none)
-  bool any() const { return optimizer; }
-  // "optimizer" (params and grads are named and refused: not built yet), comma-separated.
+  bool any() const { return optimizer || params || grads || activations; }
+  // "optimizer", "params", "grads", comma-separated.
   void parse_kinds(const std::string& v);
   // BYTES with an optional K, M or G suffix (powers of 1024); flag names the flag in errors.
   static uint64_t parse_bytes(const std::string& flag, const std::string& v);

@@ -118,9 +118,12 @@ void report(const TrainConfig& cfg, const TrainSummary& s) {
   }
   for (size_t r = 0; r < s.ranks.size(); r++) {
     const RankMemory& m = s.ranks[r];
-    if (m.optimizer_offloaded_bytes > 0)
-      std::fprintf(stderr, "offload: rank %zu optimizer state %.1f MiB on disk, %.1f MiB read and %.1f MiB written per step\n",
-                   r, m.optimizer_offloaded_bytes / 1048576.0, m.io_read_bytes / 1048576.0 / (double)s.steps_run,
+    if (m.optimizer_offloaded_bytes + m.param_offloaded_bytes + m.grad_offloaded_bytes > 0)
+      std::fprintf(stderr,
+                   "offload: rank %zu on disk: optimizer state %.1f MiB, parameters %.1f MiB, gradients %.1f MiB; "
+                   "%.1f MiB read and %.1f MiB written per step\n",
+                   r, m.optimizer_offloaded_bytes / 1048576.0, m.param_offloaded_bytes / 1048576.0,
+                   m.grad_offloaded_bytes / 1048576.0, m.io_read_bytes / 1048576.0 / (double)s.steps_run,
                    m.io_written_bytes / 1048576.0 / (double)s.steps_run);
   }
   if (s.bubble_simulated >= 0)

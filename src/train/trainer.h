@@ -19,6 +19,8 @@ struct RankMemory {
   double activation_peak_bytes = 0;  // measured: the most the activation store held at once
   // Offload (--offload): state bytes in files instead of memory, and the tier's reads and writes over the run.
   double optimizer_offloaded_bytes = 0, io_read_bytes = 0, io_written_bytes = 0;
+  // --offload params / grads: this rank's parameter and gradient shards in files instead of memory.
+  double param_offloaded_bytes = 0, grad_offloaded_bytes = 0;
 };
 
 struct TrainSummary {

@@ -36,6 +36,12 @@ struct DataParallelOptions {
   // --precision bf16: keep the bf16 mirror of the weights products read (nn::ParamRegistry::enable_mirror),
   // made after every change of the parameters; changes no value (the products round the same way).
   bool bf16_mirror = false;
+  // --offload params / grads (stage 3): this rank's parameter and gradient shards in files under offload_dir
+  // (offload/shard_file.h); every wait for their I/O has offload_timeout_s as its deadline.
+  bool offload_params = false, offload_grads = false;
+  std::string offload_dir;
+  double offload_timeout_s = 600;
+  bool offload_events = false;  // keep the files' I/O events for the trace
 };
 
 struct Bucket {

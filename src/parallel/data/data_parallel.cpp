@@ -67,16 +67,26 @@ void DataParallel::reduce_held() {
 void DataParallel::reduce_all() { stage_->reduce_all(); }
 
 std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged) {
-  const float* g = stage_->grad_base();
   double total = 0, part = 0;
   // Each element counted once over the dp group: a sharded stage's owned slices tile every tensor over its
   // bucket's group; replicated gradients with experts present count on rank 0 of their group (dp, or the
   // expert's replicas), so that the experts, which differ between places of an ep run, add up over dp.
   const bool sum_dp = !b_.alone() && (stage_->sharded() || b_.has_experts);
   const auto& all = b_.params.params();
-  for (const optim::Segment& sg : stage_->segments()) {
-    if (sum_dp && !stage_->sharded() && (all[sg.tensor].expert ? b_.er : b_.r) != 0) continue;
-    double n = optim::global_norm(g + sg.grad, sg.count);
+  const std::vector<optim::Segment>& segs = stage_->segments();
+  auto counted = [&](const optim::Segment& sg) {
+    return !(sum_dp && !stage_->sharded() && (all[sg.tensor].expert ? b_.er : b_.r) != 0);
+  };
+  // Each segment's norm (in the stage's order: an offloaded gradient comes in bucket by bucket), then added up
+  // in segment order.
+  std::vector<double> norms(segs.size(), 0.0);
+  stage_->visit_grad_segments([&](size_t i, const float* g) {
+    if (counted(segs[i])) norms[i] = optim::global_norm(g, segs[i].count);
+  });
+  for (size_t i = 0; i < segs.size(); i++) {
+    const optim::Segment& sg = segs[i];
+    if (!counted(sg)) continue;
+    double n = norms[i];
     total += n * n;
     if (!flagged.empty() && flagged[sg.tensor]) part += n * n;
   }

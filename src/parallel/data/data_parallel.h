@@ -122,6 +122,10 @@ class DataParallel : public nn::ParamHooks {
   // buffers excluded).
   size_t param_bytes() const { return stage_->param_bytes() + (versions_ ? versions_->bytes() : 0); }
   size_t grad_bytes() const { return stage_->grad_bytes(); }
+  // --offload params / grads (stage 3): bytes in files instead of memory, and the files themselves.
+  size_t offloaded_param_bytes() const { return stage_->offloaded_param_bytes(); }
+  size_t offloaded_grad_bytes() const { return stage_->offloaded_grad_bytes(); }
+  std::vector<offload::ShardFile*> shard_files() { return stage_->shard_files(); }
   // Bytes of the transient buffers (stages 2, 3: gradient buckets in flight, gathered parameters), which
   // are pooled: the most this rank ever held at once.
   size_t transient_bytes() const { return b_.pooled_bytes; }

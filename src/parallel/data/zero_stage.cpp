@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "offload/shard_file.h"
+#include "optim/tiled_optimizer.h"
 #include "tensor/bf16.h"
 
 namespace mt::parallel {
@@ -12,6 +14,11 @@ namespace mt::parallel {
 
 void ZeroStage::initialize(const std::function<void(nn::Param&)>& fill) {
   for (nn::Param& p : b_.params.params()) fill(p);
+}
+
+void ZeroStage::visit_grad_segments(const std::function<void(size_t, const float*)>& fn) {
+  const float* g = grad_base();
+  for (size_t i = 0; i < segments_.size(); i++) fn(i, g + segments_[i].grad);
 }
 
 void ZeroStage::reduce_all() { MT_ASSERT(false, "reduce_all is for ZeRO 0 and 1"); }
@@ -157,11 +164,10 @@ class Stage2 : public ZeroStage {
     }
   }
   void bucket_ready(Bucket& b) override {
-    float* acc = gshard_.data() + b.pos;
     Bucket* bp = &b;
     const size_t n = b.alone() ? b.count : b.sc;  // one rank: its shard is the whole bucket
-    auto accumulate = [this, bp, acc, n](const float* g) {
-      for (size_t i = 0; i < n; i++) acc[i] += g[i];
+    auto accumulate = [this, bp, n](const float* g) {
+      accumulate_shard(*bp, g, n);
       b_.bind_grad(*bp, nullptr);
       b_.give_back(bp->grad);
     };
@@ -185,6 +191,11 @@ class Stage2 : public ZeroStage {
   size_t grad_bytes() const override { return shard_total_ * sizeof(float); }
 
  protected:
+  // Adds bucket b's reduced shard g[0, n) to what this rank keeps of it.
+  virtual void accumulate_shard(Bucket& b, const float* g, size_t n) {
+    float* acc = gshard_.data() + b.pos;
+    for (size_t i = 0; i < n; i++) acc[i] += g[i];
+  }
   AlignedBuffer gshard_;  // this rank's reduced gradient shard
 };
 
@@ -203,9 +214,32 @@ class Stage3 : public Stage2 {
   void allocate() override {
     b_.params.finalize(false, false);
     shard_total_ = b_.build(true);
-    gshard_.resize(shard_total_);
-    pshard_.resize(shard_total_);
     segments_ = b_.shard_segments(true, true);
+    const DataParallelOptions& o = b_.opt;
+    if (!o.offload_grads || shard_total_ == 0) gshard_.resize(shard_total_);
+    if (!o.offload_params || shard_total_ == 0) pshard_.resize(shard_total_);
+    if (shard_total_ == 0 || !(o.offload_params || o.offload_grads)) return;
+    auto file = [&](const char* kind) {
+      offload::ShardFile::Options fo;
+      fo.dir = o.offload_dir;
+      fo.kind = kind;
+      fo.n = shard_total_;
+      fo.timeout_s = o.offload_timeout_s;
+      fo.record_events = o.offload_events;
+      return std::make_unique<offload::ShardFile>(fo);
+    };
+    if (o.offload_params) pf_ = file("parameters");
+    if (o.offload_grads) gf_ = file("gradients");
+    reads_.resize(b_.buckets.size());
+    touched_.assign(b_.buckets.size(), 0);
+    seg_of_bucket_.assign(b_.buckets.size(), {});
+    for (size_t i = 0; i < segments_.size(); i++) {
+      for (const Bucket* b : b_.buckets)
+        if (segments_[i].state >= b->pos && segments_[i].state < b->pos + held(*b)) {
+          seg_of_bucket_[b->index].push_back(i);
+          break;
+        }
+    }
   }
   void enable_mirror() override {
     pshard16_.assign(shard_total_, 0);
@@ -217,7 +251,19 @@ class Stage3 : public Stage2 {
   // Once per step after the update (and after initialization and loading): this rank's shard in bf16, what the
   // groups' bf16 all-gathers send.
   void refresh_mirror() override {
-    if (!pshard16_.empty()) to_bf16(pshard_.data(), pshard16_.data(), shard_total_);
+    if (pshard16_.empty()) return;
+    if (!pf_) return to_bf16(pshard_.data(), pshard16_.data(), shard_total_);
+    if (mirror_fresh_) {  // the update rounded each tile as it wrote it back
+      mirror_fresh_ = false;
+      return;
+    }
+    const size_t chunk = std::min<size_t>(shard_total_, size_t(1) << 18);
+    AlignedBuffer tmp(chunk);
+    for (size_t lo = 0; lo < shard_total_; lo += chunk) {
+      const size_t c = std::min(chunk, shard_total_ - lo);
+      pf_->read(lo, c, tmp.data());
+      to_bf16(tmp.data(), pshard16_.data() + lo, c);
+    }
   }
   void initialize(const std::function<void(nn::Param&)>& fill) override {
     // One bucket's full tensors at a time; keep this rank's slice.
@@ -226,15 +272,20 @@ class Stage3 : public Stage2 {
       b_.bind_data(*b, tmp.data());
       for (nn::Param& p : b_.params.params())
         if (p.offset >= b->begin && p.offset < b->begin + b->count) fill(p);
-      std::memcpy(pshard_.data() + b->pos, tmp.data() + b->so, sizeof(float) * b->sc);
+      if (pf_)
+        pf_->write(b->pos, b->sc, tmp.data() + b->so);
+      else
+        std::memcpy(pshard_.data() + b->pos, tmp.data() + b->so, sizeof(float) * b->sc);
       b_.bind_data(*b, nullptr);
     }
   }
   // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
     each(g, [&](Bucket& b) { ensure_gathered(b); });
-    // Prefetch the next group in forward order while this one computes.
+    // Prefetch the next group in forward order while this one computes (and, offloaded, read the shard of
+    // the one after it from the file).
     if (g + 1 < (int)b_.group_buckets.size()) each(g + 1, [&](Bucket& b) { start_gather(b); });
+    if (g + 2 < (int)b_.group_buckets.size()) each(g + 2, [&](Bucket& b) { start_read(b); });
   }
   void after_forward(int g) override {
     each(g, [&](Bucket& b) { release(b); });
@@ -244,6 +295,7 @@ class Stage3 : public Stage2 {
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
     // it is gathered by then and start_gather skips it).
     if (g >= 1) each(g - 1, [&](Bucket& b) { start_gather(b); });
+    if (g >= 2) each(g - 2, [&](Bucket& b) { start_read(b); });
     Stage2::before_backward(g);
   }
   void after_backward(int g) override {
@@ -253,21 +305,84 @@ class Stage3 : public Stage2 {
     for (Bucket* b : b_.buckets) {
       if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
+      drop_read(*b);
     }
   }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
     // A gathered copy or a prefetch in flight would hold the parameters from before this update.
     release_params();
-    opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
+    if (!pf_ && !gf_) return opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
+    settle_grads();
+    auto* tiled = dynamic_cast<optim::TiledOptimizer*>(&opt);
+    MT_CHECK_INPUT(tiled, "--offload params/grads streams the update tile by tile with the optimizer state, which "
+                          "needs an optimizer with state (adamw, or sgd with --momentum > 0) under --offload optimizer");
+    tiled->step_from(tiles_, segments_, lr, step);
+    mirror_fresh_ = pf_ && !pshard16_.empty();
   }
   void full_params_of(const float* resident, std::vector<float>& out) override {
     out.resize(b_.params.size());
-    gather_shards(resident, out.data());
+    if (resident || !pf_) return gather_shards(resident, out.data());
+    AlignedBuffer tmp(shard_total_);  // a checkpoint's moment: the shard whole, once
+    pf_->read(0, shard_total_, tmp.data());
+    gather_shards(tmp.data(), out.data());
   }
-  void load_full_params_into(const float* full, float* resident) override { take_bucket_shards(full, resident); }
+  void load_full_params_into(const float* full, float* resident) override {
+    if (resident || !pf_) return take_bucket_shards(full, resident);
+    release_params();  // no read of the old values in flight
+    AlignedBuffer tmp(shard_total_);
+    take_bucket_shards(full, tmp.data());
+    pf_->write(0, shard_total_, tmp.data());
+  }
   const float* param_base() override { return pshard_.data(); }
   size_t resident_count() const override { return shard_total_; }
-  size_t param_bytes() const override { return shard_total_ * (sizeof(float) + (pshard16_.empty() ? 0 : 2)); }
+  size_t param_bytes() const override {
+    return shard_total_ * ((pf_ ? 0 : sizeof(float)) + (pshard16_.empty() ? 0 : 2));
+  }
+  size_t grad_bytes() const override { return gf_ ? 0 : shard_total_ * sizeof(float); }
+  size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
+  size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
+  std::vector<offload::ShardFile*> shard_files() override {
+    std::vector<offload::ShardFile*> v;
+    if (pf_) v.push_back(pf_.get());
+    if (gf_) v.push_back(gf_.get());
+    return v;
+  }
+  void begin_step() override {
+    Stage2::begin_step();
+    std::fill(touched_.begin(), touched_.end(), 0);
+  }
+  void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
+    if (!gf_) return Stage2::for_each_owned_grad(fn);
+    settle_grads();
+    for (Bucket* b : b_.buckets) {
+      const size_t n = held(*b), pad = b->pos % kLane;
+      AlignedBuffer buf(pad + n);
+      gf_->read(b->pos, n, buf.data() + pad);
+      fn(buf.data() + pad, n);
+      gf_->write(b->pos, n, buf.data() + pad);
+    }
+  }
+  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
+    if (!gf_) return Stage2::visit_grad_segments(fn);
+    settle_grads();
+    for (Bucket* b : b_.buckets) {
+      // Read at the same place modulo 64 bytes as in gshard_ (vectorized sums split a piece alike).
+      const size_t n = held(*b), pad = b->pos % kLane;
+      AlignedBuffer buf(pad + n);
+      gf_->read(b->pos, n, buf.data() + pad);
+      for (size_t i : seg_of_bucket_[b->index]) fn(i, buf.data() + pad + (segments_[i].grad - b->pos));
+    }
+  }
+
+ protected:
+  void accumulate_shard(Bucket& b, const float* g, size_t n) override {
+    if (!gf_) return Stage2::accumulate_shard(b, g, n);
+    std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
+    if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
+    for (size_t i = 0; i < n; i++) acc[i] += g[i];
+    write_grad(b.pos, std::move(acc));
+    touched_[b.index] = 1;
+  }
 
  private:
   // How a bucket is gathered under the mirror. Its float32 part is packed: the elements of the tensors read as
@@ -324,15 +439,116 @@ class Stage3 : public Stage2 {
     }
   }
   bool in_bf16(const Bucket& b) const { return !plans_.empty() && plans_[b.index].bf16; }
+  static constexpr size_t kLane = 16;  // floats per 64 bytes (AlignedBuffer's alignment)
+  static size_t held(const Bucket& b) { return b.alone() ? b.count : b.sc; }
+
+  // ---- --offload params / grads. ----
+  // Whether gathering b reads this rank's float32 shard (not under the mirror when b holds only products).
+  bool reads_shard(const Bucket& b) const { return !in_bf16(b) || plans_[b.index].f32_count > 0; }
+  // Queues the read of b's parameter shard from the file (once until it is dropped).
+  void start_read(Bucket& b) {
+    if (!pf_ || !reads_shard(b)) return;
+    ShardRead& r = reads_[b.index];
+    if (r.queued) return;
+    r.buf = b_.acquire(std::max<size_t>(held(b), 1));
+    r.ticket = pf_->read_async(b.pos, held(b), r.buf.data());
+    r.queued = true;
+  }
+  void drop_read(Bucket& b) {
+    if (!pf_ || !reads_[b.index].queued) return;
+    ShardRead& r = reads_[b.index];
+    pf_->wait(r.ticket);
+    b_.give_back(r.buf);
+    r.queued = false;
+  }
+  // This rank's float32 shard of bucket b: resident, or read from the file (kept until drop_read).
+  const float* shard_params(Bucket& b) {
+    if (!pf_) return pshard_.data() + b.pos;
+    start_read(b);
+    pf_->wait(reads_[b.index].ticket);
+    return reads_[b.index].buf.data();
+  }
+  // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
+  // far the disk lags.
+  void write_grad(size_t pos, std::vector<float> v) {
+    if (last_grad_write_) gf_->wait(last_grad_write_);
+    last_grad_write_ = gf_->write_owned(pos, std::move(v));
+  }
+  offload::ShardFile::Ticket last_grad_write_ = 0;
+  // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
+  void settle_grads() {
+    if (!gf_) return;
+    for (Bucket* b : b_.buckets) {
+      if (touched_[b->index]) continue;
+      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
+      touched_[b->index] = 1;
+    }
+  }
+  // The tiled update's parameters and gradients from the files: tile t in buffer t % 2, the next tile read
+  // while this one is updated, each tile's parameters written back (and rounded into the mirror) behind it.
+  // The file's single I/O thread runs jobs in queue order, so tile t + 2's read into a buffer comes after tile
+  // t's write from it.
+  class Tiles final : public optim::TileSource {
+   public:
+    explicit Tiles(Stage3& s) : s_(s) {}
+    void begin(size_t T, size_t n) override {
+      T_ = T;
+      n_ = n;
+      for (int k = 0; k < 2; k++) {
+        if (s_.pf_) p_[k].resize(T);
+        if (s_.gf_) g_[k].resize(T);
+      }
+      queue(0);
+    }
+    std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
+      if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
+      if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
+      if ((t + 1) * T_ < n_) queue(t + 1);
+      float* p = s_.pf_ ? p_[t % 2].data() : s_.pshard_.data() + lo;
+      const float* g = s_.gf_ ? g_[t % 2].data() : s_.gshard_.data() + lo;
+      return {p, g};
+    }
+    void close(size_t t, size_t lo, size_t hi) override {
+      if (!s_.pf_) return;
+      const float* p = p_[t % 2].data();
+      s_.pf_->write_async(lo, hi - lo, p);
+      if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
+    }
+    void end() override {
+      if (s_.pf_) s_.pf_->drain();
+      if (s_.gf_) s_.gf_->drain();
+      for (int k = 0; k < 2; k++) {
+        p_[k] = AlignedBuffer();
+        g_[k] = AlignedBuffer();
+      }
+    }
+
+   private:
+    void queue(size_t t) {
+      const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
+      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, p_[t % 2].data());
+      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, g_[t % 2].data());
+    }
+    Stage3& s_;
+    size_t T_ = 0, n_ = 0;
+    AlignedBuffer p_[2], g_[2];
+    offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
+  };
+  struct ShardRead {
+    AlignedBuffer buf;
+    offload::ShardFile::Ticket ticket = 0;
+    bool queued = false;
+  };
 
   void start_gather(Bucket& b) {
     if (b.gathered || b.gather.valid()) return;
     if (in_bf16(b)) return start_gather16(b);
     if (b.data.size() != b.count) b.data = b_.acquire(b.count);
+    const float* mine = shard_params(b);
     if (!b.alone())
-      b.gather = b.comm->iall_gather(pshard_.data() + b.pos, b.data.data(), b.count, comm::DType::f32);
+      b.gather = b.comm->iall_gather(mine, b.data.data(), b.count, comm::DType::f32);
     else
-      std::memcpy(b.data.data(), pshard_.data() + b.pos, sizeof(float) * b.count);
+      std::memcpy(b.data.data(), mine, sizeof(float) * b.count);
   }
   void start_gather16(Bucket& b) {
     const MirrorPlan& pl = plans_[b.index];
@@ -346,7 +562,7 @@ class Stage3 : public Stage2 {
       std::memcpy(w16, pshard16_.data() + b.pos, sizeof(uint16_t) * b.count);
     if (pl.f32_count == 0) return;
     b.data = b_.acquire(pl.f32_count);
-    const float* mine = pshard_.data() + b.pos;  // this rank's shard of the bucket: [b.so, b.so + b.sc)
+    const float* mine = shard_params(b);  // this rank's shard of the bucket: [b.so, b.so + b.sc)
     if (b.alone()) {  // the shard is the whole bucket: pack it directly
       size_t k = 0;
       overlap(pl, 0, b.count, [&](size_t a, size_t c) {
@@ -390,6 +606,7 @@ class Stage3 : public Stage2 {
       b.gather.wait();
       b.gather = comm::Request();
     }
+    drop_read(b);  // the all-gather has sent it
     b.gathered = true;
   }
   void ensure_gathered(Bucket& b) {
@@ -421,6 +638,15 @@ class Stage3 : public Stage2 {
   std::vector<uint16_t> pshard16_;
   std::vector<MirrorPlan> plans_;
   std::vector<Gathered> gat_;
+  // --offload params / grads: per bucket its shard read in flight, whether it received a gradient this step,
+  // its segments; the update's tile source; whether the update already rounded the mirror.
+  std::vector<ShardRead> reads_;
+  std::vector<char> touched_;
+  std::vector<std::vector<size_t>> seg_of_bucket_;
+  Tiles tiles_{*this};
+  bool mirror_fresh_ = false;
+  // Last, so destroyed first: their I/O threads stop before the buffers above go.
+  std::unique_ptr<offload::ShardFile> pf_, gf_;
 };
 
 }  // namespace

@@ -37,6 +37,10 @@
 #include "optim/optimizer.h"
 #include "parallel/data/buckets.h"
 
+namespace mt::offload {
+class ShardFile;
+}
+
 namespace mt::parallel {
 
 class ZeroStage {
@@ -72,6 +76,9 @@ class ZeroStage {
   // The reduced gradient this rank owns, as (pointer, count) pieces; where segments' grad offsets point.
   virtual void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) = 0;
   virtual const float* grad_base() { return b_.params.grad(); }
+  // fn(i, g) for every segment i with g its reduced gradient (segments()[i].count floats, at the same address
+  // modulo 64 bytes as grad_base() + grad, so that vectorized sums split it alike), in an order of the stage's.
+  virtual void visit_grad_segments(const std::function<void(size_t, const float*)>& fn);
   // Where segments' param offsets point (the stage's update passes the same base): the parameters this rank
   // keeps resident, resident_count() floats.
   virtual const float* param_base() { return b_.params.data(); }
@@ -96,6 +103,10 @@ class ZeroStage {
     return b_.params.size() * (sizeof(float) + (b_.params.mirrored() ? sizeof(uint16_t) : 0));
   }
   virtual size_t grad_bytes() const { return b_.params.size() * sizeof(float); }
+  // --offload params / grads: the bytes in files instead of memory, and the files (stage 3 alone).
+  virtual size_t offloaded_param_bytes() const { return 0; }
+  virtual size_t offloaded_grad_bytes() const { return 0; }
+  virtual std::vector<offload::ShardFile*> shard_files() { return {}; }
 
  protected:
   void gather_shards(const float* shard, float* full);  // all-gather of each bucket's shards (copy alone)
