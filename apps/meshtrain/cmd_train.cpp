@@ -216,6 +216,7 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
       ->capture_default_str();
   s->add_option("--sma-momentum", c.sma_momentum,
                 "--learners: momentum mu of the central model: z += sum_j c_j + mu (z - z_prev)")
+      ->capture_default_str();
   add_enum_option(s, "--sync", c.sync,
                   "CHANGES THE MATH unless exact. exact: gradients all-reduced over dp (default); gossip: no "
                   "all-reduce, each rank steps on its own windows then averages its model with its --gossip-graph "
