@@ -313,7 +313,11 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
       views[r].ops = flight::snapshot(rings[r]);
     }
     flight::Verdict v = flight::verdict(views);
-    res.verdict = v.line;
+    // The verdict is printed only when some rank is inside an operation (a stall, a dead peer): a failure every
+    // rank met between operations (a diverged loss, a closed pipe) has its one message already.
+    bool inside = false;
+    for (const flight::RankView& rv : views) inside = inside || flight::position(rv.ops) >= 0;
+    if (inside) res.verdict = v.line;
     res.odd_ranks = v.odd;
     if (!o.flight_file.empty()) write_flight_file(o.flight_file, views, v.line);
   }
@@ -367,7 +371,8 @@ LaunchResult launch_result(const LaunchOptions& o, const std::function<void(Comm
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &old);
     print_failure_headline(r.failed_rank, r.waited_rank, r.failure);
-    if (!r.verdict.empty()) std::fprintf(stderr, "meshtrain: flight recorder: %s\n", r.verdict.c_str());
+    // Under the headline, indented: one message per failed job, its detail on the next line.
+    if (!r.verdict.empty()) std::fprintf(stderr, "  flight recorder: %s\n", r.verdict.c_str());
     sigaction(SIGPIPE, &old, nullptr);
   }
   return r;

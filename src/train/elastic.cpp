@@ -34,14 +34,13 @@ int fewer_ranks(TrainConfig& c, int hi, int lo, std::string* last_error) {
 
 RestartPlan plan_restart(const TrainConfig& failed, const comm::LaunchResult& r, int restarts_done) {
   RestartPlan p;
-  if (r.exit_code == 0) return p;
+  if (r.exit_code == 0 || failed.max_restarts == 0) return p;  // no restarts asked for: nothing to say
   if (r.exit_code >= 128) {
     p.message = "interrupted: not restarted";
     return p;
   }
   if (restarts_done >= failed.max_restarts) {
-    p.message = failed.max_restarts == 0 ? "" : str("giving up after ", restarts_done, " restart(s) (--max-restarts ",
-                                                    failed.max_restarts, ")");
+    p.message = str("giving up after ", restarts_done, " restart(s) (--max-restarts ", failed.max_restarts, ")");
     return p;
   }
   p.next = failed;

@@ -128,7 +128,7 @@ def restart_same_layout(e: Env) -> None:
     check(m is not None and summary["steps"] == 8 - int(m.group(1)) and summary["dp"] == 2,
           f"the restarted attempt ran only the steps after the checkpoint (summary: {summary['steps']} steps)")
     check("rank 1 (host " in r.stderr and "killed by signal 9 (SIGKILL)" in r.stderr and
-          "meshtrain: flight recorder: " in r.stderr, "the verdict names rank 1, its host and its death")
+          "\n  flight recorder: " in r.stderr, "the verdict names rank 1, its host and its death")
     check("restart 2" not in r.stderr, "one restart was enough (faults fire in the first attempt only)")
     ra, rb = rows(a_m), rows(b_m)
     check(len(rb) == 8 and [x["step"] for x in rb] == list(range(8)), "every step's row exactly once")

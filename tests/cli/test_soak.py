@@ -108,7 +108,7 @@ def main() -> int:
         extra = ["--comm-timeout", 2] + (["--max-restarts", 2] if restarts else [])
         r = run(cmd(n, m, c, extra), fault)
         what = f"job {jobs}: {n} ranks, fault {fault}, restarts {restarts}"
-        failed_once = "meshtrain: flight recorder: " in r.stderr
+        failed_once = "\n  flight recorder: " in r.stderr
         fired += failed_once
         if failed_once:
             check(re.search(rf"rank {rank} \(host [^)]*(killed by signal 9|stopped)", r.stderr) is not None,

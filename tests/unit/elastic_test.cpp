@@ -93,6 +93,11 @@ TEST(PlanRestart, WhenNotToRestart) {
   p = plan_restart(c, failed(), 0);
   EXPECT_FALSE(p.restart);
   EXPECT_TRUE(p.message.empty());
+  // Without --max-restarts an interruption (a closed pipe: 128 + SIGPIPE) says nothing more either: the job's
+  // one headline stays the only message.
+  p = plan_restart(c, failed({}, 141), 0);
+  EXPECT_FALSE(p.restart);
+  EXPECT_TRUE(p.message.empty()) << p.message;
 }
 
 }  // namespace

@@ -14,18 +14,6 @@
 
 namespace mt::comm::mpi {
 
-namespace {
-
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw CommError(str(what, " failed: ", std::string(msg, len)));
-}
-
-}  // namespace
-
 void hier_all_gather(const HierAllReduce& hosts, const void* send, void* recv, size_t n, size_t elem,
                      double timeout_s, const std::function<std::string()>& what) {
   const int H = hosts.hosts(), k = hosts.per_host(), h = hosts.host(), j = hosts.local(), ranks = H * k;
@@ -45,7 +33,7 @@ void hier_all_gather(const HierAllReduce& hosts, const void* send, void* recv, s
   const int me = h * k + j;
   const void* sbuf = send == out + offset(me) ? MPI_IN_PLACE : send;
   MPI_Request req;
-  check(MPI_Iallgatherv(sbuf, cnt[h], MPI_BYTE, out, cnt.data(), dis.data(), MPI_BYTE, hosts.cross(), &req),
+  check_mpi(MPI_Iallgatherv(sbuf, cnt[h], MPI_BYTE, out, cnt.data(), dis.data(), MPI_BYTE, hosts.cross(), &req),
         "MPI_Iallgatherv (across hosts)");
   wait_request(&req, timeout_s, step("all-gather across hosts"));
 

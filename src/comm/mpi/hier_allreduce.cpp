@@ -15,13 +15,6 @@ namespace mt::comm::mpi {
 
 namespace {
 
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw CommError(str(what, " failed: ", std::string(msg, len)));
-}
 
 constexpr int kChainTag = 1;
 constexpr int kResultTag = 2;
@@ -41,10 +34,10 @@ HierAllReduce::HierAllReduce(MPI_Comm comm, MPI_Comm node) {
   // Every rank learns every rank's (node size, node rank, lowest rank on its node) to check the shape: host h
   // holds exactly the ranks h k .. h k + k - 1.
   int lead = r;
-  check(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce (host layout)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce (host layout)");
   int mine[3] = {k, j, lead};
   std::vector<int> all(3 * static_cast<size_t>(n));
-  check(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm), "MPI_Allgather (host layout)");
+  check_mpi(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm), "MPI_Allgather (host layout)");
   for (int p = 0; p < n; ++p) {
     const int* q = &all[3 * static_cast<size_t>(p)];
     MT_REQUIRE(CommError, q[0] == k && q[1] == p % k && q[2] == p - p % k, "hierarchical all-reduce: rank ", p,
@@ -56,8 +49,8 @@ HierAllReduce::HierAllReduce(MPI_Comm comm, MPI_Comm node) {
   hosts_ = n / k;
   host_ = r / k;
   local_ = j;
-  check(MPI_Comm_split(comm, host_, r, &node_), "MPI_Comm_split (host)");
-  check(MPI_Comm_split(comm, local_, host_, &cross_), "MPI_Comm_split (across hosts)");
+  check_mpi(MPI_Comm_split(comm, host_, r, &node_), "MPI_Comm_split (host)");
+  check_mpi(MPI_Comm_split(comm, local_, host_, &cross_), "MPI_Comm_split (across hosts)");
   MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
   window_ = std::make_unique<NodeWindow>(node_);
@@ -78,18 +71,18 @@ std::unique_ptr<HierAllReduce> HierAllReduce::for_hosts_of(MPI_Comm comm) {
   MPI_Comm_rank(comm, &r);
   if (n < 4) return nullptr;  // 2 hosts x 2 ranks at least
   MPI_Comm shared;
-  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &shared), "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &shared), "MPI_Comm_split_type");
   int k = 0, j = 0;
   MPI_Comm_size(shared, &k);
   MPI_Comm_rank(shared, &j);
   int lead = r;
-  check(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, shared), "MPI_Allreduce (host layout)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, shared), "MPI_Allreduce (host layout)");
   // The same decision on every rank: the shape holds everywhere (node sizes equal, ranks contiguous).
   int ok = k >= 2 && k < n && n % k == 0 && j == r % k && lead == r - r % k ? 1 : 0, all_ok = 0;
   int kmin = k, kmax = k;
-  check(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
-  check(MPI_Allreduce(MPI_IN_PLACE, &kmin, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
-  check(MPI_Allreduce(MPI_IN_PLACE, &kmax, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce (host layout)");
+  check_mpi(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &kmin, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (host layout)");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &kmax, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce (host layout)");
   std::unique_ptr<HierAllReduce> out;
   if (all_ok && kmin == kmax) out = std::make_unique<HierAllReduce>(comm, shared);
   MPI_Comm_free(&shared);
@@ -134,13 +127,13 @@ void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, doub
   };
   if (host_ > 0) {
     for (int s = 0; s < nseg; ++s) {
-      check(MPI_Irecv(partial.data() + seg(s).first, seg(s).second, MPI_FLOAT, host_ - 1, kChainTag, cross_, &recvs[s]),
+      check_mpi(MPI_Irecv(partial.data() + seg(s).first, seg(s).second, MPI_FLOAT, host_ - 1, kChainTag, cross_, &recvs[s]),
             "MPI_Irecv");
     }
   }
   if (host_ < hosts_ - 1) {
     for (int s = 0; s < nseg; ++s) {
-      check(MPI_Irecv(result + seg(s).first, seg(s).second, MPI_FLOAT, hosts_ - 1, kResultTag, cross_, &results[s]),
+      check_mpi(MPI_Irecv(result + seg(s).first, seg(s).second, MPI_FLOAT, hosts_ - 1, kResultTag, cross_, &results[s]),
             "MPI_Irecv");
     }
   }
@@ -156,11 +149,11 @@ void HierAllReduce::run(const float* in, float* out, size_t n, ReduceOp op, doub
     reduce_into(sum + off, srcs.data(), i, static_cast<size_t>(len), DType::f32,
                 op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum, 1);
     if (host_ < hosts_ - 1) {
-      check(MPI_Isend(sum + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
+      check_mpi(MPI_Isend(sum + off, len, MPI_FLOAT, host_ + 1, kChainTag, cross_, &sends[s]), "MPI_Isend");
     }
     if (host_ == hosts_ - 1) {
       for (int g = 0; g < others; ++g) {
-        check(MPI_Isend(result + off, len, MPI_FLOAT, g, kResultTag, cross_, &results[size_t(s) * others + g]),
+        check_mpi(MPI_Isend(result + off, len, MPI_FLOAT, g, kResultTag, cross_, &results[size_t(s) * others + g]),
               "MPI_Isend");
       }
     }

@@ -18,10 +18,6 @@
 
 namespace mt::comm::mpi {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -29,6 +25,11 @@ void check_mpi(int rc, const char* what) {
   MPI_Error_string(rc, msg, &len);
   throw CommError(str(what, " failed: ", std::string(msg, len)));
 }
+
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 int to_int(size_t n, const CollArgs& a) {
   MT_REQUIRE(CommError, n <= static_cast<size_t>(INT_MAX), describe(a), ": ", n,

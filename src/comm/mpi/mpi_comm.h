@@ -65,6 +65,9 @@ class MpiCommunicator : public Communicator {
 LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communicator&)>& body);
 // Waits for an MPI request until timeout_s has passed, then throws CommError with `what` (shared by the
 // benchmark); CommTimeoutError naming waited_world when the peer waited for is known.
+// Throws CommError "WHAT failed: <MPI's message>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+
 void wait_request(MPI_Request* req, double timeout_s, const std::function<std::string()>& what,
                   MPI_Status* status = nullptr, int waited_world = -1);
 // The same for n requests (completed ones become MPI_REQUEST_NULL); on timeout waited_world() names the world

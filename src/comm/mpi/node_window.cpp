@@ -7,18 +7,6 @@
 
 namespace mt::comm::mpi {
 
-namespace {
-
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw CommError(str(what, " failed: ", std::string(msg, len)));
-}
-
-}  // namespace
-
 NodeWindow::NodeWindow(MPI_Comm node) : node_(node) { MPI_Comm_size(node, &k_); }
 
 NodeWindow::~NodeWindow() {
@@ -45,15 +33,15 @@ void NodeWindow::begin(size_t bytes, double timeout_s, const std::function<std::
   release();
   const size_t want = (std::max<size_t>(bytes, 4096) + 63) / 64 * 64;
   void* mine = nullptr;
-  check(MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * want), 1, MPI_INFO_NULL, node_, &mine, &win_),
+  check_mpi(MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * want), 1, MPI_INFO_NULL, node_, &mine, &win_),
         "MPI_Win_allocate_shared (hierarchical collectives inside a host)");
   MPI_Aint size = 0;
   int unit = 0;
   void* base = nullptr;
-  check(MPI_Win_shared_query(win_, 0, &size, &unit, &base), "MPI_Win_shared_query");
+  check_mpi(MPI_Win_shared_query(win_, 0, &size, &unit, &base), "MPI_Win_shared_query");
   base0_ = static_cast<char*>(base);
   slot_bytes_ = want;
-  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all");
+  check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all");
 }
 
 char* NodeWindow::slot(int l) const { return base0_ + (2 * static_cast<size_t>(l) + half_) * slot_bytes_; }
@@ -61,7 +49,7 @@ char* NodeWindow::slot(int l) const { return base0_ + (2 * static_cast<size_t>(l
 void NodeWindow::sync(double timeout_s, const std::function<std::string()>& what) {
   MPI_Win_sync(win_);
   MPI_Request req;
-  check(MPI_Ibarrier(node_, &req), "MPI_Ibarrier");
+  check_mpi(MPI_Ibarrier(node_, &req), "MPI_Ibarrier");
   wait_request(&req, timeout_s, what);
   MPI_Win_sync(win_);
 }
