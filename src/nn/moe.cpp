@@ -88,12 +88,14 @@ void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_
   if (to_experts) {
     ep_->exchange_rows(in, here.data(), by_source.data(), there.data());
     for (int i = 0; i < P * Le; i++)
-      std::memcpy(out + exp_off[i], by_source.data() + src_off[i], sizeof(float) * counts_there[i] * C);
+      if (counts_there[i] > 0)  // an empty block may sit at a null pointer (memcpy from null is undefined)
+        std::memcpy(out + exp_off[i], by_source.data() + src_off[i], sizeof(float) * counts_there[i] * C);
     for (int r = 0; r < P; r++)
       if (r != ep_->rank()) sent += here[r];
   } else {
     for (int i = 0; i < P * Le; i++)
-      std::memcpy(by_source.data() + src_off[i], in + exp_off[i], sizeof(float) * counts_there[i] * C);
+      if (counts_there[i] > 0)
+        std::memcpy(by_source.data() + src_off[i], in + exp_off[i], sizeof(float) * counts_there[i] * C);
     ep_->exchange_rows(by_source.data(), there.data(), out, here.data());
     for (int r = 0; r < P; r++)
       if (r != ep_->rank()) sent += there[r];
