@@ -27,11 +27,15 @@ for t in unit io comm; do
 done
 unset ASAN_OPTIONS UBSAN_OPTIONS
 # ThreadSanitizer: the comm tests (the collectives, their waits and the failure paths) in a build of their own.
-TSAN="$BUILD-tsan"
-cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread \
-  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF \
-  > "$TSAN.cmake.log" 2>&1 || { cat "$TSAN.cmake.log"; exit 1; }
-cmake --build "$TSAN" -j "$(nproc)" --target meshtrain test_comm
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$TSAN/tests/test_comm" --gtest_brief=1 --gtest_filter="-Mpi.*"
+# MESHTRAIN_TSAN=1 turns it on (about 8 more minutes on 2 cores: a third build of the library); off by default
+# until CI's cold time with it is measured under its 30-minute budget.
+if [ "${MESHTRAIN_TSAN:-0}" = 1 ]; then
+  TSAN="$BUILD-tsan"
+  cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread \
+    -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF \
+    > "$TSAN.cmake.log" 2>&1 || { cat "$TSAN.cmake.log"; exit 1; }
+  cmake --build "$TSAN" -j "$(nproc)" --target meshtrain test_comm
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$TSAN/tests/test_comm" --gtest_brief=1 --gtest_filter="-Mpi.*"
+fi
 # The readers' fuzz targets (clang's libFuzzer), each for a bounded time over its seed corpus.
 BUILD_DIR="$BUILD" bash scripts/fuzz.sh
