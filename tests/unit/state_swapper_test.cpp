@@ -113,8 +113,8 @@ TEST(StateSwapper, ReadsAheadWithinItsSlotsAndWritesBehind) {
     ASSERT_GE(pos(false, t), 0) << t;
     ASSERT_GE(pos(true, t), 0) << t;
     EXPECT_LT(pos(false, t), pos(true, t)) << "tile " << t;
-    if (t + S < 9) EXPECT_LT(pos(true, t), pos(false, t + S)) << "tile " << t + S << " read before tile " << t << " left";
-    if (t + 1 < (size_t)S) EXPECT_LT(pos(false, t + 1), pos(true, t)) << "tile " << t + 1 << " not read ahead";
+    if (t + S < 9) { EXPECT_LT(pos(true, t), pos(false, t + S)) << "tile " << t + S << " read before tile " << t << " left"; }
+    if (t + 1 < (size_t)S) { EXPECT_LT(pos(false, t + 1), pos(true, t)) << "tile " << t + 1 << " not read ahead"; }
   }
   float x;
   s.read(0, 0, 1, &x);  // waits for the read-ahead
