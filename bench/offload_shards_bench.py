@@ -7,6 +7,9 @@ memory, --offload optimizer,params, --offload optimizer,params,grads (--offload-
 (median step time over the steps after the first two), the ratio to memory, the bytes read and written per
 step, and the I/O time per step (the files' and tier's seconds in reads and writes, summed over threads, from
 --summary) against the in-memory step time: offload approaches memory once a step's compute exceeds its I/O.
+The bound column is the issue's "step time <= 1.15x max(compute time, I/O time)": the offloaded step (median)
+over the larger of the in-memory step (compute) and that I/O time per step (the threads' seconds summed: the
+I/O time if no two files' reads and writes overlapped, so an upper estimate); one column per offload kind.
 Prints uname -r and the CPU's vector ISA. The machine may be shared: prefer the ratios of one run.
 Usage: /usr/bin/python3 bench/offload_shards_bench.py [--meshtrain build/meshtrain] [--dir DIR] [--widths 256,512]
 """
@@ -64,7 +67,7 @@ def main():
     print(f"host: kernel {platform.release()}, ISA {isa()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"offload dir {odir}; {a.layers} layers, T={T}, batch {BATCH}, {a.threads} thread(s), tile {a.tile}")
     print(f"{'width':>6} {'params':>9} {'memory tok/s':>13} {'opt+params':>16} {'opt+params+grads':>18} "
-          f"{'MB r/w per step':>16} {'I/O s/step':>11} {'mem step s':>11}")
+          f"{'MB r/w per step':>16} {'I/O s/step':>11} {'mem step s':>11} {'bound p':>8} {'bound pg':>9}")
     try:
         for w in [int(x) for x in a.widths.split(",")]:
             mem = train(a, work, f"m{w}", w, [])
@@ -75,7 +78,9 @@ def main():
             print(f"{w:>6} {mem['params'] / 1e6:>8.1f}M {mem['tok_s']:>13.0f} {op['tok_s']:>8.0f} ({op['tok_s'] / mem['tok_s']:.2f}x)"
                   f" {opg['tok_s']:>9.0f} ({opg['tok_s'] / mem['tok_s']:.2f}x) "
                   f"{r['offload_read_bytes_per_step'] / 1e6:>7.0f}/{r['offload_written_bytes_per_step'] / 1e6:<7.0f} "
-                  f"{io_s(opg, a.steps):>11.3f} {mem['step_s']:>11.3f}", flush=True)
+                  f"{io_s(opg, a.steps):>11.3f} {mem['step_s']:>11.3f} "
+                  f"{op['step_s'] / max(mem['step_s'], io_s(op, a.steps)):>8.2f} "
+                  f"{opg['step_s'] / max(mem['step_s'], io_s(opg, a.steps)):>9.2f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if not a.dir:
