@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::offload {
@@ -23,7 +24,9 @@ ShardFile::ShardFile(const Options& o) : o_(o), n_(o.n) {
             " depth ", o.io_depth);
   bool direct = false;
   fd_ = open_unnamed(o.dir, direct);
-  if (direct && !o.direct) {  // asked for the page cache (tests, benchmarks)
+  // MESHTRAIN_OFFLOAD_DIRECT=0: through the page cache even where O_DIRECT is taken (benchmarks comparing both).
+  const bool want_direct = o.direct && env_int("MESHTRAIN_OFFLOAD_DIRECT", 0, 1).value_or(1) == 1;
+  if (direct && !want_direct) {  // asked for the page cache (tests, benchmarks)
     const int fl = ::fcntl(fd_, F_GETFL);
     if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) != 0) {
       const int e = errno;
