@@ -203,7 +203,6 @@ void BlockIo::transfer_any(bool write, size_t off, size_t bytes, void* buf) {
   const bool rmw_head = write && off != a0, rmw_tail = write && off + bytes != a1 && !(rmw_head && tail == head);
   if (rmw_head || rmw_tail) {
     // Read the partly covered edge blocks first: the write puts back what it does not replace.
-    reqs_.assign(1, Req{});
     for (auto [on, at, slot] : {std::tuple{rmw_head, head, -1}, std::tuple{rmw_tail, tail, -2}}) {
       if (!on) continue;
       Req r{false, at, kAlign, 0, staging(slot)};
