@@ -15,12 +15,13 @@ backwards), so its step time is 1F1B's plus the version swap: the time column is
 Timings come from a shared 2-core machine; the kernel and ISA are printed with them.
 
 Usage: /usr/bin/python3 bench/delay_one_convergence.py [--meshtrain build/meshtrain] [--steps 300]
-       [--out bench/results/delay_one] [--from-results]
+       [--out bench/results/delay_one] [--pairs pp,single] [--lr 1e-3] [--delayed-flags FLAGS] [--from-results]
 """
 import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "delay_one"))
     ap.add_argument("--pairs", default="pp,single", help="which pairs run: pp (1f1b vs pipedream-2bw at pp 2), "
                     "single (exact vs --delayed-update at one process)")
+    ap.add_argument("--delayed-flags", default="", help="more flags for the --delayed-update run, e.g. "
+                    "'--offload optimizer --offload-dir DIR' (offloading changes no bit: tests/cli/test_offload.py)")
     ap.add_argument("--from-results", action="store_true",
                     help="rewrite table.md and the SVG from --out's results.json")
     a = ap.parse_args()
@@ -114,6 +117,8 @@ def main():
     for label, extra in RUNS:
         if ("pp" if "pp2" in label else "single") not in want:
             continue
+        if "--delayed-update" in extra:
+            extra = extra + shlex.split(a.delayed_flags)
         tag = label.replace(" ", "_")
         metrics, summary = os.path.join(a.out, f"{tag}.jsonl"), os.path.join(work, f"{tag}.summary.json")
         for p in (metrics,):

@@ -9,7 +9,9 @@
 #                                Chromium (headless: the browser test of meshtrain report's page),
 #                                pybind11 and Python's headers (the Python module), clang (libFuzzer:
 #                                the fuzz targets)
-# No argument means test (everything). Idempotent: packages already present are not touched and apt is not
+#   bash scripts/setup.sh bench  the above and fio (bench/offload_bench.py, bench/offload_fio_bench.py: the offload
+#                                files' bandwidth against fio on the same directory)
+# No argument means test. Idempotent: packages already present are not touched and apt is not
 # even called. Run as root (or with sudo available).
 set -euo pipefail
 
@@ -21,6 +23,7 @@ RUN_PKGS=(
   nlohmann-json3-dev       # JSON (metrics, traces, safetensors headers)
   libicu-dev               # Unicode classes for GPT-2's tokenizer (src/data/unicode_class.cpp)
   fortunes                 # a real English text corpus for the demo
+  liburing-dev             # io_uring for the offload files (optional: without it one pread/pwrite at a time)
 )
 MPI_PKGS=(
   libopenmpi-dev openmpi-bin  # multi-host backend and mpirun (optional: without it, shared memory only)
@@ -36,12 +39,17 @@ TEST_PKGS=(
   clang                    # libFuzzer and its sanitizers for the readers' fuzz targets (fuzz/, scripts/fuzz.sh)
 )
 
+BENCH_PKGS=(
+  fio                      # disk bandwidth reference for the offload benchmarks
+)
+
 case "${1:-test}" in
   run) PKGS=("${RUN_PKGS[@]}") ;;
   mpi) PKGS=("${RUN_PKGS[@]}" "${MPI_PKGS[@]}") ;;
   test) PKGS=("${RUN_PKGS[@]}" "${MPI_PKGS[@]}" "${TEST_PKGS[@]}") ;;
-  *) echo "setup.sh: unknown profile '$1'; use run (build and run), mpi (and OpenMPI) or test (also tests and" \
-       "benchmarks)" >&2; exit 2 ;;
+  bench) PKGS=("${RUN_PKGS[@]}" "${MPI_PKGS[@]}" "${TEST_PKGS[@]}" "${BENCH_PKGS[@]}") ;;
+  *) echo "setup.sh: unknown profile '$1'; use run (build and run), mpi (and OpenMPI), test (also tests and" \
+       "benchmarks) or bench (also fio)" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -67,5 +67,6 @@ void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline
 void add_bench_tokenizer_command(CLI::App& bench);  // meshtrain bench tokenizer
+void add_bench_offload_command(CLI::App& bench);  // meshtrain bench offload
 
 }  // namespace mt::cli

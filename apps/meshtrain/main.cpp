@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   mt::cli::add_bench_comm_command(*bench);
   mt::cli::add_bench_pipeline_command(*bench);
   mt::cli::add_bench_tokenizer_command(*bench);
+  mt::cli::add_bench_offload_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

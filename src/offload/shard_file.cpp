@@ -10,22 +10,33 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::offload {
 
+namespace {
+size_t rounded(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
 ShardFile::ShardFile(const Options& o) : o_(o), n_(o.n) {
+  MT_ASSERT(o.io_block >= kAlign && o.io_block % kAlign == 0 && o.io_depth >= 1, "shard file I/O block ", o.io_block,
+            " depth ", o.io_depth);
   bool direct = false;
   fd_ = open_unnamed(o.dir, direct);
-  if (direct) {  // ranges here are not block-aligned: through the page cache
+  // MESHTRAIN_OFFLOAD_DIRECT=0: through the page cache even where O_DIRECT is taken (benchmarks comparing both).
+  const bool want_direct = o.direct && env_int("MESHTRAIN_OFFLOAD_DIRECT", 0, 1).value_or(1) == 1;
+  if (direct && !want_direct) {  // asked for the page cache (tests, benchmarks)
     const int fl = ::fcntl(fd_, F_GETFL);
     if (fl < 0 || ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) != 0) {
       const int e = errno;
       ::close(fd_);
       throw InputError(str("--offload-dir ", o.dir, ": cannot turn off direct I/O: ", std::strerror(e)));
     }
+    direct = false;
   }
-  const off_t size = (off_t)file_bytes();
+  // Rounded up to the direct I/O alignment: a range's last block is always inside the file.
+  const off_t size = (off_t)rounded(file_bytes());
   int rc = size == 0 ? 0 : ::posix_fallocate(fd_, 0, size);
   if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, size) == 0 ? 0 : errno;
   if (rc != 0) {
@@ -34,7 +45,14 @@ ShardFile::ShardFile(const Options& o) : o_(o), n_(o.n) {
                          " bytes, ", (size + (1 << 20) - 1) >> 20, " MiB): ", std::strerror(rc),
                          "; free space there or choose another --offload-dir"));
   }
-  io_ = std::thread([this] { io_loop(); });
+  BlockIo::Options bo;
+  bo.block = o.io_block;
+  bo.depth = o.io_depth;
+  bo.direct = direct;
+  bo.uring = o.uring;
+  bo.what = str(o.kind, " in --offload-dir ", o.dir);
+  io_ = std::make_unique<BlockIo>(fd_, bo);
+  thread_ = std::thread([this] { io_loop(); });
 }
 
 ShardFile::~ShardFile() {
@@ -43,26 +61,9 @@ ShardFile::~ShardFile() {
     stop_ = true;
   }
   cv_.notify_all();
-  io_.join();
+  thread_.join();
+  io_.reset();
   ::close(fd_);
-}
-
-void ShardFile::file_io(bool write, size_t off, size_t bytes, void* buf) {
-  char* p = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r = write ? ::pwrite(fd_, p + done, bytes - done, (off_t)(off + done))
-                            : ::pread(fd_, p + done, bytes - done, (off_t)(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      throw OffloadError(str("offload: ", write ? "writing" : "reading", " ", o_.kind, " in --offload-dir ", o_.dir,
-                             " failed at byte ", off + done, ": ", std::strerror(errno),
-                             errno == ENOSPC ? " (the disk is full)" : ""));
-    if (r == 0)
-      throw OffloadError(str("offload: ", o_.kind, " file in --offload-dir ", o_.dir, " ended at byte ", off + done,
-                             " of ", off + bytes, " (truncated by someone else?)"));
-    done += (size_t)r;
-  }
 }
 
 void ShardFile::io_loop() {
@@ -77,8 +78,9 @@ void ShardFile::io_loop() {
       const double t0 = trace::ChromeTrace::now_us();
       std::string err;
       try {
-        file_io(j.write, j.off * sizeof(float), j.count * sizeof(float), j.copy.empty() ? j.buf : j.copy.data());
-      } catch (const OffloadError& e) {
+        io_->transfer_any(j.write, j.off * sizeof(float), j.count * sizeof(float),
+                          j.copy.empty() ? j.buf : j.copy.data());
+      } catch (const std::exception& e) {  // OffloadError, or a staging buffer not allocated
         err = e.what();
       }
       const double t1 = trace::ChromeTrace::now_us();
@@ -152,8 +154,9 @@ bool ShardFile::done(Ticket t) const {
 void ShardFile::reserve(size_t n) {
   std::lock_guard<std::mutex> lk(mu_);
   if (n <= n_) return;
-  int rc = ::posix_fallocate(fd_, (off_t)(n_ * sizeof(float)), (off_t)((n - n_) * sizeof(float)));
-  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, (off_t)(n * sizeof(float))) == 0 ? 0 : errno;
+  const size_t have = rounded(n_ * sizeof(float)), want = rounded(n * sizeof(float));
+  int rc = want == have ? 0 : ::posix_fallocate(fd_, (off_t)have, (off_t)(want - have));
+  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, (off_t)want) == 0 ? 0 : errno;
   if (rc != 0)
     throw OffloadError(str("offload: no room in --offload-dir ", o_.dir, " for this rank's ", o_.kind, " (", n * sizeof(float),
                            " bytes): ", std::strerror(rc), "; free space there or choose another --offload-dir"));

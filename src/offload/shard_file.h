@@ -4,8 +4,11 @@
 // The file holds n floats in the shard's own order (element i at byte 4 i), so a bucket's slice and an update
 // tile's range are each one contiguous read or write. It has no name in DIR (O_TMPFILE, else a name removed
 // at once: offload::open_unnamed), is reserved whole at start (posix_fallocate: a disk without room is refused
-// then, naming DIR and the bytes), and goes through the page cache (the ranges are not 4096-aligned, so no
-// O_DIRECT; the page cache is not the process's RSS).
+// then, naming DIR and the bytes; its size is rounded up to 4096 bytes). Reads and writes bypass the page
+// cache (O_DIRECT) where the filesystem takes it (not tmpfs: there through the cache) and run through a
+// BlockIo (offload/block_io.h): blocks of Options::io_block bytes, io_depth of them in flight (io_uring),
+// ranges not 4096-aligned through its aligned staging blocks (an edge block a write covers in part is read
+// first). block_io.h tells which engine and mode was used (engine(), direct_io()).
 //
 // One I/O thread runs the queued reads and writes in the order they were queued, so a read queued after a
 // write of the same range returns what was written. Each queued job has a ticket; wait(ticket) returns once
@@ -18,11 +21,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "offload/block_io.h"
 #include "offload/state_swapper.h"
 
 namespace mt::offload {
@@ -40,6 +45,10 @@ class ShardFile {
     size_t n = 0;               // floats (0: grown by reserve())
     double timeout_s = 600;     // deadline of every wait
     bool record_events = false; // keep IoEvents for the trace
+    size_t io_block = size_t(1) << 20;  // bytes per I/O (a multiple of 4096; DeepSpeed's aio block: 1 MiB)
+    int io_depth = 8;                   // I/Os in flight (DeepSpeed's aio queue depth: 8)
+    bool direct = true;                 // O_DIRECT where the filesystem takes it
+    bool uring = true;                  // io_uring where available (false: one pread/pwrite at a time)
   };
   using Ticket = uint64_t;
 
@@ -69,6 +78,11 @@ class ShardFile {
   const std::string& kind() const { return o_.kind; }
   IoCounters counters() const;
   std::vector<IoEvent> take_events();  // tile: the job's first element
+  bool direct_io() const { return io_->direct(); }
+  const char* engine() const { return io_->engine(); }  // "io_uring" or "psync"
+  int io_depth() const { return io_->depth(); }
+  size_t io_block() const { return io_->block(); }
+  size_t staging_bytes() const { return (size_t)io_->depth() * io_->block() + 2 * kAlign; }  // held once used
 
  private:
   struct Job {
@@ -80,13 +94,13 @@ class ShardFile {
   };
   Ticket queue(Job j);
   void io_loop();
-  void file_io(bool write, size_t off_bytes, size_t bytes, void* buf);
   template <class Pred>
   void wait_locked(std::unique_lock<std::mutex>& lk, const char* what, Pred pred);
 
   Options o_;
   size_t n_;
   int fd_ = -1;
+  std::unique_ptr<BlockIo> io_;  // used by the I/O thread only (and the constructor)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
@@ -95,7 +109,7 @@ class ShardFile {
   bool stop_ = false;
   IoCounters counters_;
   std::vector<IoEvent> events_;
-  std::thread io_;
+  std::thread thread_;
 };
 
 }  // namespace mt::offload

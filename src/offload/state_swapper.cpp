@@ -12,14 +12,11 @@
 #include <cstring>
 #include <utility>
 
+#include "offload/block_io.h"
 #include "offload/shard_file.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::offload {
-
-namespace {
-constexpr size_t kAlign = 4096;
-}  // namespace
 
 // O_TMPFILE (with O_DIRECT where the filesystem takes it), else a named file removed at once.
 int open_unnamed(const std::string& dir, bool& direct) {
@@ -75,7 +72,16 @@ StateSwapper::StateSwapper(const Options& o) : o_(o), B_(o.buffers), n_(o.n) {
       throw OutOfMemory(B_ * T_ * sizeof(float));
     }
   }
-  for (int i = 0; i < std::max(1, o.io_threads); i++) io_.emplace_back([this] { io_loop(); });
+  BlockIo::Options bo;
+  bo.block = std::min(kBlock, B_ * T_ * sizeof(float));
+  bo.direct = direct_;
+  bo.uring = o.uring;
+  bo.what = str("optimizer state in --offload-dir ", o.dir);
+  const int threads = std::max(1, o.io_threads);
+  for (int i = 0; i < threads; i++) ios_.push_back(std::make_unique<BlockIo>(fd_, bo));
+  bo.uring = false;  // the caller's whole-buffer read() and write(): one I/O at a time
+  caller_io_ = std::make_unique<BlockIo>(fd_, bo);
+  for (int i = 0; i < threads; i++) io_.emplace_back([this, i] { io_loop(*ios_[(size_t)i]); });
 }
 
 StateSwapper::~StateSwapper() {
@@ -85,13 +91,15 @@ StateSwapper::~StateSwapper() {
   }
   cv_.notify_all();
   for (std::thread& t : io_) t.join();
+  ios_.clear();
+  caller_io_.reset();
   for (Slot& s : slots_) std::free(s.buf);
   ::close(fd_);
 }
 
 // ---- The I/O threads. ----
 
-void StateSwapper::io_loop() {
+void StateSwapper::io_loop(BlockIo& io) {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
@@ -99,13 +107,13 @@ void StateSwapper::io_loop() {
     const Job j = jobs_.front();
     jobs_.pop_front();
     if (running_++ == 0) busy_since_us_ = trace::ChromeTrace::now_us();
-    run_job(j.slot, j.write, lk);
+    run_job(io, j.slot, j.write, lk);
     if (--running_ == 0) counters_.busy_s += (trace::ChromeTrace::now_us() - busy_since_us_) * 1e-6;
     cv_.notify_all();
   }
 }
 
-void StateSwapper::run_job(size_t k, bool write, std::unique_lock<std::mutex>& lk) {
+void StateSwapper::run_job(BlockIo& io, size_t k, bool write, std::unique_lock<std::mutex>& lk) {
   Slot& s = slots_[k];
   if (!error_.empty()) return;  // after a failure nothing more is read or written
   const size_t bytes = B_ * T_ * sizeof(float), off = s.tile * bytes;
@@ -114,8 +122,8 @@ void StateSwapper::run_job(size_t k, bool write, std::unique_lock<std::mutex>& l
   const double t0 = trace::ChromeTrace::now_us();
   std::string err;
   try {
-    file_io(write, off, bytes, s.buf);
-  } catch (const OffloadError& e) {
+    io.transfer(write, off, bytes, s.buf);  // aligned: the slot itself, in blocks of up to 1 MiB
+  } catch (const std::exception& e) {
     err = e.what();
   }
   const double t1 = trace::ChromeTrace::now_us();
@@ -142,21 +150,7 @@ void StateSwapper::run_job(size_t k, bool write, std::unique_lock<std::mutex>& l
 }
 
 void StateSwapper::file_io(bool write, size_t off, size_t bytes, void* buf) {
-  char* p = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r = write ? ::pwrite(fd_, p + done, bytes - done, (off_t)(off + done))
-                            : ::pread(fd_, p + done, bytes - done, (off_t)(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      throw OffloadError(str("offload: ", write ? "writing" : "reading", " optimizer state in --offload-dir ", o_.dir,
-                             " failed at byte ", off + done, ": ", std::strerror(errno),
-                             errno == ENOSPC ? " (the disk is full)" : ""));
-    if (r == 0)
-      throw OffloadError(str("offload: optimizer state file in --offload-dir ", o_.dir, " ended at byte ", off + done,
-                             " of ", off + bytes, " (truncated by someone else?)"));
-    done += (size_t)r;
-  }
+  caller_io_->transfer(write, off, bytes, buf);
 }
 
 // ---- The caller's side. ----
@@ -301,6 +295,8 @@ void StateSwapper::write(size_t j, size_t offset, size_t count, const float* in)
     i = hi;
   }
 }
+
+const char* StateSwapper::engine() const { return ios_.front()->engine(); }
 
 IoCounters StateSwapper::counters() const {
   std::lock_guard<std::mutex> lk(mu_);

@@ -9,7 +9,9 @@
 // aligned read and one aligned write of B T 4 bytes. The file is sized (fallocate: a full disk is refused
 // here, at start) to tiles() B T 4 bytes and has no name in DIR (O_TMPFILE; where the filesystem lacks it, a
 // name removed right after creation), so nothing is left in DIR when the run ends, fails or is killed. Reads
-// and writes bypass the page cache (O_DIRECT) where the filesystem allows it (not tmpfs).
+// and writes bypass the page cache (O_DIRECT) where the filesystem allows it (not tmpfs). Each I/O thread moves
+// a tile through its own offload::BlockIo (block_io.h): in blocks of 1 MiB (or the tile, when smaller), all of
+// a tile's blocks in flight at once through io_uring (up to 8), else one pread/pwrite at a time.
 //
 // Two I/O threads (Options::io_threads) take reads and writes in the order they were queued, so a read ahead
 // and a write behind can be in flight at once (queue depth 2; distinct tiles: a tile is read again only after
@@ -46,6 +48,8 @@
 
 namespace mt::offload {
 
+class BlockIo;
+
 // A failure of the offload tier's I/O (a full disk, an I/O error, a deadline passed).
 class OffloadError : public Error {
  public:
@@ -78,6 +82,7 @@ class StateSwapper final : public optim::StateTier {
     double timeout_s = 600;                 // deadline of every wait for the I/O thread
     bool record_events = false;             // keep IoEvents for the trace
     int io_threads = 2;                     // I/O threads: reads and writes in flight at once
+    bool uring = true;                      // each thread's tile in 1 MiB blocks at once through io_uring
   };
   explicit StateSwapper(const Options& o);
   ~StateSwapper() override;  // stops the I/O thread, closes the file (its space goes with it)
@@ -97,6 +102,8 @@ class StateSwapper final : public optim::StateTier {
   // With record_events: every read and write in the order it was queued, (write?, tile).
   std::vector<std::pair<bool, size_t>> issued() const;
   bool direct_io() const { return direct_; }
+  int io_threads() const { return (int)io_.size(); }
+  const char* engine() const;  // "io_uring" or "psync": how the I/O threads move a tile
   size_t file_bytes() const { return tiles_ * B_ * T_ * sizeof(float); }
 
  private:
@@ -110,8 +117,8 @@ class StateSwapper final : public optim::StateTier {
     size_t slot;
     bool write;
   };
-  void io_loop();
-  void run_job(size_t slot, bool write, std::unique_lock<std::mutex>& lk);
+  void io_loop(BlockIo& io);
+  void run_job(BlockIo& io, size_t slot, bool write, std::unique_lock<std::mutex>& lk);
   // Under mu_: queues a read of tile t into a free slot; false when none is free.
   bool prefetch_locked(size_t t);
   // Under mu_: waits until pred() or an error or the deadline; throws the error.
@@ -140,6 +147,8 @@ class StateSwapper final : public optim::StateTier {
   IoCounters counters_;
   std::vector<IoEvent> events_;
   std::vector<std::pair<bool, size_t>> issued_;
+  std::vector<std::unique_ptr<BlockIo>> ios_;  // one per I/O thread
+  std::unique_ptr<BlockIo> caller_io_;         // read() and write(), on the caller's thread
   std::vector<std::thread> io_;
 };
 

@@ -8,6 +8,7 @@
 #include "optim/onebit_adam.h"
 #include "parallel/compress/onebit.h"
 #include "train/gossip_sync.h"
+#include "train/offload.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
 #include "train/exchange_state.h"
@@ -35,6 +36,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.engine.offload_dir = cfg.offload.dir;
   o.engine.offload_timeout_s = cfg.comm_timeout;
   o.engine.offload_events = !cfg.trace.empty();
+  o.engine.offload_io_block = offload_io_block(cfg);
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
   // DGC: the momentum moves into the exchange with SGD (the optimizer then runs without it: make_optimizer);
   // with AdamW it stays in Adam's moments (m = 0 here). The clip threshold moves into the exchange too.

@@ -1,5 +1,6 @@
 #include "train/offload.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/env.h"
@@ -66,6 +67,10 @@ nlohmann::json OffloadTiers::report() const {
     const offload::IoCounters s = f->counters();
     shards.push_back({{"kind", f->kind()},
                       {"file_bytes", f->file_bytes()},
+                      {"direct_io", f->direct_io()},
+                      {"engine", f->engine()},
+                      {"io_depth", f->io_depth()},
+                      {"io_block_bytes", f->io_block()},
                       {"read_bytes", s.bytes_read},
                       {"written_bytes", s.bytes_written},
                       {"read_s", s.read_s},
@@ -79,6 +84,8 @@ nlohmann::json OffloadTiers::report() const {
           {"tiles", state_->tiles()},
           {"tile_bytes_per_buffer", state_->tile_elems() * sizeof(float)},
           {"direct_io", state_->direct_io()},
+          {"engine", state_->engine()},
+          {"io_threads", state_->io_threads()},
           {"read_bytes", c.bytes_read},
           {"written_bytes", c.bytes_written},
           {"read_s", c.read_s},
@@ -88,6 +95,10 @@ nlohmann::json OffloadTiers::report() const {
           {"busy_s", c.busy_s},
           {"bytes_per_busy_s", rate((double)(c.bytes_read + c.bytes_written), c.busy_s)},
           {"demand_reads", c.demand_reads}};
+}
+
+size_t offload_io_block(const TrainConfig& cfg) {
+  return (size_t)std::min<uint64_t>(cfg.offload.tile_bytes, offload::kBlock);
 }
 
 namespace {

@@ -40,6 +40,10 @@ class OffloadTiers {
   std::vector<offload::ShardFile*> shards_;  // owned by the parameter store
 };
 
+// Bytes per I/O of the shard and activation files (offload/shard_file.h): DeepSpeed's 1 MiB, or --offload-tile
+// when smaller (their staging is 8 blocks: a small tile keeps that small too).
+size_t offload_io_block(const TrainConfig& cfg);
+
 // What a rank keeps in memory, planned once its parts are built and before the optimizer state, the activations
 // and a checkpoint's state are loaded (bytes). `now` is what the process holds then (code, libraries,
 // communicator, data, parameters and gradients, which are written at initialization); the optimizer's resident

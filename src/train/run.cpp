@@ -16,6 +16,7 @@
 #include "parallel/pipeline/schedule_generator.h"
 #include "tensor/blas.h"
 #include "offload/shard_file.h"
+#include "train/offload.h"
 #include "train/model_registry.h"
 #include "train/pipemare.h"
 #include "train/ps_sync.h"
@@ -128,6 +129,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     fo.kind = "activations";
     fo.timeout_s = cfg.comm_timeout;
     fo.record_events = tracer.enabled();
+    fo.io_block = offload_io_block(cfg);
     try {
       acts->set_tier(std::make_unique<offload::ShardFile>(fo));
       files.push_back(acts->tier());

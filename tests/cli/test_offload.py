@@ -1,9 +1,10 @@
 """--offload optimizer (docs/offload.md), end to end on a small GPT (L=2, C=32, V=64, B=8, T=16):
   1. The math does not change: each layout (nproc 1; dp 2 with ZeRO 0, 1, 2, 3; tp 2; pp 2; bf16 products;
-     Local SGD averaging the optimizer state; SGD under ZeRO 2; an MoE model with experts over ep 2 and ZeRO 1)
-     trained with its optimizer state streamed from --offload-dir in 4 KiB tiles (many tiles per buffer, so
-     segments are cut at tile boundaries) gives the same losses, gradient norms and final weights, bit for
-     bit (the --save files byte-equal), as the same layout in memory.
+     Local SGD averaging the optimizer state; SGD under ZeRO 2; an MoE model with experts over ep 2 and ZeRO 1;
+     --delayed-update at nproc 1 and at dp 2 with ZeRO 1) trained with its optimizer state streamed from
+     --offload-dir in 4 KiB tiles (many tiles per buffer, so segments are cut at tile boundaries) gives the
+     same losses, gradient norms and final weights, bit for bit (the --save files byte-equal), as the same
+     layout in memory.
   2. Checkpoints: an offloaded run saved at step 3 of 6 resumes in memory, and an in-memory one resumes
      offloaded, each ending with the uninterrupted in-memory run's final weights, byte-equal.
   3. Nothing is left in --offload-dir after any run, and --summary reports the state offloaded and the bytes
@@ -90,6 +91,10 @@ def equality(e: Env) -> None:
         "sgd_zero2": ["--nproc", 2, "--zero", 2, "--optimizer", "sgd"],
         # Experts split over ep 2 (each rank's experts' state is its own), ZeRO 1 on the dense part.
         "moe_ep2_zero1": ["--nproc", 2, "--moe-every", 1, "--experts", 4, "--ep", 2, "--zero", 1],
+        # The delayed parameter update (ZeRO-Offload's DPU, the delay-1 rule) with the state offloaded: the same
+        # bits as the delayed run in memory, which tests/parity/test_delay_one.py holds to the serial reference.
+        "delayed_nproc1": ["--nproc", 1, "--delayed-update"],
+        "delayed_dp2_zero1": ["--nproc", 2, "--zero", 1, "--delayed-update"],
     }
     for name, flags in layouts.items():
         out = {}

@@ -42,6 +42,7 @@ struct DataParallelOptions {
   std::string offload_dir;
   double offload_timeout_s = 600;
   bool offload_events = false;  // keep the files' I/O events for the trace
+  size_t offload_io_block = size_t(1) << 20;  // bytes per I/O of those files (offload/block_io.h)
 };
 
 struct Bucket {

@@ -226,6 +226,7 @@ class Stage3 : public Stage2 {
       fo.n = shard_total_;
       fo.timeout_s = o.offload_timeout_s;
       fo.record_events = o.offload_events;
+      fo.io_block = o.offload_io_block;
       return std::make_unique<offload::ShardFile>(fo);
     };
     if (o.offload_params) pf_ = file("parameters");
@@ -364,14 +365,10 @@ class Stage3 : public Stage2 {
   }
   void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
     if (!gf_) return Stage2::visit_grad_segments(fn);
-    settle_grads();
-    for (Bucket* b : b_.buckets) {
-      // Read at the same place modulo 64 bytes as in gshard_ (vectorized sums split a piece alike).
-      const size_t n = held(*b), pad = b->pos % kLane;
-      AlignedBuffer buf(pad + n);
-      gf_->read(b->pos, n, buf.data() + pad);
-      for (size_t i : seg_of_bucket_[b->index]) fn(i, buf.data() + pad + (segments_[i].grad - b->pos));
-    }
+    // Bucket i + 1 read while the segments of bucket i are visited (same order, same bits).
+    grad_buckets_read_ahead([&](Bucket& b, const float* g) {
+      for (size_t i : seg_of_bucket_[b.index]) fn(i, g + (segments_[i].grad - b.pos));
+    });
   }
 
  protected:
@@ -475,6 +472,35 @@ class Stage3 : public Stage2 {
     last_grad_write_ = gf_->write_owned(pos, std::move(v));
   }
   offload::ShardFile::Ticket last_grad_write_ = 0;
+  // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
+  // while fn reads this one. Each bucket lies at the same place modulo 64 bytes as in gshard_ (vectorized sums
+  // split a piece alike).
+  template <class Fn>
+  void grad_buckets_read_ahead(Fn fn) {
+    settle_grads();
+    const std::vector<Bucket*>& bs = b_.buckets;
+    size_t cap = 0;
+    for (Bucket* b : bs) cap = std::max(cap, b->pos % kLane + held(*b));
+    AlignedBuffer buf[2] = {AlignedBuffer(cap), AlignedBuffer(cap)};
+    struct Drain {  // no read left filling buf when it goes (an exception from fn included)
+      offload::ShardFile* f;
+      ~Drain() {
+        try {
+          f->drain();
+        } catch (...) {  // the error was or will be thrown on the caller's path
+        }
+      }
+    } drain{gf_.get()};
+    offload::ShardFile::Ticket t[2] = {0, 0};
+    auto slice = [&](size_t i) { return buf[i % 2].data() + bs[i]->pos % kLane; };
+    auto queue = [&](size_t i) { t[i % 2] = gf_->read_async(bs[i]->pos, held(*bs[i]), slice(i)); };
+    if (!bs.empty()) queue(0);
+    for (size_t i = 0; i < bs.size(); i++) {
+      if (i + 1 < bs.size()) queue(i + 1);
+      gf_->wait(t[i % 2]);
+      fn(*bs[i], slice(i));
+    }
+  }
   // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
   void settle_grads() {
     if (!gf_) return;

@@ -1,0 +1,84 @@
+// The offload files' I/O engine: a byte range of a file moved in blocks (1 MiB by default, DeepSpeed's aio
+// block size) with up to `depth` of them in flight at once (8 by default, DeepSpeed's queue depth), through
+// io_uring (liburing) where the build has it and the kernel grants a ring, else one pread/pwrite at a time
+// ("psync"). One BlockIo belongs to one thread: it is not shared.
+//
+// Direct I/O (O_DIRECT) needs the file offset, the length and the memory address aligned (kAlign = 4096
+// bytes covers every logical block size and DMA alignment Linux uses). transfer() is for aligned ranges and
+// buffers and moves the caller's memory itself; transfer_any() takes any byte range and any buffer and goes
+// through `depth` staging blocks of its own (aligned): a read copies each block out as it arrives, a write
+// fills a block before submitting it, so the copies overlap the other blocks in flight; a write whose range
+// starts or ends inside a 4096-byte block first reads that block (read-modify-write). The file must extend
+// to the range's ends rounded up to kAlign (the callers size their files so). Without direct I/O (a
+// filesystem that refuses O_DIRECT, such as tmpfs) transfer_any() reads and writes the caller's memory
+// directly, any alignment.
+//
+// Errors (an I/O error, a full disk, a file shorter than the range) wait for every block still in flight and
+// then throw OffloadError naming `what` (the kind and the directory), the byte and the system's message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mt::offload {
+
+constexpr size_t kAlign = 4096;
+constexpr size_t kBlock = size_t(1) << 20;  // DeepSpeed's aio block size
+
+class BlockIo {
+ public:
+  struct Options {
+    size_t block = size_t(1) << 20;  // bytes per submitted I/O (a multiple of kAlign)
+    int depth = 8;                   // I/Os in flight at once
+    bool direct = false;             // the file was opened with O_DIRECT
+    bool uring = true;               // use io_uring when available (false: psync, for tests and benchmarks)
+    std::string what;                // "parameters in --offload-dir DIR", for messages
+  };
+  BlockIo(int fd, const Options& o);
+  ~BlockIo();
+  BlockIo(const BlockIo&) = delete;
+  BlockIo& operator=(const BlockIo&) = delete;
+
+  // [off, off + bytes) of the file from or into buf; with direct I/O off, bytes and buf must be kAlign-aligned.
+  void transfer(bool write, size_t off, size_t bytes, void* buf);
+  // Any range and buffer (see above).
+  void transfer_any(bool write, size_t off, size_t bytes, void* buf);
+
+  static bool uring_built();  // the build has liburing
+  const char* engine() const { return ring_ ? "io_uring" : "psync"; }
+  bool direct() const { return o_.direct; }
+  int depth() const { return ring_ ? o_.depth : 1; }
+  size_t block() const { return o_.block; }
+  size_t staging_bytes() const { return staging_bytes_; }  // memory held for transfer_any (0 until first used)
+
+ private:
+  struct Req {
+    bool write = false;
+    size_t off = 0, len = 0, done = 0;
+    char* buf = nullptr;
+  };
+  // Runs blocks 0..n-1: ready(i, slot) fills slot's request (and may copy into staging), after(i, slot) runs
+  // once it is complete. At most depth() in flight; a slot is reused only after its after().
+  template <class Ready, class After>
+  void pipeline(size_t n, Ready ready, After after);
+  void submit(int slot);
+  int complete();  // the slot of a finished request (resubmits short transfers); throws only via error_
+  void sync_io(Req& r);
+  void fail(const Req& r, int err);  // keeps the first failure in error_
+  char* staging(int slot);
+
+  int fd_;
+  Options o_;
+  struct Ring;
+  std::unique_ptr<Ring> ring_;
+  std::vector<Req> reqs_;
+  std::vector<int> finished_;  // psync: slots done, in order
+  char* stage_ = nullptr;
+  size_t staging_bytes_ = 0;
+  std::string error_;  // the first failure of a pipeline (thrown once every block in flight is back)
+};
+
+}  // namespace mt::offload

@@ -1,0 +1,161 @@
+// The offload files' I/O engine (offload/block_io.h): aligned and unaligned ranges of a direct-I/O file come
+// back as written, with io_uring (several blocks in flight) and with psync; a write that covers an edge block
+// in part leaves the rest of that block as it was; a file shorter than the range is an error naming it.
+#include "offload/block_io.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "offload/shard_file.h"
+#include "offload/state_swapper.h"
+
+namespace {
+
+using mt::offload::BlockIo;
+using mt::offload::kAlign;
+
+struct TempFile {
+  std::string dir;
+  int fd = -1;
+  bool direct = false;
+  explicit TempFile(size_t bytes) {
+    dir = (std::filesystem::temp_directory_path() / "mt_blockio_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(dir.data()), nullptr);
+    fd = mt::offload::open_unnamed(dir, direct);
+    EXPECT_EQ(::ftruncate(fd, (off_t)bytes), 0);
+  }
+  ~TempFile() {
+    ::close(fd);
+    std::filesystem::remove_all(dir);
+  }
+};
+
+// io_uring not turned off for this host (kernel.io_uring_disabled absent or 0).
+bool uring_allowed() {
+  FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "r");
+  if (!f) return true;
+  int v = 0;
+  const bool ok = std::fscanf(f, "%d", &v) == 1;
+  std::fclose(f);
+  return !ok || v == 0;
+}
+
+BlockIo::Options options(bool direct, bool uring, size_t block) {
+  BlockIo::Options o;
+  o.block = block;
+  o.depth = 8;
+  o.direct = direct;
+  o.uring = uring;
+  o.what = "test data in --offload-dir D";
+  return o;
+}
+
+// A model of the file in memory beside the real one: random ranges written and read back through
+// transfer_any (most of them not 4096-aligned, some longer than depth x block), the whole file compared.
+void random_ranges(bool uring) {
+  const size_t bytes = 3 * (size_t(1) << 20) + 5 * kAlign;
+  TempFile f(bytes);
+  BlockIo io(f.fd, options(f.direct, uring, 64 * 1024));  // 64 KiB blocks x 8: 512 KiB staged
+  if (uring && BlockIo::uring_built() && uring_allowed()) {
+    EXPECT_STREQ(io.engine(), "io_uring");
+  }
+  if (!uring) {
+    EXPECT_STREQ(io.engine(), "psync");
+  }
+  std::vector<char> model(bytes, 0);
+  io.transfer_any(true, 0, bytes, model.data());
+  std::mt19937_64 rng(7);
+  for (int it = 0; it < 60; it++) {
+    const size_t off = rng() % bytes;
+    const size_t len = 1 + rng() % std::min<size_t>(bytes - off, it % 3 == 0 ? bytes : 20000);
+    std::vector<char> data(len + 3);
+    for (char& c : data) c = (char)(rng() & 0xff);
+    char* src = data.data() + it % 3;  // buffers at odd addresses too
+    io.transfer_any(true, off, len, src);
+    std::memcpy(model.data() + off, src, len);
+    // A read of a range overlapping the one written.
+    const size_t roff = off > 5000 ? off - 5000 : 0, rlen = std::min(bytes - roff, len + 10000);
+    std::vector<char> back(rlen + 1);
+    io.transfer_any(false, roff, rlen, back.data() + 1);
+    ASSERT_EQ(std::memcmp(back.data() + 1, model.data() + roff, rlen), 0) << "iteration " << it;
+  }
+  std::vector<char> all(bytes);
+  io.transfer_any(false, 0, bytes, all.data());
+  EXPECT_EQ(std::memcmp(all.data(), model.data(), bytes), 0);
+}
+
+TEST(BlockIo, UnalignedRangesComeBackAsWrittenWithIoUring) { random_ranges(true); }
+TEST(BlockIo, UnalignedRangesComeBackAsWrittenWithPsync) { random_ranges(false); }
+
+TEST(BlockIo, APartialEdgeWriteKeepsTheRestOfItsBlock) {
+  TempFile f(4 * kAlign);
+  BlockIo io(f.fd, options(f.direct, true, kAlign));
+  std::vector<char> ones(4 * kAlign, 1);
+  io.transfer_any(true, 0, ones.size(), ones.data());
+  // Both ends inside one block, then a range from inside block 1 to inside block 3.
+  std::vector<char> twos(3 * kAlign, 2);
+  io.transfer_any(true, 10, 20, twos.data());
+  io.transfer_any(true, kAlign + 100, 2 * kAlign, twos.data());
+  std::vector<char> back(4 * kAlign);
+  io.transfer_any(false, 0, back.size(), back.data());
+  for (size_t i = 0; i < back.size(); i++) {
+    const bool written = (i >= 10 && i < 30) || (i >= kAlign + 100 && i < 3 * kAlign + 100);
+    ASSERT_EQ(back[i], written ? 2 : 1) << "byte " << i;
+  }
+}
+
+TEST(BlockIo, AlignedTransferUsesTheCallersMemoryAndNamesAShortFile) {
+  TempFile f(8 * kAlign);
+  BlockIo io(f.fd, options(f.direct, true, 2 * kAlign));
+  char* buf = static_cast<char*>(std::aligned_alloc(kAlign, 16 * kAlign));
+  for (size_t i = 0; i < 8 * kAlign; i++) buf[i] = (char)(i * 7);
+  io.transfer(true, 0, 8 * kAlign, buf);
+  std::memset(buf, 0, 8 * kAlign);
+  io.transfer(false, 0, 8 * kAlign, buf);
+  for (size_t i = 0; i < 8 * kAlign; i++) ASSERT_EQ(buf[i], (char)(i * 7)) << i;
+  // Past the end of the file: an OffloadError naming what the file holds, not a hang or a silent zero.
+  try {
+    io.transfer(false, 4 * kAlign, 8 * kAlign, buf);
+    ADD_FAILURE() << "a read past the end returned";
+  } catch (const mt::offload::OffloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("test data in --offload-dir D ended at byte"), std::string::npos) << e.what();
+  }
+  std::free(buf);
+}
+
+// ShardFile on a directory that takes O_DIRECT (the test's temporary directory, ext4 here) moves its
+// unaligned float ranges through the engine directly; the page-cache mode (direct = false) gives the same.
+TEST(BlockIo, ShardFileUsesDirectIoWhereTheFilesystemTakesIt) {
+  std::string dir = (std::filesystem::temp_directory_path() / "mt_blockio_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  bool direct = false;
+  ::close(mt::offload::open_unnamed(dir, direct));
+  for (bool want : {true, false}) {
+    mt::offload::ShardFile::Options o;
+    o.dir = dir;
+    o.kind = "parameters";
+    o.n = 300001;
+    o.timeout_s = 60;
+    o.direct = want;
+    mt::offload::ShardFile f(o);
+    EXPECT_EQ(f.direct_io(), want && direct);
+    std::vector<float> a(o.n), back(o.n);
+    for (size_t i = 0; i < o.n; i++) a[i] = (float)i * 0.25f;
+    f.write(0, o.n, a.data());
+    f.write_copy(1001, 77, std::vector<float>(77, -1.0f).data());
+    f.read(0, o.n, back.data());
+    for (size_t i = 0; i < o.n; i++) ASSERT_EQ(back[i], i >= 1001 && i < 1078 ? -1.0f : a[i]) << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
