@@ -199,6 +199,8 @@ run_mpirun() {
     prev="$a"
   done
   local prog; prog="$(basename "$1")"; prog="${prog:0:15}"  # /proc/PID/comm holds 15 characters
+  # Ring files of an earlier job with the same --metrics would read as this job's failure.
+  [ -z "$metrics" ] || rm -f "$metrics".flight.rank*.json
   hf="$(mktemp "${TMPDIR:-/tmp}/mt-hostfile.XXXXXX")"
   hostfile "$n" > "$hf"
   local rc=0
@@ -212,10 +214,11 @@ run_mpirun() {
   # odls_base_sigkill_timeout 5: when the job is aborted, ranks get SIGTERM and 5 s (OpenMPI's default: 1) before
   # SIGKILL, time for meshtrain's ranks to write their flight recorder rings on a loaded machine.
   # mpirun's own session directory goes to a directory of the set's (like the hosts', hosts_rsh.sh), so what a
-  # killed mpirun leaves is found and removed below.
+  # killed mpirun leaves is found and removed below. Only TMPDIR: mpirun hands its OMPI_MCA_* variables on to the
+  # daemons' command lines, which would put every daemon's session directory back into one place (hosts_rsh.sh).
   local ltmp="${MT_HOSTS_TMP:-/tmp/mt-hosts}/$NET"
   mkdir -p "$ltmp"
-  TMPDIR="$ltmp" OMPI_MCA_orte_tmpdir_base="$ltmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  TMPDIR="$ltmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
       --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
       --mca pml ob1 --mca btl tcp,self --mca osc sm,pt2pt \
@@ -227,7 +230,9 @@ run_mpirun() {
   trap 'kill -TERM $mp 2> /dev/null || true' INT TERM HUP
   # The watchdog. mpirun ends a job when a rank fails, but it cannot reach a daemon behind a cut link, and then
   # waits (for its --timeout, or for ever) with that daemon and its ranks still running. Once the job has failed
-  # -- a rank wrote its flight recorder ring, or a rank process has ended while mpirun runs on -- mpirun gets
+  # -- with --metrics: a rank wrote its flight recorder ring; without: a rank process has ended while mpirun runs
+  # on (which also happens when ranks end normally at different times: a rank still working MT_HOSTS_GRACE
+  # seconds after another one ended, e.g. saving a large model, would be cut short; pass --metrics) -- mpirun gets
   # MT_HOSTS_GRACE seconds (default 15) to end by itself; then whatever is left on the hosts is killed, and 5 s
   # later mpirun itself (SIGTERM, then SIGKILL after 5 s more: it does not end when it loses its daemons then).
   local grace="${MT_HOSTS_GRACE:-15}" failed_at="" killed_at="" termed_at="" most=0 now cnt
@@ -236,11 +241,13 @@ run_mpirun() {
     if [ -z "$failed_at" ]; then
       cnt="$(host_procs | awk -v p="$prog" '$3 == p' | wc -l)"
       [ "$cnt" -gt "$most" ] && most="$cnt"
-      if [ "$cnt" -lt "$most" ] || { [ -n "$metrics" ] && compgen -G "$metrics.flight.rank*.json" > /dev/null; }; then
+      if { [ -n "$metrics" ] && compgen -G "$metrics.flight.rank*.json" > /dev/null; } ||
+         { [ -z "$metrics" ] && [ "$cnt" -lt "$most" ]; }; then
         failed_at=$now
       fi
     elif [ -z "$killed_at" ] && [ $((now - failed_at)) -ge "$grace" ]; then
-      end_hosts "the job failed $grace s ago and mpirun has not ended (a daemon it cannot reach?)"
+      end_hosts "the job failed $grace s ago and mpirun has not ended it on host(s) $(host_procs | awk '{print $1}' |
+        sort -u | tr '\n' ' ')(mpirun cannot reach them: a link down, or a daemon that does not answer)"
       killed_at=$now
     elif [ -n "$killed_at" ] && [ $((now - killed_at)) -ge 5 ] && [ -z "$termed_at" ]; then
       echo "hosts.sh: mpirun did not end 5 s after its hosts were emptied: ending it (SIGTERM, SIGKILL after 5 s)" >&2

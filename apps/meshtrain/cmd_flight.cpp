@@ -38,6 +38,15 @@ void add_flight_command(CLI::App& app) {
       std::printf("meshtrain: rank %d (host %s) did not respond within --comm-timeout: rank %d timed out waiting "
                   "for it: %s\n", g.waited[first], g.views[g.waited[first]].host.c_str(), first,
                   g.errors[first].c_str());
+    } else if (!g.missing.empty()) {  // e.g. SIGKILLed: mpirun then ended the others (SIGTERM)
+      std::printf("meshtrain: rank %d (host %s) ended without writing its ring (killed, stopped, or cut off)\n",
+                  g.missing[0], g.views[g.missing[0]].host.empty() ? "?" : g.views[g.missing[0]].host.c_str());
+    } else {
+      for (int r = 0; r < g.size && first < 0; r++)
+        if (!g.errors[r].empty()) first = r;
+      if (first >= 0)
+        std::printf("meshtrain: rank %d (host %s) failed: %s\n", first, g.views[first].host.c_str(),
+                    g.errors[first].c_str());
     }
     std::printf("  flight recorder: %s\n", g.verdict.line.c_str());
     // Every timed-out wait, with both hosts: waits that all cross between two hosts point at the link.
@@ -51,7 +60,7 @@ void add_flight_command(CLI::App& app) {
     }
     for (int r = 0; r < g.size; r++)  // other failures (a peer's death seen by MPI, a mismatch, a full disk)
       if (g.waited[r] < 0 && !g.errors[r].empty())
-        std::printf("  rank %d (host %s) failed: %s\n", r, g.views[r].host.c_str(), g.errors[r].c_str());
+        std::printf("  rank %d (host %s): %s\n", r, g.views[r].host.c_str(), g.errors[r].c_str());
     for (int r : g.missing)
       std::printf("  rank %d (host %s) wrote no ring\n", r, g.views[r].host.empty() ? "?" : g.views[r].host.c_str());
     std::printf("  rings of %d rank(s) in %s\n", g.size - static_cast<int>(g.missing.size()), combined.c_str());

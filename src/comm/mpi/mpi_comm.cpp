@@ -469,7 +469,9 @@ LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communica
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
-    const std::string file = write_flight("failed", -1, e.what());
+    // A collective's own wait does not know whom it waits for: its timeout is a CommError (wait_requests).
+    const bool timed_out = std::strstr(e.what(), "(--comm-timeout)") != nullptr;
+    const std::string file = write_flight(timed_out ? "timed out (--comm-timeout)" : "failed", -1, e.what());
     std::fprintf(stderr, "rank %d: %s\n", wr, e.what());
     ring_note(file);
     std::fflush(stderr);

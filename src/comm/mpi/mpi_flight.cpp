@@ -1,6 +1,8 @@
 #include "comm/mpi/mpi_flight.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -25,10 +27,22 @@ std::atomic<int> g_written{0};
 struct sigaction g_old_term;
 bool g_handler = false;
 
+// g_written: 0 = not written, 1 = being written, 2 = written.
 void on_term(int sig) {
-  if (g_written.exchange(1) == 0 && g_ring && g_path[0])
-    flight::write_rank_file(g_path, *g_ring, g_size, g_hosts_json.load(),
-                            "ended by SIGTERM (mpirun ending the job: another rank failed or died)", -1, "");
+  int expected = 0;
+  if (g_written.compare_exchange_strong(expected, 1)) {
+    if (g_ring && g_path[0])
+      flight::write_rank_file(g_path, *g_ring, g_size, g_hosts_json.load(),
+                              "ended by SIGTERM (mpirun ending the job: another rank failed or died)", -1, "");
+    g_written.store(2);
+  } else {
+    // Another thread is writing the ring (this rank failed a moment ago): let it finish (at most 3 s), so that no
+    // half-written temporary is left.
+    for (int i = 0; i < 300 && g_written.load() == 1; i++) {
+      timespec ts{0, 10'000'000};
+      nanosleep(&ts, nullptr);
+    }
+  }
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -93,10 +107,19 @@ void exchange_flight_hosts(MPI_Comm comm, double timeout_s) {
 
 std::string write_flight(const std::string& fate, int waited_world, const std::string& error) {
   if (!g_ring || !g_path[0]) return "";
-  if (g_written.exchange(1) != 0) return "";
-  return flight::write_rank_file(g_path, *g_ring, g_size, g_hosts_json.load(), fate.c_str(), waited_world, error.c_str())
-             ? std::string(g_path)
-             : std::string();
+  int expected = 0;
+  if (!g_written.compare_exchange_strong(expected, 1)) return "";
+  // SIGTERM is blocked on this thread while it writes (a handler here would wait for itself); delivered to another
+  // thread, the handler waits for the write to end.
+  sigset_t term, old;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, &old);
+  const bool ok =
+      flight::write_rank_file(g_path, *g_ring, g_size, g_hosts_json.load(), fate.c_str(), waited_world, error.c_str());
+  g_written.store(2);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return ok ? std::string(g_path) : std::string();
 }
 
 void stop_flight() {
