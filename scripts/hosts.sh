@@ -26,7 +26,12 @@
 #                                 hosts = the hosts' TX summed minus the launcher's RX.
 #   hosts.sh hostfile N           an OpenMPI hostfile with N slots on every host (to stdout)
 #   hosts.sh mpirun N ARGS...     mpirun over all K hosts with N ranks per host (ranks by host: rank r runs on
-#                                 host r / N), TCP only, from the launcher namespace; ARGS is the program
+#                                 host r / N), TCP only, from the launcher namespace; ARGS is the program.
+#                                 A job that failed but that mpirun cannot end (a host behind a cut link) is
+#                                 ended MT_HOSTS_GRACE s (default 15) later; after every job whatever is left on
+#                                 the hosts is killed; after a failed meshtrain job with --metrics M the ranks'
+#                                 flight recorder rings are gathered (meshtrain flight --metrics M). One job per
+#                                 set at a time (the clean-up kills everything on the set's hosts).
 #   hosts.sh exec I CMD...        run CMD inside host I's namespace
 # Exit status: 0 on success; 2 on a usage error; 3 when namespaces cannot be made here (not root, no `ip`,
 # no veth/bridge support), with the reason on stderr (tests skip on 3).
@@ -198,7 +203,12 @@ run_mpirun() {
     case "$a" in --metrics=*) metrics="${a#--metrics=}" ;; esac
     prev="$a"
   done
-  local prog; prog="$(basename "$1")"; prog="${prog:0:15}"  # /proc/PID/comm holds 15 characters
+  # The program: the first argument that is an executable file (mpirun's own options may come first).
+  local bin=""
+  for a in "$@"; do
+    if [ -f "$a" ] && [ -x "$a" ]; then bin="$a"; break; fi
+  done
+  local prog; prog="$(basename -- "${bin:-$1}")"; prog="${prog:0:15}"  # /proc/PID/comm holds 15 characters
   # Ring files of an earlier job with the same --metrics would read as this job's failure.
   [ -z "$metrics" ] || rm -f "$metrics".flight.rank*.json
   hf="$(mktemp "${TMPDIR:-/tmp}/mt-hostfile.XXXXXX")"
@@ -270,8 +280,8 @@ run_mpirun() {
   end_hosts "mpirun has ended (exit $rc)"
   rm -rf "${ltmp:?}"/*
   if [ "$rc" -ne 0 ] && [ -n "$metrics" ] && compgen -G "$metrics.flight.rank*.json" > /dev/null &&
-     [ -x "$1" ] && [ "$(basename "$1")" = meshtrain ]; then
-    "$1" flight --metrics "$metrics" >&2 || true
+     [ -n "$bin" ] && [ "$(basename -- "$bin")" = meshtrain ]; then
+    "$bin" flight --metrics "$metrics" >&2 || true
   fi
   return $rc
 }

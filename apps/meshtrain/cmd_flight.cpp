@@ -30,23 +30,25 @@ void add_flight_command(CLI::App& app) {
       throw CLI::RuntimeError(1);
     }
     comm::flight::write_flight_file(combined, g.views, g.verdict.line);
-    // The headline: the first rank that timed out and whom it waited for (as the shm launcher prints it).
-    int first = -1;
-    for (int r = 0; r < g.size && first < 0; r++)
-      if (g.waited[r] >= 0) first = r;
-    if (first >= 0) {
+    // The headline, the likeliest cause first: a rank that wrote no ring (SIGKILLed: mpirun then ended the rest,
+    // whose rings show them waiting or ended by SIGTERM), else a rank that failed by itself (an error that is not a
+    // timeout, e.g. a full disk: the others then time out waiting for it), else the first rank that timed out and
+    // whom it waited for (as the shm launcher prints it).
+    int cause = -1, first = -1;
+    for (int r = 0; r < g.size; r++) {
+      if (cause < 0 && g.views[r].fate == "failed") cause = r;
+      if (first < 0 && g.waited[r] >= 0) first = r;
+    }
+    if (!g.missing.empty()) {
+      std::printf("meshtrain: rank %d (host %s) ended without writing its ring (killed, stopped, or cut off)\n",
+                  g.missing[0], g.views[g.missing[0]].host.empty() ? "?" : g.views[g.missing[0]].host.c_str());
+    } else if (cause >= 0) {
+      std::printf("meshtrain: rank %d (host %s) failed: %s\n", cause, g.views[cause].host.c_str(),
+                  g.errors[cause].c_str());
+    } else if (first >= 0) {
       std::printf("meshtrain: rank %d (host %s) did not respond within --comm-timeout: rank %d timed out waiting "
                   "for it: %s\n", g.waited[first], g.views[g.waited[first]].host.c_str(), first,
                   g.errors[first].c_str());
-    } else if (!g.missing.empty()) {  // e.g. SIGKILLed: mpirun then ended the others (SIGTERM)
-      std::printf("meshtrain: rank %d (host %s) ended without writing its ring (killed, stopped, or cut off)\n",
-                  g.missing[0], g.views[g.missing[0]].host.empty() ? "?" : g.views[g.missing[0]].host.c_str());
-    } else {
-      for (int r = 0; r < g.size && first < 0; r++)
-        if (!g.errors[r].empty()) first = r;
-      if (first >= 0)
-        std::printf("meshtrain: rank %d (host %s) failed: %s\n", first, g.views[first].host.c_str(),
-                    g.errors[first].c_str());
     }
     std::printf("  flight recorder: %s\n", g.verdict.line.c_str());
     // Every timed-out wait, with both hosts: waits that all cross between two hosts point at the link.

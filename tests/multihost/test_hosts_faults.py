@@ -7,8 +7,11 @@ job runs (after its metrics show FAULT_AFTER steps, so checkpoints exist), one f
   cut    host 1's link goes down (ip link set down): no rank dies, every cross-host wait hits its deadline, and
          mpirun cannot reach host 1's daemon (hosts.sh's watchdog ends what is left there)
   slow   host 1's link is limited to 20 Mbit/s each way (tc tbf) for the rest of the run
+  disk   the checkpoint directory is a 1.5 MiB tmpfs, a checkpoint every step: a write fails with ENOSPC (no
+         external fault; the rank that fails and its host are named in the gathered headline, with the
+         directory and the cause)
 
-For kill, stop and cut, each checked:
+For kill, stop, cut and disk, each checked:
   - the job ends non-zero within its bound after the fault: --comm-timeout + hosts.sh's grace + BOUND_MARGIN_S;
   - its stderr has the flight recorder's verdict (gathered by `meshtrain flight` after mpirun from every rank's
     ring file) naming the rank (kill, stop: rank 3; cut: a rank waiting across the link), its host, and an
@@ -148,7 +151,7 @@ def run_faults(args, checks: dpc.Tally, prefix: str) -> None:
         return [str(c) for c in launcher + cmd(tag, LAYOUT + ["--comm-timeout", COMM_TIMEOUT_S] + list(extra))]
 
     unbroken = None
-    for fault in ["slow", "kill", "stop", "cut"]:
+    for fault in ["slow", "kill", "stop", "cut", "disk"]:
         if only and fault not in only:
             continue
         if fault == "slow" and unbroken is None:  # the same layout over the same hosts without a fault
@@ -157,6 +160,9 @@ def run_faults(args, checks: dpc.Tally, prefix: str) -> None:
             if not checks.check(r.returncode == 0, dpc.failure_text(r, "mpi_unbroken")):
                 continue
             unbroken = dpc.read_metrics_range(out("mpi_unbroken", "jsonl"), 0, STEPS, checks, "mpi_unbroken")
+        if fault == "disk":
+            disk_full(prefix, per_host, args, checks, out, mpi_cmd, env, want, init_path, data_path)
+            continue
         run_fault(fault, prefix, per_host, args, checks, out, mpi_cmd, env, want, unbroken, init_path, data_path)
         hosts(prefix, "heal", 1, check=False)
         hosts(prefix, "rate", 1, "off", check=False)
@@ -244,6 +250,47 @@ def run_fault(fault, prefix, per_host, args, checks, out, mpi_cmd, env, want, un
     cks = checkpoints(ck)
     if not checks.check(bool(cks), f"{tag}: checkpoints were written before the fault ({ck})"):
         return
+    resume_check(tag, cks, ck, args, checks, out, want, init_path, data_path)
+
+
+def disk_full(prefix, per_host, args, checks, out, mpi_cmd, env, want, init_path, data_path):
+    """The checkpoint directory on a 1.5 MiB tmpfs, a checkpoint every step: a rank's write fails with ENOSPC."""
+    tag = "fault_disk"
+    mnt = out(tag, "tmpfs")
+    os.makedirs(mnt, exist_ok=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", mnt], capture_output=True, text=True)
+    if mount.returncode != 0:  # root is needed for the namespaces too, so this is not expected here
+        checks.check(False, f"{tag}: cannot mount a tmpfs: {mount.stderr.strip()}")
+        return
+    try:
+        ck, metrics = os.path.join(mnt, "ck"), out(tag, "jsonl")
+        dpc.remove_stale(metrics, metrics + ".flight.json")
+        shm_before = set(os.listdir("/dev/shm"))
+        c = mpi_cmd(tag, ["--checkpoint-dir", ck, "--save-every", 1, "--keep-checkpoints", 0])
+        r = dpc.run_group(c, START_DEADLINE_S + COMM_TIMEOUT_S + GRACE_S + BOUND_MARGIN_S, out(tag, "log"))
+        err = r.stderr.decode(errors="replace")
+        checks.check(r.returncode is not None and r.returncode != 0,
+                     f"{tag}: a full checkpoint disk ends the job non-zero (exit {r.returncode}, {r.seconds:.1f} s)")
+        checks.check(ck in err and "No space left on device" in err,
+                     f"{tag}: the message names the checkpoint directory and the cause: {err[-800:]}")
+        head = [line for line in err.splitlines() if line.startswith("meshtrain: rank")]
+        print(f"{tag}: {head[-1] if head else None}")
+        checks.check(bool(head) and re.search(rf"rank \d \(host {prefix}-h\d\)", head[-1]) is not None,
+                     f"{tag}: the gathered headline names the rank and its host: {head}")
+        verdict = [line for line in err.splitlines() if line.startswith("  flight recorder: ")
+                   and "this rank's ring" not in line]
+        checks.check(bool(verdict) and re.search(r"#\d+ (on|to|from)", verdict[-1]) is not None,
+                     f"{tag}: the verdict names an operation: {verdict}")
+        check_nothing_left(prefix, tag, checks, shm_before, metrics, ck)
+        cks = checkpoints(ck)
+        if checks.check(bool(cks), f"{tag}: checkpoints were written before the disk filled"):
+            resume_check(tag, cks, ck, args, checks, out, want, init_path, data_path)
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+def resume_check(tag, cks, ck, args, checks, out, want, init_path, data_path):
+    """The newest checkpoint resumes (shm launcher, the same layout, two steps) to the unbroken run's rows."""
     step = int(re.search(r"step_0*(\d+)", cks[-1]).group(1))
     res_ck, res_m = out(tag, "resume_ck"), out(tag, "resume.jsonl")
     shutil.rmtree(res_ck, ignore_errors=True)
