@@ -249,11 +249,12 @@ run_mpirun() {
   while kill -0 "$mp" 2> /dev/null; do
     now=$SECONDS
     if [ -z "$failed_at" ]; then
-      cnt="$(host_procs | awk -v p="$prog" '$3 == p' | wc -l)"
-      [ "$cnt" -gt "$most" ] && most="$cnt"
-      if { [ -n "$metrics" ] && compgen -G "$metrics.flight.rank*.json" > /dev/null; } ||
-         { [ -z "$metrics" ] && [ "$cnt" -lt "$most" ]; }; then
-        failed_at=$now
+      if [ -n "$metrics" ]; then  # a shell glob: no process started per poll
+        compgen -G "$metrics.flight.rank*.json" > /dev/null && failed_at=$now
+      else
+        cnt="$(host_procs | awk -v p="$prog" '$3 == p' | wc -l)"
+        [ "$cnt" -gt "$most" ] && most="$cnt"
+        [ "$cnt" -lt "$most" ] && failed_at=$now
       fi
     elif [ -z "$killed_at" ] && [ $((now - failed_at)) -ge "$grace" ]; then
       end_hosts "the job failed $grace s ago and mpirun has not ended it on host(s) $(host_procs | awk '{print $1}' |
