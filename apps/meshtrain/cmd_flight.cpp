@@ -24,7 +24,8 @@ void add_flight_command(CLI::App& app) {
     const std::string combined = a->metrics + ".flight.json";
     const comm::flight::Gathered g = comm::flight::gather_rank_files(combined);
     if (g.size == 0) {
-      std::fprintf(stderr, "meshtrain flight: no rank wrote a ring (%s): the job did not fail, or it ran without "
+      std::fprintf(stderr,
+                   "meshtrain flight: no rank wrote a ring (%s): the job did not fail, or it ran without "
                    "--metrics %s, or every rank was killed before writing\n",
                    comm::flight::rank_file_path(combined, 0).c_str(), a->metrics.c_str());
       throw CLI::RuntimeError(1);
@@ -46,9 +47,10 @@ void add_flight_command(CLI::App& app) {
       std::printf("meshtrain: rank %d (host %s) failed: %s\n", cause, g.views[cause].host.c_str(),
                   g.errors[cause].c_str());
     } else if (first >= 0) {
-      std::printf("meshtrain: rank %d (host %s) did not respond within --comm-timeout: rank %d timed out waiting "
-                  "for it: %s\n", g.waited[first], g.views[g.waited[first]].host.c_str(), first,
-                  g.errors[first].c_str());
+      std::printf(
+          "meshtrain: rank %d (host %s) did not respond within --comm-timeout: rank %d timed out waiting "
+          "for it: %s\n",
+          g.waited[first], g.views[g.waited[first]].host.c_str(), first, g.errors[first].c_str());
     }
     std::printf("  flight recorder: %s\n", g.verdict.line.c_str());
     // Every timed-out wait, with both hosts: waits that all cross between two hosts point at the link.

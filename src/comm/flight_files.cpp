@@ -20,9 +20,12 @@ namespace {
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += ' ';
+    else
+      o += c;
   }
   return o;
 }
@@ -37,9 +40,12 @@ class SafeOut {
   void esc(const char* s) {  // a JSON string's body: quotes and backslashes escaped, control characters as ' '
     for (; s && *s; ++s) {
       const char c = *s;
-      if (c == '"' || c == '\\') byte('\\'), byte(c);
-      else if (static_cast<unsigned char>(c) < 0x20) byte(' ');
-      else byte(c);
+      if (c == '"' || c == '\\')
+        byte('\\'), byte(c);
+      else if (static_cast<unsigned char>(c) < 0x20)
+        byte(' ');
+      else
+        byte(c);
     }
   }
   void u(uint64_t v) {
@@ -72,8 +78,10 @@ class SafeOut {
     while (off < n_ && ok_) {
       const ssize_t w = ::write(fd_, buf_ + off, n_ - off);
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) ok_ = false;
-      else off += static_cast<size_t>(w);
+      if (w <= 0)
+        ok_ = false;
+      else
+        off += static_cast<size_t>(w);
     }
     n_ = 0;
   }
@@ -135,8 +143,8 @@ bool write_rank_file(const char* path, const Ring& ring, int world_size, const c
     const uint32_t kind = e.kind.load(std::memory_order_relaxed);
     const uint64_t seq = e.seq.load(std::memory_order_relaxed), bytes = e.bytes.load(std::memory_order_relaxed);
     const int32_t peer = e.peer.load(std::memory_order_relaxed), root = e.root.load(std::memory_order_relaxed);
-    const int64_t tq = e.t_queued_ns.load(std::memory_order_relaxed), ts = e.t_started_ns.load(std::memory_order_relaxed),
-                  td = e.t_done_ns.load(std::memory_order_relaxed);
+    const int64_t tq = e.t_queued_ns.load(std::memory_order_relaxed),
+                  ts = e.t_started_ns.load(std::memory_order_relaxed), td = e.t_done_ns.load(std::memory_order_relaxed);
     char name[kGroupChars + 1] = {};
     for (int w = 0; w < kGroupChars / 8; w++) {
       const uint64_t word = e.group[w].load(std::memory_order_relaxed);
@@ -289,10 +297,11 @@ void write_flight_file(const std::string& path, const std::vector<RankView>& vie
              json_escape(v.fate), "\", \"ops\": [");
     for (size_t j = 0; j < v.ops.size(); j++) {
       const Op& op = v.ops[j];
-      t += str(j ? ",\n    " : "\n    ", "{\"id\": ", op.id, ", \"group\": \"", json_escape(op.group), "\", \"op\": \"",
-               op_kind_name(op.kind), "\", \"seq\": ", op.seq, ", \"bytes\": ", op.bytes, ", \"peer\": ", op.peer,
-               ", \"root\": ", op.root, ", \"state\": \"", state_name(op.state), "\", \"t_queued_ns\": ",
-               op.t_queued_ns, ", \"t_started_ns\": ", op.t_started_ns, ", \"t_done_ns\": ", op.t_done_ns, "}");
+      t +=
+          str(j ? ",\n    " : "\n    ", "{\"id\": ", op.id, ", \"group\": \"", json_escape(op.group), "\", \"op\": \"",
+              op_kind_name(op.kind), "\", \"seq\": ", op.seq, ", \"bytes\": ", op.bytes, ", \"peer\": ", op.peer,
+              ", \"root\": ", op.root, ", \"state\": \"", state_name(op.state), "\", \"t_queued_ns\": ", op.t_queued_ns,
+              ", \"t_started_ns\": ", op.t_started_ns, ", \"t_done_ns\": ", op.t_done_ns, "}");
     }
     t += "]}";
   }

@@ -37,13 +37,13 @@ bool write_rank_file(const char* path, const Ring& ring, int world_size, const c
                      int waited_world, const char* error);
 
 struct Gathered {
-  int size = 0;                  // the job's ranks (from the files), 0 when none was found
-  std::vector<RankView> views;   // one per rank, in rank order (a rank without a file: no ops, fate says so)
-  std::vector<int> missing;      // ranks that wrote no ring
+  int size = 0;                     // the job's ranks (from the files), 0 when none was found
+  std::vector<RankView> views;      // one per rank, in rank order (a rank without a file: no ops, fate says so)
+  std::vector<int> missing;         // ranks that wrote no ring
   std::vector<std::string> errors;  // per rank: its error text ("" when none or missing)
-  std::vector<int> waited;       // per rank: the world rank it timed out waiting for, or -1
+  std::vector<int> waited;          // per rank: the world rank it timed out waiting for, or -1
   Verdict verdict;
-  bool inside = false;           // some rank is inside an operation (the verdict is worth printing)
+  bool inside = false;  // some rank is inside an operation (the verdict is worth printing)
 };
 
 // Reads `<P>.rank<R>.json` for R = 0.. (size from the first file found; at most kMaxGatherRanks), builds the

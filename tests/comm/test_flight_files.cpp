@@ -104,8 +104,8 @@ TEST(FlightFiles, ARankWithoutAFileIsNamedWithItsHostFromTheOthers) {
   EXPECT_EQ(g.views[3].host, "h1");
   EXPECT_TRUE(g.views[3].ops.empty());
   EXPECT_EQ(g.verdict.odd, std::vector<int>({3}));
-  EXPECT_EQ(g.verdict.line, "all ranks but 3 entered all_reduce #5 on group world; rank 3 (host h1; " + g.views[3].fate +
-                                ") recorded no operation");
+  EXPECT_EQ(g.verdict.line, "all ranks but 3 entered all_reduce #5 on group world; rank 3 (host h1; " +
+                                g.views[3].fate + ") recorded no operation");
   EXPECT_EQ(g.waited, std::vector<int>({3, -1, -1, -1}));
 }
 

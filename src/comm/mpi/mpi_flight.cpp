@@ -21,7 +21,7 @@ namespace {
 
 flight::Ring* g_ring = nullptr;  // heap, never freed once a handler may read it
 int g_size = 0;
-char g_path[4096] = {};          // "" = no file
+char g_path[4096] = {};                    // "" = no file
 std::atomic<char*> g_hosts_json{nullptr};  // heap, never freed (a handler may be reading it)
 std::atomic<int> g_written{0};
 struct sigaction g_old_term;
@@ -91,12 +91,16 @@ void exchange_flight_hosts(MPI_Comm comm, double timeout_s) {
   wait_request(&req, timeout_s, [] { return std::string("the flight recorder's exchange of host names"); });
   std::string j = "[";
   for (int r = 0; r < n; r++) {
-    std::string h(&all[size_t(r) * flight::kHostChars], strnlen(&all[size_t(r) * flight::kHostChars], flight::kHostChars));
+    std::string h(&all[size_t(r) * flight::kHostChars],
+                  strnlen(&all[size_t(r) * flight::kHostChars], flight::kHostChars));
     std::string e;
     for (char c : h) {
-      if (c == '"' || c == '\\') e += '\\', e += c;
-      else if (static_cast<unsigned char>(c) < 0x20) e += ' ';
-      else e += c;
+      if (c == '"' || c == '\\')
+        e += '\\', e += c;
+      else if (static_cast<unsigned char>(c) < 0x20)
+        e += ' ';
+      else
+        e += c;
     }
     j += str(r ? ", \"" : "\"", e, "\"");
   }
