@@ -26,7 +26,12 @@
 #                                 hosts = the hosts' TX summed minus the launcher's RX.
 #   hosts.sh hostfile N           an OpenMPI hostfile with N slots on every host (to stdout)
 #   hosts.sh mpirun N ARGS...     mpirun over all K hosts with N ranks per host (ranks by host: rank r runs on
-#                                 host r / N), TCP only, from the launcher namespace; ARGS is the program
+#                                 host r / N), TCP only, from the launcher namespace; ARGS is the program.
+#                                 A job that failed but that mpirun cannot end (a host behind a cut link) is
+#                                 ended MT_HOSTS_GRACE s (default 15) later; after every job whatever is left on
+#                                 the hosts is killed; after a failed meshtrain job with --metrics M the ranks'
+#                                 flight recorder rings are gathered (meshtrain flight --metrics M). One job per
+#                                 set at a time (the clean-up kills everything on the set's hosts).
 #   hosts.sh exec I CMD...        run CMD inside host I's namespace
 # Exit status: 0 on success; 2 on a usage error; 3 when namespaces cannot be made here (not root, no `ip`,
 # no veth/bridge support), with the reason on stderr (tests skip on 3).
@@ -84,7 +89,8 @@ down() {
     fi
     ip netns del "$ns" 2>/dev/null || true  # its veth ends go with it, and so do their peers
   done
-  rm -rf "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$PREFIX"-h*  # the hosts' private temporary directories (hosts_rsh.sh)
+  # the hosts' private temporary directories (hosts_rsh.sh) and the launcher's (run_mpirun)
+  rm -rf "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$PREFIX"-h* "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$PREFIX-net"
 }
 
 set_rate() {  # set_rate I RATE|off: tbf on both directions of host I's link
@@ -149,12 +155,62 @@ hostfile() {
   for i in $(hosts); do echo "$(host_ns "$i") slots=$n max_slots=$n"; done
 }
 
+# The processes on the set's hosts (daemons and ranks: everything in the hosts' namespaces, not the launcher's),
+# one "namespace pid command" line each.
+host_procs() {
+  local i ns p
+  for i in $(hosts); do
+    ns="$(host_ns "$i")"
+    for p in $(ip netns pids "$ns" 2>/dev/null || true); do
+      echo "$ns $p $(cat "/proc/$p/comm" 2>/dev/null || echo '?')"
+    done
+  done
+}
+
+# end_hosts WHY: SIGKILL whatever still runs on the hosts (naming it, with WHY), wait (bounded) until it is gone,
+# then empty the hosts' temporary directories (OpenMPI's session directories, which a killed daemon leaves).
+end_hosts() {
+  local why="$1" left i
+  left="$(host_procs)"
+  if [ -n "$left" ]; then
+    echo "hosts.sh: $why: killing what is left on the hosts: $(echo "$left" |
+      awk '{printf "%s%s pid %s (%s)", (NR > 1 ? ", " : ""), $1, $2, $3}')" >&2
+    # shellcheck disable=SC2046
+    kill -KILL $(echo "$left" | awk '{print $2}') 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      [ -z "$(host_procs)" ] && break
+      sleep 0.1
+    done
+    left="$(host_procs)"
+    [ -z "$left" ] || echo "hosts.sh: still on the hosts after SIGKILL (5 s): $left" >&2
+  fi
+  if [ -z "$left" ]; then
+    for i in $(hosts); do rm -rf "${MT_HOSTS_TMP:-/tmp/mt-hosts}/$(host_ns "$i")"/*; done
+  fi
+}
+
 run_mpirun() {
   local n="$1"; shift
   [ $# -ge 1 ] || die "mpirun: no program given"
   need_set
   local k hf; k="$(hosts | wc -l)"
   command -v mpirun > /dev/null || die "mpirun is not on PATH (bash scripts/setup.sh mpi)"
+  # --metrics M among the program's arguments: failing meshtrain ranks write their flight recorder rings to
+  # M.flight.rank<R>.json (src/comm/mpi/mpi_flight.h); after a failed job they are gathered into the verdict.
+  local metrics="" prev="" a
+  for a in "$@"; do
+    [ "$prev" = --metrics ] && metrics="$a"
+    case "$a" in --metrics=*) metrics="${a#--metrics=}" ;; esac
+    prev="$a"
+  done
+  # The program: the first argument that is an executable file (mpirun's own options may come first).
+  local bin=""
+  for a in "$@"; do
+    if [ -f "$a" ] && [ -x "$a" ]; then bin="$a"; break; fi
+  done
+  local prog; prog="$(basename -- "${bin:-$1}")"; prog="${prog:0:15}"  # /proc/PID/comm holds 15 characters
+  # Ring files of an earlier job with the same --metrics would read as this job's failure.
+  [ -z "$metrics" ] || rm -f "$metrics".flight.rank*.json
   hf="$(mktemp "${TMPDIR:-/tmp}/mt-hostfile.XXXXXX")"
   hostfile "$n" > "$hf"
   local rc=0
@@ -165,14 +221,69 @@ run_mpirun() {
   # and ends the job; daemonized (the default for an rsh agent) it vanished and mpirun waited forever. (The
   # failure was two daemons creating the same session directory in the shared /tmp, 1 launch in 40-60; each host
   # now has its own TMPDIR, see hosts_rsh.sh.)
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  # odls_base_sigkill_timeout 5: when the job is aborted, ranks get SIGTERM and 5 s (OpenMPI's default: 1) before
+  # SIGKILL, time for meshtrain's ranks to write their flight recorder rings on a loaded machine.
+  # mpirun's own session directory goes to a directory of the set's (like the hosts', hosts_rsh.sh), so what a
+  # killed mpirun leaves is found and removed below. Only TMPDIR: mpirun hands its OMPI_MCA_* variables on to the
+  # daemons' command lines, which would put every daemon's session directory back into one place (hosts_rsh.sh).
+  local ltmp="${MT_HOSTS_TMP:-/tmp/mt-hosts}/$NET"
+  mkdir -p "$ltmp"
+  TMPDIR="$ltmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     ip netns exec "$NET" mpirun --hostfile "$hf" -np $((k * n)) --map-by "ppr:$n:node" --bind-to none \
       --mca plm rsh --mca plm_rsh_agent "$HERE/hosts_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
       --mca pml ob1 --mca btl tcp,self --mca osc sm,pt2pt \
       --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
+      --mca odls_base_sigkill_timeout 5 \
       -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x MT_HOSTS_PREFIX="$PREFIX" \
-      "$@" || rc=$?
+      "$@" &
+  local mp=$!
+  trap 'kill -TERM $mp 2> /dev/null || true' INT TERM HUP
+  # The watchdog. mpirun ends a job when a rank fails, but it cannot reach a daemon behind a cut link, and then
+  # waits (for its --timeout, or for ever) with that daemon and its ranks still running. Once the job has failed
+  # -- with --metrics: a rank wrote its flight recorder ring; without: a rank process has ended while mpirun runs
+  # on (which also happens when ranks end normally at different times: a rank still working MT_HOSTS_GRACE
+  # seconds after another one ended, e.g. saving a large model, would be cut short; pass --metrics) -- mpirun gets
+  # MT_HOSTS_GRACE seconds (default 15) to end by itself; then whatever is left on the hosts is killed, and 5 s
+  # later mpirun itself (SIGTERM, then SIGKILL after 5 s more: it does not end when it loses its daemons then).
+  local grace="${MT_HOSTS_GRACE:-15}" failed_at="" killed_at="" termed_at="" most=0 now cnt
+  while kill -0 "$mp" 2> /dev/null; do
+    now=$SECONDS
+    if [ -z "$failed_at" ]; then
+      if [ -n "$metrics" ]; then  # a shell glob: no process started per poll
+        compgen -G "$metrics.flight.rank*.json" > /dev/null && failed_at=$now
+      else
+        cnt="$(host_procs | awk -v p="$prog" '$3 == p' | wc -l)"
+        [ "$cnt" -gt "$most" ] && most="$cnt"
+        [ "$cnt" -lt "$most" ] && failed_at=$now
+      fi
+    elif [ -z "$killed_at" ] && [ $((now - failed_at)) -ge "$grace" ]; then
+      end_hosts "the job failed $grace s ago and mpirun has not ended it on host(s) $(host_procs | awk '{print $1}' |
+        sort -u | tr '\n' ' ')(mpirun cannot reach them: a link down, or a daemon that does not answer)"
+      killed_at=$now
+    elif [ -n "$killed_at" ] && [ $((now - killed_at)) -ge 5 ] && [ -z "$termed_at" ]; then
+      echo "hosts.sh: mpirun did not end 5 s after its hosts were emptied: ending it (SIGTERM, SIGKILL after 5 s)" >&2
+      kill -TERM "$mp" 2> /dev/null || true
+      termed_at=$now
+    elif [ -n "$termed_at" ] && [ $((now - termed_at)) -ge 5 ]; then
+      kill -KILL "$mp" 2> /dev/null || true
+    fi
+    sleep 0.2
+  done
+  wait "$mp" || rc=$?
+  trap - INT TERM HUP
   rm -f "$hf"
+  [ -z "$killed_at" ] || [ "$rc" -ne 0 ] || rc=1
+  # Daemons and ranks that outlived mpirun (a daemon behind a cut link; a daemon still exiting gets 2 s).
+  for _ in $(seq 1 20); do
+    [ -z "$(host_procs)" ] && break
+    sleep 0.1
+  done
+  end_hosts "mpirun has ended (exit $rc)"
+  rm -rf "${ltmp:?}"/*
+  if [ "$rc" -ne 0 ] && [ -n "$metrics" ] && compgen -G "$metrics.flight.rank*.json" > /dev/null &&
+     [ -n "$bin" ] && [ "$(basename -- "$bin")" = meshtrain ]; then
+    "$bin" flight --metrics "$metrics" >&2 || true
+  fi
   return $rc
 }
 

@@ -22,4 +22,7 @@ fi
 tmp="${MT_HOSTS_TMP:-/tmp/mt-hosts}/$host"
 mkdir -p "$tmp"
 export TMPDIR="$tmp" OMPI_MCA_orte_tmpdir_base="$tmp"
+# The ranks inherit the daemon's environment: meshtrain's flight recorder names a rank's host by it (every
+# namespace has the machine's hostname).
+export MESHTRAIN_HOST="$host"
 exec ip netns exec "$host" /bin/sh -c "$*"

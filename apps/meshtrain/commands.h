@@ -63,6 +63,7 @@ void add_sample_command(CLI::App& app);
 void add_decode_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_flight_command(CLI::App& app);  // meshtrain flight (gather MPI ranks' flight recorder rings)
 void add_bench_train_command(CLI::App& bench);  // meshtrain bench train
 void add_bench_comm_command(CLI::App& bench);   // meshtrain bench comm
 void add_bench_pipeline_command(CLI::App& bench);  // meshtrain bench pipeline

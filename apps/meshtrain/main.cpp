@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   mt::cli::add_decode_command(app);
   mt::cli::add_simulate_command(app);
   mt::cli::add_report_command(app);
+  mt::cli::add_flight_command(app);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks that compare against a peer in the same run");
   bench->require_subcommand(1);
   mt::cli::add_bench_train_command(*bench);

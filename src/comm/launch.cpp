@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "comm/flight_recorder.h"
+#include "comm/flight_files.h"
 #include "comm/flight_verdict.h"
 #include "comm/shm/job.h"
 #include "comm/shm/shm_comm.h"
@@ -71,39 +72,6 @@ bool is_stopped(pid_t pid) {
   std::fclose(f);
   const char* close_paren = got ? std::strrchr(buf, ')') : nullptr;  // the command may hold spaces and ')'
   return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'T' || close_paren[2] == 't');
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
-  }
-  return o;
-}
-
-// The rings as JSON (docs/faults.md): {"verdict": "...", "ranks": [{"rank", "host", "pid", "fate", "ops": [...]}]}.
-void write_flight_file(const std::string& path, const std::vector<flight::RankView>& views, const std::string& verdict) {
-  std::string t = str("{\"verdict\": \"", json_escape(verdict), "\",\n \"ranks\": [");
-  for (size_t i = 0; i < views.size(); i++) {
-    const flight::RankView& v = views[i];
-    t += str(i ? ",\n  " : "\n  ", "{\"rank\": ", v.rank, ", \"host\": \"", json_escape(v.host), "\", \"fate\": \"",
-             json_escape(v.fate), "\", \"ops\": [");
-    for (size_t j = 0; j < v.ops.size(); j++) {
-      const flight::Op& op = v.ops[j];
-      t += str(j ? ",\n    " : "\n    ", "{\"id\": ", op.id, ", \"group\": \"", json_escape(op.group), "\", \"op\": \"",
-               op_kind_name(op.kind), "\", \"seq\": ", op.seq, ", \"bytes\": ", op.bytes, ", \"peer\": ", op.peer,
-               ", \"root\": ", op.root, ", \"state\": \"", flight::state_name(op.state), "\", \"t_queued_ns\": ",
-               op.t_queued_ns, ", \"t_started_ns\": ", op.t_started_ns, ", \"t_done_ns\": ", op.t_done_ns, "}");
-    }
-    t += "]}";
-  }
-  t += "\n]}\n";
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fputs(t.c_str(), f);
-    std::fclose(f);
-  }
 }
 
 [[noreturn]] void run_worker(shm::Job& job, uint64_t region, int r, int n, pid_t parent, const LaunchOptions& o,
@@ -319,7 +287,7 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
     for (const flight::RankView& rv : views) inside = inside || flight::position(rv.ops) >= 0;
     if (inside) res.verdict = v.line;
     res.odd_ranks = v.odd;
-    if (!o.flight_file.empty()) write_flight_file(o.flight_file, views, v.line);
+    if (!o.flight_file.empty()) flight::write_flight_file(o.flight_file, views, v.line);
   }
   shm::sweep_segments(getpid());
   return res;

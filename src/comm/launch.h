@@ -50,9 +50,10 @@ struct LaunchOptions {
   double timeout_s = 300;        // deadline of every blocking communication call (--comm-timeout)
   double grace_s = 2;            // after a failure, how long other ranks get to report before SIGKILL
   Algo algo = Algo::automatic;   // all-reduce algorithm override (benchmarks)
-  // shm: an injected fault, "RANK:K:KIND" (flight_recorder.h parse_fault; tests set it from MESHTRAIN_FAULT).
+  // an injected fault, "RANK:K:KIND" (flight_recorder.h parse_fault; tests set it from MESHTRAIN_FAULT).
   std::string fault;
-  // shm: when set and the job fails, every rank's flight recorder ring is written here (JSON, docs/faults.md).
+  // when set and the job fails, every rank's flight recorder ring is written here (JSON, docs/faults.md); under MPI
+  // each rank writes its own ring beside it (flight_files.h rank_file_path) and `meshtrain flight` gathers them.
   std::string flight_file;
 };
 

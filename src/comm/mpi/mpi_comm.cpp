@@ -12,6 +12,7 @@
 
 #include "comm/deadline.h"
 #include "comm/mpi/hier_allgather.h"
+#include "comm/mpi/mpi_flight.h"
 #include "comm/reduce.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -448,20 +449,35 @@ LaunchResult run_body(const LaunchOptions& o, const std::function<void(Communica
   MPI_Comm_size(MPI_COMM_WORLD, &ws);
   MT_REQUIRE(InputError, o.nproc <= 1 || o.nproc == ws, "--nproc ", o.nproc, " disagrees with mpirun's ", ws,
              " processes; under mpirun leave --nproc out (rank and size come from MPI)");
+  // The flight recorder (mpi_flight.h): this rank's ring in its own memory, written to its own file on failure
+  // or SIGTERM, gathered by `meshtrain flight` after mpirun has ended.
+  start_flight(wr, ws, o.flight_file, o.fault);
+  auto ring_note = [](const std::string& file) {
+    if (!file.empty()) std::fprintf(stderr, "  flight recorder: this rank's ring is in %s\n", file.c_str());
+  };
   try {
     MpiCommunicator world(MPI_COMM_WORLD, "world");
     world.set_timeout(o.timeout_s);
     world.set_algorithm(o.algo);
+    exchange_flight_hosts(world.handle(), o.timeout_s);
     body(world);
   } catch (const CommTimeoutError& e) {  // the same headline as the shm launcher: the stalled rank first
+    const std::string file =
+        write_flight(str("timed out waiting for rank ", e.waited_world_rank()), e.waited_world_rank(), e.what());
     print_failure_headline(wr, e.waited_world_rank(), e.what());
+    ring_note(file);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
+    // A collective's own wait does not know whom it waits for: its timeout is a CommError (wait_requests).
+    const bool timed_out = std::strstr(e.what(), "(--comm-timeout)") != nullptr;
+    const std::string file = write_flight(timed_out ? "timed out (--comm-timeout)" : "failed", -1, e.what());
     std::fprintf(stderr, "rank %d: %s\n", wr, e.what());
+    ring_note(file);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  stop_flight();
   return res;
 }
 
