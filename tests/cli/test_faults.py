@@ -2,7 +2,7 @@
   1. --max-restarts, same layout: a 2-rank job whose rank 1 is SIGKILLed mid-run (MESHTRAIN_FAULT) restarts
      from its last checkpoint and ends with the unbroken 2-rank run's metrics rows (loss, grad_norm, lr) and
      final weights, bit for bit; the failure is reported with the flight recorder's verdict naming rank 1, its
-     host and how it died.
+     host and how it died; the failed attempt's PATH.flight.json is removed once the restart finished the job.
   2. --min-nproc, dp 4 -> dp 2: rank 3's place is lost (fault kind "lose"); the restart continues on 2 ranks
      (3 do not divide --batch-size 8), the global batch unchanged. Its rows equal, bit for bit, a 4-rank run
      stopped at the same checkpoint and resumed by hand on 2 ranks, and the single-process unbroken run up to
@@ -136,6 +136,9 @@ def restart_same_layout(e: Env) -> None:
     with open(a_w, "rb") as fa, open(b_w, "rb") as fb:
         check(fa.read() == fb.read(), "final weights byte-equal to the unbroken run's")
     check(no_temporaries(b_c), "no temporaries in the checkpoint directory")
+    check(not os.path.exists(b_m + ".flight.json"), "the failed attempt's rings file is removed once the restart "
+          "finished the job")
+    check(not os.path.exists(a_m + ".flight.json"), "an unbroken job writes no rings file")
 
 
 def restart_fewer_ranks(e: Env) -> None:
