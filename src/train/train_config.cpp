@@ -524,6 +524,22 @@ const RefusedCombination kRefused[] = {
 void check_refused(const TrainConfig& c) {
   for (const RefusedCombination& r : kRefused)
     MT_CHECK_INPUT(!r.applies(c), r.flags(c), " is not supported: ", r.reason);
+  // A restart (--max-restarts, elastic.h) resumes from the last checkpoint: whatever the table refuses with
+  // --resume is refused with --max-restarts too, now rather than when a restart is needed. The rows say
+  // "X with --resume"; the message names X and --max-restarts.
+  if (c.max_restarts == 0 || !c.resume.empty()) return;
+  TrainConfig resumed = c;
+  resumed.resume = c.checkpoint_dir;
+  for (const RefusedCombination& r : kRefused) {
+    if (!r.applies(resumed)) continue;
+    std::string x = r.flags(resumed);
+    const std::string tail = " with --resume";
+    if (x.size() > tail.size() && x.compare(x.size() - tail.size(), tail.size(), tail) == 0)
+      x.resize(x.size() - tail.size());
+    MT_CHECK_INPUT(false, str("--max-restarts ", c.max_restarts), " with ", x,
+                   " is not supported: a restart resumes the job from its last checkpoint, and ", r.flags(resumed),
+                   " is refused: ", r.reason);
+  }
 }
 
 // Asynchronous training (parameter server, Hogwild) and the straggler emulation.
