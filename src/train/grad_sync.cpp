@@ -171,7 +171,7 @@ class ExactSync : public GradSync {
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
       : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
-        probe_(p), grow_opts_(o.grow) {
+        probe_(p, probe_mode(m, o)), grow_opts_(o.grow), probe_off_(o.engine.offload_grads) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
   }
@@ -194,17 +194,27 @@ class ExactSync : public GradSync {
     }
   }
   // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
-  // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
-  // then computed on the ranks holding the experts, so its small-batch gradient is nowhere whole).
+  // every layout but expert parallelism (a small batch's expert gradients are then computed on the ranks holding
+  // the experts, so its gradient is nowhere whole) and offloaded gradient shards.
+  static NoiseProbe::Mode probe_mode(const parallel::Mesh& m, const SyncOptions& o) {
+    if (m.grid().pp() > 1) return o.overlapped ? NoiseProbe::Mode::last : NoiseProbe::Mode::whole;
+    return o.engine.zero > 1 ? NoiseProbe::Mode::fresh : NoiseProbe::Mode::delta;
+  }
   StepHooks hooks() override {
     StepHooks h = GradSync::hooks();
-    if (!overlapped_ || zero_ > 1 || mesh_.grid().pp() > 1 || mesh_.grid().ep() > 1) return h;
+    if (mesh_.grid().ep() > 1 || probe_off_) return h;
+    if (mesh_.grid().pp() == 1 && !overlapped_) return h;  // (the micro-batch loop always calls the hooks)
     probing_ = true;
+    if (probe_.mode() == NoiseProbe::Mode::whole) return h;  // the executor calls no hooks: reduce() measures
     probe_.set_inner(h.params);
     h.params = &probe_;
     h.micro_batch = [this](int i, int n) {
       probe_.begin_micro_batch(i, n);
       engine_.begin_micro_batch(i, n);
+    };
+    h.accumulate = [this](int n) {
+      probe_.begin_accumulation(n);
+      engine_.begin_accumulation(n);
     };
     return h;
   }
@@ -216,7 +226,7 @@ class ExactSync : public GradSync {
     double sum[1] = {probe_.local_sum()};
     parallel::sum_across(mesh_.dp(), sum, 1);
     if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
-    const int M = probe_.micro_batches() * mesh_.grid().dp();
+    const int M = probe_.small_batches() * mesh_.grid().dp();
     noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
     if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
     if (grow_) {
@@ -239,6 +249,10 @@ class ExactSync : public GradSync {
     const double t0 = trace::ChromeTrace::now_us();
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
     sum_tied(tie, tied_);
+    if (probing_) {  // under a pipeline: this rank's local gradient, before the dp reduction (noise_probe.h)
+      if (probe_.mode() == NoiseProbe::Mode::whole) probe_.add_whole();
+      probe_.add_tensors_summed();
+    }
     const double t1 = trace::ChromeTrace::now_us();
     if (!overlapped_)
       engine_.reduce_all();
@@ -262,6 +276,7 @@ class ExactSync : public GradSync {
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;
   AdaptiveBatchOptions grow_opts_;
+  bool probe_off_;  // --offload grads: the shards' gradients pass through files (not measured)
   std::unique_ptr<AdaptiveBatch> grow_;
   int64_t updates_ = 0;
   double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;

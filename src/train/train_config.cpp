@@ -350,9 +350,8 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) {
        return str("--adaptive-batch with --zero ", c.zero, " --pp ", c.pp, " --moe-every ", c.gpt.moe_every);
      },
-     "the decision needs the gradient noise scale, measured for the micro-batch loop under ZeRO 0 and 1 without "
-     "pipeline or experts, and the accumulation keeps the whole reduced gradient (ZeRO 0); use --zero 0 --pp 1 "
-     "and a dense model"},
+     "the accumulation is built for the whole reduced gradient of the micro-batch loop (ZeRO 0, no pipeline), and "
+     "the noise scale that decides is not measured with experts; use --zero 0 --pp 1 and a dense model"},
     {[](const TrainConfig& c) {
        return c.adaptive_batch && (c.grad_clip > 0 || !c.resume.empty() || c.offload.optimizer);
      },
