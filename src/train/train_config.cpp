@@ -323,13 +323,10 @@ const RefusedCombination kRefused[] = {
      },
      "each learner is a whole replica of the model on one rank, swapped in per micro-batch; learners split by "
      "ZeRO, tensor, pipeline or expert groups are not built; use --zero 0 --tp 1 --pp 1 and a dense model"},
-    {[](const TrainConfig& c) { return c.learners > 0 && (!c.resume.empty() || c.offload.optimizer); },
-     [](const TrainConfig& c) {
-       return str("--learners ", c.learners, " with ", !c.resume.empty() ? "--resume" : "--offload optimizer");
-     },
-     "checkpoints hold the central model only (not the learners' weights, their optimizer state or the "
-     "central momentum), and each learner's optimizer state is kept in memory; a resumed run would not equal "
-     "the unbroken one"},
+    {[](const TrainConfig& c) { return c.learners > 0 && c.offload.optimizer; },
+     [](const TrainConfig& c) { return str("--learners ", c.learners, " with --offload optimizer"); },
+     "each learner's copy of the optimizer state is kept in memory (the tiled update from --offload-dir is not "
+     "built for several copies)"},
     {[](const TrainConfig& c) {
        return c.adaptive_batch && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.learners > 0 ||
                                    c.delayed_update);
