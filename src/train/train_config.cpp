@@ -350,16 +350,13 @@ const RefusedCombination kRefused[] = {
      "the accumulation is built for the whole reduced gradient of the micro-batch loop (ZeRO 0, no pipeline), and "
      "the noise scale that decides is not measured with experts; use --zero 0 --pp 1 and a dense model"},
     {[](const TrainConfig& c) {
-       return c.adaptive_batch && (c.grad_clip > 0 || !c.resume.empty() || c.offload.optimizer);
+       return c.adaptive_batch && (!c.resume.empty() || c.offload.optimizer);
      },
      [](const TrainConfig& c) {
-       return "--adaptive-batch with " + (c.grad_clip > 0      ? str("--grad-clip ", c.grad_clip)
-                                          : !c.resume.empty() ? std::string("--resume")
-                                                              : std::string("--offload optimizer"));
+       return "--adaptive-batch with " + (!c.resume.empty() ? std::string("--resume") : std::string("--offload optimizer"));
      },
-     "clipping would have to apply to the averaged gradient of the k batches (not built: use --grad-clip 0); "
-     "checkpoints do not hold the accumulator or k (a resumed run would differ); the tiled update is not built "
-     "with it"},
+     "checkpoints do not hold k, the data steps accumulated so far or the controller's state (a resumed run would "
+     "differ); the tiled update is not built with it"},
     {[](const TrainConfig& c) { return c.max_restarts > 0 && c.checkpoint_dir.empty(); },
      [](const TrainConfig& c) { return str("--max-restarts ", c.max_restarts, " without --checkpoint-dir"); },
      "a restarted job continues from the last checkpoint in --checkpoint-dir (give --save-every K too, or it "

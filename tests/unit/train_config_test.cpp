@@ -453,7 +453,6 @@ TEST(TrainConfigRestarts, MethodsThatRefuseResumeRefuseMaxRestarts) {
   cases.push_back({"--sync gossip", g, 2});
   TrainConfig a = dp(2);
   a.adaptive_batch = true;
-  a.grad_clip = 0;  // clipping is refused with it on its own
   cases.push_back({"--adaptive-batch", a, 2});
   TrainConfig p = pipeline_config("pipemare", 2);
   p.pipemare_correction = 0.5;
