@@ -17,7 +17,8 @@ AdamW lr 1e-3 -> 1e-4, wd 0.1, clip 2.5. Checks:
      a. micro-batches of 3 windows (M = 4) against dp=1 --micro-batch-size 3: dp=4 under ZeRO 0-3, dp=2
         --micro-batch-size 3 under ZeRO 0, 2, 3, tp=2 x dp=2 --micro-batch-size 3 under ZeRO 0 and 2;
      b. under a pipeline the small batch is a dp rank's whole share (6 windows, M = 2), against dp=2 without
-        micro-batches: pp=2 x dp=2 --micro-batch-size 3 (2 micro-batches per stage, 1F1B) under ZeRO 0-3.
+        micro-batches: pp=2 x dp=2 --micro-batch-size 3 (2 micro-batches per stage, 1F1B) under ZeRO 0-3, and with
+        --schedule chimera (ZeRO 0), zb-h1 (ZeRO 2: split backward) and interleaved with 2 chunks (ZeRO 3).
   3. --optimizer onebit-adam --freeze-step 4 at dp=2: steps 0..4's losses equal --optimizer adamw's (rel 1e-6; step
      4's loss comes from the weights after 4 AdamW steps); a later step differs; comm_bytes is exact DP's all-reduce
      for steps < 4 and, from step 4 on, (dp-1) x the sign payloads sum_t (4 + ceil(n_t / 8)) (one all_gather).
@@ -99,6 +100,10 @@ def main():
     share = {"dp2": ["--nproc", "2"]}  # 2b: a dp rank's share is the small batch
     for z in (0, 1, 2, 3):
         share[f"pp2_dp2_mb3_z{z}"] = ["--nproc", "4", "--pp", 2, "--zero", z] + mb3
+    pp_dp = ["--nproc", "4", "--pp", 2] + mb3  # other schedules: mirrored copies, split backward, two chunks
+    share["chimera"] = pp_dp + ["--schedule", "chimera", "--virtual-stages", 2]
+    share["zb_h1_z2"] = pp_dp + ["--schedule", "zb-h1", "--zero", 2]
+    share["interleaved_z3"] = pp_dp + ["--schedule", "interleaved", "--virtual-stages", 2, "--zero", 3]
     rows = {k: run(args, checks, "noise_" + k, 6, v) for k, v in layouts.items()}
     share_rows = {k: run(args, checks, "noise_" + k, 6, v) for k, v in share.items()}
 
