@@ -6,8 +6,8 @@ each run beside it, and the --adaptive-batch run (starting at batch 8) on the sa
 Model and data as bench/comm_efficiency.py's gpt (2 layers, 4 heads, width 256, context 64, byte vocabulary,
 tinyshakespeare: first 90% train, last 10% validation), one process, one thread, AdamW. Learning rate by the
 square-root rule from 1e-3 at batch 16 (lr(B) = 1e-3 sqrt(B / 16)), 20 warm-up steps, then constant (--min-lr
-= lr: a cosine's length would differ per run); --grad-clip 0 (the adaptive batch refuses clipping; all runs
-alike). --micro-batch-size 4 in every run, so the noise scale (B_simple, in tokens; moving average, logged per
+= lr: a cosine's length would differ per run); --grad-clip 0 (all runs
+alike; the adaptive batch refused clipping when the table was recorded). --micro-batch-size 4 in every run, so the noise scale (B_simple, in tokens; moving average, logged per
 step for exact data parallelism) has at least 2 small batches at batch 8. Evaluation every 10 steps on 8
 validation batches (the adaptive run: every 10 data steps of 8 windows).
 

@@ -208,7 +208,7 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
               "CHANGES THE MATH. Pollux-style: every --adaptive-batch-every optimizer steps, double the global "
               "batches averaged per optimizer step (k) while the predicted goodput (measured throughput x "
               "statistical efficiency from the gradient noise scale) improves; learning rate x sqrt(k); --steps "
-              "counts global batches (exact exchange, ZeRO 0, --grad-clip 0)");
+              "counts global batches; the gradient is exchanged and clipped once per optimizer step (exact exchange, ZeRO 0)");
   s->add_option("--adaptive-batch-max", c.adaptive_batch_max, "--adaptive-batch: the largest k")
       ->capture_default_str();
   s->add_option("--adaptive-batch-every", c.adaptive_batch_every,

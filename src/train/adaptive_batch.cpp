@@ -39,25 +39,13 @@ int choose_batches(double b_noise, double b0, int k, int max_k, double t_batch, 
   return goodput(b_noise, b0, 2 * k, t_batch, t_update) > goodput(b_noise, b0, k, t_batch, t_update) ? 2 * k : k;
 }
 
-AdaptiveBatch::AdaptiveBatch(const AdaptiveBatchOptions& o, size_t n, double b0_items)
-    : o_(o), b0_(b0_items), acc_(n, 0.0) {}
+AdaptiveBatch::AdaptiveBatch(const AdaptiveBatchOptions& o, double b0_items) : o_(o), b0_(b0_items) {}
 
-bool AdaptiveBatch::accumulate(float* grad) {
+bool AdaptiveBatch::count_data_step() {
   k_used_ = k_;
-  const size_t n = acc_.size();
-  if (k_ == 1) {
-    updated_ = true;
-    return true;  // the plain step: the gradient as it is
-  }
-  for (size_t i = 0; i < n; i++) acc_[i] += grad[i];
   if (++pending_ < k_) {
     updated_ = false;
     return false;
-  }
-  const double inv = 1.0 / k_;
-  for (size_t i = 0; i < n; i++) {
-    grad[i] = (float)(acc_[i] * inv);
-    acc_[i] = 0.0;
   }
   pending_ = 0;
   updated_ = true;

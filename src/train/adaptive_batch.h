@@ -1,9 +1,11 @@
 // --adaptive-batch: Pollux-style batch growth (Qiao et al., OSDI 2021: goodput = throughput x statistical
 // efficiency) over whole global batches. The run's --batch-size B0 (in items: windows x T tokens for the GPT)
 // stays the data step (what --steps, the learning-rate schedule and the data order count); an optimizer step
-// takes k of them: the reduced gradients of k consecutive data steps are averaged (each is its batch's mean
-// gradient, so the mean is the k B0 batch's) and the optimizer steps once, with the learning rate times
-// sqrt(k) (the square-root rule, the one suited to Adam; k = 1 is the plain run, bit for bit).
+// takes k of them: each rank accumulates its gradient over the k consecutive data steps as it does over
+// micro-batches (the exchange reduces once, after the k-th data step's last micro-batch), the reduced sum is
+// divided by k (each data step's gradient is its batch's mean gradient, so the result is the k B0 batch's),
+// clipped by its global norm (--grad-clip), and the optimizer steps once, with the learning rate of the k-th
+// data step times sqrt(k) (the square-root rule, the one suited to Adam; k = 1 is the plain run, bit for bit).
 //
 // The choice of k, every `every` optimizer steps after `warmup` data steps, from the measured noise scale
 // B_noise (noise_scale.h, items) and the measured times of the last data step (t_batch: forward, backward and
@@ -15,10 +17,12 @@
 //   k        <- 2k when 2k <= max_k and G(2k) > G(k); else k         (one doubling at a time; never shrinks)
 //
 // The exchange passes B_noise = infinity (E = 1) when the averaged |G|^2 estimate is not positive (the true
-// gradient is below what the estimator resolves); a negative B_noise counts as 0. On one machine the exchange runs every data step,
-// so only the optimizer step's time is shared by the k batches: growth pays only where B_noise is large
-// against B0 (G(2k) > G(k) reads (1 + a)(1 - b) > 1 with a = t_update / (2k t_batch + t_update) and
-// b = k B0 / (B_noise + 2k B0)).
+// gradient is below what the estimator resolves); a negative B_noise counts as 0. The noise scale is measured
+// once per optimizer step (its big batch is the k B0 batch). The rule's times are still those of one data step
+// (t_batch, which includes the exchange when that data step ran it) and of the optimizer step alone: the
+// exchange now shared by the k batches is not yet credited in T(k), so growth is predicted to pay only where
+// B_noise is large against B0 (G(2k) > G(k) reads (1 + a)(1 - b) > 1 with a = t_update / (2k t_batch +
+// t_update) and b = k B0 / (B_noise + 2k B0)).
 #pragma once
 
 #include <cstddef>
@@ -40,13 +44,15 @@ double goodput(double b_noise, double b0, int k, double t_batch, double t_update
 // The next k from k (the rule above).
 int choose_batches(double b_noise, double b0, int k, int max_k, double t_batch, double t_update);
 
-// The accumulation and the controller of one run. Flat gradient of n floats (the reduced gradient, ZeRO 0).
+// The count of data steps per optimizer step and the controller of one run (the gradient accumulates in the
+// parameter store, train/grad_sync.cpp).
 class AdaptiveBatch {
  public:
-  AdaptiveBatch(const AdaptiveBatchOptions& o, size_t n, double b0_items);
-  // After data step s's gradient is reduced: adds it; true when this data step completes k of them, and then
-  // grad holds their mean (the accumulator starts over).
-  bool accumulate(float* grad);
+  AdaptiveBatch(const AdaptiveBatchOptions& o, double b0_items);
+  // The data steps of the current optimizer step before this one (0 .. k - 1).
+  int position() const { return pending_; }
+  // At data step s's end: true when it completes k of them (the optimizer steps now), and the count starts over.
+  bool count_data_step();
   float lr_scale() const;
   // After data step s (times in seconds; t_update < 0 when the optimizer did not step; b_noise NaN: no
   // estimate this step, no decision): may change k, only when no batches are pending.
@@ -61,7 +67,6 @@ class AdaptiveBatch {
   int64_t updates_ = 0;
   bool updated_ = false;
   double t_batch_ = 0, t_update_ = 0, gain_ = 0, b_used_ = 0;
-  std::vector<double> acc_;
 };
 
 }  // namespace mt::train

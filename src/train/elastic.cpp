@@ -1,6 +1,8 @@
 #include "train/elastic.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <system_error>
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
@@ -31,6 +33,8 @@ int fewer_ranks(TrainConfig& c, int hi, int lo, std::string* last_error) {
 }
 
 }  // namespace
+
+std::string flight_file(const TrainConfig& cfg) { return cfg.metrics.empty() ? "" : cfg.metrics + ".flight.json"; }
 
 RestartPlan plan_restart(const TrainConfig& failed, const comm::LaunchResult& r, int restarts_done) {
   RestartPlan p;
@@ -81,7 +85,17 @@ int run_elastic(const TrainConfig& cfg,
   TrainConfig c = cfg;
   for (int done = 0;; done++) {
     const comm::LaunchResult r = attempt(c, done == 0);
-    if (r.exit_code == 0) return 0;
+    if (r.exit_code == 0) {
+      // A restart finished the job: the rings of the failure it recovered from go (an unbroken job wrote none).
+      if (done > 0 && !flight_file(c).empty()) {
+        std::error_code ec;
+        std::filesystem::remove(flight_file(c), ec);
+        if (ec)
+          std::fprintf(stderr, "meshtrain: could not remove %s after the restart finished: %s\n",
+                       flight_file(c).c_str(), ec.message().c_str());
+      }
+      return 0;
+    }
     RestartPlan p = plan_restart(c, r, done);
     if (!p.message.empty()) std::fprintf(stderr, "meshtrain: %s\n", p.message.c_str());
     if (!p.restart) return r.exit_code;

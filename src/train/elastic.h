@@ -8,7 +8,10 @@
 // input are never restarted. The restarted run's metrics rows continue the file as one run (rows from the
 // resumed step on are rewritten), so an unbroken run and a broken-and-restarted one read the same.
 //
-// Injected faults (LaunchOptions::fault) apply to the first attempt only.
+// Injected faults (LaunchOptions::fault) apply to the first attempt only. Each failed attempt with --metrics PATH
+// writes the flight recorder's rings to flight_file(cfg) = PATH.flight.json; when a restart then finishes the
+// job, run_elastic removes that file (it described a failure the job recovered from; the restart's message on
+// stderr says so). A job that ends failed keeps it.
 #pragma once
 
 #include <functional>
@@ -24,6 +27,9 @@ struct RestartPlan {
   TrainConfig next;     // the next attempt's flags (nproc, dp, resume, overwrite_checkpoints changed)
   std::string message;  // why not, or what the restart does ("restart 1 of 2: from ... with 2 ranks ...")
 };
+
+// Where a failed attempt writes the flight recorder's rings ("" without --metrics).
+std::string flight_file(const TrainConfig& cfg);
 
 // After attempt number `restarts_done` (0: the first run) of `failed` ended with `r`: the next attempt.
 RestartPlan plan_restart(const TrainConfig& failed, const comm::LaunchResult& r, int restarts_done);

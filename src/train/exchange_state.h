@@ -22,6 +22,12 @@ class ExchangeState {
   virtual std::vector<std::vector<float>*> state_buffers() = 0;
   // What the state belongs to (the method and its settings), compared on resume.
   virtual std::string state_method() const = 0;
+  // A resume copied the checkpoint's buffers into state_buffers() (not called when it could not).
+  virtual void state_loaded() {}
+  // What a resume that could not load the state does instead (the lead's warning says it).
+  virtual std::string state_fallback() const {
+    return "the exchange's per-rank state (error feedback, momentum) starts at zero";
+  }
 };
 
 }  // namespace mt::train

@@ -173,54 +173,97 @@ class ExactSync : public GradSync {
   ExactSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
             trace::ChromeTrace* t)
       : GradSync(m, store, p, t), zero_(o.engine.zero), overlapped_(o.overlapped), windows_(o.batch_windows),
-        probe_(p), grow_opts_(o.grow) {
+        probe_(p, probe_mode(m, o)), grow_opts_(o.grow), probe_off_(o.engine.offload_grads) {
     for (nn::Param& x : p.params())
       if (x.replicas.summed) tied_.push_back(&x);
   }
   // --adaptive-batch (adaptive_batch.h): the optimizer steps once per k data steps, on their mean gradient;
-  // the optimizer's step count is its own (updates so far), so k = 1 is the plain run.
+  // the optimizer's step count is its own (updates so far), so k = 1 is the plain run. The k data steps are
+  // one accumulation to the store: the gradient starts over only at the first (begin_step), the micro-batches
+  // are numbered across the k data steps (so the buckets are reduced once, after the k-th's last one), and the
+  // noise probe sees k n small batches of one big batch of k B0.
+  int k_now() const { return grow_ ? grow_->k() : 1; }
+  int j_now() const { return grow_ ? grow_->position() : 0; }
   void begin_run(int64_t first) override { updates_ = first; }
   void begin_step(int64_t s) override {
     t_step0_ = trace::ChromeTrace::now_us();
-    GradSync::begin_step(s);
+    if (j_now() == 0) GradSync::begin_step(s);
   }
   void update(optim::Optimizer& opt, float lr, int64_t s) override {
     if (!grow_opts_.enabled) return GradSync::update(opt, lr, s);
     MT_ASSERT(grow_, "the adaptive batch starts at the first step");
     const double t0 = trace::ChromeTrace::now_us();
     t_batch_ = (t0 - t_step0_) * 1e-6;
+    MT_ASSERT(grow_->count_data_step(), "the optimizer steps at the k-th data step only");
+    engine_.update(opt, lr * grow_->lr_scale(), updates_++);
+    t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
+  }
+  // A data step before the k-th: its gradient stays in the store, unreduced; its row has the global batch's
+  // loss (one scalar all-reduce), the learning rate of the schedule, and the last optimizer step's gradient
+  // norm (no norm exists for it; `updated` false says so).
+  void accumulate_only(int64_t s, double loss_sum, double items, const StepTail& tail) {
+    engine_.finish_backward();  // nothing is in flight: the buckets wait for the k-th data step
+    t_batch_ = (trace::ChromeTrace::now_us() - t_step0_) * 1e-6;
     t_update_ = -1;
-    if (grow_->accumulate(params_.grad())) {
-      engine_.update(opt, lr * grow_->lr_scale(), updates_++);
-      t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
-    }
+    MT_ASSERT(!grow_->count_data_step(), "a data step before the k-th");
+    StepOutcome out;
+    out.loss = global_loss(loss_sum) / items;
+    out.norm = last_.norm;
+    tail.check(s, out.loss, out.norm);
+    out.lr = tail.lr(s);
+    last_ = out;
+    if (sink_) sink_(s, out);
   }
   // The gradient noise scale's small batches are measured between the model and the store (noise_probe.h):
-  // the micro-batch loop under ZeRO 0 and 1, without expert parallelism (a micro-batch's expert gradients are
-  // then computed on the ranks holding the experts, so its small-batch gradient is nowhere whole).
+  // every layout but expert parallelism (a small batch's expert gradients are then computed on the ranks holding
+  // the experts, so its gradient is nowhere whole) and offloaded gradient shards.
+  static NoiseProbe::Mode probe_mode(const parallel::Mesh& m, const SyncOptions& o) {
+    if (m.grid().pp() > 1) return o.overlapped ? NoiseProbe::Mode::last : NoiseProbe::Mode::whole;
+    return o.engine.zero > 1 ? NoiseProbe::Mode::fresh : NoiseProbe::Mode::delta;
+  }
   StepHooks hooks() override {
     StepHooks h = GradSync::hooks();
-    if (!overlapped_ || zero_ > 1 || mesh_.grid().pp() > 1 || mesh_.grid().ep() > 1) return h;
+    if (grow_opts_.enabled)
+      h.micro_batch = [this](int i, int n) {
+        const int j = j_now(), k = k_now();
+        engine_.begin_micro_batch(j * n + i, k * n);
+      };
+    if (mesh_.grid().ep() > 1 || probe_off_) return h;
+    if (mesh_.grid().pp() == 1 && !overlapped_) return h;  // (the micro-batch loop always calls the hooks)
     probing_ = true;
+    if (probe_.mode() == NoiseProbe::Mode::whole) return h;  // the executor calls no hooks: reduce() measures
     probe_.set_inner(h.params);
     h.params = &probe_;
     h.micro_batch = [this](int i, int n) {
-      probe_.begin_micro_batch(i, n);
-      engine_.begin_micro_batch(i, n);
+      const int j = j_now(), k = k_now();  // (the adaptive batch's data step j of k; else 0 of 1)
+      probe_.begin_micro_batch(j * n + i, k * n);
+      engine_.begin_micro_batch(j * n + i, k * n);
+    };
+    h.accumulate = [this](int n) {
+      probe_.begin_accumulation(n);
+      engine_.begin_accumulation(n);
     };
     return h;
   }
   void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
-    if (grow_opts_.enabled && !grow_) grow_ = std::make_unique<AdaptiveBatch>(grow_opts_, params_.size(), items);
-    GradSync::step(s, loss_sum, items, tail, opt);
-    if (!probing_) return;
-    // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2.
-    double sum[1] = {probe_.local_sum()};
-    parallel::sum_across(mesh_.dp(), sum, 1);
-    if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
-    const int M = probe_.micro_batches() * mesh_.grid().dp();
-    noise_valid_ = windows_ % M == 0;  // an even split of the windows (the estimator's small batches are equal)
-    if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, items / M, items});
+    if (grow_opts_.enabled && !grow_) grow_ = std::make_unique<AdaptiveBatch>(grow_opts_, items);
+    const int k = k_now();
+    const bool last = j_now() + 1 == k;  // the optimizer steps (always, without --adaptive-batch)
+    if (last)
+      GradSync::step(s, loss_sum, items, tail, opt);
+    else
+      accumulate_only(s, loss_sum, items, tail);
+    noise_valid_ = false;
+    if (probing_ && last) {
+      // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2. The big batch
+      // is the optimizer step's k global batches.
+      double sum[1] = {probe_.local_sum()};
+      parallel::sum_across(mesh_.dp(), sum, 1);
+      if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
+      const int M = probe_.small_batches() * mesh_.grid().dp();
+      noise_valid_ = windows_ % (M / k) == 0;  // an even split of the windows (the small batches are equal)
+      if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, k * items / M, k * items});
+    }
     if (grow_) {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
@@ -235,12 +278,20 @@ class ExactSync : public GradSync {
     row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
     row["noise_trace"] = noise_.last().trace;
   }
+  // The adaptive batch's k data steps: their summed mean gradients, divided by k (a power of 2: exact).
+  void average_k() {
+    if (k_now() > 1) engine_.scale_grads(1.0f / (float)k_now());
+  }
   void reduce(int64_t) override {
     engine_.finish_backward();
-    if (overlapped_ && tied_.empty()) return;
+    if (overlapped_ && tied_.empty()) return average_k();
     const double t0 = trace::ChromeTrace::now_us();
     comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
     sum_tied(tie, tied_);
+    if (probing_) {  // under a pipeline: this rank's local gradient, before the dp reduction (noise_probe.h)
+      if (probe_.mode() == NoiseProbe::Mode::whole) probe_.add_whole();
+      probe_.add_tensors_summed();
+    }
     const double t1 = trace::ChromeTrace::now_us();
     if (!overlapped_)
       engine_.reduce_all();
@@ -253,6 +304,7 @@ class ExactSync : public GradSync {
         tracer_->add(trace::Track::comm, zero_ ? "reduce_scatter gradients (dp)" : "all_reduce gradients (dp)",
                      "comm", t1, trace::ChromeTrace::now_us());
     }
+    average_k();
   }
 
  private:
@@ -264,6 +316,7 @@ class ExactSync : public GradSync {
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;
   AdaptiveBatchOptions grow_opts_;
+  bool probe_off_;  // --offload grads: the shards' gradients pass through files (not measured)
   std::unique_ptr<AdaptiveBatch> grow_;
   int64_t updates_ = 0;
   double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;

@@ -123,6 +123,9 @@ class GradSync {
 
   // What the task calls around parameter groups and micro-batches.
   virtual StepHooks hooks();
+  // The optimizer the run's updates drive, once it exists (before a resume loads any state; its state buffers
+  // are declared): a method that keeps copies of that state sizes them here.
+  virtual void attach_optimizer(optim::Optimizer& opt) {}
   // Before the first step (first: the step the run starts at, after a resume).
   virtual void begin_run(int64_t first) {}
   // Before step s's forward pass: the parameters it uses are here.

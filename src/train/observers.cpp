@@ -193,12 +193,12 @@ int64_t Checkpointer::resume() {
       targets.push_back({exchange_tensor(me), {(int64_t)mine}, exchange_in.data()});
     } else if (ok[0] != 0.0f && mesh_.lead() && st.is_object()) {
       std::fprintf(stderr,
-                   "meshtrain: warning: %s holds no exchange state for %s over %d ranks (%s): the exchange's "
-                   "per-rank state (error feedback, momentum) starts at zero\n",
+                   "meshtrain: warning: %s holds no exchange state for %s over %d ranks (%s): %s\n",
                    path.c_str(), exchange_->state_method().c_str(), n,
                    saved.is_object() ? str("saved: ", saved.value("method", "?"), " over ", saved.value("ranks", 0),
                                            " ranks").c_str()
-                                     : "saved by a run without it");
+                                     : "saved by a run without it",
+                   exchange_->state_fallback().c_str());
     }
   }
   if (delay_one(cfg_)) {  // the second weight version must be in the files: say so before reading them
@@ -225,6 +225,7 @@ int64_t Checkpointer::resume() {
       std::copy(exchange_in.begin() + (long)at, exchange_in.begin() + (long)(at + b->size()), b->begin());
       at += b->size();
     }
+    exchange_->state_loaded();
   }
   const int64_t start = st["step"].get<int64_t>();
   const std::string model = flag_name(cfg_.model), optimizer = flag_name(cfg_.optimizer);

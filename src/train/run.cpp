@@ -175,6 +175,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
                         (double)store->grad_bytes(),   (double)opt->state().bytes(),
                         (double)opt->state().offloaded_bytes(), (double)task->activation_bytes()};
   check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
+  sync->attach_optimizer(*opt);
   ckpt->set_exchange_state(dynamic_cast<ExchangeState*>(sync.get()));
   start = ckpt->resume();
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());

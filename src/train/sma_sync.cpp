@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "train/exchange_state.h"
 #include "train/layout.h"
 #include "train/sma.h"
 
@@ -12,7 +13,7 @@ namespace mt::train {
 
 namespace {
 
-class SmaSync : public GradSync {
+class SmaSync : public GradSync, public ExchangeState {
  public:
   SmaSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
           trace::ChromeTrace* t)
@@ -37,11 +38,48 @@ class SmaSync : public GradSync {
     return h;
   }
 
+  // Each learner's copy of the optimizer's buffers, sized by the optimizer's state store (so that a resume can
+  // read them into place before the first step).
+  void attach_optimizer(optim::Optimizer& opt) override {
+    opt_ = &opt;
+    optim::StateStore& st = opt.state();
+    state_.assign((size_t)L_, {});
+    for (auto& sj : state_)
+      for (size_t b = 0; b < st.count(); b++) sj.emplace_back(st.size(b), 0.0f);
+  }
+
   void begin_run(int64_t) override {
-    // Every learner and z start from the registry's weights (the initialization, or --init).
+    // z is the registry's weights: the initialization, --init, or the checkpoint's central model.
     z_.assign(params_.data(), params_.data() + n_);
+    if (loaded_) return;  // the learners, their optimizer state and z_prev came from the checkpoint
+    // Otherwise every learner and z_prev start from z, and each learner from the optimizer's state as the run
+    // found it (zeros, or a checkpoint's without the learners' own).
     z_prev_ = z_;
     for (auto& w : w_) w = z_;
+    MT_ASSERT(opt_, "the SMA exchange was given no optimizer");
+    optim::StateStore& st = opt_->state();
+    for (auto& sj : state_)
+      for (size_t b = 0; b < st.count(); b++)
+        st.visit(b, false, [&](float* v, size_t n) { std::copy(v, v + n, sj[b].begin()); });
+  }
+
+  // Checkpoints (exchange_state.h): this rank's learners' weights, z_prev, and each learner's optimizer
+  // buffers; z is the checkpoint's model (the registry between steps).
+  std::vector<std::vector<float>*> state_buffers() override {
+    std::vector<std::vector<float>*> out;
+    for (auto& w : w_) out.push_back(&w);
+    out.push_back(&z_prev_);
+    for (auto& sj : state_)
+      for (auto& b : sj) out.push_back(&b);
+    return out;
+  }
+  std::string state_method() const override {
+    return str("sma learners ", L_, " alpha ", alpha_, " momentum ", mu_);
+  }
+  void state_loaded() override { loaded_ = true; }
+  std::string state_fallback() const override {
+    return "the learners and z_prev restart from the checkpoint's central model, each learner with the "
+           "checkpoint's optimizer state (the run no longer equals the unbroken one)";
   }
 
   void reduce(int64_t) override {
@@ -111,12 +149,7 @@ class SmaSync : public GradSync {
 
   void learners_update(optim::Optimizer& opt, const StepTail& tail, float lr, int64_t s) {
     optim::StateStore& st = opt.state();
-    if (state_.empty()) {  // each learner starts from the optimizer's state as the run found it
-      state_.resize((size_t)L_);
-      for (auto& sj : state_)
-        for (size_t b = 0; b < st.count(); b++)
-          st.visit(b, false, [&](float* v, size_t n) { sj.emplace_back(v, v + n); });
-    }
+    MT_ASSERT(&opt == opt_ && state_.size() == (size_t)L_, "the SMA exchange updates with the optimizer it was given");
     std::fill(csum_.begin(), csum_.end(), 0.0f);
     for (int j = 0; j < L_; j++) {
       std::vector<std::vector<float>>& sj = state_[(size_t)j];
@@ -144,6 +177,8 @@ class SmaSync : public GradSync {
   std::vector<double> norms_;
   int cur_ = 0;
   bool started_ = false;
+  optim::Optimizer* opt_ = nullptr;
+  bool loaded_ = false;  // a resume read the learners' state (state_loaded)
 };
 
 }  // namespace

@@ -15,7 +15,11 @@
 // The step's row: loss = the global batch's mean loss, each window at its learner's weights; norm = the root
 // mean square of the k learners' gradient norms (one scalar all-reduce). Memory: per rank L copies of the
 // weights, L of the gradient, L of the optimizer state, plus z, z_prev and the correction sum.
-// Not kept in checkpoints: the learners' weights and state and z_prev (--resume is refused with --learners).
+// Checkpoints keep z (the model) and, as the exchange's per-rank state (exchange_state.h), every learner's
+// weights and optimizer buffers and z_prev: a resume under the same ranks, L, alpha and mu continues the unbroken
+// run bit for bit. Under another layout (or from a checkpoint without them) the learners and z_prev restart from
+// z, each with the checkpoint's optimizer state (the buffers the optimizer held after the last learner's update),
+// and the lead warns.
 #pragma once
 
 #include <memory>

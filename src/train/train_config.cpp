@@ -323,13 +323,10 @@ const RefusedCombination kRefused[] = {
      },
      "each learner is a whole replica of the model on one rank, swapped in per micro-batch; learners split by "
      "ZeRO, tensor, pipeline or expert groups are not built; use --zero 0 --tp 1 --pp 1 and a dense model"},
-    {[](const TrainConfig& c) { return c.learners > 0 && (!c.resume.empty() || c.offload.optimizer); },
-     [](const TrainConfig& c) {
-       return str("--learners ", c.learners, " with ", !c.resume.empty() ? "--resume" : "--offload optimizer");
-     },
-     "checkpoints hold the central model only (not the learners' weights, their optimizer state or the "
-     "central momentum), and each learner's optimizer state is kept in memory; a resumed run would not equal "
-     "the unbroken one"},
+    {[](const TrainConfig& c) { return c.learners > 0 && c.offload.optimizer; },
+     [](const TrainConfig& c) { return str("--learners ", c.learners, " with --offload optimizer"); },
+     "each learner's copy of the optimizer state is kept in memory (the tiled update from --offload-dir is not "
+     "built for several copies)"},
     {[](const TrainConfig& c) {
        return c.adaptive_batch && (compressing(c) || local_sgd(c) || asynchronous(c) || onebit(c) || c.learners > 0 ||
                                    c.delayed_update);
@@ -350,20 +347,16 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) {
        return str("--adaptive-batch with --zero ", c.zero, " --pp ", c.pp, " --moe-every ", c.gpt.moe_every);
      },
-     "the decision needs the gradient noise scale, measured for the micro-batch loop under ZeRO 0 and 1 without "
-     "pipeline or experts, and the accumulation keeps the whole reduced gradient (ZeRO 0); use --zero 0 --pp 1 "
-     "and a dense model"},
+     "the accumulation is built for the whole reduced gradient of the micro-batch loop (ZeRO 0, no pipeline), and "
+     "the noise scale that decides is not measured with experts; use --zero 0 --pp 1 and a dense model"},
     {[](const TrainConfig& c) {
-       return c.adaptive_batch && (c.grad_clip > 0 || !c.resume.empty() || c.offload.optimizer);
+       return c.adaptive_batch && (!c.resume.empty() || c.offload.optimizer);
      },
      [](const TrainConfig& c) {
-       return "--adaptive-batch with " + (c.grad_clip > 0      ? str("--grad-clip ", c.grad_clip)
-                                          : !c.resume.empty() ? std::string("--resume")
-                                                              : std::string("--offload optimizer"));
+       return "--adaptive-batch with " + (!c.resume.empty() ? std::string("--resume") : std::string("--offload optimizer"));
      },
-     "clipping would have to apply to the averaged gradient of the k batches (not built: use --grad-clip 0); "
-     "checkpoints do not hold the accumulator or k (a resumed run would differ); the tiled update is not built "
-     "with it"},
+     "checkpoints do not hold k, the data steps accumulated so far or the controller's state (a resumed run would "
+     "differ); the tiled update is not built with it"},
     {[](const TrainConfig& c) { return c.max_restarts > 0 && c.checkpoint_dir.empty(); },
      [](const TrainConfig& c) { return str("--max-restarts ", c.max_restarts, " without --checkpoint-dir"); },
      "a restarted job continues from the last checkpoint in --checkpoint-dir (give --save-every K too, or it "
@@ -524,6 +517,22 @@ const RefusedCombination kRefused[] = {
 void check_refused(const TrainConfig& c) {
   for (const RefusedCombination& r : kRefused)
     MT_CHECK_INPUT(!r.applies(c), r.flags(c), " is not supported: ", r.reason);
+  // A restart (--max-restarts, elastic.h) resumes from the last checkpoint: whatever the table refuses with
+  // --resume is refused with --max-restarts too, now rather than when a restart is needed. The rows say
+  // "X with --resume"; the message names X and --max-restarts.
+  if (c.max_restarts == 0 || !c.resume.empty()) return;
+  TrainConfig resumed = c;
+  resumed.resume = c.checkpoint_dir;
+  for (const RefusedCombination& r : kRefused) {
+    if (!r.applies(resumed)) continue;
+    std::string x = r.flags(resumed);
+    const std::string tail = " with --resume";
+    if (x.size() > tail.size() && x.compare(x.size() - tail.size(), tail.size(), tail) == 0)
+      x.resize(x.size() - tail.size());
+    MT_CHECK_INPUT(false, str("--max-restarts ", c.max_restarts), " with ", x,
+                   " is not supported: a restart resumes the job from its last checkpoint, and ", r.flags(resumed),
+                   " is refused: ", r.reason);
+  }
 }
 
 // Asynchronous training (parameter server, Hogwild) and the straggler emulation.

@@ -175,7 +175,7 @@ int train_main(const TrainConfig& cfg) {
     lo.backend = flag_name(c.backend);
     lo.timeout_s = c.comm_timeout;
     if (first) lo.fault = env_fault();
-    if (!c.metrics.empty()) lo.flight_file = c.metrics + ".flight.json";
+    lo.flight_file = flight_file(c);
     if (!comm::under_mpirun()) {
       c.validate(c.nproc);
       if (auto check = model_entry(c.model).check_shape) check(c);

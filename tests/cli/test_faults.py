@@ -2,7 +2,8 @@
   1. --max-restarts, same layout: a 2-rank job whose rank 1 is SIGKILLed mid-run (MESHTRAIN_FAULT) restarts
      from its last checkpoint and ends with the unbroken 2-rank run's metrics rows (loss, grad_norm, lr) and
      final weights, bit for bit; the failure is reported with the flight recorder's verdict naming rank 1, its
-     host and how it died.
+     host and how it died; the failed attempt's PATH.flight.json is removed once the restart finished the job.
+  1b. the same with --learners 2 (its learners' state is in checkpoints): rows and weights bit for bit.
   2. --min-nproc, dp 4 -> dp 2: rank 3's place is lost (fault kind "lose"); the restart continues on 2 ranks
      (3 do not divide --batch-size 8), the global batch unchanged. Its rows equal, bit for bit, a 4-rank run
      stopped at the same checkpoint and resumed by hand on 2 ranks, and the single-process unbroken run up to
@@ -136,6 +137,28 @@ def restart_same_layout(e: Env) -> None:
     with open(a_w, "rb") as fa, open(b_w, "rb") as fb:
         check(fa.read() == fb.read(), "final weights byte-equal to the unbroken run's")
     check(no_temporaries(b_c), "no temporaries in the checkpoint directory")
+    check(not os.path.exists(b_m + ".flight.json"), "the failed attempt's rings file is removed once the restart "
+          "finished the job")
+    check(not os.path.exists(a_m + ".flight.json"), "an unbroken job writes no rings file")
+
+
+def restart_learners(e: Env) -> None:
+    """--learners 2 (Crossbow SMA, central momentum 0.5) restarts too: the checkpoint holds the learners' weights,
+    their AdamW moments and z_prev, so the restarted job's rows and final weights equal the unbroken run's."""
+    common = ["--nproc", 2, "--save-every", 2, "--keep-checkpoints", 0, "--learners", 2, "--micro-batch-size", 2,
+              "--sma-momentum", 0.5]
+    a_m, a_w = e.path("la.jsonl"), e.path("la.safetensors")
+    r = e.run(common + ["--checkpoint-dir", e.path("ckpt_la"), "--metrics", a_m, "--save", a_w])
+    check(r.returncode == 0, f"unbroken --learners run ({r.stderr[-400:]})")
+    b_m, b_w = e.path("lb.jsonl"), e.path("lb.safetensors")
+    r = e.run(common + ["--checkpoint-dir", e.path("ckpt_lb"), "--metrics", b_m, "--save", b_w, "--max-restarts", 1],
+              fault=f"1:{FAULT_OP}:kill")
+    m = re.search(r"meshtrain: restart 1 of 1: from \S*step_(\d+) with 2 rank\(s\)", r.stderr)
+    check(r.returncode == 0 and m is not None and 2 <= int(m.group(1)) <= 6,
+          f"--learners: the killed job restarted from a checkpoint in the middle and finished ({r.stderr[-400:]})")
+    check(rows(a_m) == rows(b_m), "--learners: rows equal the unbroken run's, bit for bit")
+    with open(a_w, "rb") as fa, open(b_w, "rb") as fb:
+        check(fa.read() == fb.read(), "--learners: final weights byte-equal to the unbroken run's")
 
 
 def restart_fewer_ranks(e: Env) -> None:
@@ -242,7 +265,7 @@ def main() -> int:
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
-    for part in (refused, restart_same_layout, restart_fewer_ranks, stalled_rank, disk_full):
+    for part in (refused, restart_same_layout, restart_learners, restart_fewer_ranks, stalled_rank, disk_full):
         if not a.only or a.only == part.__name__:
             print(f"== {part.__name__}", flush=True)
             part(e)

@@ -1,5 +1,6 @@
 """--adaptive-batch at the CLI (train/adaptive_batch.h), on dp_common.py's tiny GPT (B0 = 12 windows x 16 tokens
-= 192 tokens per data step, --micro-batch-size 3: 4 small batches for the noise scale), --grad-clip 0.
+= 192 tokens per data step, --micro-batch-size 3: 4 small batches per data step for the noise scale), --grad-clip 0
+unless said.
 
 Checks:
   1. --adaptive-batch-max 1 (k stays 1) equals the run without --adaptive-batch: every step's loss and
@@ -17,6 +18,14 @@ Checks:
      optimizer step is ~0.2% of a data step, so the measured rule keeps k = 1 unless B_noise is hundreds of
      times B0: checked for consistency only).
   4. Refusals name both flags.
+  5. The accumulated step against an independent PyTorch replay (float64, written from adaptive_batch.h's rule):
+     dp 2, noisy data, times pinned, --grad-clip 0.05 (it clips most updates), --adaptive-batch-max 4. Following
+     the rows' own k (checked by 3), the replay computes each data step's mean-loss gradient at its current
+     weights, and at each `updated` row averages the k of them, clips by their global norm and takes one AdamW
+     step (update count t) with lr_at(s) x sqrt(k). Every row's loss (abs 1e-4) and every updated row's
+     grad_norm (the averaged gradient's, pre-clip; rel 1e-3) must match; measured below. The gradient is
+     exchanged once per optimizer step: rows with `updated` false send only the loss's scalar (comm_bytes < 64),
+     updated rows send at least the model's 4-byte gradient once.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import os
 import sys
 
 import numpy as np
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dp_common as dc  # noqa: E402
@@ -36,14 +46,14 @@ HP = ref.HParams(lr=1e-3, min_lr=1e-4, warmup_steps=3, beta1=0.9, beta2=0.95, ep
 B0_TOKENS = dc.B * dc.T
 
 
-def run(args, checks, tag, data, steps, extra, pinned=False):
+def run(args, checks, tag, data, steps, extra, pinned=False, hp=HP):
     metrics = os.path.join(args.workdir, tag + ".jsonl")
     dc.remove_stale(metrics)
     os.environ.pop("MESHTRAIN_ADAPTIVE_BATCH_TIMES", None)
     if pinned:
         os.environ["MESHTRAIN_ADAPTIVE_BATCH_TIMES"] = "1000,1000"
     r = dc.run_group(dc.train_cmd(args.meshtrain, args.init, data, steps,
-                                  ["--micro-batch-size", 3, *extra, "--metrics", metrics], hp=HP),
+                                  ["--micro-batch-size", 3, *extra, "--metrics", metrics], hp=hp),
                      120, os.path.join(args.workdir, tag))
     if not checks.check(r.returncode == 0, dc.failure_text(r, tag)):
         return None
@@ -129,16 +139,69 @@ def main():
     # 4. refusals
     bad = [(["--adaptive-batch", "--micro-batch-size", "3", "--zero", "1", "--nproc", "2"],
             ["--adaptive-batch", "--zero 1"]),
-           (["--adaptive-batch", "--micro-batch-size", "3", "--grad-clip", "1"], ["--adaptive-batch", "--grad-clip 1"]),
            (["--adaptive-batch"], ["--adaptive-batch", "--micro-batch-size"]),
            (["--adaptive-batch-max", "4"], ["--adaptive-batch-max", "--adaptive-batch"])]
     for i, (flags, names) in enumerate(bad):
         metrics = os.path.join(args.workdir, f"bad{i}.jsonl")
-        hp = HP if "--grad-clip" not in flags else ref.HParams(**{**HP.__dict__, "grad_clip": 1.0})
-        cmd = dc.train_cmd(args.meshtrain, args.init, markov, 2, [f for f in flags if f not in ("--grad-clip", "1")]
-                           if "--grad-clip" in flags else flags, hp=hp)
+        cmd = dc.train_cmd(args.meshtrain, args.init, markov, 2, flags, hp=HP)
         dc.check_rejected(cmd, metrics, os.path.join(args.workdir, f"bad{i}"), names, checks, " ".join(flags))
+
+    # 5. the accumulated step: exchange once per optimizer step, clipping of the averaged gradient
+    clip_hp = ref.HParams(**{**HP.__dict__, "grad_clip": CLIP})
+    rows = run(args, checks, "noisy_dp2_clip", noisy, REPLAY_STEPS,
+               ["--nproc", 2, "--adaptive-batch", "--adaptive-batch-every", 2, "--adaptive-batch-max", 4],
+               pinned=True, hp=clip_hp)
+    if rows:
+        ks = follows_rule(rows, checks, "noisy_dp2_clip", 4)
+        checks.check(max(ks) >= 2, f"noisy dp2 clip: the batch should grow (k reached {max(ks)})")
+        replay(args, rows, noisy, clip_hp, checks)
+        n_params = sum(int(np.prod(s)) for _, s in ref.param_shapes(dc.CFG))
+        for r in rows:
+            ok = r["comm_bytes"] >= 4 * n_params if r["updated"] else r["comm_bytes"] < 64
+            checks.check(ok, f"step {r['step']}: comm_bytes {r['comm_bytes']} with updated {r['updated']} "
+                         f"(the gradient ({4 * n_params} bytes) is exchanged on updated rows only)")
     checks.finish()
+
+
+CLIP = 0.05
+REPLAY_STEPS = 24
+
+
+def replay(args, rows, data, hp, checks):
+    """Check 5's reference: the rows' k schedule replayed in float64."""
+    cfg, p = ref.load_model(args.init, dtype=torch.float64)
+    tokens = ref.read_shard(data)
+    opt = ref.AdamW(p, hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
+    names = list(p)
+    acc, n_acc, t, worst_loss, worst_gn, clipped = None, 0, 0, 0.0, 0.0, 0
+    for r in rows:
+        s = r["step"]
+        x, y = (torch.from_numpy(a) for a in ref.get_batch(tokens, s, dc.B, dc.T))
+        q = {n: v.clone().requires_grad_(True) for n, v in p.items()}
+        loss = ref.gpt_loss(q, x, y, cfg)
+        grads = torch.autograd.grad(loss, [q[n] for n in names])
+        worst_loss = max(worst_loss, abs(float(loss) - r["loss"]))
+        acc = list(grads) if acc is None else [a + g for a, g in zip(acc, grads)]
+        n_acc += 1
+        if not r["updated"]:
+            continue
+        k = r["batches_per_update"]
+        checks.check(n_acc == k, f"replay step {s}: {n_acc} data steps accumulated for k {k}")
+        g = [a / k for a in acc]
+        norm = ref.global_grad_norm(g)
+        worst_gn = max(worst_gn, rel_diff(r["grad_norm"], norm))
+        scale = ref.clip_scale(norm, hp.grad_clip)
+        clipped += scale < 1.0
+        g = [x * scale for x in g] if scale < 1.0 else g
+        lr = ref.lr_at(s, hp.lr, hp.min_lr, hp.warmup_steps, len(rows)) * math.sqrt(k)
+        t += 1
+        opt.step(p, dict(zip(names, g)), t, lr)
+        acc, n_acc = None, 0
+    print(f"replay: worst loss abs {worst_loss:.2e}, worst grad_norm rel {worst_gn:.2e}, {t} updates, "
+          f"{clipped} clipped")
+    checks.check(worst_loss <= 1e-4, f"replay: loss differs by {worst_loss:.2e} > 1e-4")
+    checks.check(worst_gn <= 1e-3, f"replay: grad_norm differs by rel {worst_gn:.2e} > 1e-3")
+    checks.check(clipped >= t // 2, f"replay: clipping should act on most updates ({clipped} of {t})")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """Checkpoints keep the gradient exchange's per-rank state (train/exchange_state.h): a run stopped and resumed
-continues the unbroken one, for DGC (error-feedback residual and velocity) and 1-bit Adam (worker and server
-errors), on dp_common.py's tiny GPT at dp 2.
+continues the unbroken one, for DGC (error-feedback residual and velocity), 1-bit Adam (worker and server
+errors) and Crossbow's SMA (--learners: each learner's weights and AdamW moments, z_prev), on dp_common.py's tiny
+GPT at dp 2.
 
 Per method: the unbroken run (10 steps) against `--checkpoint-dir D --save-every 5 --stop-at-step 5` then
 `--resume D` for the rest. Checks:
   1. the resumed rows 5..9 equal the unbroken run's (loss and grad_norm at rel 1e-6; measured: identical) and
-     the final weights agree at 1e-6;
+     the final weights agree at 1e-6; for SMA both bit for bit (rows' loss and grad_norm, and the saved central
+     model);
   2. control: the same checkpoint with "exchange_state" removed from its state.json resumes with the state at
      zero (the lead warns so), and its rows differ from the unbroken run's (loss by > 1e-6 somewhere): the state
      is what makes check 1 pass.
 Methods: --compress topk:0.01 --dgc with SGD (momentum 0.9 in the exchange, lr 0.05); --optimizer onebit-adam
---freeze-step 3 (the errors of steps 3 and 4 are in the checkpoint).
+--freeze-step 3 (the errors of steps 3 and 4 are in the checkpoint); --learners 2 --sma-momentum 0.5 with
+--micro-batch-size 3 (k = 4 learners; the control restarts the learners from the central model and says so).
 """
 from __future__ import annotations
 
@@ -29,7 +32,10 @@ STEPS, STOP = 10, 5
 SGD_HP = ref.HParams(lr=0.05, min_lr=0.005, warmup_steps=3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
                      grad_clip=2.5)
 METHODS = {"dgc": (["--nproc", 2, "--compress", "topk:0.01", "--dgc", "--optimizer", "sgd", "--momentum", 0.9], SGD_HP),
-           "onebit": (["--nproc", 2, "--optimizer", "onebit-adam", "--freeze-step", 3], dc.HP)}
+           "onebit": (["--nproc", 2, "--optimizer", "onebit-adam", "--freeze-step", 3], dc.HP),
+           "sma": (["--nproc", 2, "--learners", 2, "--sma-momentum", 0.5, "--micro-batch-size", 3], dc.HP)}
+EXACT = {"sma"}  # resumed = unbroken bit for bit
+FALLBACK = {"sma": "restart from the checkpoint's central model"}  # the control's warning (default: zeros)
 
 
 def go(args, checks, tag, flags, hp, steps):
@@ -69,11 +75,17 @@ def main():
                         for a, b in zip(full[STOP:], part2))
             print(f"{name}: resumed vs unbroken, steps {STOP}..{STEPS - 1}: worst rel {worst:.2e}")
             checks.check(worst <= 1e-6, f"{name}: resumed rows differ from the unbroken run: worst rel {worst:.2e}")
+            if name in EXACT:
+                same = all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(full[STOP:], part2))
+                checks.check(same, f"{name}: resumed rows are not bit-equal to the unbroken run's")
             a, b = dc.load_saved(w("full.safetensors"), checks, name), dc.load_saved(w("part2.safetensors"), checks, name)
             if a and b:
                 dw = max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a)
                 print(f"{name}: final weights resumed vs unbroken: worst abs {dw:.2e}")
                 checks.check(dw <= 1e-6, f"{name}: final weights differ by {dw:.2e}")
+                if name in EXACT:
+                    with open(w("full.safetensors"), "rb") as fa, open(w("part2.safetensors"), "rb") as fb:
+                        checks.check(fa.read() == fb.read(), f"{name}: saved weights are not byte-equal")
         # control: the same checkpoint without its exchange state
         del st["exchange_state"]
         json.dump(st, open(st_path, "w"))
@@ -81,8 +93,9 @@ def main():
                                                      "--metrics", w("ctl.jsonl"), "--save", w("ctl.safetensors")],
                hp, STEPS)
         text = (r.stderr + r.stdout).decode("utf-8", "replace")
-        checks.check("starts at zero" in text, f"{name}: the control resume should warn that the exchange state "
-                     f"starts at zero; output: {text.strip()[:300]!r}")
+        want = FALLBACK.get(name, "starts at zero")
+        checks.check(want in text, f"{name}: the control resume should warn ({want!r}); output: "
+                     f"{text.strip()[:300]!r}")
         ctl = dc.read_metrics_range(w("ctl.jsonl"), STOP, STEPS, checks, f"{name} control")
         if full and ctl:
             d = max(rel_diff(a["loss"], b["loss"]) for a, b in zip(full[STOP:], ctl))

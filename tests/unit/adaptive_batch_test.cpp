@@ -36,20 +36,20 @@ TEST(AdaptiveBatch, DoublesWhenGoodputImproves) {
 
 // every 1, warmup 1: the first observed update decides k = 2 (infinite noise); the next two gradients are
 // averaged into one step with lr x sqrt(2); no decision while a batch is pending.
-TEST(AdaptiveBatch, AccumulatesKBatchesThenSteps) {
-  AdaptiveBatch ab({true, 8, 1, 1}, 2, 1.0);
-  std::vector<float> g{5, 7};
-  EXPECT_TRUE(ab.accumulate(g.data()));  // k = 1: the gradient as it is
-  EXPECT_EQ(g, (std::vector<float>{5, 7}));
+TEST(AdaptiveBatch, CountsKDataStepsThenSteps) {
+  AdaptiveBatch ab({true, 8, 1, 1}, 1.0);
+  EXPECT_EQ(ab.position(), 0);
+  EXPECT_TRUE(ab.count_data_step());  // k = 1: every data step is an optimizer step
+  EXPECT_EQ(ab.position(), 0);
   EXPECT_FLOAT_EQ(ab.lr_scale(), 1.0f);
   ab.observe(0, 1.0, 1.0, kInf);
   EXPECT_EQ(ab.k(), 2);
-  std::vector<float> a{1, 2}, b{3, 6};
-  EXPECT_FALSE(ab.accumulate(a.data()));
+  EXPECT_FALSE(ab.count_data_step());
+  EXPECT_EQ(ab.position(), 1);
   ab.observe(1, 1.0, -1.0, kInf);  // pending: k stays
   EXPECT_EQ(ab.k(), 2);
-  EXPECT_TRUE(ab.accumulate(b.data()));
-  EXPECT_EQ(b, (std::vector<float>{2, 4}));
+  EXPECT_TRUE(ab.count_data_step());
+  EXPECT_EQ(ab.position(), 0);
   EXPECT_FLOAT_EQ(ab.lr_scale(), std::sqrt(2.0f));
   ab.observe(2, 1.0, 1.0, std::nan(""));  // no estimate: no decision
   EXPECT_EQ(ab.k(), 2);

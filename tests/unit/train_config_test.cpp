@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/pipeline/schedule.h"
@@ -417,4 +418,49 @@ TEST(TrainConfigMicroUpdates, PipeMareCorrectionFlags) {
   EXPECT_NE(error_of(g, 2).find("--pipemare-correction 1.5"), std::string::npos) << error_of(g, 2);
   g.pipemare_correction = 0.0;
   EXPECT_EQ(error_of(g, 2), "(no error)");
+}
+
+// A restart resumes from the last checkpoint, so --max-restarts N is refused at config time with every method
+// the table refuses with --resume, naming both flags (not when a restart is needed); the same methods without
+// --max-restarts, and a plain run with it, are accepted.
+TEST(TrainConfigRestarts, MethodsThatRefuseResumeRefuseMaxRestarts) {
+  auto with_restarts = [](TrainConfig c) {
+    c.max_restarts = 2;
+    c.checkpoint_dir = "/tmp/ck";
+    return c;
+  };
+  auto dp = [](int world) {
+    TrainConfig c;
+    c.data = "unused.bin";
+    c.nproc = world;
+    c.batch_size = 8;
+    c.micro_batch_size = 2;
+    return c;
+  };
+  EXPECT_EQ(error_of(with_restarts(dp(2)), 2), "(no error)");
+  TrainConfig l = dp(2);  // --learners resumes (its learners' state is in checkpoints), so it restarts too
+  l.learners = 2;
+  l.micro_batch_size = 1;
+  EXPECT_EQ(error_of(with_restarts(l), 2), "(no error)");
+  struct Case {
+    std::string flag;
+    TrainConfig c;
+    int world;
+  };
+  std::vector<Case> cases;
+  TrainConfig g = dp(2);
+  g.sync = mt::train::SyncKind::gossip;
+  cases.push_back({"--sync gossip", g, 2});
+  TrainConfig a = dp(2);
+  a.adaptive_batch = true;
+  cases.push_back({"--adaptive-batch", a, 2});
+  TrainConfig p = pipeline_config("pipemare", 2);
+  p.pipemare_correction = 0.5;
+  cases.push_back({"--pipemare-correction 0.5", p, 2});
+  for (const Case& k : cases) {
+    EXPECT_EQ(error_of(k.c, k.world), "(no error)") << k.flag;
+    const std::string e = error_of(with_restarts(k.c), k.world);
+    EXPECT_NE(e.find("--max-restarts 2 with " + k.flag + " is not supported"), std::string::npos) << e;
+    EXPECT_NE(e.find("a restart resumes"), std::string::npos) << e;
+  }
 }
