@@ -22,6 +22,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
+#include "plan/window_sim.h"
 #include "trace/swimlane_svg.h"
 
 namespace mt::cli {
@@ -179,6 +180,14 @@ void run_simulate(SimulateArgs& a) {
                 num(r.makespan / (a.steps * one.makespan)).c_str());
     std::printf("steady state: step %d adds %s to the makespan for %s of work on %d ranks: bubble %s per step\n",
                 a.steps, num(added).c_str(), num(work).c_str(), p, pct(added > 0 ? 1 - work / (p * added) : 0).c_str());
+    // The same window with its updates in it: waiting for the norm (started after each rank's last backward of
+    // the step) as designed, and as blocking collectives over every rank (the step's exchange as it is today).
+    const plan::SimResult normed = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::norm_started);
+    const plan::SimResult blocking = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::all_reached);
+    std::printf("with the updates in the list: waiting for the norm, makespan %s (bubble %s); as blocking collectives "
+                "over all ranks, makespan %s (bubble %s, %sx 1f1b's flushed steps)\n",
+                num(normed.makespan).c_str(), pct(normed.bubble_fraction).c_str(), num(blocking.makespan).c_str(),
+                pct(blocking.bubble_fraction).c_str(), num(blocking.makespan / (a.steps * one.makespan)).c_str());
   }
   for (int j = 0; j < p; j++)
     std::printf("rank %d: busy %s, idle %s, peak in-flight activations %d%s\n", j, num(r.busy_per_rank[j]).c_str(),

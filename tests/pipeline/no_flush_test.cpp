@@ -20,6 +20,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
 #include "plan/simulator.h"
+#include "plan/window_sim.h"
 
 namespace mt::pipeline {
 void PrintTo(const Action& a, std::ostream* os);  // schedule_test.cpp
@@ -227,6 +228,63 @@ TEST(NoFlush, CheckerRefusesBrokenWindows) {
   // A schedule other than pipedream-2bw has no window.
   EXPECT_THROW(no_flush_schedule({"1f1b", 2, 2, 1}, 2), mt::InputError);
   EXPECT_THROW(no_flush_schedule(spec, 0), mt::InputError);
+}
+
+}  // namespace
+
+namespace {
+
+using namespace mt::pipeline;
+
+// The window replayed with its updates (plan/window_sim.h).
+TEST(NoFlushWindowSim, UpdatesWaitingForTheNormNeverDelayTheWindow) {
+  // U(t) stands right before the rank's first forward of step t + 2, which needs (through the activations) rank
+  // 0's forward of that micro-batch, after rank 0's last backward of step t, the last one of the step anywhere:
+  // the norm is always ready, with free or costly messages and unequal stages.
+  std::vector<mt::plan::CostModel> costs(3);
+  costs[1].comm = 0.25;
+  for (int p : {2, 3, 4}) {
+    costs[2].stage_forward.assign(p, 1.0);
+    costs[2].stage_backward.assign(p, 2.0);
+    costs[2].stage_forward[p - 1] = 1.5;  // the head
+    costs[2].stage_backward[0] = 2.5;
+    for (int m : {1, 2, p, 2 * p})
+      for (const mt::plan::CostModel& cost : costs) {
+        const ScheduleSpec spec{"pipedream-2bw", p, m, 1};
+        const Schedule w = no_flush_schedule(spec, 4);
+        const mt::plan::SimResult with = mt::plan::simulate_window(spec, 4, w, cost, mt::plan::UpdateWait::norm_started);
+        const mt::plan::SimResult without = mt::plan::simulate(window_spec(spec, 4), without_step_updates(w), cost);
+        EXPECT_DOUBLE_EQ(with.makespan, without.makespan) << "p = " << p << ", m = " << m << ", comm " << cost.comm;
+      }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using namespace mt::pipeline;
+
+TEST(NoFlushWindowSim, BlockingUpdatesCostAForwardFillEach) {
+  // The step's reductions as blocking collectives over all ranks at U(t) (the exchange as it is today): every
+  // update inside the window (U(0) .. U(K-3); the last two drain at the end) makes the ranks meet, and the
+  // forwards of step t + 2 then fill the pipeline again. With F = 1, B = 2, free messages and m >= p the replay
+  // gives (K m + p - 1) 3 + (K - 2)(p - 1): one forward per stage boundary per update, a third of the (p - 1)(F + B)
+  // that each flushed 1F1B step idles.
+  for (int p : {2, 4})
+    for (int m : {p, 2 * p}) {
+      const int K = 8;
+      const ScheduleSpec spec{"pipedream-2bw", p, m, 1};
+      const Schedule w = no_flush_schedule(spec, K);
+      const mt::plan::SimResult b = mt::plan::simulate_window(spec, K, w, {}, mt::plan::UpdateWait::all_reached);
+      EXPECT_DOUBLE_EQ(b.makespan, 3.0 * (K * m + p - 1) + (K - 2) * (p - 1)) << "p = " << p << ", m = " << m;
+      EXPECT_LT(b.makespan, K * 3.0 * (m + p - 1));
+    }
+  // An update's own cost lands on every rank once per step.
+  const ScheduleSpec spec{"pipedream-2bw", 2, 2, 1};
+  const Schedule w = no_flush_schedule(spec, 3);
+  EXPECT_DOUBLE_EQ(mt::plan::simulate_window(spec, 3, w, {}, mt::plan::UpdateWait::norm_started, 0.5).makespan,
+                   mt::plan::simulate_window(spec, 3, w, {}, mt::plan::UpdateWait::norm_started).makespan + 1.5);
 }
 
 }  // namespace
