@@ -288,3 +288,43 @@ TEST(NoFlushWindowSim, BlockingUpdatesCostAForwardFillEach) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace mt::pipeline;
+using namespace mt::pipeline::test;
+
+TEST(NoFlushWindowSim, BlockingUpdatesEndOnEveryGeneratedWindow) {
+  // U(t) as a collective over all ranks needs every rank to reach it; the generated placement (before the first
+  // forward of step t + 2) lets each rank get there without another rank passing its own U(t) first.
+  for (int p : {1, 2, 3, 4, 5, 8})
+    for (int m : {1, 2, 3, 4, 5, 8})
+      for (int K : {1, 2, 3, 5}) {
+        const ScheduleSpec spec{"pipedream-2bw", p, m, 1};
+        EXPECT_NO_THROW(mt::plan::simulate_window(spec, K, no_flush_schedule(spec, K), {},
+                                                  mt::plan::UpdateWait::all_reached))
+            << "p = " << p << ", m = " << m << ", K = " << K;
+      }
+}
+
+TEST(NoFlushWindowSim, AnEarlyUpdateDeadlocksOnlyWhenBlocking) {
+  // Rank 1 moves U(0) up to right after B1's gradient is sent (still after its backwards of step 0 and before
+  // step 2's forwards: a valid window). Waiting for the norm it ends; as a collective it waits for rank 0, which
+  // waits for B2's gradient, which rank 1 computes after U(0).
+  const ScheduleSpec spec{"pipedream-2bw", 2, 2, 1};
+  Schedule w = no_flush_schedule(spec, 3);
+  std::vector<Action>& l = w.lists[1];
+  l.erase(std::find(l.begin(), l.end(), step_update(0, 2)));
+  l.insert(std::find(l.begin(), l.end(), SG(1, 0, 0)) + 1, step_update(0, 2));
+  EXPECT_NO_THROW(check_no_flush(spec, 3, w));
+  EXPECT_NO_THROW(mt::plan::simulate_window(spec, 3, w, {}, mt::plan::UpdateWait::norm_started));
+  try {
+    mt::plan::simulate_window(spec, 3, w, {}, mt::plan::UpdateWait::all_reached);
+    ADD_FAILURE() << "no deadlock";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlock with blocking updates: rank 0 at action"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
