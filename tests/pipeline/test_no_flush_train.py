@@ -6,6 +6,7 @@ tp 2 x pp 2 (m = 4), run twice:
   --schedule pipedream-2bw              (the no-flush executor: windows of steps, the log says so)
   --schedule 1f1b --delayed-update      (the same delay-1 rule, flushed after every step)
 Checked:
+  - the 2BW run's log and --summary (pipeline.flush_between_steps) say it runs without a flush;
   - the flush is gone, as the trace recorded the order of the computations (not their times): on pipeline rank 0
     the forward of step t+1's first micro-batch ran before the backward of step t's last one, for every t; the
     flushed run's trace shows every step ending with its backwards (the check can fail);
@@ -78,7 +79,8 @@ def main():
                "--vocab-size", "64", "--n-positions", "32", "--nproc", str(nproc), "--pp", str(P),
                *(["--tp", "2"] if layout and layout[0] == "tp" else []),
                "--micro-batch-size", str(B // dp // m), "--lr", "3e-3", "--grad-clip", "0.5", "--metrics", out + ".jsonl",
-               "--save", out + ".safetensors", "--trace", out + ".trace.json", *extra]
+               "--save", out + ".safetensors", "--trace", out + ".trace.json", "--summary", out + ".summary.json",
+               *extra]
         r = subprocess.run(cmd, env=single_thread_env(), timeout=300, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout, r.stderr)
@@ -86,7 +88,9 @@ def main():
         with open(out + ".jsonl") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         rows = [x for x in rows if "loss" in x and "step" in x]
-        return r.stderr, rows, tensors(out + ".safetensors"), rank0_computations(out + ".trace.json")
+        with open(out + ".summary.json") as f:
+            flush = json.load(f)["pipeline"].get("flush_between_steps")
+        return r.stderr, rows, tensors(out + ".safetensors"), rank0_computations(out + ".trace.json"), flush
 
     cases = [(P, m, label, extra, ()) for P, m in ((2, 4), (4, 4))
              for label, extra in (("", []), ("_ckpt", ["--save-every", "2"]))]
@@ -101,10 +105,12 @@ def main():
             extra += (["--schedule", "pipedream-2bw"] if kind == "2bw"
                       else ["--schedule", "1f1b", "--delayed-update"])
             runs[kind] = train(f"{kind}_P{P}{label}", P, m, extra, layout)
-        err_a, rows_a, w_a, seq_a = runs["2bw"]
-        _, rows_b, w_b, seq_b = runs["flushed"]
+        err_a, rows_a, w_a, seq_a, flush_a = runs["2bw"]
+        _, rows_b, w_b, seq_b, flush_b = runs["flushed"]
         name = f"P={P} m={m}{label}"
-        check("pipedream-2bw without a flush" in err_a, f"{name}: the 2BW run says it runs without a flush")
+        check("pipedream-2bw without a flush" in err_a and flush_a is False and flush_b is True,
+              f"{name}: the 2BW run says it runs without a flush (log, summary's flush_between_steps "
+              f"{flush_a}; the flushed run's {flush_b})")
         # The flush is gone: window numbering i = t m + k in the 2BW trace.
         # With --save-every 2 a window is 2 steps (its numbering starts over); without, the whole run.
         span = 2 if extra_both else STEPS
