@@ -1,7 +1,6 @@
 // PipeDream-2BW without a flush: one action list per rank spanning several optimizer steps (a "window" of K
 // steps), in which step t+1's forwards fill the cool-down of step t, with the update of each step inside the
-// list. This is the schedule half of 2BW's throughput; the run's executor still runs one flushed list per step
-// (src/train/step_executor.cpp), see docs/parallelism.md for what is missing there.
+// list. A training run executes it through train/no_flush_steps.h (one piece of the list per step of the loop).
 //
 // Legend: p ranks (stages, one chunk each, the looped placement), m micro-batches per step, K steps in the
 // window, t a step, j a rank, w_j = p - j - 1 (1F1B's warm-up on rank j); micro-batch k of step t is numbered
