@@ -252,7 +252,7 @@ void Run::announce() {
     if (g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches, &why))
       log->message("pipedream-2bw without a flush: step t+1's forwards run while step t's last backwards drain "
                    "(windows of steps end at every evaluation, checkpoint and the last step)");
-    else if (g.pp() > 1)
+    else if (g.pp() > 1 && cfg.schedule == "pipedream-2bw")
       log->message("pipedream-2bw flushes between steps here: " + why);
   }
 }
