@@ -10,6 +10,11 @@
 // the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal; and the step
 // time (the longest rank's span per timed step) with its ratio to 1F1B's at the same m, whose steps alternate
 // with the schedule's in the same job.
+//
+// pipedream-2bw runs without a flush (parallel/pipeline/no_flush.h): its --steps - 1 timed steps are one window
+// (one list spanning them, the updates inside it costing nothing here; a first window of the same steps is not
+// timed), against 1F1B's flushed steps; its bubble and step time are per window, its simulated columns replay
+// the window.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +34,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/bubble.h"
 
@@ -139,7 +145,13 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
       lo.timeout_s = a.comm_timeout;
       const int rc = comm::launch(lo, [&](comm::Communicator& world) {
         const size_t n = (size_t)(a.activation_kb * 1024 / sizeof(float));
-        const pipeline::Schedule lists = pipeline::make_schedule(spec);
+        // pipedream-2bw: the timed steps as one window without a flush (run twice: the first is not timed).
+        const bool window = name == "pipedream-2bw";
+        const int window_steps = a.steps - 1;
+        const pipeline::ScheduleSpec run_spec = window ? pipeline::window_spec(spec, window_steps) : spec;
+        const pipeline::Schedule lists =
+            window ? pipeline::no_flush_schedule(spec, window_steps) : pipeline::make_schedule(spec);
+        if (window) pipeline::check_no_flush(spec, window_steps, lists);
         const pipeline::Schedule peer_lists = with_peer ? pipeline::make_schedule(peer) : pipeline::Schedule{};
         // A chunk's share of the rank's forward F: 1 / V, or a whole stage when the placement holds each stage
         // twice (chimera: each micro-batch passes one of the rank's two chunks, F per stage as under 1F1B).
@@ -154,7 +166,8 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
             if (s > 0) peer_st.add(peer_one);
           }
           world.barrier();  // steps start together, as after a training step's reductions
-          ex.run(spec, lists, world, runner, &one);
+          if (window && s > 1) continue;  // its two windows ran
+          ex.run(run_spec, lists, world, runner, &one);
           if (s > 0) st.add(one);
         }
         // Every rank's stats on rank 0: this schedule's, then the peer's.
@@ -170,17 +183,22 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         const std::vector<pipeline::PipelineStats> ranks = gather(st, V);
         const std::vector<pipeline::PipelineStats> peer_ranks = with_peer ? gather(peer_st, 1) : ranks;
         if (world.rank() != 0) return;
-        const plan::BubbleReport b = plan::bubble_report(spec, ranks, true);
+        plan::BubbleReport b = plan::bubble_report(run_spec, ranks, true);
         plan::CostModel nominal_cost;
         nominal_cost.forward = a.forward_ms;
         nominal_cost.backward_ratio = a.backward_ratio;
         nominal_cost.weight_share = a.weight_share;
-        const double nominal = plan::simulate(spec, nominal_cost).bubble_fraction;
+        double nominal = plan::simulate(spec, nominal_cost).bubble_fraction;
+        if (window) {  // the window's own list (make_schedule(run_spec) is 2BW's flushed list over K m micro-batches)
+          const pipeline::Schedule flat = pipeline::without_step_updates(lists);
+          b.simulated = plan::simulate(run_spec, flat, b.cost).bubble_fraction;
+          nominal = plan::simulate(run_spec, flat, nominal_cost).bubble_fraction;
+        }
         // The step time: the longest rank's span, per timed step.
         auto step_ms = [&](const std::vector<pipeline::PipelineStats>& rs) {
           double span_us = 0;
           for (const pipeline::PipelineStats& r : rs) span_us = std::max(span_us, r.span_us);
-          return span_us / 1e3 / (a.steps - 1);
+          return span_us / 1e3 / (a.steps - 1);  // a window: one list of a.steps - 1 steps
         };
         // Last column: the simulation with each measured backward split in halves by assumption (split schedules).
         char half[16] = "-";

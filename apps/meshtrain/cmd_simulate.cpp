@@ -18,9 +18,11 @@
 #include "apps/meshtrain/commands.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
+#include "plan/window_sim.h"
 #include "trace/swimlane_svg.h"
 
 namespace mt::cli {
@@ -33,6 +35,7 @@ struct SimulateArgs {
   std::string svg;
   std::string from_summary;
   bool actions = false;
+  int steps = 1;  // > 1: pipedream-2bw's window of that many steps without a flush (parallel/pipeline/no_flush.h)
   double measured_bubble = -1;  // from the summary
 };
 
@@ -92,16 +95,29 @@ void run_simulate(SimulateArgs& a) {
                  "simulate needs --schedule, --stages and --micro-batches (or --from-summary FILE)");
   MT_CHECK_INPUT(a.cost.weight_share >= 0 && a.cost.weight_share <= 1, "--weight-share must be in [0, 1], got ",
                  a.cost.weight_share);  // also NaN, which the flag's range check lets through
-  const pipeline::ScheduleSpec& spec = a.spec;
-  const pipeline::Schedule schedule = pipeline::make_schedule(spec);  // validates
+  // --steps K (pipedream-2bw): the window of K steps without a flush, replayed as one list over K m micro-batches
+  // (its step updates cost nothing here); `step` is the per-step spec, `spec` the one the replay sees.
+  MT_CHECK_INPUT(a.steps == 1 || a.spec.name == "pipedream-2bw", "--steps ", a.steps,
+                 " replays several steps without a flush, which only --schedule pipedream-2bw has; --schedule ",
+                 a.spec.name, " flushes after every step, so each of its steps replays as the one-step list");
+  const pipeline::ScheduleSpec step = a.spec;
+  const bool window = a.steps > 1;
+  const pipeline::ScheduleSpec spec = window ? pipeline::window_spec(step, a.steps) : step;
+  const pipeline::Schedule listed = window ? pipeline::no_flush_schedule(step, a.steps) : pipeline::make_schedule(step);
+  if (window) pipeline::check_no_flush(step, a.steps, listed);
+  const pipeline::Schedule schedule = window ? pipeline::without_step_updates(listed) : listed;
   const plan::SimResult r = plan::simulate(spec, schedule, a.cost);
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
   bool split = false;  // the lists hold split backwards (zero-bubble schedules)
   for (const auto& list : schedule.lists)
     for (const pipeline::Action& x : list) split = split || x.kind == pipeline::ActionKind::backward_weight;
 
-  std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p, m,
-              V, V > 1 ? "s" : "");
+  std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p,
+              step.micro_batches, V, V > 1 ? "s" : "");
+  if (window)
+    std::printf("%d steps of %d micro-batches without a flush (step t+1's forwards fill step t's cool-down; each "
+                "step's update inside the list, costing nothing here), replayed as one list of K m = %d micro-batches\n",
+                a.steps, step.micro_batches, m);
   const int routes = schedule.placement.routes();  // 2: every stage held twice (chimera), a chunk is a stage
   if (a.cost.stage_forward.empty()) {
     std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
@@ -131,9 +147,9 @@ void run_simulate(SimulateArgs& a) {
   }
   if (a.actions) {
     for (int j = 0; j < p; j++) {
-      std::printf("rank %d: %s\n", j, pipeline::compute_summary(schedule[j], V).c_str());
-      for (size_t k = 0; k < schedule[j].size(); k++)
-        std::printf("  %4zu  %s\n", k, pipeline::to_string(schedule[j][k]).c_str());
+      std::printf("rank %d: %s\n", j, pipeline::compute_summary(listed[j], V).c_str());
+      for (size_t k = 0; k < listed[j].size(); k++)
+        std::printf("  %4zu  %s\n", k, pipeline::to_string(listed[j][k]).c_str());
     }
   }
   std::printf("makespan %s\n", num(r.makespan).c_str());
@@ -145,9 +161,34 @@ void run_simulate(SimulateArgs& a) {
   else
     std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
                 V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());
-  if (a.measured_bubble >= 0)
+  if (a.measured_bubble >= 0 && window)
+    std::printf("measured bubble of the run: %s (its steps flushed: not comparable with this window)\n",
+                pct(a.measured_bubble).c_str());
+  else if (a.measured_bubble >= 0)
     std::printf("measured bubble of the run: %s (%+.1f percentage points from the simulation)\n",
                 pct(a.measured_bubble).c_str(), 100 * (a.measured_bubble - r.bubble_fraction));
+  if (window) {
+    // Against 1F1B's flushed steps of the same costs, and the steady state: what one more step adds.
+    const plan::SimResult one = plan::simulate({"1f1b", p, step.micro_batches, 1}, a.cost);
+    const pipeline::ScheduleSpec shorter = pipeline::window_spec(step, a.steps - 1);
+    const plan::SimResult less =
+        plan::simulate(shorter, pipeline::without_step_updates(pipeline::no_flush_schedule(step, a.steps - 1)), a.cost);
+    const double added = r.makespan - less.makespan, work = r.busy - less.busy;
+    std::printf("1f1b, %d flushed steps: makespan %s (%s per step), bubble %s; this window: %s per step (%sx 1f1b's)\n",
+                a.steps, num(a.steps * one.makespan).c_str(), num(one.makespan).c_str(),
+                pct(one.bubble_fraction).c_str(), num(r.makespan / a.steps).c_str(),
+                num(r.makespan / (a.steps * one.makespan)).c_str());
+    std::printf("steady state: step %d adds %s to the makespan for %s of work on %d ranks: bubble %s per step\n",
+                a.steps, num(added).c_str(), num(work).c_str(), p, pct(added > 0 ? 1 - work / (p * added) : 0).c_str());
+    // The same window with its updates in it: waiting for the norm (started after each rank's last backward of
+    // the step) as designed, and as blocking collectives over every rank (the step's exchange as it is today).
+    const plan::SimResult normed = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::norm_started);
+    const plan::SimResult blocking = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::all_reached);
+    std::printf("with the updates in the list: waiting for the norm, makespan %s (bubble %s); as blocking collectives "
+                "over all ranks, makespan %s (bubble %s, %sx 1f1b's flushed steps)\n",
+                num(normed.makespan).c_str(), pct(normed.bubble_fraction).c_str(), num(blocking.makespan).c_str(),
+                pct(blocking.bubble_fraction).c_str(), num(blocking.makespan / (a.steps * one.makespan)).c_str());
+  }
   for (int j = 0; j < p; j++)
     std::printf("rank %d: busy %s, idle %s, peak in-flight activations %d%s\n", j, num(r.busy_per_rank[j]).c_str(),
                 num(r.makespan - r.busy_per_rank[j]).c_str(), pipeline::peak_in_flight(schedule[j]),
@@ -187,6 +228,9 @@ void add_simulate_command(CLI::App& app) {
                   "replay a real run: the schedule, measured stage times and message latency of a "
                   "`meshtrain train --pp P --summary FILE` (replaces the flags above)");
   sub->add_flag("--actions", a->actions, "print every rank's action list");
+  sub->add_option("--steps", a->steps,
+                  "K: replay K steps as one list without a flush (pipedream-2bw only), beside 1F1B's K flushed steps")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
   sub->callback([a] { run_simulate(*a); });
 }
 

@@ -20,6 +20,7 @@
 #include "train/model_registry.h"
 #include "train/pipemare.h"
 #include "train/ps_sync.h"
+#include "train/no_flush_steps.h"
 #include "train/weight_versions.h"
 
 namespace mt::train {
@@ -111,6 +112,17 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
                             : make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr,
                                                  cfg.trace.empty() ? nullptr : &tracer,
                                                  parallel::needs_hooks(sync_options.engine.zero));
+  // pipedream-2bw without a flush between steps where the run allows it (train/no_flush_steps.h).
+  if (!mesh.server() && g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches)) {
+    NoFlushParts parts;
+    parts.share = [this](int64_t s) { return layout.share(mesh.coord().dp, s); };
+    parts.window_ends_after = [this](int64_t s) {
+      return cadence.eval_after(s) || cadence.save_after(s) || cadence.last_after(s);
+    };
+    parts.swap_versions = [this] { store->versions()->before_forward(); };
+    parts.params = &params;
+    executor = make_no_flush_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
+  }
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
@@ -236,9 +248,16 @@ void Run::announce() {
                      " updates each stage after every micro-batch's backward; ",
                      cfg.vertical_sync ? "--vertical-sync: micro-batch i reads stage 0's version on every stage"
                                        : "each backward reads the version its forward read (stashed)"));
-  else if (store->versions())
+  else if (store->versions()) {
     log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
                  "two weight versions kept");
+    std::string why;
+    if (g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches, &why))
+      log->message("pipedream-2bw without a flush: step t+1's forwards run while step t's last backwards drain "
+                   "(windows of steps end at every evaluation, checkpoint and the last step)");
+    else if (g.pp() > 1 && cfg.schedule == "pipedream-2bw")
+      log->message("pipedream-2bw flushes between steps here: " + why);
+  }
 }
 
 }  // namespace mt::train

@@ -272,8 +272,8 @@ const RefusedCombination kRefused[] = {
      "longer be one step apart; choose one"},
     {[](const TrainConfig& c) { return async_schedule(c) && c.zero >= 2; },
      [](const TrainConfig& c) { return str("--schedule ", c.schedule, " with --zero ", c.zero); },
-     "an asynchronous schedule is meant to run step t+1's forwards while step t's last backwards drain (2BW "
-     "without a flush; this build still flushes between steps), which ZeRO 2 and 3 cannot cross: they hold a "
+     "an asynchronous schedule runs (pipedream-2bw: at m >= p, fp32, no MoE) or is meant to run step t+1's "
+     "forwards while step t's last backwards drain (no flush between steps), which ZeRO 2 and 3 cannot cross: they hold a "
      "stage's whole gradient (and gather its parameters) only within a step "
      "and reduce-scatter at its update; use --zero 0 or 1, or --delayed-update with --schedule 1f1b (the same "
      "update rule with a flush between steps, which takes ZeRO 2 and 3)"},

@@ -18,6 +18,7 @@
 #include "tensor/blas.h"
 #include "train/elastic.h"
 #include "train/model_registry.h"
+#include "train/no_flush_steps.h"
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
@@ -81,6 +82,10 @@ TrainSummary finish_run(Run& r) {
   nlohmann::json sections = nlohmann::json::object();
   if (!method.key.empty()) sections[method.key] = method.section;
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
+  // pipedream-2bw without a flush (train/no_flush_steps.h): its bubble is measured over windows of steps; the
+  // simulated figures are still the flushed one-step list's.
+  if (sections["pipeline"].is_object())
+    sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches);
   if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
     const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
     if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;

@@ -304,6 +304,44 @@ void run_actions(const ScheduleSpec& spec, const Schedule& schedule, comm::Commu
   ex.run(spec, schedule, pp, runner, stats, trace, step);
 }
 
+struct PipelineExecutor::Pieces {
+  const Schedule* schedule;
+  comm::Communicator* pp;
+  double t_start;
+  size_t next = 0;
+  ListRun list;
+};
+
+PipelineExecutor::PipelineExecutor() = default;
+PipelineExecutor::~PipelineExecutor() = default;
+
+void PipelineExecutor::begin(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp,
+                             StageRunner& runner, trace::ChromeTrace* trace) {
+  MT_ASSERT(!piece_, "a list run in pieces is already under way");
+  MT_ASSERT(pp.size() == spec.stages && schedule.placement.ranks() == spec.stages, "pipeline group of ", pp.size(),
+            " ranks for a schedule of ", spec.stages, " (placement of ", schedule.placement.ranks(), ")");
+  piece_.reset(new Pieces{&schedule, &pp, Clock::now_us(), 0, ListRun(spec, schedule.placement, pp, runner, pool_, trace)});
+}
+
+void PipelineExecutor::run_to(size_t end, const OptimizerStep& step) {
+  MT_ASSERT(piece_, "run_to without begin");
+  const std::vector<Action>& list = (*piece_->schedule)[piece_->pp->rank()];
+  MT_ASSERT(end >= piece_->next && end <= list.size(), "run_to(", end, ") from action ", piece_->next, " of ",
+            list.size());
+  for (; piece_->next < end; piece_->next++) piece_->list.act(list[piece_->next], step);
+}
+
+size_t PipelineExecutor::position() const { return piece_ ? piece_->next : 0; }
+
+void PipelineExecutor::finish(PipelineStats* stats) {
+  MT_ASSERT(piece_, "finish without begin");
+  const std::vector<Action>& list = (*piece_->schedule)[piece_->pp->rank()];
+  MT_ASSERT(piece_->next == list.size(), "a list run in pieces finished at action ", piece_->next, " of ", list.size());
+  const PipelineStats st = piece_->list.finish(piece_->t_start);
+  piece_.reset();
+  if (stats) stats->add(st);
+}
+
 void PipelineExecutor::run(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp,
                            StageRunner& runner, PipelineStats* stats, trace::ChromeTrace* trace,
                            const OptimizerStep& step) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -50,11 +51,26 @@ void run_actions(const ScheduleSpec& spec, const Schedule& schedule, comm::Commu
 // nothing).
 class PipelineExecutor {
  public:
+  PipelineExecutor();
+  ~PipelineExecutor();
   void run(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
            PipelineStats* stats = nullptr, trace::ChromeTrace* trace = nullptr, const OptimizerStep& step = {});
 
+  // The same list run in pieces (a window of steps without a flush, no_flush.h): begin, then run_to as often as
+  // needed, each running this rank's actions up to (not including) index end, then finish, which completes the
+  // sends and adds the stats (the span is begin to finish, less the optimizer steps). spec, schedule and runner
+  // must outlive the pieces.
+  void begin(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
+             trace::ChromeTrace* trace = nullptr);
+  void run_to(size_t end, const OptimizerStep& step);
+  void finish(PipelineStats* stats = nullptr);
+  bool in_window() const { return piece_ != nullptr; }
+  size_t position() const;  // the next action's index in the list being run in pieces
+
  private:
+  struct Pieces;
   std::vector<std::vector<float>> pool_;
+  std::unique_ptr<Pieces> piece_;
 };
 
 }  // namespace mt::pipeline

@@ -5,9 +5,10 @@
 // rounding. The versions are kept by the run's parameter store (train/weight_versions.h), not here: a
 // generator says the order of the computations and how many versions the rule reads.
 //
-// What is not here yet: 2BW's throughput half, no flush between steps (step t+1's forwards while step t's
-// last backwards drain, through optimizer-step actions inside the list). The list ends each step with the
-// flush 1F1B has, so the bubble is 1F1B's, (p-1)/(m+p-1).
+// This generator's list is one step's, ending with 1F1B's flush (bubble (p-1)/(m+p-1)): what a run uses when it
+// cannot go without a flush (train/no_flush_steps.h says when). 2BW's throughput half, step t+1's forwards while
+// step t's last backwards drain with each step's update inside the list, is the window of ../no_flush.h, which
+// train/no_flush_steps.h runs.
 #include "core/error.h"
 #include "parallel/pipeline/schedule_generator.h"
 

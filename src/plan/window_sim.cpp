@@ -1,0 +1,116 @@
+#include "plan/window_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "parallel/pipeline/no_flush.h"
+#include "parallel/pipeline/schedule_check.h"
+
+namespace mt::plan {
+
+using pipeline::Action;
+using pipeline::ActionKind;
+
+SimResult simulate_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                          const CostModel& cost, UpdateWait wait, double update) {
+  pipeline::check_no_flush(spec, steps, window);
+  MT_CHECK_INPUT(std::isfinite(cost.forward) && cost.forward > 0 && std::isfinite(cost.backward_ratio) &&
+                     cost.backward_ratio >= 0 && std::isfinite(cost.comm) && cost.comm >= 0 && std::isfinite(update) &&
+                     update >= 0,
+                 "simulate_window: forward must be > 0, backward ratio, message and update costs >= 0");
+  const int p = spec.stages, m = spec.micro_batches;
+  const pipeline::Placement& pl = window.placement;
+  MT_CHECK_INPUT(cost.stage_forward.empty() || (int)cost.stage_forward.size() == p,
+                 "simulate_window: stage_forward has ", cost.stage_forward.size(), " entries for ", p, " stages");
+  MT_CHECK_INPUT(cost.stage_backward.size() == cost.stage_forward.size(), "simulate_window: stage_backward has ",
+                 cost.stage_backward.size(), " entries, stage_forward ", cost.stage_forward.size());
+  auto fwd = [&](int j) { return cost.stage_forward.empty() ? cost.forward : cost.stage_forward[j]; };
+  auto bwd = [&](int j) { return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward : cost.stage_backward[j]; };
+
+  // Per step: the ranks still to finish its backwards (norm_started) or to reach its update (all_reached), and
+  // the latest time one of them did.
+  std::vector<std::vector<int>> left_b((size_t)p, std::vector<int>((size_t)steps, 0));
+  for (int j = 0; j < p; j++)
+    for (const Action& a : window[j])
+      if (a.kind == ActionKind::backward) left_b[j][a.micro_batch / m]++;
+  std::vector<int> pending((size_t)steps, 0);
+  std::vector<double> ready((size_t)steps, 0.0);
+  for (int t = 0; t < steps; t++)
+    for (int j = 0; j < p; j++) pending[t] += wait == UpdateWait::all_reached || left_b[j][t] > 0 ? 1 : 0;
+  std::vector<std::vector<bool>> arrived((size_t)p, std::vector<bool>((size_t)steps, false));
+
+  using Msg = std::tuple<bool, int, int>;  // grad, micro-batch, from stage
+  std::map<Msg, double> sent_at, posted_at;
+  auto key = [&](const Action& a, int j) {
+    const pipeline::Message msg = pipeline::message_of(a, j, pl);
+    return Msg{msg.grad, msg.micro_batch, msg.from_stage};
+  };
+
+  SimResult r;
+  r.placement = pl;
+  r.boxes.resize(p);
+  r.finish.assign(p, 0.0);
+  r.busy_per_rank.assign(p, 0.0);
+  std::vector<size_t> pc((size_t)p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int j = 0; j < p; j++) {
+      double& now = r.finish[j];
+      for (; pc[j] < window[j].size(); pc[j]++) {
+        const Action& a = window[j][pc[j]];
+        if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
+          const double d = a.kind == ActionKind::forward ? fwd(j) : bwd(j);
+          r.boxes[j].push_back({now, now + d, a.kind, a.micro_batch, a.chunk});
+          r.busy_per_rank[j] += d;
+          now += d;
+          if (a.kind == ActionKind::backward && wait == UpdateWait::norm_started) {
+            const int t = a.micro_batch / m;
+            if (--left_b[j][t] == 0) {
+              pending[t]--;
+              ready[t] = std::max(ready[t], now);
+            }
+          }
+        } else if (pipeline::is_send(a.kind)) {
+          sent_at[key(a, j)] = now;
+        } else if (pipeline::is_post(a.kind)) {
+          posted_at[key(a, j)] = now;
+        } else if (pipeline::is_wait(a.kind)) {
+          auto s = sent_at.find(key(a, j));
+          if (s == sent_at.end()) break;
+          now = std::max(now, std::max(s->second, posted_at.at(key(a, j))) + cost.comm);
+        } else if (a.kind == ActionKind::optimizer_step) {
+          const int t = a.micro_batch / m;
+          if (wait == UpdateWait::all_reached && !arrived[j][t]) {
+            arrived[j][t] = true;
+            pending[t]--;
+            ready[t] = std::max(ready[t], now);
+          }
+          if (pending[t] > 0) break;
+          now = std::max(now, ready[t]) + update;
+        }
+        progress = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int j = 0; j < p; j++) {
+    if (pc[j] < window[j].size())
+      stuck += str(stuck.empty() ? "" : "; ", "rank ", j, " at action ", pc[j], " (",
+                   pipeline::to_string(window[j][pc[j]]), ")");
+    r.makespan = std::max(r.makespan, r.finish[j]);
+    r.busy += r.busy_per_rank[j];
+  }
+  if (!stuck.empty())
+    throw pipeline::ScheduleError(str("deadlock with ",
+                                      wait == UpdateWait::all_reached ? "blocking updates" : "updates waiting for the norm",
+                                      ": ", stuck));
+  r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
+  r.bubble_fraction = 1.0 - r.utilization;
+  return r;
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,163 @@
+#include "train/no_flush_steps.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "parallel/pipeline/no_flush.h"
+#include "tensor/buffer.h"
+#include "train/train_config.h"
+
+namespace mt::train {
+
+bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* reason) {
+  auto no = [&](const std::string& why) {
+    if (reason) *reason = why;
+    return false;
+  };
+  if (cfg.pp <= 1 || cfg.schedule != "pipedream-2bw") return no("not --schedule pipedream-2bw at --pp > 1");
+  if (micro_batches < cfg.pp)
+    return no(str(micro_batches, " micro-batches per step, fewer than --pp ", cfg.pp,
+                  " (two steps' micro-batches in flight would share activation keys)"));
+  if (cfg.zero > 1) return no("--zero 2/3");
+  if (cfg.gpt.moe_every > 0) return no("a mixture-of-experts model (its routing statistics are per step)");
+  if (cfg.precision != Precision::fp32) return no("--precision other than fp32");
+  if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
+  return true;
+}
+
+namespace {
+
+class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
+ public:
+  NoFlushSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace, NoFlushParts parts)
+      : task_(task), pp_(pp), trace_(trace), parts_(std::move(parts)), m_(pp.spec.micro_batches) {
+    MT_ASSERT(pp_.spec.virtual_stages == 1 && parts_.params && parts_.share && parts_.window_ends_after &&
+                  parts_.swap_versions,
+              "the no-flush executor needs one chunk per rank and all its parts");
+  }
+
+  void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
+    MT_ASSERT(share.micro_count() == m_, "a share of ", share.micro_count(), " micro-batches for a schedule of ", m_);
+    cur_ = s;
+    if (!ex_.in_window()) open(s);
+    MT_ASSERT(s >= first_ && s <= last_, "step ", s, " outside the window of steps ", first_, "..", last_);
+    swapped_ = false;  // the loop's begin_step has swapped in W(s-1)
+    task_.begin_step(s);
+    if (diverted_) restore_grads();
+    const int t = (int)(s - first_);
+    int updates = 0;
+    ex_.run_to(cut_[(size_t)t] + 1, [&] {
+      updates++;
+      if (swapped_) swap();  // A = W(s-1) again, as the store's update expects
+      if (diverted_) {       // g_s in the registry, step s+1's partial gradient aside
+        float* g = parts_.params->grad();
+        std::swap_ranges(g, g + parts_.params->size(), side_.data());
+      }
+      update(runner(t).loss, {});
+    });
+    MT_ASSERT(updates == 1, "step ", s, " ran ", updates, " updates");
+    runners_.erase(t);
+    if (s == last_) {
+      ex_.finish(&stats_);
+      MT_ASSERT(!diverted_ && runners_.empty(), "a window ended with work of a later step");
+    }
+  }
+  bool calls_hooks() const override { return false; }
+  pipeline::PipelineStats* stats() override { return &stats_; }
+
+ private:
+  // The window from step s to the next step after which the loop needs the flushed state.
+  void open(int64_t s) {
+    // At most kMaxWindowSteps, and few enough that the window's K m p (micro-batch, stage) pairs stay within what
+    // a schedule may hold (1,000,000: schedule.cpp's limit, which the one-step list met at config time).
+    const int64_t most = std::clamp<int64_t>(1'000'000 / ((int64_t)pp_.spec.stages * m_), 1, kMaxWindowSteps);
+    first_ = last_ = s;
+    while (!parts_.window_ends_after(last_) && last_ - first_ + 1 < most) last_++;
+    const int K = (int)(last_ - first_ + 1);
+    spec_ = pipeline::window_spec(pp_.spec, K);
+    window_ = pipeline::no_flush_schedule(pp_.spec, K);
+    cut_.assign((size_t)K, 0);
+    const std::vector<pipeline::Action>& list = window_[pp_.group->rank()];
+    for (size_t k = 0; k < list.size(); k++)
+      if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
+    runners_.clear();
+    ex_.begin(spec_, window_, *pp_.group, *this, trace_);
+  }
+
+  TaskStageRunner& runner(int t) {
+    auto it = runners_.find(t);
+    if (it == runners_.end())
+      it = runners_.emplace(t, task_.stage_runner(first_ + t, parts_.share(first_ + t), nullptr)).first;
+    return *it->second;
+  }
+  void swap() {
+    parts_.swap_versions();
+    swapped_ = !swapped_;
+  }
+  // Micro-batch i of the window belongs to step first_ + i / m: it reads W(that step - 1), which is the one the
+  // store holds for the current step and the other one for the next.
+  int bind(int i) {
+    const int t = i / m_;
+    const int64_t step = first_ + t;
+    MT_ASSERT(step == cur_ || step == cur_ + 1, "micro-batch ", i, " of step ", step, " while running step ", cur_);
+    if ((step == cur_ + 1) != swapped_) swap();
+    return t;
+  }
+  size_t activation_count() const override {
+    return const_cast<NoFlushSteps*>(this)->runner((int)(cur_ - first_)).activation_count();
+  }
+  const float* forward(int c, int i, const float* input) override {
+    const int t = bind(i);
+    return runner(t).forward(c, i % m_, input);
+  }
+  const float* backward(int c, int i, const float* dout) override {
+    const int t = bind(i);
+    if (first_ + t == cur_ + 1 && !diverted_) divert_grads();
+    return runner(t).backward(c, i % m_, dout);
+  }
+  // The first backward of the next step: g_cur moves aside (settled first: every backward of step cur on this
+  // rank is done, so what none of them wrote is zeroed now, as the flushed run's reduction would), and the
+  // registry's gradient starts from zero with every write adding.
+  void divert_grads() {
+    nn::ParamRegistry& p = *parts_.params;
+    for (int g = 0; g < p.num_groups(); g++) p.settle_grads(g);
+    side_.resize(p.size());
+    std::memcpy(side_.data(), p.grad(), p.size() * sizeof(float));
+    p.zero_grad();
+    diverted_ = true;
+  }
+  // After the loop's begin_step of the next step: its partial gradient back in the registry, later writes add.
+  void restore_grads() {
+    nn::ParamRegistry& p = *parts_.params;
+    p.zero_grad();
+    std::memcpy(p.grad(), side_.data(), p.size() * sizeof(float));
+    diverted_ = false;
+  }
+
+  TrainTask& task_;
+  PipelineContext pp_;
+  trace::ChromeTrace* trace_;
+  NoFlushParts parts_;
+  const int m_;
+  pipeline::PipelineExecutor ex_;
+  pipeline::PipelineStats stats_;
+  pipeline::ScheduleSpec spec_;
+  pipeline::Schedule window_;
+  std::vector<size_t> cut_;  // [t]: index of U(t) in this rank's list
+  std::map<int, std::unique_ptr<TaskStageRunner>> runners_;
+  int64_t first_ = 0, last_ = -1, cur_ = 0;
+  bool swapped_ = false, diverted_ = false;
+  AlignedBuffer side_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_no_flush_steps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace,
+                                                  NoFlushParts parts) {
+  return std::make_unique<NoFlushSteps>(task, pp, trace, std::move(parts));
+}
+
+}  // namespace mt::train

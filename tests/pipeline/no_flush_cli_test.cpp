@@ -1,0 +1,61 @@
+// `meshtrain simulate --schedule pipedream-2bw --steps K`: the window without a flush (parallel/pipeline/no_flush.h)
+// replayed beside 1F1B's K flushed steps, with the figures worked out by hand (F = 1, B = 2, free messages: a
+// window of K steps of m micro-batches takes (K m + p - 1) 3 units, 1F1B's flushed steps K (m + p - 1) 3); the
+// window's lists with their step updates; --steps with a schedule that flushes refused, both flags named.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/cli/cli_test_util.h"
+
+namespace {
+
+using mt::clitest::contains;
+using mt::clitest::run_meshtrain;
+using mt::clitest::RunResult;
+
+RunResult simulate(const std::vector<std::string>& args) {
+  std::vector<std::string> all{"simulate"};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_meshtrain(all);
+}
+
+TEST(NoFlushCli, TwoBwWindowAgainstFlushedOneFOneB) {
+  // p = 2, m = 4, K = 8: 99 against 120 (0.825x), bubble 1/33 against 1/5; one more step adds 12 = 3 m.
+  RunResult r2 = simulate({"--schedule", "pipedream-2bw", "--stages", "2", "--micro-batches", "4", "--steps", "8"});
+  ASSERT_EQ(r2.exit_code, 0) << r2.describe();
+  EXPECT_TRUE(contains(r2.out, "schedule pipedream-2bw: p = 2 stages, m = 4 micro-batches")) << r2.out;
+  EXPECT_TRUE(contains(r2.out, "8 steps of 4 micro-batches without a flush")) << r2.out;
+  EXPECT_TRUE(contains(r2.out, "bubble fraction 3.0% (ideal (p-1)/(m+p-1) = 1/33 = 3.0%)")) << r2.out;
+  EXPECT_TRUE(contains(r2.out, "1f1b, 8 flushed steps: makespan 120 (15 per step), bubble 20.0%; this window: 12.38 "
+                               "per step (0.825x 1f1b's)"))
+      << r2.out;
+  EXPECT_TRUE(contains(r2.out, "steady state: step 8 adds 12 to the makespan for 24 of work on 2 ranks: bubble 0.0%"))
+      << r2.out;
+  // p = 4, m = 8, K = 8: 201 against 264; 1F1B's bubble 9/33.
+  RunResult r4 = simulate({"--schedule", "pipedream-2bw", "--stages", "4", "--micro-batches", "8", "--steps", "8"});
+  ASSERT_EQ(r4.exit_code, 0) << r4.describe();
+  EXPECT_TRUE(contains(r4.out, "makespan 201\n")) << r4.out;
+  EXPECT_TRUE(contains(r4.out, "bubble 27.3%; this window: 25.12 per step (0.7614x 1f1b's)")) << r4.out;
+  EXPECT_TRUE(contains(r4.out, "steady state: step 8 adds 24 to the makespan for 96 of work on 4 ranks: bubble 0.0%"))
+      << r4.out;
+}
+
+TEST(NoFlushCli, WindowActionsHoldTheStepUpdates) {
+  RunResult r = simulate(
+      {"--schedule", "pipedream-2bw", "--stages", "2", "--micro-batches", "2", "--steps", "3", "--actions"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "rank 0: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "optimizer_step(i=1, c=-1)\n")) << r.out;  // U(0): step 0 ends with micro-batch 1
+  EXPECT_TRUE(contains(r.out, "optimizer_step(i=5, c=-1)\n")) << r.out;  // U(2), the drain
+}
+
+TEST(NoFlushCli, StepsRefusedForSchedulesThatFlush) {
+  RunResult r = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "4", "--steps", "3"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "--steps 3")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--schedule 1f1b flushes after every step")) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,142 @@
+"""PipeDream-2BW without a flush in a real training run (train/no_flush_steps.h), against the flushed run of the
+same rule.
+
+A tiny GPT on random tokens, 6 steps, AdamW with clipping, at P = 2 (m = 4), P = 4 (m = 4), dp 2 x pp 2 and
+tp 2 x pp 2 (m = 4), run twice:
+  --schedule pipedream-2bw              (the no-flush executor: windows of steps, the log says so)
+  --schedule 1f1b --delayed-update      (the same delay-1 rule, flushed after every step)
+Checked:
+  - the 2BW run's log and --summary (pipeline.flush_between_steps) say it runs without a flush;
+  - the flush is gone, as the trace recorded the order of the computations (not their times): on pipeline rank 0
+    the forward of step t+1's first micro-batch ran before the backward of step t's last one, for every t; the
+    flushed run's trace shows every step ending with its backwards (the check can fail);
+  - same rule, same arithmetic: every metrics row's loss and grad_norm and the final weights are equal bit for
+    bit between the two runs;
+  - with --checkpoint-dir and --save-every 2 (windows of 2 steps: they end at every checkpoint) the no-flush run
+    still equals the flushed one, and its checkpoint at step 4 holds the same tensors as the flushed run's.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
+from parity_harness import parse_args, single_thread_env  # noqa: E402
+
+B, T, STEPS = 8, 16, 6
+
+
+def write_shard(path, n, vocab):
+    toks = np.random.RandomState(0).randint(0, vocab, size=n).astype(np.uint16)
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[:3] = [20240520, 1, n]
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes() + toks.tobytes())
+
+
+def tensors(path):
+    """name -> raw bytes of each tensor in a safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8:8 + n])
+    base = 8 + n
+    return {k: raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]] for k, v in head.items()
+            if k != "__metadata__"}
+
+
+def rank0_computations(trace_path):
+    with open(trace_path) as f:
+        d = json.load(f)
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    comp = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("pid") == 0]
+    comp.sort(key=lambda e: e["ts"])
+    return [e["name"] for e in comp]
+
+
+def main():
+    args = parse_args(__doc__)
+    data = os.path.join(args.workdir, "data.bin")
+    write_shard(data, 20000, 64)
+    fails = checks = 0
+
+    def check(ok, msg):
+        nonlocal fails, checks
+        checks += 1
+        print(("ok   " if ok else "FAIL ") + msg, flush=True)
+        fails += not ok
+
+    def train(tag, P, m, extra, layout=()):
+        out = os.path.join(args.workdir, tag)
+        nproc, dp = P, 1
+        if layout:  # ("dp", 2) or ("tp", 2): twice the ranks
+            nproc, dp = 2 * P, 2 if layout[0] == "dp" else 1
+        cmd = [args.meshtrain, "train", "--data", data, "--seq-len", str(T), "--batch-size", str(B),
+               "--steps", str(STEPS), "--threads", "1", "--n-layer", "4", "--n-head", "2", "--n-embd", "32",
+               "--vocab-size", "64", "--n-positions", "32", "--nproc", str(nproc), "--pp", str(P),
+               *(["--tp", "2"] if layout and layout[0] == "tp" else []),
+               "--micro-batch-size", str(B // dp // m), "--lr", "3e-3", "--grad-clip", "0.5", "--metrics", out + ".jsonl",
+               "--save", out + ".safetensors", "--trace", out + ".trace.json", "--summary", out + ".summary.json",
+               *extra]
+        r = subprocess.run(cmd, env=single_thread_env(), timeout=300, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stdout, r.stderr)
+            raise SystemExit(f"{tag}: meshtrain exited {r.returncode}")
+        with open(out + ".jsonl") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows = [x for x in rows if "loss" in x and "step" in x]
+        with open(out + ".summary.json") as f:
+            flush = json.load(f)["pipeline"].get("flush_between_steps")
+        return r.stderr, rows, tensors(out + ".safetensors"), rank0_computations(out + ".trace.json"), flush
+
+    cases = [(P, m, label, extra, ()) for P, m in ((2, 4), (4, 4))
+             for label, extra in (("", []), ("_ckpt", ["--save-every", "2"]))]
+    cases += [(2, 4, "_dp2", [], ("dp", 2)), (2, 4, "_tp2", [], ("tp", 2))]
+    for P, m, label, extra_both, layout in cases:
+        ck, runs = {}, {}
+        for kind in ("2bw", "flushed"):
+            extra = list(extra_both)
+            if extra_both:
+                ck[kind] = os.path.join(args.workdir, f"ckpt_{kind}_{P}")
+                extra += ["--checkpoint-dir", ck[kind], "--overwrite-checkpoints"]
+            extra += (["--schedule", "pipedream-2bw"] if kind == "2bw"
+                      else ["--schedule", "1f1b", "--delayed-update"])
+            runs[kind] = train(f"{kind}_P{P}{label}", P, m, extra, layout)
+        err_a, rows_a, w_a, seq_a, flush_a = runs["2bw"]
+        _, rows_b, w_b, seq_b, flush_b = runs["flushed"]
+        name = f"P={P} m={m}{label}"
+        check("pipedream-2bw without a flush" in err_a and flush_a is False and flush_b is True,
+              f"{name}: the 2BW run says it runs without a flush (log, summary's flush_between_steps "
+              f"{flush_a}; the flushed run's {flush_b})")
+        # The flush is gone: window numbering i = t m + k in the 2BW trace.
+        # With --save-every 2 a window is 2 steps (its numbering starts over); without, the whole run.
+        span = 2 if extra_both else STEPS
+        windows = [seq_a[2 * m * span * w:2 * m * span * (w + 1)] for w in range(STEPS // span)]
+        order_ok = len(seq_a) == 2 * m * STEPS and all(
+            win.index(f"F{(t + 1) * m}") < win.index(f"B{(t + 1) * m - 1}")
+            for win in windows for t in range(span - 1))
+        check(order_ok, f"{name}: rank 0 ran step t+1's first forward before step t's last backward, every t "
+                        f"inside a window of {span} steps (first computations {' '.join(seq_a[:3 * m])})")
+        # The flushed run: each step's 2m computations end with B(m-1).
+        steps_b = [seq_b[2 * m * t:2 * m * (t + 1)] for t in range(STEPS)]
+        check(len(seq_b) == 2 * m * STEPS and all(s[-1] == f"B{m - 1}" for s in steps_b),
+              f"{name}: the flushed run ends every step with its last backward")
+        same_rows = len(rows_a) == len(rows_b) == STEPS and all(
+            a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(rows_a, rows_b))
+        check(same_rows, f"{name}: losses and grad norms bit for bit (2BW {[r['loss'] for r in rows_a][:3]}..., "
+                         f"flushed {[r['loss'] for r in rows_b][:3]}...)")
+        check(w_a == w_b and len(w_a) > 0, f"{name}: final weights bit for bit ({len(w_a)} tensors)")
+        if extra_both:
+            a4 = os.path.join(ck["2bw"], "step_00000004", "model.safetensors")
+            b4 = os.path.join(ck["flushed"], "step_00000004", "model.safetensors")
+            both = os.path.exists(a4) and os.path.exists(b4)
+            check(both and tensors(a4) == tensors(b4), f"{name}: the checkpoints at step 4 hold the same tensors")
+    print(f"test_no_flush_train: {checks - fails} passed, {fails} failed")
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
