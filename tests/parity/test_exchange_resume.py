@@ -10,7 +10,8 @@ Per method: the unbroken run (10 steps) against `--checkpoint-dir D --save-every
      zero (the lead warns so), and its rows differ from the unbroken run's (loss by > 1e-6 somewhere): the state
      is what makes check 1 pass.
 Methods: --compress topk:0.01 --dgc with SGD (momentum 0.9 in the exchange, lr 0.05); --optimizer onebit-adam
---freeze-step 3 (the errors of steps 3 and 4 are in the checkpoint).
+--freeze-step 3 (the errors of steps 3 and 4 are in the checkpoint); DGC with AdamW, --compress topk:0.05 --dgc
+--freeze-step 3 (each rank's momentum and accumulated update of steps 3 and 4; the control restarts both at zero).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ STEPS, STOP = 10, 5
 SGD_HP = ref.HParams(lr=0.05, min_lr=0.005, warmup_steps=3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
                      grad_clip=2.5)
 METHODS = {"dgc": (["--nproc", 2, "--compress", "topk:0.01", "--dgc", "--optimizer", "sgd", "--momentum", 0.9], SGD_HP),
-           "onebit": (["--nproc", 2, "--optimizer", "onebit-adam", "--freeze-step", 3], dc.HP)}
+           "onebit": (["--nproc", 2, "--optimizer", "onebit-adam", "--freeze-step", 3], dc.HP),
+           "dgc_adam": (["--nproc", 2, "--compress", "topk:0.05", "--dgc", "--freeze-step", 3], dc.HP)}
 
 
 def go(args, checks, tag, flags, hp, steps):

@@ -1,0 +1,62 @@
+// DGC with AdamW, the exchange's half (the optimizer's half and the warm-up: optim/dgc_adam.h; the rule in
+// full: docs/parallelism.md "DGC with AdamW"). From the freeze step K on, over the N data-parallel ranks, per
+// rank r and element, with D = sqrt(v / (1-b2^K)) + eps the frozen AdamW preconditioner (the same on every
+// rank), g_r the rank's share of the step's gradient (shares sum to the step's gradient) times its clipping
+// factor, t = step + 1:
+//
+//   at step K          u_r = m / N (m: AdamW's first moment after step K-1, the same on every rank), a_r = 0
+//   momentum           u_r = b1 u_r + (1-b1) g_r
+//   accumulation       a_r = a_r + (u_r / (1-b1^t)) / D     (the preconditioned update, momentum-corrected)
+//   top-k of a_r       per tensor the k = max(1, ceil(R n)) entries of largest |a_r| (codec.h's topk, ties to
+//                      the lower index), R = --compress topk:R
+//   where sent         a_r = 0, and with masking u_r = 0 (DGC's momentum factor masking)
+//   result             U = the sum over ranks of the sent entries, decoded in rank order (bit-identical on
+//                      every rank); the optimizer then applies p -= lr (U + wd p)
+//
+// Without masking and with R = 1 the sum over ranks of u_r is AdamW's momentum of the summed (clipped) shares
+// and U = m / (1-b1^t) / D: Adam with the variance frozen. The payloads are codec.h's topk (8 bytes per kept
+// entry) in one u8 all_gather: (N - 1) x 8 sum_t k_t bytes per rank and step.
+// State (per tensor u_r, then per tensor a_r) is this rank's, in checkpoints (train/exchange_state.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/params.h"
+#include "parallel/compress/spec.h"
+
+namespace mt::compress {
+
+struct DgcAdamStepInputs {
+  const float* precond = nullptr;  // D, flat (params.size())
+  const float* m0 = nullptr;       // the first compressed step only: AdamW's m after step K-1 (flat); else null
+  float beta1 = 0.9f;
+  float bc1 = 1.0f;                // 1 - b1^t
+  float g_scale = 1.0f;            // the rank's clipping factor
+};
+
+class DgcAdamExchange {
+ public:
+  // params: finalized, ZeRO 0 (whole tensors); dp: the data-parallel group (null: one rank); spec: topk.
+  DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec, bool masking);
+  // g: this rank's gradient share (flat, params.size()); replaced by U.
+  void exchange(float* g, const DgcAdamStepInputs& in);
+  const std::vector<float>& momentum(size_t t) const { return u_[t]; }
+  const std::vector<float>& accumulated(size_t t) const { return a_[t]; }
+  // For checkpoints: per tensor u, then per tensor a.
+  std::vector<std::vector<float>*> state_buffers();
+
+ private:
+  nn::ParamRegistry& params_;
+  comm::Communicator* dp_;
+  CompressSpec spec_;
+  bool masking_;
+  int n_ = 1, r_ = 0;
+  std::vector<std::vector<float>> u_, a_;  // per tensor
+  std::vector<size_t> off_;                // per tensor: its payload's offset; off_[T] the total
+  std::vector<uint8_t> out_, all_;
+};
+
+}  // namespace mt::compress
