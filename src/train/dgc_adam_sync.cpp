@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "optim/dgc_adam.h"
+#include "parallel/compress/dgc.h"
 #include "parallel/compress/dgc_adam.h"
 #include "train/exchange_state.h"
 
@@ -17,14 +18,14 @@ class DgcAdamSync : public GradSync, public ExchangeState {
   // checkpoint after K holds its state and a resume can load it before the first step.
   DgcAdamSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
               trace::ChromeTrace* t)
-      : GradSync(m, store, p, t), K_(o.freeze_step), spec_(o.compress), masking_(o.dgc_masking),
+      : GradSync(m, store, p, t), K_(o.freeze_step), W_(o.dgc.warmup), spec_(o.compress), masking_(o.dgc_masking),
         exchange_(p, m.dp(), o.compress, o.dgc_masking) {
     MT_CHECK_INPUT(K_ >= 1, "--dgc --freeze-step K needs K >= 1, got ", K_);
   }
   std::vector<std::vector<float>*> state_buffers() override { return exchange_.state_buffers(); }
   std::string state_method() const override {
     return "--compress " + spec_.str() + " --dgc --freeze-step " + std::to_string(K_) +
-           (masking_ ? "" : " --dgc-no-masking");
+           (masking_ ? "" : " --dgc-no-masking") + (W_ > 0 ? " --dgc-warmup-steps " + std::to_string(W_) : "");
   }
   void reduce(int64_t s) override {
     engine_.finish_backward();
@@ -48,15 +49,19 @@ class DgcAdamSync : public GradSync, public ExchangeState {
       in.beta1 = da->beta1();
       in.bc1 = (float)(1.0 - std::pow((double)da->beta1(), (double)s + 1.0));
       in.g_scale = da->take_grad_scale();
+      in.density = compress::dgc_density(spec_.ratio, W_, s - K_);  // the sparsity warm-up from K on
       trace::TraceScope ts(tracer_, "DGC AdamW exchange (top-k of the preconditioned update, dp)", "comm");
       exchange_.exchange(params_.grad(), in);
     }
     engine_.update(opt, lr, s);
   }
-  void annotate(nlohmann::json& row) const override { row["dgc_compressed"] = compressed_; }
+  void annotate(nlohmann::json& row) const override {
+    row["dgc_compressed"] = compressed_;
+    if (compressed_) row["dgc_density"] = exchange_.density();
+  }
 
  private:
-  int64_t K_;
+  int64_t K_, W_;
   compress::CompressSpec spec_;
   bool masking_;
   bool compressed_ = false;

@@ -524,10 +524,6 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) { return "--dgc --freeze-step with " + optimizer_flag(c); },
      "--freeze-step freezes AdamW's variance and runs DGC on the preconditioned momentum; with --optimizer sgd "
      "DGC needs no freeze step (drop --freeze-step), other optimizers are not built with it"},
-    {[](const TrainConfig& c) { return c.dgc && c.freeze_step >= 0 && c.dgc_warmup > 0; },
-     [](const TrainConfig& c) { return str("--dgc --freeze-step ", c.freeze_step, " with --dgc-warmup-steps ", c.dgc_warmup); },
-     "with --freeze-step the first K steps are exact AdamW, which is the warm-up; the kept fraction is the "
-     "target from step K on: drop --dgc-warmup-steps"},
     {[](const TrainConfig& c) { return c.dgc && c.freeze_step >= 0 && c.tp > 1; },
      [](const TrainConfig& c) { return str("--dgc --freeze-step with --tp ", c.tp); },
      "after the freeze step each rank clips its share by its own norm, which under tensor parallelism would need "

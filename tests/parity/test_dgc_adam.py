@@ -18,15 +18,17 @@ each attn.c_attn.bias has an exactly-zero true gradient, so its float32 gradient
 between any two implementations; with eps = 1e-8, D there is ~1e-8 and a_r there is O(1), as large as a real
 entry's, so which entries top-k sends would depend on rounding. With eps = 1e-3 those entries stay ~1e-6 and are
 never sent, while the real ones (|g| >> 1e-3) are still normalized by sqrt(v).
-Checks, for masking on (DGC's default) and --dgc-no-masking:
+With --dgc-warmup-steps W the kept fraction of step s >= K is DGC's sparsity warm-up counted from K:
+d = max(R, 0.25^(floor(4 (s-K) / W) + 1)) for s - K < W, else R (here W = 4: 0.25, 0.0625, then R).
+Checks, for masking on (DGC's default), --dgc-no-masking, and masking with --dgc-warmup-steps 4:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
      more: a wrong bias correction, starting momentum, masking or clipping is far outside);
   3. comm_bytes: exact DP's all-reduce before K (that of an --optimizer adamw run's step 0) and (N-1) x 8 sum_t k_t
-     from K on; dgc_compressed false before K and true from K on;
+     from K on; dgc_compressed false before K and true from K on, dgc_density the step's d from K on;
   4. steps 0..K's losses equal an --optimizer adamw run's (rel 1e-6: the same AdamW steps before the freeze);
-     the two variants differ from each other (masking matters here) and from plain AdamW after K.
+     the variants differ from the first (masking and the warm-up matter here) and from plain AdamW after K.
 Then: bad combinations exit non-zero before training, naming both flags.
 """
 from __future__ import annotations
@@ -44,15 +46,21 @@ import dp_common as dc  # noqa: E402
 import gpt_reference as ref  # noqa: E402
 from parity_harness import Checks, parse_args, read_metrics, rel_diff  # noqa: E402
 
-N, K, R, STEPS = 2, 3, 0.05, 10
+N, K, R, STEPS, WARM = 2, 3, 0.05, 10, 4
 HP = dataclasses.replace(dc.HP, grad_clip=0.3, eps=1e-3)
 TOL_LOSS_REL = 1e-5
 TOL_NORM_REL = 1e-4
 TOL_W_ABS = 2e-5
 
 
-def kept(n: int) -> int:
-    return min(n, max(1, math.ceil(R * n - 1e-9)))
+def kept(n: int, d: float = R) -> int:
+    return min(n, max(1, math.ceil(d * n - 1e-9)))
+
+
+def density(s: int, W: int) -> float:
+    """DGC's sparsity warm-up counted from the freeze step: four equal stages of W steps, never below R."""
+    j = s - K
+    return R if W <= 0 or j >= W else max(R, 0.25 ** (4 * j // W + 1))
 
 
 @torch.no_grad()
@@ -60,7 +68,7 @@ def clip_factor(grads, clip: float) -> float:
     return ref.clip_scale(ref.global_grad_norm(grads), clip)
 
 
-def reference(init_path: str, data_path: str, masking: bool):
+def reference(init_path: str, data_path: str, masking: bool, W: int = 0):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -118,7 +126,7 @@ def reference(init_path: str, data_path: str, masking: bool):
                     u[r][n] = b1 * u[r][n] + (1.0 - b1) * (shares[r][n] * c)
                     a[r][n] = a[r][n] + (u[r][n] / bc1) / D
                     flat_a, flat_u = a[r][n].view(-1), u[r][n].view(-1)
-                    idx = torch.topk(flat_a.abs(), kept(flat_a.numel())).indices
+                    idx = torch.topk(flat_a.abs(), kept(flat_a.numel(), density(s, W))).indices
                     sent = torch.zeros_like(flat_a)
                     sent[idx] = flat_a[idx]
                     flat_a[idx] = 0.0
@@ -151,12 +159,12 @@ def main():
     checks = Checks("DGC with AdamW vs a PyTorch reference")
     args.init, args.data, _ = dc.write_inputs(args.workdir)
     tensors = [(n, int(np.prod(s))) for n, s in ref.param_shapes(dc.CFG)]
-    topk_bytes = (N - 1) * sum(8 * kept(n) for _, n in tensors)
 
     adam, adam_w = run(args, checks, "adamw", ["--nproc", N])
     finals = {}
-    for variant, extra in (("masking", []), ("no_masking", ["--dgc-no-masking"])):
-        want, want_w = reference(args.init, args.data, masking=variant == "masking")
+    for variant, extra, W in (("masking", [], 0), ("no_masking", ["--dgc-no-masking"], 0),
+                              ("warmup", ["--dgc-warmup-steps", WARM], WARM)):
+        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -185,24 +193,27 @@ def main():
         if adam:
             for g in got:
                 s = g["step"]
-                want_b = adam[0]["comm_bytes"] if s < K else topk_bytes
-                checks.check(g["comm_bytes"] == want_b and g.get("dgc_compressed") == (s >= K),
+                d = density(s, W)
+                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * sum(8 * kept(n, d) for _, n in tensors)
+                checks.check(g["comm_bytes"] == want_b and g.get("dgc_compressed") == (s >= K) and
+                             g.get("dgc_density") == (d if s >= K else None),
                              f"{variant} step {s}: comm_bytes {g['comm_bytes']} dgc_compressed "
-                             f"{g.get('dgc_compressed')}, expected {want_b} and {s >= K}")
+                             f"{g.get('dgc_compressed')} dgc_density {g.get('dgc_density')}, expected {want_b}, "
+                             f"{s >= K}, {d if s >= K else None}")
             worst_w = max(rel_diff(g["loss"], b["loss"]) for g, b in zip(got[:K + 1], adam[:K + 1]))
             checks.check(worst_w <= 1e-6, f"{variant}: steps 0..{K} should equal --optimizer adamw's (the same "
                          f"AdamW steps before the freeze): worst loss rel {worst_w:.2e}")
             checks.check(any(rel_diff(g["loss"], b["loss"]) > 1e-4 for g, b in zip(got[K + 1:], adam[K + 1:])),
                          f"{variant}: after the freeze step the losses should differ from AdamW's")
-    if len(finals) == 2:
-        d = max(float(np.abs(finals["masking"][n] - finals["no_masking"][n]).max()) for n in finals["masking"])
-        print(f"masking vs no masking: final weights differ by {d:.2e}")
-        checks.check(d > 1e-4, f"masking and --dgc-no-masking should train differently (max diff {d:.2e})")
+    for other in ("no_masking", "warmup"):
+        if "masking" in finals and other in finals:
+            d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
+            print(f"masking vs {other}: final weights differ by {d:.2e}")
+            checks.check(d > 1e-4, f"masking and {other} should train differently (max diff {d:.2e})")
 
     base = ["--nproc", N, "--compress", "topk:0.05", "--dgc", "--freeze-step", 3]
     bad = [(base + ["--optimizer", "sgd"], ["--dgc --freeze-step", "--optimizer sgd"]),
            (base + ["--optimizer", "lamb"], ["--optimizer lamb"]),
-           (base + ["--dgc-warmup-steps", 4], ["--freeze-step 3", "--dgc-warmup-steps 4"]),
            (base + ["--zero", 1], ["--compress topk:0.05", "--zero 1"]),
            (["--nproc", 4, "--tp", 2] + base[2:], ["--dgc --freeze-step", "--tp 2"]),
            (base + ["--delayed-update"], ["--dgc --freeze-step", "--delayed-update"]),

@@ -17,12 +17,9 @@ DgcAdamExchange::DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* 
     n_ = dp_->size();
     r_ = dp_->rank();
   }
-  const auto& ps = params.params();
-  off_.assign(ps.size() + 1, 0);
-  for (size_t t = 0; t < ps.size(); t++) {
-    u_.emplace_back(ps[t].numel, 0.0f);
-    a_.emplace_back(ps[t].numel, 0.0f);
-    off_[t + 1] = off_[t] + payload_bytes(spec_, ps[t].numel);
+  for (const nn::Param& p : params.params()) {
+    u_.emplace_back(p.numel, 0.0f);
+    a_.emplace_back(p.numel, 0.0f);
   }
 }
 
@@ -35,7 +32,16 @@ std::vector<std::vector<float>*> DgcAdamExchange::state_buffers() {
 
 void DgcAdamExchange::exchange(float* g, const DgcAdamStepInputs& in) {
   const auto& ps = params_.params();
-  const size_t T = ps.size(), B = off_[T];
+  const size_t T = ps.size();
+  const double d = in.density > 0 ? in.density : spec_.ratio;
+  MT_ASSERT(d > 0 && d <= 1, "DgcAdamExchange: kept fraction ", d);
+  if (d != density_) {  // the payload layout of this step's density
+    density_ = d;
+    spec_.ratio = d;
+    off_.assign(T + 1, 0);
+    for (size_t t = 0; t < T; t++) off_[t + 1] = off_[t] + payload_bytes(spec_, ps[t].numel);
+  }
+  const size_t B = off_[T];
   const float b1 = in.beta1, gs = in.g_scale, bc1 = in.bc1;
   const float inv_n = 1.0f / (float)n_;
   out_.assign(B, 0);

@@ -7,8 +7,10 @@
 //   at step K          u_r = m / N (m: AdamW's first moment after step K-1, the same on every rank), a_r = 0
 //   momentum           u_r = b1 u_r + (1-b1) g_r
 //   accumulation       a_r = a_r + (u_r / (1-b1^t)) / D     (the preconditioned update, momentum-corrected)
-//   top-k of a_r       per tensor the k = max(1, ceil(R n)) entries of largest |a_r| (codec.h's topk, ties to
-//                      the lower index), R = --compress topk:R
+//   top-k of a_r       per tensor the k = max(1, ceil(d n)) entries of largest |a_r| (codec.h's topk, ties to
+//                      the lower index), d = R (--compress topk:R) or, with --dgc-warmup-steps W, DGC's sparsity
+//                      warm-up counted from K: d = dgc_density(R, W, step - K) (dgc.h: 25%, 6.25%, 1.5625%,
+//                      0.390625% in four equal stages of W steps, never below R)
 //   where sent         a_r = 0, and with masking u_r = 0 (DGC's momentum factor masking)
 //   result             U = the sum over ranks of the sent entries, decoded in rank order (bit-identical on
 //                      every rank); the optimizer then applies p -= lr (U + wd p)
@@ -35,6 +37,7 @@ struct DgcAdamStepInputs {
   float beta1 = 0.9f;
   float bc1 = 1.0f;                // 1 - b1^t
   float g_scale = 1.0f;            // the rank's clipping factor
+  double density = 0;              // the fraction kept this step (the sparsity warm-up); 0: the spec's R
 };
 
 class DgcAdamExchange {
@@ -43,6 +46,8 @@ class DgcAdamExchange {
   DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec, bool masking);
   // g: this rank's gradient share (flat, params.size()); replaced by U.
   void exchange(float* g, const DgcAdamStepInputs& in);
+  // The fraction kept in the last exchange.
+  double density() const { return density_; }
   const std::vector<float>& momentum(size_t t) const { return u_[t]; }
   const std::vector<float>& accumulated(size_t t) const { return a_[t]; }
   // For checkpoints: per tensor u, then per tensor a.
@@ -56,6 +61,7 @@ class DgcAdamExchange {
   int n_ = 1, r_ = 0;
   std::vector<std::vector<float>> u_, a_;  // per tensor
   std::vector<size_t> off_;                // per tensor: its payload's offset; off_[T] the total
+  double density_ = -1;                    // the kept fraction off_ was laid out for
   std::vector<uint8_t> out_, all_;
 };
 
