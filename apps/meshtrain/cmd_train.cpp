@@ -192,6 +192,9 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--dgc-no-masking", c.dgc_no_masking,
               "--dgc --freeze-step K: keep each rank's momentum where its accumulated update was sent (no "
               "momentum factor masking)");
+  s->add_flag("--dgc-dense-vectors", c.dgc_dense_vectors,
+              "--dgc --freeze-step K: tensors of fewer than 2 dims (biases, LayerNorm) are sent whole every step "
+              "(Adam with the variance frozen for them), the others as top-k");
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

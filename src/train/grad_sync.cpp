@@ -43,6 +43,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.dgc = {cfg.dgc, cfg.dgc && cfg.optimizer == OptimizerKind::sgd ? (float)cfg.momentum : 0.0f,
            cfg.dgc ? cfg.grad_clip : 0.0, cfg.dgc_warmup};
   o.dgc_masking = !cfg.dgc_no_masking;
+  o.dgc_dense_vectors = cfg.dgc_dense_vectors;
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;
   o.local_warmup = cfg.local_sgd_warmup;

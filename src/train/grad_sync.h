@@ -77,6 +77,7 @@ struct SyncOptions {
   compress::AdaptiveOptions adaptive;
   compress::DgcOptions dgc;
   bool dgc_masking = true;      // dgc_adam: DGC's momentum factor masking
+  bool dgc_dense_vectors = false;  // dgc_adam: tensors of < 2 dims sent whole
   uint64_t seed = 0;
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first

@@ -20,7 +20,10 @@ entry's, so which entries top-k sends would depend on rounding. With eps = 1e-3 
 never sent, while the real ones (|g| >> 1e-3) are still normalized by sqrt(v).
 With --dgc-warmup-steps W the kept fraction of step s >= K is DGC's sparsity warm-up counted from K:
 d = max(R, 0.25^(floor(4 (s-K) / W) + 1)) for s - K < W, else R (here W = 4: 0.25, 0.0625, then R).
-Checks, for masking on (DGC's default), --dgc-no-masking, and masking with --dgc-warmup-steps 4:
+With --dgc-dense-vectors every tensor of fewer than 2 dims is sent whole every step (k = n) and its u_r is never
+masked (for those tensors: Adam with the variance frozen).
+Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4 and masking with
+--dgc-dense-vectors:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
@@ -68,7 +71,7 @@ def clip_factor(grads, clip: float) -> float:
     return ref.clip_scale(ref.global_grad_norm(grads), clip)
 
 
-def reference(init_path: str, data_path: str, masking: bool, W: int = 0):
+def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -126,11 +129,13 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0):
                     u[r][n] = b1 * u[r][n] + (1.0 - b1) * (shares[r][n] * c)
                     a[r][n] = a[r][n] + (u[r][n] / bc1) / D
                     flat_a, flat_u = a[r][n].view(-1), u[r][n].view(-1)
-                    idx = torch.topk(flat_a.abs(), kept(flat_a.numel(), density(s, W))).indices
+                    whole = dense and p[n].dim() < 2
+                    idx = torch.topk(flat_a.abs(), flat_a.numel() if whole else
+                                     kept(flat_a.numel(), density(s, W))).indices
                     sent = torch.zeros_like(flat_a)
                     sent[idx] = flat_a[idx]
                     flat_a[idx] = 0.0
-                    if masking:
+                    if masking and not whole:
                         flat_u[idx] = 0.0
                     U[n] = U[n] + sent.view_as(U[n])
             for n in names:
@@ -158,13 +163,14 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     checks = Checks("DGC with AdamW vs a PyTorch reference")
     args.init, args.data, _ = dc.write_inputs(args.workdir)
-    tensors = [(n, int(np.prod(s))) for n, s in ref.param_shapes(dc.CFG)]
+    tensors = [(n, int(np.prod(s)), s) for n, s in ref.param_shapes(dc.CFG)]
 
     adam, adam_w = run(args, checks, "adamw", ["--nproc", N])
     finals = {}
     for variant, extra, W in (("masking", [], 0), ("no_masking", ["--dgc-no-masking"], 0),
-                              ("warmup", ["--dgc-warmup-steps", WARM], WARM)):
-        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W)
+                              ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0)):
+        dense = variant == "dense"
+        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -194,7 +200,8 @@ def main():
             for g in got:
                 s = g["step"]
                 d = density(s, W)
-                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * sum(8 * kept(n, d) for _, n in tensors)
+                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * sum(
+                    8 * (n if dense and len(shape) < 2 else kept(n, d)) for _, n, shape in tensors)
                 checks.check(g["comm_bytes"] == want_b and g.get("dgc_compressed") == (s >= K) and
                              g.get("dgc_density") == (d if s >= K else None),
                              f"{variant} step {s}: comm_bytes {g['comm_bytes']} dgc_compressed "
@@ -205,7 +212,7 @@ def main():
                          f"AdamW steps before the freeze): worst loss rel {worst_w:.2e}")
             checks.check(any(rel_diff(g["loss"], b["loss"]) > 1e-4 for g, b in zip(got[K + 1:], adam[K + 1:])),
                          f"{variant}: after the freeze step the losses should differ from AdamW's")
-    for other in ("no_masking", "warmup"):
+    for other in ("no_masking", "warmup", "dense"):
         if "masking" in finals and other in finals:
             d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
             print(f"masking vs {other}: final weights differ by {d:.2e}")
@@ -220,7 +227,9 @@ def main():
            (["--nproc", N, "--freeze-step", 3], ["--freeze-step", "--optimizer onebit-adam or --dgc"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-no-masking"],
             ["--dgc-no-masking", "--freeze-step"]),
-           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--freeze-step", 0], ["--freeze-step", "K >= 1"])]
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--freeze-step", 0], ["--freeze-step", "K >= 1"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-dense-vectors"],
+            ["--dgc-dense-vectors", "--freeze-step"])]
     for i, (flags, names) in enumerate(bad):
         dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=HP),
                           os.path.join(args.workdir, f"bad{i}.jsonl"), os.path.join(args.workdir, f"bad{i}"),

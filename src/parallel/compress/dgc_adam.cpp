@@ -8,8 +8,10 @@
 namespace mt::compress {
 
 DgcAdamExchange::DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec,
-                                 bool masking)
+                                 bool masking, bool dense_vectors)
     : params_(params), dp_(dp), spec_(spec), masking_(masking) {
+  all_spec_.method = Method::topk;
+  all_spec_.ratio = 1.0;
   MT_ASSERT(params.finalized() && params.grad(), "DgcAdamExchange needs a finalized registry with gradients");
   MT_CHECK_INPUT(spec.method == Method::topk, "DGC with AdamW needs --compress topk:RATIO, got --compress ",
                  spec.str());
@@ -18,6 +20,7 @@ DgcAdamExchange::DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* 
     r_ = dp_->rank();
   }
   for (const nn::Param& p : params.params()) {
+    dense_.push_back(dense_vectors && p.local_shape.size() < 2);
     u_.emplace_back(p.numel, 0.0f);
     a_.emplace_back(p.numel, 0.0f);
   }
@@ -39,7 +42,7 @@ void DgcAdamExchange::exchange(float* g, const DgcAdamStepInputs& in) {
     density_ = d;
     spec_.ratio = d;
     off_.assign(T + 1, 0);
-    for (size_t t = 0; t < T; t++) off_[t + 1] = off_[t] + payload_bytes(spec_, ps[t].numel);
+    for (size_t t = 0; t < T; t++) off_[t + 1] = off_[t] + payload_bytes(dense_[t] ? all_spec_ : spec_, ps[t].numel);
   }
   const size_t B = off_[T];
   const float b1 = in.beta1, gs = in.g_scale, bc1 = in.bc1;
@@ -65,10 +68,11 @@ void DgcAdamExchange::exchange(float* g, const DgcAdamStepInputs& in) {
       a[i] += (u[i] / bc1) / D[i];
     }
     uint8_t* payload = out_.data() + off_[t];
-    encode(spec_, a, p.numel, {0, 0, r_, (int)t}, payload);
-    for (uint32_t i : sparse_indices(spec_, payload, p.numel)) {
+    const CompressSpec& spec = dense_[t] ? all_spec_ : spec_;
+    encode(spec, a, p.numel, {0, 0, r_, (int)t}, payload);
+    for (uint32_t i : sparse_indices(spec, payload, p.numel)) {
       a[i] = 0.0f;
-      if (masking_) u[i] = 0.0f;
+      if (masking_ && !dense_[t]) u[i] = 0.0f;
     }
   }
   all_.resize(B * n_);
@@ -79,7 +83,8 @@ void DgcAdamExchange::exchange(float* g, const DgcAdamStepInputs& in) {
   std::memset(g, 0, sizeof(float) * params_.size());
   for (int r = 0; r < n_; r++)
     for (size_t t = 0; t < T; t++)
-      decode_add(spec_, all_.data() + (size_t)r * B + off_[t], ps[t].numel, g + ps[t].offset);
+      decode_add(dense_[t] ? all_spec_ : spec_, all_.data() + (size_t)r * B + off_[t], ps[t].numel,
+                 g + ps[t].offset);
 }
 
 }  // namespace mt::compress

@@ -12,6 +12,9 @@
 //                      warm-up counted from K: d = dgc_density(R, W, step - K) (dgc.h: 25%, 6.25%, 1.5625%,
 //                      0.390625% in four equal stages of W steps, never below R)
 //   where sent         a_r = 0, and with masking u_r = 0 (DGC's momentum factor masking)
+//   dense vectors      with --dgc-dense-vectors, tensors of fewer than 2 dims (biases, LayerNorm) are sent whole
+//                      every step (d = 1) and never masked: for them U = sum_r u_r / (1-b1^t) / D, Adam with the
+//                      variance frozen (their payload is still topk's, 8 bytes per entry)
 //   result             U = the sum over ranks of the sent entries, decoded in rank order (bit-identical on
 //                      every rank); the optimizer then applies p -= lr (U + wd p)
 //
@@ -43,7 +46,8 @@ struct DgcAdamStepInputs {
 class DgcAdamExchange {
  public:
   // params: finalized, ZeRO 0 (whole tensors); dp: the data-parallel group (null: one rank); spec: topk.
-  DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec, bool masking);
+  DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec, bool masking,
+                  bool dense_vectors = false);
   // g: this rank's gradient share (flat, params.size()); replaced by U.
   void exchange(float* g, const DgcAdamStepInputs& in);
   // The fraction kept in the last exchange.
@@ -58,6 +62,8 @@ class DgcAdamExchange {
   comm::Communicator* dp_;
   CompressSpec spec_;
   bool masking_;
+  std::vector<char> dense_;                // per tensor: sent whole (--dgc-dense-vectors, < 2 dims)
+  CompressSpec all_spec_;                  // topk:1
   int n_ = 1, r_ = 0;
   std::vector<std::vector<float>> u_, a_;  // per tensor
   std::vector<size_t> off_;                // per tensor: its payload's offset; off_[T] the total
