@@ -92,6 +92,16 @@ GOALS = {
     "topk:0.001 dgc": dict(bytes_after=30, gap=3),
     "onebit-adam": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc warm-up 50%": dict(bytes_after=30, gap=3),
+    # DGC with AdamW: exact AdamW for the first 10%, then the variance frozen and DGC on the preconditioned
+    # momentum (--dgc --freeze-step K; with and without momentum factor masking)
+    "topk:0.001 dgc freeze": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze no-masking": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze 20%": dict(bytes_after=30, gap=3),
+    "topk:0.01 dgc freeze": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze warm-up 10%": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10%": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 20%": dict(bytes_after=30, gap=3),
     # issue 27: the decentralized methods at dp=4 (bytes per rank reported, no bytes goal)
     "gossip ring": dict(gap=3),
     "gossip exp": dict(gap=3),
@@ -138,7 +148,34 @@ def method_list(model, warm):
         m.append(("topk:0.001 dgc warm-up 50%", ["--compress", "topk:0.001", "--dgc", "--dgc-warmup-steps",
                                                   str(5 * warm)], 2, "#393b79", "6,4"))
         m.append(("onebit-adam", ["--optimizer", "onebit-adam", "--freeze-step", str(warm)], 2, "#e6550d", None))
-    after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm}  # steps before the method's compressed regime
+        m.append(("topk:0.001 dgc freeze", ["--compress", "topk:0.001", "--dgc", "--freeze-step", str(warm)], 2,
+                  "#5254a3", None))
+        m.append(("topk:0.001 dgc freeze no-masking", ["--compress", "topk:0.001", "--dgc", "--freeze-step",
+                                                        str(warm), "--dgc-no-masking"], 2, "#5254a3", "6,4"))
+        # the same with the variance frozen after 20% of the steps, and at 1% density (bytes 10x a 0.1% row's)
+        m.append(("topk:0.001 dgc freeze 20%", ["--compress", "topk:0.001", "--dgc", "--freeze-step",
+                                                 str(2 * warm)], 2, "#5254a3", "2,3"))
+        # DGC's sparsity warm-up (25%, 6.25%, 1.5625%, 0.390625%) over the 10% of the steps after the freeze step
+        m.append(("topk:0.001 dgc freeze warm-up 10%", ["--compress", "topk:0.001", "--dgc", "--freeze-step",
+                                                         str(warm), "--dgc-warmup-steps", str(warm)], 2, "#9c9ede",
+                  None))
+        # biases and LayerNorm parameters (< 2 dims, 0.4% of the model) sent whole every step
+        m.append(("topk:0.001 dgc freeze dense-vectors", ["--compress", "topk:0.001", "--dgc", "--freeze-step",
+                                                           str(warm), "--dgc-dense-vectors"], 2, "#393b79", "2,3"))
+        m.append(("topk:0.001 dgc freeze dense-vectors warm-up 10%", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm)], 2, "#393b79",
+                  "6,4"))
+        m.append(("topk:0.001 dgc freeze dense-vectors warm-up 20%", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(2 * warm)], 2,
+                  "#393b79", "2,3"))
+        m.append(("topk:0.01 dgc freeze", ["--compress", "topk:0.01", "--dgc", "--freeze-step", str(warm)], 2,
+                  "#6b6ecf", None))
+    after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm,
+             "topk:0.001 dgc freeze": warm, "topk:0.001 dgc freeze no-masking": warm,
+             "topk:0.001 dgc freeze 20%": 2 * warm, "topk:0.01 dgc freeze": warm,
+             "topk:0.001 dgc freeze warm-up 10%": 2 * warm, "topk:0.001 dgc freeze dense-vectors": warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10%": 2 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 20%": 3 * warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)

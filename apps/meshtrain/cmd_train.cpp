@@ -186,7 +186,15 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_option("--freeze-step", c.freeze_step,
                 "--optimizer onebit-adam (CHANGES THE MATH after K): AdamW with exact gradients for steps < K, "
                 "then the variance frozen and the momentum exchanged as signs with a scale, error feedback on "
-                "the worker and the server side; --grad-clip then applies to each rank's share of the gradient");
+                "the worker and the server side; --grad-clip then applies to each rank's share of the gradient. "
+                "With --optimizer adamw --compress topk:R --dgc: AdamW with exact gradients for steps < K, then "
+                "the variance frozen and DGC run on each rank's momentum, preconditioned (docs/parallelism.md)");
+  s->add_flag("--dgc-no-masking", c.dgc_no_masking,
+              "--dgc --freeze-step K: keep each rank's momentum where its accumulated update was sent (no "
+              "momentum factor masking)");
+  s->add_flag("--dgc-dense-vectors", c.dgc_dense_vectors,
+              "--dgc --freeze-step K: tensors of fewer than 2 dims (biases, LayerNorm) are sent whole every step "
+              "(Adam with the variance frozen for them), the others as top-k");
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

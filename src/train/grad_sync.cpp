@@ -11,6 +11,7 @@
 #include "train/offload.h"
 #include "train/noise_probe.h"
 #include "train/noise_scale.h"
+#include "train/dgc_adam_sync.h"
 #include "train/exchange_state.h"
 #include "train/sma_sync.h"
 
@@ -23,6 +24,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
              : cfg.sync == SyncKind::decentralized_lowprec ? SyncMethod::decentralized_lowprec
              : cfg.async == AsyncMode::ps                  ? SyncMethod::parameter_server
              : cfg.optimizer == OptimizerKind::onebit_adam ? SyncMethod::onebit
+             : cfg.dgc && cfg.freeze_step >= 0             ? SyncMethod::dgc_adam
              : cfg.learners > 0                            ? SyncMethod::sma
              : o.compress.enabled()                        ? SyncMethod::compressed
              : cfg.local_sgd > 0        ? SyncMethod::local_sgd
@@ -42,6 +44,8 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   // with AdamW it stays in Adam's moments (m = 0 here). The clip threshold moves into the exchange too.
   o.dgc = {cfg.dgc, cfg.dgc && cfg.optimizer == OptimizerKind::sgd ? (float)cfg.momentum : 0.0f,
            cfg.dgc ? cfg.grad_clip : 0.0, cfg.dgc_warmup};
+  o.dgc_masking = !cfg.dgc_no_masking;
+  o.dgc_dense_vectors = cfg.dgc_dense_vectors;
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;
   o.local_warmup = cfg.local_sgd_warmup;
@@ -496,6 +500,8 @@ std::unique_ptr<GradSync> make_grad_sync(const SyncOptions& o, const parallel::M
     case SyncMethod::gossip:
     case SyncMethod::decentralized_lowprec:
       return make_gossip_sync(o, mesh, store, params, tracer);
+    case SyncMethod::dgc_adam:
+      return make_dgc_adam_sync(o, mesh, store, params, tracer);
     case SyncMethod::parameter_server:
       break;  // the parameter-server exchanges need the server layout: make_ps_parts (ps_sync.h)
   }

@@ -26,6 +26,10 @@
 //   1-bit Adam   none           s < K: tied copies summed, all-reduce over dp;  store (OnebitAdam: AdamW
 //                               s >= K: nothing (each rank keeps its share)      before K); s >= K: first the
 //                                                                                momentum exchange (signs, EF)
+//   DGC AdamW    none           s < K: all-reduce over dp; s >= K: nothing       store (DgcAdam: AdamW before
+//                                                                                K); s >= K: first top-k of each
+//                                                                                rank's preconditioned momentum
+//                                                                                (dgc_adam_sync.h)
 //
 // Every method's dp is the data-parallel group of the rank's (tp, pp) coordinate: it exchanges or averages
 // the rank's part of the replica, whatever the split (train_config.cpp's kRefused lists what stays refused).
@@ -62,7 +66,8 @@
 
 namespace mt::train {
 
-enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit, sma, gossip, decentralized_lowprec };
+enum class SyncMethod { exact, compressed, local_sgd, parameter_server, onebit, sma, gossip, decentralized_lowprec,
+                        dgc_adam };
 
 // Everything the synchronizers need from the flags, parsed once.
 struct SyncOptions {
@@ -71,6 +76,8 @@ struct SyncOptions {
   compress::CompressSpec compress;
   compress::AdaptiveOptions adaptive;
   compress::DgcOptions dgc;
+  bool dgc_masking = true;      // dgc_adam: DGC's momentum factor masking
+  bool dgc_dense_vectors = false;  // dgc_adam: tensors of < 2 dims sent whole
   uint64_t seed = 0;
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first

@@ -10,6 +10,7 @@
 #include "core/memory.h"
 #include "optim/adafactor.h"
 #include "optim/lamb.h"
+#include "optim/dgc_adam.h"
 #include "optim/onebit_adam.h"
 #include "parallel/async/param_server.h"
 #include "parallel/pipeline/partition.h"
@@ -61,6 +62,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t 
     case OptimizerKind::onebit_adam:
       return std::make_unique<optim::OnebitAdam>(n, optim::OnebitAdamConfig{adam, cfg.freeze_step});
     case OptimizerKind::adamw:
+      if (cfg.dgc && cfg.freeze_step >= 0)  // DGC with AdamW: AdamW, then the variance frozen (dgc_adam.h)
+        return std::make_unique<optim::DgcAdam>(n, optim::DgcAdamConfig{adam, cfg.freeze_step});
       break;
   }
   return std::make_unique<optim::AdamW>(n, adam);
@@ -94,7 +97,8 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c),
       mesh(world, grid_of(c, world)),
       layout(c, mesh.grid().dp()),
-      tail(c.dgc ? 0.0 : c.grad_clip, lr_schedule(c)),  // --dgc: each rank clips its share in the exchange
+      tail(c.dgc && c.freeze_step < 0 ? 0.0 : c.grad_clip, lr_schedule(c)),  // --dgc: each rank clips its share in the exchange
+      // (--dgc --freeze-step: the global gradient before K, each rank's share after, as 1-bit Adam)
       straggler(mesh.server() ? Straggler{} : c.straggler) {  // --straggler slows a worker, never a server
   // Leftovers of killed saves go; another run's checkpoints are refused unless --overwrite-checkpoints.
   if ((world ? world->rank() : 0) == 0 && !cfg.checkpoint_dir.empty())

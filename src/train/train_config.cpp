@@ -512,6 +512,22 @@ const RefusedCombination kRefused[] = {
      },
      "these exchanges read and write the whole gradient or parameter shard in memory; only the exact exchange "
      "streams them from --offload-dir"},
+    // DGC with AdamW (--dgc --freeze-step K: src/train/dgc_adam_sync.h)
+    {[](const TrainConfig& c) { return c.dgc && c.freeze_step >= 0 && c.optimizer != OptimizerKind::adamw; },
+     [](const TrainConfig& c) { return "--dgc --freeze-step with " + optimizer_flag(c); },
+     "--freeze-step freezes AdamW's variance and runs DGC on the preconditioned momentum; with --optimizer sgd "
+     "DGC needs no freeze step (drop --freeze-step), other optimizers are not built with it"},
+    {[](const TrainConfig& c) { return c.dgc && c.freeze_step >= 0 && c.tp > 1; },
+     [](const TrainConfig& c) { return str("--dgc --freeze-step with --tp ", c.tp); },
+     "after the freeze step each rank clips its share by its own norm, which under tensor parallelism would need "
+     "the other parts of the replica (not built); use --tp 1"},
+    {[](const TrainConfig& c) { return c.dgc && c.freeze_step >= 0 && (c.offload.optimizer || c.delayed_update); },
+     [](const TrainConfig& c) {
+       return std::string("--dgc --freeze-step with ") + (c.offload.optimizer ? "--offload optimizer" : "--delayed-update");
+     },
+     "the exchange reads the frozen variance and AdamW's momentum from the optimizer's state in memory, which "
+     "neither the tiled update that streams state from --offload-dir nor the delay-1 rule has been built or "
+     "checked with; choose one"},
 };
 
 void check_refused(const TrainConfig& c) {
@@ -576,8 +592,14 @@ void check_comm_efficient(const TrainConfig& c, int d) {
   MT_CHECK_INPUT(cspec.enabled() || !c.compress_adaptive, "--compress-adaptive needs --compress METHOD");
   MT_CHECK_INPUT(c.optimizer != OptimizerKind::onebit_adam || c.freeze_step >= 0,
                  "--optimizer onebit-adam needs --freeze-step K >= 0 (AdamW for the first K steps)");
-  MT_CHECK_INPUT(c.freeze_step == -1 || c.optimizer == OptimizerKind::onebit_adam,
-                 "--freeze-step needs --optimizer onebit-adam, got --optimizer ", flag_name(c.optimizer));
+  MT_CHECK_INPUT(c.freeze_step == -1 || c.optimizer == OptimizerKind::onebit_adam || c.dgc,
+                 "--freeze-step needs --optimizer onebit-adam or --dgc, got --optimizer ", flag_name(c.optimizer));
+  MT_CHECK_INPUT(c.freeze_step == -1 || c.optimizer == OptimizerKind::onebit_adam || c.freeze_step >= 1,
+                 "--dgc --freeze-step K needs K >= 1 (AdamW for the first K steps), got ", c.freeze_step);
+  MT_CHECK_INPUT(!c.dgc_no_masking || (c.dgc && c.freeze_step >= 0),
+                 "--dgc-no-masking needs --dgc --freeze-step K");
+  MT_CHECK_INPUT(!c.dgc_dense_vectors || (c.dgc && c.freeze_step >= 0),
+                 "--dgc-dense-vectors needs --dgc --freeze-step K");
   MT_CHECK_INPUT(c.dgc_warmup >= 0, "--dgc-warmup-steps must be >= 0, got ", c.dgc_warmup);
   MT_CHECK_INPUT(c.dgc || c.dgc_warmup == 0, "--dgc-warmup-steps needs --dgc");
   MT_CHECK_INPUT(c.compress_adaptive_every >= 1 && c.compress_adaptive_eta > 0,

@@ -13,7 +13,9 @@ Per method: the unbroken run (10 steps) against `--checkpoint-dir D --save-every
      is what makes check 1 pass.
 Methods: --compress topk:0.01 --dgc with SGD (momentum 0.9 in the exchange, lr 0.05); --optimizer onebit-adam
 --freeze-step 3 (the errors of steps 3 and 4 are in the checkpoint); --learners 2 --sma-momentum 0.5 with
---micro-batch-size 3 (k = 4 learners; the control restarts the learners from the central model and says so).
+--micro-batch-size 3 (k = 4 learners; the control restarts the learners from the central model and says so);
+DGC with AdamW, --compress topk:0.05 --dgc --freeze-step 3 (each rank's momentum and accumulated update of steps 3
+and 4; the control restarts both at zero).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ SGD_HP = ref.HParams(lr=0.05, min_lr=0.005, warmup_steps=3, beta1=0.9, beta2=0.9
                      grad_clip=2.5)
 METHODS = {"dgc": (["--nproc", 2, "--compress", "topk:0.01", "--dgc", "--optimizer", "sgd", "--momentum", 0.9], SGD_HP),
            "onebit": (["--nproc", 2, "--optimizer", "onebit-adam", "--freeze-step", 3], dc.HP),
-           "sma": (["--nproc", 2, "--learners", 2, "--sma-momentum", 0.5, "--micro-batch-size", 3], dc.HP)}
+           "sma": (["--nproc", 2, "--learners", 2, "--sma-momentum", 0.5, "--micro-batch-size", 3], dc.HP),
+           "dgc_adam": (["--nproc", 2, "--compress", "topk:0.05", "--dgc", "--freeze-step", 3], dc.HP)}
 EXACT = {"sma"}  # resumed = unbroken bit for bit
 FALLBACK = {"sma": "restart from the checkpoint's central model"}  # the control's warning (default: zeros)
 
