@@ -36,6 +36,8 @@ def action_lists(meshtrain, spec):
 def stage_of(name, p, j, c):
     if name == "zb-v":
         return j if c == 0 else 2 * p - 1 - j
+    if name == "chimera":  # two routes over p stages: down (chunk 0) on rank s, up (chunk 1) on rank p - 1 - s
+        return j if c == 0 else p - 1 - j
     return c * p + j  # looped placement
 
 
