@@ -107,7 +107,8 @@ P2P::~P2P() {
 }
 
 // The progress thread is for bytes that cannot move without it: a send that did not fit the ring, a message
-// half read. A posted receive alone does not wake it: its message waits in the ring (or arrives there) and the
+// half read, a posted receive larger than the ring (its sender can finish only while it is drained). A posted
+// receive whose message fits the ring does not wake it: the message waits in the ring (or arrives there) and the
 // rank's own next call (test, wait, another isend or irecv) reads it. Waking a thread for every message that
 // fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the rank's main
 // thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and posts at load 20-28
@@ -115,6 +116,8 @@ P2P::~P2P() {
 bool P2P::needs_thread() const {
   for (int p = 0; p < L_.n; ++p) {
     if (!sendq_[p].empty() || incoming_[p].active) return true;
+    for (const auto& op : posted_[p])
+      if (op->bytes + sizeof(WireHeader) > L_.chan_bytes) return true;
   }
   return false;
 }

@@ -39,13 +39,13 @@ class Chimera : public ScheduleGenerator {
   void validate(const ScheduleSpec& spec) const override {
     MT_CHECK_INPUT(spec.virtual_stages == 2, "pipeline schedule chimera runs two chunks per rank (one stage of "
                    "each of its two pipelines), got V = ", spec.virtual_stages, " virtual stages; give --virtual-stages 2");
-    MT_CHECK_INPUT(spec.stages % 2 == 0, "pipeline schedule chimera needs an even number of stages (--pp; --stages in "
-                   "meshtrain simulate and bench pipeline), got ",
-                   spec.stages, ": with an odd one the middle stage of both pipelines falls on one rank");
+    MT_CHECK_INPUT(spec.stages % 2 == 0, "pipeline schedule chimera needs an even number of stages (--pp), got ",
+                   spec.stages, " (--stages in meshtrain simulate and bench pipeline): with an odd one the middle "
+                   "stage of both pipelines falls on one rank");
     MT_CHECK_INPUT(spec.micro_batches % 2 == 0, "pipeline schedule chimera splits the micro-batches evenly between "
                    "its two pipelines: it needs an even number of micro-batches per pipeline rank, got ",
-                   spec.micro_batches, " (--batch-size / (--dp x --micro-batch-size); --micro-batches in meshtrain simulate and "
-                   "bench pipeline)");
+                   spec.micro_batches, " (--batch-size / (--dp x --micro-batch-size); --micro-batches in meshtrain "
+                   "simulate and bench pipeline)");
   }
   Placement placement(const ScheduleSpec& spec) const override {
     const int p = spec.stages;
