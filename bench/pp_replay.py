@@ -36,13 +36,17 @@ def action_lists(meshtrain, spec):
 def stage_of(name, p, j, c):
     if name == "zb-v":
         return j if c == 0 else 2 * p - 1 - j
+    if name == "chimera":  # two routes over p stages: down (chunk 0) on rank s, up (chunk 1) on rank p - 1 - s
+        return j if c == 0 else p - 1 - j
     return c * p + j  # looped placement
 
 
-def replay(lists, durations, name, p, latency, ready=0.0):
+def replay(lists, durations, name, p, latency, ready=0.0, overheads=None):
     """durations[j]: rank j's compute durations in list order; latency: a message arrives that long after both its
     send and its receive's post; ready: what a wait costs when its message has already arrived (0 in
-    plan::simulate). Returns (makespan, busy)."""
+    plan::simulate); overheads[j]: rank j's own time in each send and post action in list order, as traced
+    (0 in plan::simulate). Returns (makespan, busy)."""
+    kx = [0] * p
     sent, posted = {}, {}
     t = [0.0] * p
     pc = [0] * p
@@ -70,10 +74,11 @@ def replay(lists, durations, name, p, latency, ready=0.0):
                     k[j] += 1
                     t[j] += d
                     busy += d
-                elif kind.startswith("send"):
-                    sent[msg(kind, i, j, c)] = t[j]
-                elif kind.startswith("post"):
-                    posted[msg(kind, i, j, c)] = t[j]
+                elif kind.startswith("send") or kind.startswith("post"):
+                    if overheads is not None:  # the rank's time in the action, before the message goes out
+                        t[j] += overheads[j][kx[j]]
+                        kx[j] += 1
+                    (sent if kind.startswith("send") else posted)[msg(kind, i, j, c)] = t[j]
                 elif kind.startswith("wait"):
                     key = msg(kind, i, j, c)
                     if key not in sent:
@@ -147,6 +152,24 @@ def main():
         total_ms += ms
         total_busy += busy
     replayed_ready = 1 - total_busy / (p * total_ms)
+    # The executor's own time in each send and post (trace category "executor": the copy, the transport's call;
+    # on a loaded host the rank may lose its core there), replayed with the compute durations.
+    per_step_x = [sum(1 for a in lst if a[0].startswith("send") or a[0].startswith("post")) for lst in lists]
+    xs = [sorted((e for e in ev if e.get("ph") == "X" and e.get("pid") == j and e.get("cat") == "executor"
+                  and (e["name"].startswith("send") or e["name"].startswith("post"))), key=lambda e: e["ts"])
+          for j in range(p)]
+    replayed_overheads, overhead_ms = None, None
+    if all(len(xs[j]) >= steps * per_step_x[j] for j in range(p)):
+        total_ms = total_busy = over = 0.0
+        for s in range(1, steps):
+            durs = [[e["dur"] / 1000.0 for e in comp[j][s * per_step[j]:(s + 1) * per_step[j]]] for j in range(p)]
+            ovs = [[e["dur"] / 1000.0 for e in xs[j][s * per_step_x[j]:(s + 1) * per_step_x[j]]] for j in range(p)]
+            over += sum(map(sum, ovs))
+            ms, busy = replay(lists, durs, spec["schedule"], p, spec.get("message_latency_ms", 0.0), 0.0, ovs)
+            total_ms += ms
+            total_busy += busy
+        replayed_overheads = 1 - total_busy / (p * total_ms)
+        overhead_ms = over / (steps - 1) / p  # per rank and step
     # Self-check: the same replay with each stage's mean times gives the run's simulated bubble (plan::simulate).
     fw, bw, ww = spec["stage_forward_ms"], spec["stage_backward_ms"], spec.get("stage_weight_ms") or []
     mean = {"forward": lambda s: fw[s], "backward": lambda s: bw[s],
@@ -164,7 +187,9 @@ def main():
                       "bubble_measured": spec["bubble_measured"],
                       "bubble_simulated": spec["bubble_simulated"], "bubble_replayed": replayed,
                       "ready_wait_ms": ready, "bubble_replayed_with_ready_wait": replayed_ready,
-                      "bubble_simulated_with_ready_wait": means_ready}))
+                      "bubble_simulated_with_ready_wait": means_ready,
+                      "bubble_replayed_with_executor_time": replayed_overheads,
+                      "executor_ms_per_rank_step": overhead_ms}))
 
 
 if __name__ == "__main__":

@@ -121,6 +121,17 @@ def main():
         a, b = p["bubble_simulated_with_ready_wait"], p["bubble_replayed_with_ready_wait"]
         print(f"{sched:<12} {p['ready_wait_ms']:>9.1f} {100 * p['bubble_measured']:>8.1f}% {100 * a:>9.1f}% "
               f"{100 * (p['bubble_measured'] - a):>+8.1f} {100 * b:>12.1f}% {100 * (p['bubble_measured'] - b):>+8.1f}")
+    print("\nwith each send and post costing the rank the time it spent in it (the trace's \"executor\" events:"
+          " copy, transport call, losing the core there), replayed with the run's own compute durations:")
+    print(f"{'schedule':<12} {'exec ms':>9} {'measured':>9} {'replay+exec':>12} {'diff pp':>8}")
+    for sched in schedules:
+        p = last[sched]["pipeline"]
+        x = p.get("bubble_replayed_with_executor_time")
+        if x is None:
+            print(f"{sched:<12} (no executor events in the trace)")
+            continue
+        print(f"{sched:<12} {p['executor_ms_per_rank_step']:>9.1f} {100 * p['bubble_measured']:>8.1f}% "
+              f"{100 * x:>11.1f}% {100 * (p['bubble_measured'] - x):>+8.1f}")
     for sched in schedules:
         p = last[sched]["pipeline"]
         print(f"  {sched}: stage forward ms {[round(x, 2) for x in p['stage_forward_ms']]}, backward "

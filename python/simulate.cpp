@@ -71,7 +71,10 @@ void add_simulate(pb::module_& m) {
       .def_property_readonly("busy", [](const Simulation& s) { return s.result.busy; })
       .def_property_readonly("utilization", [](const Simulation& s) { return s.result.utilization; })
       .def_property_readonly("bubble_fraction", [](const Simulation& s) { return s.result.bubble_fraction; })
-      .def_readonly("ideal_bubble", &Simulation::ideal_bubble, "(p - 1) / (V m + p - 1)")
+      .def_readonly("ideal_bubble", &Simulation::ideal_bubble,
+                    "(p - 1) / (V m + p - 1); chimera (p - 2) / (2m + p - 2); zb-h1, zb-h2 (p - 1) / (3m + p - 1) and "
+                    "zb-v (p - 1) / (6m + p - 1), the least any list reaches at F = B = W with the step's ranks "
+                    "starting together")
       .def_property_readonly("busy_per_rank", [](const Simulation& s) { return s.result.busy_per_rank; })
       .def_property_readonly("finish", [](const Simulation& s) { return s.result.finish; })
       .def_readonly("peak_in_flight", &Simulation::peak_in_flight)
@@ -88,9 +91,11 @@ void add_simulate(pb::module_& m) {
         pb::arg("virtual_stages") = 1, pb::arg("backward_ratio") = 2.0, pb::arg("comm_cost") = 0.0,
         pb::arg("stage_forward") = std::vector<double>{}, pb::arg("stage_backward") = std::vector<double>{},
         pb::arg("svg") = std::string(),
-        "`meshtrain simulate`: replay a pipeline schedule (gpipe, 1f1b, interleaved) of `stages` ranks and "
-        "`micro_batches` under the cost model (forward 1 per rank, backward backward_ratio, message comm_cost; or "
-        "measured per-stage times in ms); returns a Simulation; svg: also write the swimlane there");
+        ("`meshtrain simulate`: replay a pipeline schedule (" + pipeline::schedule_names_joined() +
+         ") of `stages` ranks and `micro_batches` under the cost model (forward 1 per rank, backward backward_ratio "
+         "(a split backward's input and weight halves 1/2 each), message comm_cost; or measured per-stage times in "
+         "ms); returns a Simulation; svg: also write the swimlane there")
+            .c_str());
 }
 
 }  // namespace mt::py

@@ -11,6 +11,18 @@
 // time (the longest rank's span per timed step) with its ratio to 1F1B's at the same m, whose steps alternate
 // with the schedule's in the same job.
 //
+// Each step starts on every rank together (a barrier, as after a training step's reductions), so no list ends
+// before rank p - 1 has waited for the p - 1 forwards ahead of its first: with F = B = W the zero-bubble
+// schedules' step is at least (p - 1) F + 3m F (zb-v (p - 1) F / 2 + 3m F), 0.818x (0.773x) 1F1B's 3 (m + p - 1) F
+// at p = 4, m = 8 (the "ideal" column, plan/simulator.h). The zero-bubble paper's "near zero" bubble is the
+// steady state of steps run back to back without that synchronization (it validates the optimizer step after
+// the fact), where one step's start skew overlaps the previous step's tail. The "b2b" columns measure that too:
+// the same lists run --steps times in a row with no barrier between them (each rank starts its next step's list
+// when it has finished its own), the time per step from the end of the first to the end of the last on the
+// slowest rank, against 1F1B's measured the same way in the same job; "b2b sim" is the simulator's nominal figure
+// for the same thing (three steps' lists joined, minus two). meshtrain's trainer synchronizes every step (the
+// loss, the gradient norm, the data-parallel reduction), so its figure is the step column, not b2b.
+//
 // pipedream-2bw runs without a flush (parallel/pipeline/no_flush.h): its --steps - 1 timed steps are one window
 // (one list spanning them, the updates inside it costing nothing here; a first window of the same steps is not
 // timed), against 1F1B's flushed steps; its bubble and step time are per window, its simulated columns replay
@@ -37,6 +49,8 @@
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/bubble.h"
+#include "plan/simulator.h"
+#include "trace/chrome_trace.h"
 
 namespace mt::cli {
 
@@ -77,6 +91,31 @@ class SleepRunner : public pipeline::StageRunner {
   std::vector<float> out_, grad_;
 };
 
+// k copies of a step's lists run back to back as one list per rank: copy c's micro-batches numbered c m .. c m + m - 1,
+// the step-end optimizer_step only after the last copy (for the simulator: the steps without a barrier between).
+pipeline::Schedule back_to_back(const pipeline::Schedule& one, int m, int k) {
+  pipeline::Schedule out{one.placement, pipeline::ActionLists(one.lists.size())};
+  for (size_t j = 0; j < one.lists.size(); j++)
+    for (int c = 0; c < k; c++)
+      for (pipeline::Action a : one.lists[j]) {
+        if (a.kind == pipeline::ActionKind::optimizer_step && a.micro_batch < 0 && c + 1 < k) continue;
+        if (a.micro_batch >= 0) a.micro_batch += c * m;
+        out.lists[j].push_back(a);
+      }
+  return out;
+}
+
+// The simulated time per step of lists run back to back (three steps minus two, so the first step's fill is out).
+double simulated_back_to_back(const pipeline::ScheduleSpec& spec, const plan::CostModel& cost) {
+  const pipeline::Schedule one = pipeline::make_schedule(spec);
+  auto run = [&](int k) {
+    pipeline::ScheduleSpec joined = spec;
+    joined.micro_batches = k * spec.micro_batches;
+    return plan::simulate(joined, back_to_back(one, spec.micro_batches, k), cost).makespan;
+  };
+  return run(3) - run(2);
+}
+
 // Every flag on its own, named, before any rank starts; then the memory the activations need against the machine.
 void check_args(const BenchPipelineArgs& a, const std::vector<int>& ms) {
   MT_CHECK_INPUT(a.stages >= 1 && a.stages <= comm::shm::kMaxRanks, "--stages ", a.stages, " is out of range 1..",
@@ -116,8 +155,9 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed)\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps);
-  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s\n", "schedule", "m", "V", "measured", "simulated",
-              "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2");
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s %9s %8s %8s\n", "schedule", "m", "V", "measured",
+              "simulated", "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2", "b2b ms", "/1f1b",
+              "b2b sim");
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
@@ -170,6 +210,20 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
           ex.run(run_spec, lists, world, runner, &one);
           if (s > 0) st.add(one);
         }
+        // Back to back: --steps runs of the lists with no barrier between them, 1F1B's block then this schedule's;
+        // per rank, the time from the end of its first run to the end of its last, per step.
+        auto back_to_back_ms = [&](const pipeline::ScheduleSpec& sp, const pipeline::Schedule& ls,
+                                   pipeline::StageRunner& r, pipeline::PipelineExecutor& e) {
+          world.barrier();
+          double first = 0, last = 0;
+          for (int s = 0; s < a.steps; s++) {
+            e.run(sp, ls, world, r, nullptr);
+            (s == 0 ? first : last) = trace::ChromeTrace::now_us();
+          }
+          return float((last - first) / 1e3 / (a.steps - 1));
+        };
+        const float b2b_peer = with_peer ? back_to_back_ms(peer, peer_lists, peer_runner, peer_ex) : 0.0f;
+        const float b2b = back_to_back_ms(spec, lists, runner, ex);
         // Every rank's stats on rank 0: this schedule's, then the peer's.
         auto gather = [&](const pipeline::PipelineStats& mine_st, int chunks) {
           const size_t k = plan::packed_size(chunks);
@@ -182,6 +236,15 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         };
         const std::vector<pipeline::PipelineStats> ranks = gather(st, V);
         const std::vector<pipeline::PipelineStats> peer_ranks = with_peer ? gather(peer_st, 1) : ranks;
+        // The slowest rank's back-to-back step, this schedule's and the peer's.
+        float mine_b2b[2] = {b2b, with_peer ? b2b_peer : b2b};
+        std::vector<float> all_b2b(2 * (size_t)p);
+        world.all_gather(mine_b2b, all_b2b.data(), all_b2b.size(), comm::DType::f32);
+        double b2b_ms = 0, b2b_peer_ms = 0;
+        for (int j = 0; j < p; j++) {
+          b2b_ms = std::max(b2b_ms, (double)all_b2b[2 * j]);
+          b2b_peer_ms = std::max(b2b_peer_ms, (double)all_b2b[2 * j + 1]);
+        }
         if (world.rank() != 0) return;
         plan::BubbleReport b = plan::bubble_report(run_spec, ranks, true);
         plan::CostModel nominal_cost;
@@ -203,10 +266,13 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         // Last column: the simulation with each measured backward split in halves by assumption (split schedules).
         char half[16] = "-";
         if (b.simulated_half_split >= 0) std::snprintf(half, sizeof half, "%.1f%%", 100 * b.simulated_half_split);
-        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s\n", name.c_str(), m,
-                    V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
+        // The simulator's back-to-back step against 1F1B's, both with the nominal times.
+        const double b2b_sim =
+            simulated_back_to_back(spec, nominal_cost) / simulated_back_to_back(peer, nominal_cost);
+        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s %9.1f %8.3f %8.3f\n",
+                    name.c_str(), m, V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
                     100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks),
-                    half);
+                    half, b2b_ms, b2b_ms / b2b_peer_ms, b2b_sim);
         if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
           for (int j = 0; j < p; j++)
             std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,

@@ -155,9 +155,15 @@ void run_simulate(SimulateArgs& a) {
   std::printf("makespan %s\n", num(r.makespan).c_str());
   std::printf("utilization %s (busy %s of %s)\n", pct(r.utilization).c_str(), num(r.busy).c_str(),
               num(p * r.makespan).c_str());
+  const bool zb_v = spec.name == "zb-v", zb_h = spec.name == "zb-h1" || spec.name == "zb-h2";
   if (routes == 2)
     std::printf("bubble fraction %s (Chimera's (p-2)/(2m+p-2) = %d/%d = %s, with F = B and m a multiple of p)\n",
                 pct(r.bubble_fraction).c_str(), p - 2, 2 * m + p - 2, pct(plan::theoretical_bubble(spec)).c_str());
+  else if (zb_h || zb_v)  // the least any list reaches with the ranks starting the step together (simulator.h)
+    std::printf("bubble fraction %s (zero-bubble bound at F = B = W, ranks starting the step together: "
+                "(p-1)/(%s+p-1) = %d/%d = %s)\n",
+                pct(r.bubble_fraction).c_str(), zb_v ? "6m" : "3m", p - 1, (zb_v ? 6 : 3) * m + p - 1,
+                pct(plan::theoretical_bubble(spec)).c_str());
   else
     std::printf("bubble fraction %s (ideal (p-1)/(%s+p-1) = %d/%d = %s)\n", pct(r.bubble_fraction).c_str(),
                 V > 1 ? "V*m" : "m", p - 1, V * m + p - 1, pct(plan::theoretical_bubble(spec)).c_str());

@@ -41,9 +41,7 @@ trace::Swimlane swimlane_of(const pipeline::ScheduleSpec& spec, const CostModel&
   trace::Swimlane d;
   d.title = str(spec.name, " schedule: p = ", p, " stages, m = ", m, " micro-batches",
                 V > 1 ? str(", V = ", V, " chunks per rank") : std::string(), "  -  utilization ", pct(r.utilization));
-  const std::string ideal = r.placement.routes() == 2 ? "Chimera's (p-2)/(2m+p-2), F = B"  // two pipelines
-                            : V > 1                    ? "ideal (p-1)/(Vm+p-1)"
-                                                       : "ideal (p-1)/(m+p-1)";
+  const std::string ideal = theoretical_bubble_formula(spec);
   d.subtitle = str("bubble ", pct(r.bubble_fraction), " (", ideal, " = ", pct(theoretical_bubble(spec)), "); busy ", num(r.busy), " of ", num(p * r.makespan),
                    "; backward = ", num(cost.backward_ratio), " x forward",
                    split_backward(r) ? str(" (input half ", num(1 - cost.weight_share), ", weight half ",

@@ -121,10 +121,23 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost) {
   return simulate(spec, pipeline::make_schedule(spec), cost);
 }
 
+namespace {
+bool one_chunk_zero_bubble(const std::string& name) { return name == "zb-h1" || name == "zb-h2"; }
+}  // namespace
+
 double theoretical_bubble(const pipeline::ScheduleSpec& spec) {
   const double p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
   if (pipeline::placement_of(spec).routes() == 2) return (p - 2) / (2 * m + p - 2);  // chimera
+  if (one_chunk_zero_bubble(spec.name)) return (p - 1) / (3 * m + p - 1);
+  if (spec.name == "zb-v") return (p - 1) / (6 * m + p - 1);
   return (p - 1) / (V * m + p - 1);
+}
+
+std::string theoretical_bubble_formula(const pipeline::ScheduleSpec& spec) {
+  if (pipeline::placement_of(spec).routes() == 2) return "Chimera's (p-2)/(2m+p-2), F = B";
+  if (one_chunk_zero_bubble(spec.name)) return "zero-bubble bound (p-1)/(3m+p-1), F = B = W";
+  if (spec.name == "zb-v") return "zero-bubble bound (p-1)/(6m+p-1), F = B = W";
+  return spec.virtual_stages > 1 ? "ideal (p-1)/(Vm+p-1)" : "ideal (p-1)/(m+p-1)";
 }
 
 }  // namespace mt::plan

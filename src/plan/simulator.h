@@ -23,6 +23,7 @@
 // textbook estimate is (p - 1) / (V m + p - 1) (theoretical_bubble).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "parallel/pipeline/schedule.h"
@@ -72,6 +73,17 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {
 // (p - 1) / (V m + p - 1): the bubble of an ideal pipeline with m V equal units per rank, p - 1 of them idle at
 // each end; (p - 1) / (m + p - 1) for V = 1. For a placement of two routes (chimera) the Chimera paper's
 // (p - 2) / (2m + p - 2), which its order reaches with F = B when m is a multiple of p.
+// The zero-bubble schedules (split backward) at F = B = W (backward 2 x forward, equal halves), with the ranks
+// starting the step together: rank p - 1 cannot start before the p - 1 forwards ahead of it (zb-v: p - 1 chunk
+// forwards of F / 2) and then has m (F + B + W) = 3m F to do, so no list ends before (p - 1) F + 3m F
+// (zb-v (p - 1) F / 2 + 3m F): bubble (p - 1) / (3m + p - 1), zb-v (p - 1) / (6m + p - 1), a lower bound.
+// ZB-H1 reaches it for m >= p (its (p - 1)(F + B - W) idle per rank), zb-h2 for m >= 2p - 1, zb-v's greedy order
+// ends within F / 2 of it (p <= 4, m >= p). The "near zero" bubble of ZB-H2 and ZB-V in the zero-bubble paper is
+// the steady state of steps run back to back with no synchronization between them (its optimizer step is
+// validated after the fact), where the skew of one step's start overlaps the previous step's end.
 double theoretical_bubble(const pipeline::ScheduleSpec& spec);
+// The formula theoretical_bubble uses, for printing: "ideal (p-1)/(m+p-1)", "Chimera's (p-2)/(2m+p-2), F = B",
+// "zero-bubble bound (p-1)/(3m+p-1), F = B = W", ...
+std::string theoretical_bubble_formula(const pipeline::ScheduleSpec& spec);
 
 }  // namespace mt::plan

@@ -10,6 +10,7 @@
 #include "comm/copy.h"
 #include "comm/launch.h"
 #include "comm/shm/job.h"
+#include "comm/shm/shm_comm.h"
 #include "tests/comm/comm_checks.h"
 
 namespace mt::comm {
@@ -180,6 +181,28 @@ TEST(ShmNonBlocking, ProgressesWithoutWaitCalls) {
       w.send(&one, 1, DType::f32, 0, 5);
     }
     MT_REQUIRE(Error, a[0] == 2.f && a.back() == 2.f, "result");
+  }));
+}
+
+TEST(ShmP2P, ReceiveLargerThanTheRingDrainsWhileTheReceiverWaitsElsewhere) {
+  // Rank 1 posts a receive larger than the p2p ring and then waits in a barrier (a collective: no p2p calls);
+  // rank 0's blocking send of that message can end only while rank 1's progress thread drains the ring, and
+  // rank 0 joins the barrier after it. (A posted receive that fits the ring needs no thread: the rank's own
+  // next call reads it; one larger than the ring does.)
+  expect_ok(run_ranks(shm_opts(2, 20), [](Communicator& w) {
+    const size_t n = mt::comm::shm::kChannelBytes / sizeof(float) * 3 / 2 + 7;  // one and a half rings
+    std::vector<float> a(n);
+    if (w.rank() == 0) {
+      for (size_t i = 0; i < n; i++) a[i] = float(i % 1000);
+      w.send(a.data(), n, DType::f32, 1, 9);
+      w.barrier();
+    } else {
+      Request r = w.irecv(a.data(), n, DType::f32, 0, 9);
+      w.barrier();
+      r.wait();
+      for (size_t i = 0; i < n; i += 4099) MT_REQUIRE(Error, a[i] == float(i % 1000), "element ", i, " ", a[i]);
+      MT_REQUIRE(Error, a[n - 1] == float((n - 1) % 1000), "last element ", a[n - 1]);
+    }
   }));
 }
 

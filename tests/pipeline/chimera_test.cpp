@@ -121,7 +121,9 @@ TEST(Chimera, RefusesOddStagesOddMicroBatchesAndOtherChunkCounts) {
     }
     return "(no error)";
   };
-  EXPECT_NE(message({"chimera", 3, 4, 2}).find("chimera needs an even number of stages (--pp), got 3"),
+  EXPECT_NE(message({"chimera", 3, 4, 2})
+                .find("chimera needs an even number of stages (--pp), got 3 (--stages in meshtrain simulate and "
+                      "bench pipeline)"),
             std::string::npos)
       << message({"chimera", 3, 4, 2});
   EXPECT_NE(message({"chimera", 4, 5, 2}).find("it needs an even number of micro-batches per pipeline rank, got 5"),

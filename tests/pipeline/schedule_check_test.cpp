@@ -12,6 +12,7 @@
 #include "actions.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
+#include "parallel/pipeline/schedule_generator.h"
 
 namespace {
 
@@ -151,6 +152,38 @@ TEST(ScheduleCheck, LocalHandOverOnOneRank) {
   Schedule s = make_schedule(spec);
   s[0].insert(s[0].begin() + 1, {ActionKind::send_act, 0, 0, 0});
   EXPECT_CHECK_FAILS(spec, s, "stage 1 is on this rank too: the tensor is handed over in memory, not sent");
+}
+
+// make_schedule runs the checker on what a generator built: a generator whose compute order does not fit its own
+// placement fails when the schedule is made, with the schedule's name, p, m, V and the checker's rule in the
+// message, instead of in a wait at run time.
+class ForgetsLastBackward : public ScheduleGenerator {
+ public:
+  const char* name() const override { return "forgets-last-backward"; }
+  void validate(const ScheduleSpec&) const override {}
+  ActionLists compute_order(const ScheduleSpec& spec, const Placement& placement) const override {
+    ActionLists out = find_schedule("1f1b").compute_order(spec, placement);
+    if (drop) out[0].pop_back();  // rank 0's last backward
+    return out;
+  }
+  bool drop = true;
+};
+
+TEST(ScheduleCheck, MakeScheduleChecksTheGeneratorsList) {
+  const ScheduleSpec spec{"forgets-last-backward", 2, 3, 1};
+  ForgetsLastBackward gen;
+  try {
+    make_schedule(spec, gen);
+    FAIL() << "a list without rank 0's last backward was accepted";
+  } catch (const ScheduleError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("pipeline schedule forgets-last-backward (p = 2, m = 3, V = 1) built a list that fails the "
+                       "schedule check: rank 0"),
+              std::string::npos)
+        << msg;
+  }
+  gen.drop = false;  // the same generator without the fault: 1F1B's lists, accepted
+  EXPECT_EQ(make_schedule(spec, gen).lists, make_schedule({"1f1b", 2, 3, 1}).lists);
 }
 
 }  // namespace

@@ -39,6 +39,19 @@ TEST(SimulateCli, GpipeFiguresFromTheDesign) {
   EXPECT_TRUE(contains(r8.out, "utilization 72.7% (busy 96 of 132)")) << r8.out;
 }
 
+TEST(SimulateCli, ZeroBubbleBoundNotOneFOneBsFormula) {
+  RunResult h2 = simulate({"--schedule", "zb-h2", "--stages", "4", "--micro-batches", "8"});
+  ASSERT_EQ(h2.exit_code, 0) << h2.err;
+  EXPECT_TRUE(contains(h2.out, "bubble fraction 11.1% (zero-bubble bound at F = B = W, ranks starting the step "
+                               "together: (p-1)/(3m+p-1) = 3/27 = 11.1%)"))
+      << h2.out;
+  RunResult v = simulate({"--schedule", "zb-v", "--stages", "4", "--micro-batches", "8", "--virtual-stages", "2"});
+  ASSERT_EQ(v.exit_code, 0) << v.err;
+  EXPECT_TRUE(contains(v.out, "bubble fraction 7.7% (zero-bubble bound at F = B = W, ranks starting the step "
+                              "together: (p-1)/(6m+p-1) = 3/51 = 5.9%)"))
+      << v.out;
+}
+
 TEST(SimulateCli, OneFOneBActionsAndInterleaved) {
   RunResult r = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "3", "--actions"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();

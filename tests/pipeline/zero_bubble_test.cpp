@@ -31,6 +31,8 @@ using namespace mt::pipeline::test;
 using mt::plan::CostModel;
 using mt::plan::SimResult;
 using mt::plan::simulate;
+using mt::plan::theoretical_bubble;
+using mt::plan::theoretical_bubble_formula;
 
 std::string summary(const ScheduleSpec& spec, int j) { return compute_summary(make_schedule(spec)[j], 1); }
 
@@ -263,6 +265,30 @@ TEST(ZeroBubbleV, SimulatedNearTheLeastMakespan) {
   const SimResult v = simulate({"zb-v", 4, 8, 2}, unit);
   EXPECT_EQ(v.makespan, 26);
   for (int j = 0; j < 4; j++) EXPECT_EQ(idle(v, j), 2) << "rank " << j;
+}
+
+TEST(ZeroBubbleSimulator, TheoreticalBubbleIsTheBoundWithTheStepStartingTogether) {
+  // theoretical_bubble at F = B = W: the least bubble any list reaches when every rank starts the step together,
+  // (p - 1) / (3m + p - 1) for one chunk per rank, (p - 1) / (6m + p - 1) for zb-v's V; zb-h1 equals it from
+  // m = p, zb-h2 from m = 2p - 1; nothing is below it. (Before: 1F1B's (p - 1) / (m + p - 1) for all three.)
+  const CostModel unit{1.0, 2.0, 0.0};
+  for (int p = 2; p <= 5; p++)
+    for (int m = 1; m <= 12; m++) {
+      const double one_chunk = (p - 1.0) / (3.0 * m + p - 1), v = (p - 1.0) / (6.0 * m + p - 1);
+      EXPECT_DOUBLE_EQ(theoretical_bubble({"zb-h1", p, m, 1}), one_chunk);
+      EXPECT_DOUBLE_EQ(theoretical_bubble({"zb-h2", p, m, 1}), one_chunk);
+      EXPECT_DOUBLE_EQ(theoretical_bubble({"zb-v", p, m, 2}), v);
+      const SimResult h1 = simulate({"zb-h1", p, m, 1}, unit), h2 = simulate({"zb-h2", p, m, 1}, unit),
+                      zv = simulate({"zb-v", p, m, 2}, unit);
+      EXPECT_GE(h1.bubble_fraction, one_chunk - 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_GE(h2.bubble_fraction, one_chunk - 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_GE(zv.bubble_fraction, v - 1e-12) << "p=" << p << " m=" << m;
+      if (m >= p) EXPECT_NEAR(h1.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
+      if (m >= 2 * p - 1) EXPECT_NEAR(h2.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
+    }
+  EXPECT_EQ(theoretical_bubble_formula({"zb-v", 4, 8, 2}), "zero-bubble bound (p-1)/(6m+p-1), F = B = W");
+  EXPECT_EQ(theoretical_bubble_formula({"zb-h2", 4, 8, 1}), "zero-bubble bound (p-1)/(3m+p-1), F = B = W");
+  EXPECT_EQ(theoretical_bubble_formula({"1f1b", 4, 8, 1}), "ideal (p-1)/(m+p-1)");
 }
 
 TEST(ZeroBubbleV, RejectsOtherChunkCounts) {

@@ -106,15 +106,24 @@ P2P::~P2P() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool P2P::has_pending() const {
+// The progress thread is for bytes that cannot move without it: a send that did not fit the ring, a message
+// half read, a posted receive larger than the ring (its sender can finish only while it is drained). A posted
+// receive whose message fits the ring does not wake it: the message waits in the ring (or arrives there) and the
+// rank's own next call (test, wait, another isend or irecv) reads it. Waking a thread for every message that
+// fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the rank's main
+// thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and posts at load 20-28
+// (`meshtrain train --pp 2 --trace`, category "executor"; bench/results/pipeline/zero_bubble_perf_2026-11-27.md).
+bool P2P::needs_thread() const {
   for (int p = 0; p < L_.n; ++p) {
-    if (!sendq_[p].empty() || !posted_[p].empty() || incoming_[p].active) return true;
+    if (!sendq_[p].empty() || incoming_[p].active) return true;
+    for (const auto& op : posted_[p])
+      if (op->bytes + sizeof(WireHeader) > L_.chan_bytes) return true;
   }
   return false;
 }
 
 void P2P::start_thread_if_pending() {
-  if (!has_pending()) return;
+  if (!needs_thread()) return;
   if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
   cv_.notify_all();
 }
@@ -127,11 +136,11 @@ void P2P::progress_loop() {
   Signal& bell = L_.ctrl(me_).doorbell;
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    cv_.wait(l, [&] { return stop_.load() || has_pending(); });
+    cv_.wait(l, [&] { return stop_.load() || needs_thread(); });
     if (stop_.load()) return;
     uint32_t seen = bell.value.load(std::memory_order_acquire);
     progress();
-    if (!has_pending()) continue;
+    if (!needs_thread()) continue;
     l.unlock();
     try {
       signal_wait(bell, seen + 1, SpinPolicy{0, 0}, [&] {
@@ -258,7 +267,10 @@ void P2P::finish_unexpected(int src, std::shared_ptr<Unexpected> u) {
 
 bool P2P::test(Op& op) {
   std::lock_guard<std::mutex> l(mu_);
-  if (!op.finished) progress();
+  if (!op.finished) {
+    progress();
+    start_thread_if_pending();  // a message this call began to read, or a send still waiting for room
+  }
   return op.finished;
 }
 

@@ -7,8 +7,10 @@
 // "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out.
 //
 // Progress happens inside isend/irecv (eagerly, as far as the ring allows), inside test()/wait() of any
-// request, and on a progress thread while any operation is unfinished, so a large isend/irecv pair moves
-// while both sides compute. That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
+// request, and on a progress thread while a send has bytes the ring had no room for, a message is half read
+// or a posted receive is larger than the ring, so a large isend/irecv pair moves while both sides compute (a
+// posted receive whose message fits the ring is read by the rank's own next call instead: no wake-up per
+// message). That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
 // leaves the cores to the computation. The engine is thread-safe (one mutex); requests must not outlive
 // their communicator.
 #pragma once
@@ -61,7 +63,8 @@ class P2P {
     std::shared_ptr<Unexpected> unexp;  // where it goes until one is posted
   };
   void progress();  // with mu_ held
-  bool has_pending() const;  // with mu_ held
+  bool needs_thread() const;  // with mu_ held: a send not yet in the ring whole, a message half read, a
+                              // posted receive larger than the ring
   void start_thread_if_pending();  // with mu_ held
   void progress_loop();
   void progress_send(int peer);

@@ -238,6 +238,16 @@ void ListRun::backward(const Action& a) {
 
 void ListRun::act(const Action& a, const OptimizerStep& step) {
   const Key key{a.micro_batch, a.chunk};
+  // Trace only: the rank's own time in each message action (the copy, posting, the wait as this rank sees it),
+  // on the p2p track under category "executor", to tell the transport's cost from the compute's.
+  struct ActionSpan {
+    trace::ChromeTrace* t;
+    const Action& a;
+    double t0 = t && !is_compute(a.kind) && a.kind != ActionKind::optimizer_step ? Clock::now_us() : 0;
+    ~ActionSpan() {
+      if (t0 > 0) t->add(trace::Track::p2p, to_string(a), "executor", t0, Clock::now_us());
+    }
+  } span{trace_, a};
   switch (a.kind) {
     case ActionKind::post_recv_act:
       post_recv(act_in_, act_req_, a, 0, "recv activation");

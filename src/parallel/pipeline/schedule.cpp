@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "parallel/pipeline/schedule_check.h"
 #include "parallel/pipeline/schedule_generator.h"
 
 namespace mt::pipeline {
@@ -110,8 +111,23 @@ Schedule with_communication(const ScheduleSpec& spec, const ActionLists& compute
 }
 
 Schedule make_schedule(const ScheduleSpec& spec) {
-  const Placement placement = placement_of(spec);
-  return with_communication(placement, find_schedule(spec.name).compute_order(spec, placement));
+  validate(spec);
+  return make_schedule(spec, find_schedule(spec.name));
+}
+
+Schedule make_schedule(const ScheduleSpec& spec, const ScheduleGenerator& generator) {
+  const Placement placement = generator.placement(spec);
+  Schedule out = with_communication(placement, generator.compute_order(spec, placement));
+  // A generator's list that breaks the rules (incomplete, against its own placement, or deadlocking) is caught
+  // here, where the schedule is built, not at run time in a wait that never ends.
+  try {
+    check_schedule(spec, out);
+  } catch (const ScheduleError& e) {
+    throw ScheduleError(str("pipeline schedule ", generator.name(), " (p = ", spec.stages, ", m = ",
+                            spec.micro_batches, ", V = ", spec.virtual_stages,
+                            ") built a list that fails the schedule check: ", e.what()));
+  }
+  return out;
 }
 
 Schedule forward_only(const Placement& placement, int micro_batches) {

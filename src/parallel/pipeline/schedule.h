@@ -131,8 +131,13 @@ bool has_schedule(const std::string& name);
 // name (the message lists the known ones), p, m, V < 1, or what the generator refuses.
 void validate(const ScheduleSpec& spec);
 
-// The whole schedule for every rank (validates first). The one function the executor needs.
+// The whole schedule for every rank (validates first). The one function the executor needs. The lists are
+// run through check_schedule (schedule_check.h) before they are returned: a generator whose list is incomplete,
+// inconsistent with its placement or deadlocking throws ScheduleError naming the schedule, p, m, V and the rule.
 Schedule make_schedule(const ScheduleSpec& spec);
+class ScheduleGenerator;
+// The same with a given generator instead of the registry's (spec.name is not looked up; spec is not validated).
+Schedule make_schedule(const ScheduleSpec& spec, const ScheduleGenerator& generator);
 
 // The placement the spec's generator chooses (validates first).
 Placement placement_of(const ScheduleSpec& spec);

@@ -4,7 +4,10 @@
 // (schedules/registry.cpp) is the one table of them, looked up by name once when a run starts.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,5 +65,43 @@ ActionLists one_f_one_b_with_updates(const ScheduleSpec& spec, const Placement& 
 // most m), then forward and input-gradient half alternately, then the remaining input halves; the weight half
 // of micro-batch i right after the input half of i + lag, the W's still owed after the last input half at the end.
 std::vector<Action> deferred_weight_order(int m, int warmup, int lag);
+
+// A unit-time greedy list scheduler (schedules/greedy_order.cpp; zb-v and chimera): at each unit t = 0, 1, ...
+// each rank j in turn asks the rule for an action; the builder appends it to j's list and records it (a forward
+// or backward of (i, s) ends at t + 1; an input half owes its weight half, which the rule may pick from
+// pending_weights(j) later; a forward holds micro-batch i in flight until its backward or weight half). Every
+// action takes one unit and messages are free; the rule sees only what has ended by t.
+class GreedyState {
+ public:
+  static constexpr long kNever = -1;
+  long t() const { return t_; }
+  // When (i, s)'s forward, and its backward or input half, ended; kNever until scheduled.
+  long f_end(int i, int s) const { return f_end_[(size_t)i * S_ + s]; }
+  long b_end(int i, int s) const { return b_end_[(size_t)i * S_ + s]; }
+  bool ready(long end) const { return end != kNever && end <= t_; }
+  // How many forwards and backwards (or input halves) rank j's chunk c has run.
+  int forwards(int j, int c) const { return next_f_[(size_t)j * pl_.chunks() + c]; }
+  int backwards(int j, int c) const { return next_b_[(size_t)j * pl_.chunks() + c]; }
+  // (micro-batch, chunk) pairs rank j holds from their forward to their backward or weight half.
+  int live(int j) const { return live_[j]; }
+  // Weight halves rank j owes, in the order their input halves ran.
+  const std::deque<Action>& pending_weights(int j) const { return pending_[j]; }
+
+ private:
+  friend ActionLists greedy_order(const char*, const Placement&, int, long,
+                                  const std::function<std::optional<Action>(int, const GreedyState&)>&);
+  GreedyState(int micro_batches, const Placement& placement);
+  void apply(int j, const Action& a);
+  long t_ = 0;
+  int S_;
+  std::vector<long> f_end_, b_end_;
+  std::vector<int> next_f_, next_b_, live_;
+  std::vector<std::deque<Action>> pending_;
+  const Placement& pl_;
+};
+using GreedyRule = std::function<std::optional<Action>(int j, const GreedyState& state)>;
+// Runs the greedy until `actions` computations are placed over all ranks (name: for the no-progress assertion).
+ActionLists greedy_order(const char* name, const Placement& placement, int micro_batches, long actions,
+                         const GreedyRule& rule);
 
 }  // namespace mt::pipeline

@@ -15,7 +15,8 @@
 // bubble ratio (p - 2) / (2m + p - 2) against 1F1B's (p - 1) / (m + p - 1), 0.200 against 0.429 at p = m = 4;
 // otherwise p - (m mod p) units later (tests/pipeline/chimera_test.cpp checks both for p <= 8, m <= 24). The cap
 // p is 1F1B's activation memory on its rank 0 (p micro-batches of one stage). Memory: every rank holds two stages'
-// weights, twice 1F1B's. The greedy is not proven optimal; it is the schedule as written here.
+// weights, twice 1F1B's. The greedy is not proven optimal; it is the schedule as written here. The builder
+// (greedy_order, schedule_generator.h) is shared with zb-v; the rule below is what chimera chooses.
 //
 //   p = 4, m = 4 (compute order; Fic = forward, Bic = backward of micro-batch i on chunk c; c0 down, c1 up):
 //     j=0  F0c0 F2c0 F1c1 B1c1 F3c1 B3c1 B0c0 B2c0
@@ -39,10 +40,12 @@ class Chimera : public ScheduleGenerator {
     MT_CHECK_INPUT(spec.virtual_stages == 2, "pipeline schedule chimera runs two chunks per rank (one stage of "
                    "each of its two pipelines), got V = ", spec.virtual_stages, " virtual stages; give --virtual-stages 2");
     MT_CHECK_INPUT(spec.stages % 2 == 0, "pipeline schedule chimera needs an even number of stages (--pp), got ",
-                   spec.stages, ": with an odd one the middle stage of both pipelines falls on one rank");
+                   spec.stages, " (--stages in meshtrain simulate and bench pipeline): with an odd one the middle "
+                   "stage of both pipelines falls on one rank");
     MT_CHECK_INPUT(spec.micro_batches % 2 == 0, "pipeline schedule chimera splits the micro-batches evenly between "
                    "its two pipelines: it needs an even number of micro-batches per pipeline rank, got ",
-                   spec.micro_batches, " (--batch-size / (--dp x --micro-batch-size))");
+                   spec.micro_batches, " (--batch-size / (--dp x --micro-batch-size); --micro-batches in meshtrain "
+                   "simulate and bench pipeline)");
   }
   Placement placement(const ScheduleSpec& spec) const override {
     const int p = spec.stages;
@@ -58,53 +61,24 @@ class Chimera : public ScheduleGenerator {
 
 ActionLists Chimera::compute_order(const ScheduleSpec& spec, const Placement& pl) const {
   const int p = spec.stages, m = spec.micro_batches, S = p, cap = p;
-  constexpr long kNever = -1;
-  // When (i, s)'s forward and backward end, in units; kNever until scheduled.
-  std::vector<long> f_end((size_t)m * S, kNever), b_end((size_t)m * S, kNever);
-  auto at = [&](std::vector<long>& v, int i, int s) -> long& { return v[(size_t)i * S + s]; };
-  // Per rank and chunk: how many of the chunk's micro-batches (c, c + 2, ...) have had their forward and their
-  // backward; per rank: micro-batches in flight.
-  std::vector<int> next_f((size_t)p * 2, 0), next_b((size_t)p * 2, 0), live((size_t)p, 0);
+  // Chunk c of a rank holds micro-batches c, c + 2, ...: its k-th forward or backward is micro-batch 2k + c.
   const int per_chunk = m / 2;
-  ActionLists out((size_t)p);
-  const long total = 2L * 2 * per_chunk * p;
-  long done = 0;
-  for (long t = 0; done < total; t++) {
-    MT_ASSERT(t <= total * 4, "chimera: the greedy order made no progress");
-    for (int j = 0; j < p; j++) {
-      auto ready = [&](long end) { return end != kNever && end <= t; };
-      std::optional<Action> pick;
-      for (ActionKind kind : {ActionKind::backward, ActionKind::forward}) {
-        for (int c = 0; c < 2; c++) {  // the chunk whose next micro-batch is the smaller (chunk c holds i = c mod 2)
-          const int k = kind == ActionKind::forward ? next_f[j * 2 + c] : next_b[j * 2 + c];
-          if (k >= per_chunk) continue;
-          const int i = 2 * k + c, s = pl.stage_of(j, c);
-          bool can;
-          if (kind == ActionKind::backward)
-            can = next_f[j * 2 + c] > k && ready(s == S - 1 ? at(f_end, i, s) : at(b_end, i, s + 1));
-          else
-            can = live[j] < cap && (s == 0 || ready(at(f_end, i, s - 1)));
-          if (can && (!pick || i < pick->micro_batch)) pick = Action{kind, i, c, -1};
-        }
-        if (pick) break;
+  return greedy_order("chimera", pl, m, 2L * 2 * per_chunk * p, [&](int j, const GreedyState& g) {
+    std::optional<Action> pick;
+    for (ActionKind kind : {ActionKind::backward, ActionKind::forward}) {
+      for (int c = 0; c < 2; c++) {  // the chunk whose next micro-batch is the smaller
+        const int k = kind == ActionKind::forward ? g.forwards(j, c) : g.backwards(j, c);
+        if (k >= per_chunk) continue;
+        const int i = 2 * k + c, s = pl.stage_of(j, c);
+        const bool can = kind == ActionKind::backward
+                             ? g.forwards(j, c) > k && g.ready(s == S - 1 ? g.f_end(i, s) : g.b_end(i, s + 1))
+                             : g.live(j) < cap && (s == 0 || g.ready(g.f_end(i, s - 1)));
+        if (can && (!pick || i < pick->micro_batch)) pick = Action{kind, i, c, -1};
       }
-      if (!pick) continue;
-      const Action a = *pick;
-      const int s = pl.stage_of(j, a.chunk);
-      if (a.kind == ActionKind::forward) {
-        next_f[j * 2 + a.chunk]++;
-        at(f_end, a.micro_batch, s) = t + 1;
-        live[j]++;
-      } else {
-        next_b[j * 2 + a.chunk]++;
-        at(b_end, a.micro_batch, s) = t + 1;
-        live[j]--;
-      }
-      out[j].push_back(a);
-      done++;
+      if (pick) break;
     }
-  }
-  return out;
+    return pick;
+  });
 }
 
 }  // namespace
