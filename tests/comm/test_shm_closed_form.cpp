@@ -126,12 +126,22 @@ void all_to_all_blocks(Communicator& w, const Typed& ty, size_t k) {
 // Rank p sends cnt(p, q) elements to rank q: an uneven split with empty and one-element blocks (unit 0 makes
 // every block 0 or 1 elements). Blocks sit in reverse rank order with gaps (explicit offsets), or packed
 // (null offsets).
+template <typename Count>
+void all_to_all_v_counts(Communicator& w, const Typed& ty, Count&& cnt, bool packed, const std::string& what);
+
 void all_to_all_v_uneven(Communicator& w, const Typed& ty, size_t unit, int salt, bool packed) {
-  const int n = w.size(), r = w.rank();
   auto cnt = [&](int p, int q) {
     const size_t m = static_cast<size_t>((p * 5 + q * 3 + salt) % 4);  // 0..3
     return m == 0 ? size_t(0) : m == 1 ? size_t(1) : (m - 1) * unit + m;
   };
+  all_to_all_v_counts(w, ty, cnt, packed, str("unit=", unit, " salt=", salt));
+}
+
+// Rank p sends cnt(p, q) elements to rank q, laid out as all_to_all_v_uneven describes; every element that
+// arrives is checked against the closed form, and the gaps and the element past the end against the sentinel.
+template <typename Count>
+void all_to_all_v_counts(Communicator& w, const Typed& ty, Count&& cnt, bool packed, const std::string& what) {
+  const int n = w.size(), r = w.rank();
   const size_t gap = packed ? 0 : 3;
   std::vector<size_t> sc(n), so(n), rc(n), ro(n);
   size_t stot = 0, rtot = 0;
@@ -143,8 +153,7 @@ void all_to_all_v_uneven(Communicator& w, const Typed& ty, size_t unit, int salt
     ro[j] = rtot;
     rtot += rc[j] + gap;
   }
-  const std::string tag = str(dtype_name(ty.t), " n=", n, " unit=", unit, " salt=", salt, packed ? " packed" : "",
-                              " rank ", r);
+  const std::string tag = str(dtype_name(ty.t), " n=", n, " ", what, packed ? " packed" : "", " rank ", r);
   std::vector<char> send((stot + 1) * ty.e()), recv((rtot + 1) * ty.e());
   for (size_t i = 0; i <= stot; ++i) ty.set(send, i, kUntouched);
   for (size_t i = 0; i <= rtot; ++i) ty.set(recv, i, kUntouched);
@@ -227,6 +236,44 @@ TEST(ShmClosedFormCounts, AllToAllVCountsInOwnStep) {
     unsetenv("MESHTRAIN_SHM_SLOT_KB");
   }
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
+}
+
+// Sets an environment variable for one scope (the ranks are forked inside it and read it when their
+// communicators are made), then restores it.
+struct ScopedEnv {
+  std::string name, saved;
+  bool had;
+  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) saved = std::getenv(n);
+    setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) {
+      setenv(name.c_str(), saved.c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+};
+
+// all_to_all_v goes single copy when ANY rank's send buffer reaches the threshold (here 1 KB): ranks whose own
+// send buffers are below it (a few elements, or nothing at all) write no staged blocks then and must read and
+// be read by single copy too. Rank `big` sends 300 f32 (1200 B) to every rank, the others 0-3 elements; a
+// round where nobody reaches it stays staged. 2-4 ranks, offsets in reverse order with gaps, and packed.
+TEST(ShmClosedFormCounts, AllToAllVSingleCopyWhenOneRankReachesIt) {
+  ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "1");
+  for (int n : {2, 3, 4}) {
+    auto res = run_ranks(opts(n), [&](Communicator& w) {
+      for (int big = -1; big < w.size(); ++big) {
+        auto cnt = [&](int p, int q) { return p == big ? size_t(300) : size_t((p * 5 + q * 3 + big + 1) % 4); };
+        for (bool packed : {false, true}) all_to_all_v_counts(w, Typed{DType::f32}, cnt, packed, str("big=", big));
+      }
+      // Only one rank sends anything; the others have empty send buffers.
+      auto lone = [&](int p, int q) { return p == 1 ? size_t(400 + q) : size_t(0); };
+      all_to_all_v_counts(w, Typed{DType::f32}, lone, false, "lone sender");
+    });
+    EXPECT_EQ(res.exit_code, 0) << "n=" << n << ", rank " << res.failed_rank << ": " << res.failure;
+  }
 }
 
 }  // namespace

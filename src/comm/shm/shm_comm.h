@@ -27,12 +27,14 @@
 //   all_to_all_v                  as all_to_all, each pair with its own length; every rank's count row
 //                                 rides at the head of its slot in the first chunk and is checked by all
 //                                 after that step (no extra step; slots too small for the row and a cache
-//                                 line per peer exchange it in a step of its own first).
+//                                 line per peer exchange it in a step of its own first). When some
+//                                 rank's send buffer reaches the single-copy threshold, all of them go
+//                                 single copy after that first step (all_to_all_v_cma: 2 steps per call).
 // Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above. all_gather and all_to_all out of
-// place of kCmaGatherMinBytes and more go by single copy (below).
+// place of kCmaGatherMinBytes and more go by single copy (below), and all_to_all_v when any rank sends that much.
 //
-// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather and
-// all_to_all out of place from kCmaGatherMinBytes (each rank reads its peers' shards or blocks straight from their
+// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather,
+// all_to_all out of place and all_to_all_v (never in place) from kCmaGatherMinBytes (each rank reads its peers' shards or blocks straight from their
 // send buffers: 2 steps per call, one copy per byte; all_gather_cma, all_to_all_cma), and for broadcasts
 // of kCmaBroadcastMinBytes and more: the others read the head of the root's buffer while the root writes the
 // tail into theirs (broadcast_cma). A CMA copy pins the remote pages and copies in the kernel: on the AMD EPYC
@@ -70,7 +72,7 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 // faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
 // overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
 constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
-size_t cma_gather_min_bytes();
+size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -133,6 +135,9 @@ class ShmCommunicator : public Communicator {
   bool broadcast_cma(Ctx& c);
   bool all_gather_cma(Ctx& c);
   bool all_to_all_cma(Ctx& c);
+  bool all_to_all_v_cma(Ctx& c, const uint64_t* M, size_t W, const size_t* roff);
+  // all_to_all_v's row flags: this rank's send buffer reaches the single-copy threshold; single copy is off here.
+  static constexpr uint64_t kWantsCma = 1, kNoCma = 2;
   void all_to_all(Ctx& c);
   void all_to_all_v(Ctx& c);
   void barrier(Ctx& c);
@@ -148,6 +153,7 @@ class ShmCommunicator : public Communicator {
   uint32_t release_[kNumBuf] = {};
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
+  size_t cma_min_ = kCmaGatherMinBytes;  // cma_gather_min_bytes(), read when the communicator is made
   std::unique_ptr<P2P> p2p_;
 };
 
