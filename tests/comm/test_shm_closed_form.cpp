@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "core/error.h"
 
@@ -271,6 +272,45 @@ TEST(ShmClosedFormCounts, AllToAllVSingleCopyWhenOneRankReachesIt) {
       // Only one rank sends anything; the others have empty send buffers.
       auto lone = [&](int p, int q) { return p == 1 ? size_t(400 + q) : size_t(0); };
       all_to_all_v_counts(w, Typed{DType::f32}, lone, false, "lone sender");
+    });
+    EXPECT_EQ(res.exit_code, 0) << "n=" << n << ", rank " << res.failed_rank << ": " << res.failure;
+  }
+}
+
+// all_to_all with rank 0 in place and the others out of place (a rank in place vetoes single copy).
+void all_to_all_rank0_in_place(Communicator& w, const Typed& ty, size_t k) {
+  const int n = w.size(), r = w.rank();
+  std::vector<char> send(k * n * ty.e()), recv(k * n * ty.e());
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < k; ++i) ty.set(send, q * k + i, value_of(2, r, q, i));
+  }
+  std::vector<char>& out = r == 0 ? send : recv;
+  w.all_to_all(send.data(), out.data(), k, ty.t);
+  for (int p = 0; p < n; ++p) {
+    expect_elems(ty, out, p * k, k, [&](size_t i) { return value_of(2, p, r, i); },
+                 str("all_to_all, rank 0 in place, n=", n, " k=", k, " rank ", r, ", block from rank ", p));
+  }
+}
+
+// The middle sizes (here 1 KB up to the 16 MB single-copy threshold) go single copy when any rank's stores into
+// shared memory stream (the slow regime), staged otherwise; the ranks agree in the first step. Each rank's store
+// policy is fixed here: nobody streams, one rank does (each in turn), everybody does. Sizes below and above 1 KB;
+// all_gather out of place and in place, all_to_all out of place, with rank 0 in place (a veto), and all_to_all_v.
+TEST(ShmClosedFormCounts, MiddleSizesSingleCopyWhenAnyRankStreams) {
+  ScopedEnv slow("MESHTRAIN_SHM_CMA_SLOW_KB", "1");
+  ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "16384");
+  for (int n : {2, 3}) {
+    auto res = run_ranks(opts(n), [&](Communicator& w) {
+      for (int streamer = -1; streamer <= w.size(); ++streamer) {  // -1: nobody; size(): everybody
+        copy_in_policy() = CopyInPolicy::fixed(streamer == w.size() || w.rank() == streamer);
+        for (size_t k : {size_t(100), size_t(300), size_t(5000), size_t(140000)}) {
+          gather_and_broadcast(w, Typed{DType::f32}, k * size_t(w.size()) + 1);
+          all_to_all_blocks(w, Typed{DType::f32}, k);
+          all_to_all_rank0_in_place(w, Typed{DType::f32}, k);
+          auto cnt = [&](int p, int q) { return (k * size_t(p + 1) + size_t(q)) % (2 * k); };
+          all_to_all_v_counts(w, Typed{DType::f32}, cnt, false, str("k=", k, " streamer=", streamer));
+        }
+      }
     });
     EXPECT_EQ(res.exit_code, 0) << "n=" << n << ", rank " << res.failed_rank << ": " << res.failure;
   }

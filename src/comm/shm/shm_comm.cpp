@@ -73,6 +73,7 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
   cma_min_ = cma_gather_min_bytes();
+  cma_mid_ = std::min(cma_min_, size_t(env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(kCmaSlowRegimeMinBytes / 1024))) * 1024);
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
@@ -336,7 +337,12 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
 void ShmCommunicator::all_gather(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
-  if (cma_ && n > 1 && a.count * c.e >= cma_min_ && all_gather_cma(c)) return;
+  if (cma_ && n > 1 && a.count * c.e >= cma_min_) {
+    if (all_gather_cma(c, false)) return;
+  }
+  // The middle sizes ask every rank first (see cma_mid_): the flags ride with the first chunk.
+  const bool ask = cma_ && n > 1 && a.count * c.e >= cma_mid_ && a.count * c.e < cma_min_;
+  const bool wants = ask && copy_in_policy().streaming();
   const size_t C = L_.slot_bytes / c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, C));
   const Shard own = shard_of(a.count, n, r);
@@ -348,11 +354,18 @@ void ShmCommunicator::all_gather(Ctx& c) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
     char* mine = claim_slot(b, k * c.e);
-    if (k) copy_in(mine, send + t * C * c.e, k * c.e);
+    if (ask && t == 0) publish_cma(c, wants);
+    if (k && !(wants && t == 0)) copy_in(mine, send + t * C * c.e, k * c.e);
     arrive();
     // My own shard goes straight from send to recv while the peers are still writing their slots.
     if (k && !in_place) copy_bytes(recv + (own.offset + t * C) * c.e, send + t * C * c.e, k * c.e, stream);
     await_peers(c);
+    if (ask && t == 0 && any_wants_cma(c)) {
+      release_buf(b);
+      if (!all_gather_cma(c, true)) all_gather(c);  // a failed copy turns single copy off on every rank
+      if (stream) stream_fence();
+      return;
+    }
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
       Shard s = shard_of(a.count, n, q);
@@ -426,20 +439,41 @@ bool ShmCommunicator::broadcast_cma(Ctx& c) {
   return cma_;
 }
 
+// The middle sizes' question, asked before the first step of the staged path: this rank's flag (single copy
+// wanted, or vetoed because this rank runs in place) and its send buffer's address, by the collective's seq
+// parity (a peer may be one collective ahead and write its next flag while this one is read). After that step,
+// any_wants_cma gives every rank the same answer: some rank wants it and none vetoed.
+void ShmCommunicator::publish_cma(Ctx& c, bool wants, bool veto) {
+  RankCtrl& me = L_.ctrl(rank());
+  me.cma_addr = reinterpret_cast<uint64_t>(c.a.send);
+  me.cma_want[c.a.seq & 1] = veto ? 2 : wants ? 1 : 0;
+}
+
+bool ShmCommunicator::any_wants_cma(Ctx& c) const {
+  bool any = false;
+  for (int p = 0; p < size(); ++p) {
+    const uint32_t w = L_.ctrl(p).cma_want[c.a.seq & 1];
+    if (w == 2) return false;
+    any = any || w == 1;
+  }
+  return any;
+}
+
 // Single copy for all_gather: every rank publishes where its shard is (the send buffer, also in place) and
 // arrives; then each reads every peer's shard straight into its output with process_vm_readv and copies its
 // own; the second step keeps every shard valid until all have read it. Per rank: S/n own + (n-1)S/n through
 // the kernel, against S/n in + S/n own + (n-1)S/n out through the slots. Same agreement on falling back as
 // broadcast_cma.
-bool ShmCommunicator::all_gather_cma(Ctx& c) {
+bool ShmCommunicator::all_gather_cma(Ctx& c, bool published) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const Shard own = shard_of(a.count, n, r);
   char* recv = static_cast<char*>(a.recv);
   RankCtrl& me = L_.ctrl(r);
-  me.cma_failed = 0;
-  me.cma_addr = reinterpret_cast<uint64_t>(a.send);
-  sync(c);
+  if (!published) {
+    me.cma_addr = reinterpret_cast<uint64_t>(a.send);
+    sync(c);
+  }
   bool ok = true;
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
@@ -459,16 +493,17 @@ bool ShmCommunicator::all_gather_cma(Ctx& c) {
 
 // Single copy for all_to_all out of place: rank r reads block r of every peer's send buffer into block q of
 // its output. (In place a peer overwrites its send buffer while the others read it: staged path.)
-bool ShmCommunicator::all_to_all_cma(Ctx& c) {
+bool ShmCommunicator::all_to_all_cma(Ctx& c, bool published) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const size_t block = a.count * c.e;
   char* recv = static_cast<char*>(a.recv);
   const char* send = static_cast<const char*>(a.send);
   RankCtrl& me = L_.ctrl(r);
-  me.cma_failed = 0;
-  me.cma_addr = reinterpret_cast<uint64_t>(send);
-  sync(c);
+  if (!published) {
+    me.cma_addr = reinterpret_cast<uint64_t>(send);
+    sync(c);
+  }
   bool ok = true;
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;
@@ -522,12 +557,17 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == a.recv;
-  if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_min_ && all_to_all_cma(c)) return;
+  if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_min_ && all_to_all_cma(c, false)) return;
   const bool stream = K * n * c.e >= kStreamMinBytes;
+  // The middle sizes ask every rank first (see cma_mid_). A rank in place vetoes; a rank that wants single copy
+  // still writes its first chunk, so that a veto finds the staged data there.
+  const bool ask = cma_ && n > 1 && K * n * c.e >= cma_mid_ && K * n * c.e < cma_min_;
+  const bool wants = ask && !in_place && copy_in_policy().streaming();
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(K, t * pc, pc);
     char* mine = claim_slot(b, size_t(std::max(n - 1, 1)) * pb);
+    if (ask && t == 0) publish_cma(c, wants, in_place);
     for (int q = 0; q < n && k; ++q) {
       if (q != r) copy_in(mine + piece_index(r, q) * pb, send + (q * K + t * pc) * c.e, k * c.e);
     }
@@ -535,6 +575,12 @@ void ShmCommunicator::all_to_all(Ctx& c) {
     // My own block goes straight from send to recv (in place it is already there) while peers catch up.
     if (k && !in_place) copy_bytes(recv + (r * K + t * pc) * c.e, send + (r * K + t * pc) * c.e, k * c.e, stream);
     await_peers(c);
+    if (ask && t == 0 && any_wants_cma(c)) {
+      release_buf(b);
+      if (!all_to_all_cma(c, true)) all_to_all(c);  // a failed copy turns single copy off on every rank
+      if (stream) stream_fence();
+      return;
+    }
     for (int p = 0; p < n && k; ++p) {
       if (p != r) copy_bytes(recv + (p * K + t * pc) * c.e, peer_slot(p, b) + piece_index(p, r) * pb, k * c.e, stream);
     }
@@ -572,7 +618,8 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     stot += a.send_counts[j];
     rtot += a.recv_counts[j];
   }
-  const bool wants_cma = cma_ && n > 1 && stot * c.e >= cma_min_;
+  const bool wants_cma =
+      cma_ && n > 1 && (stot * c.e >= cma_min_ || (stot * c.e >= cma_mid_ && copy_in_policy().streaming()));
   for (int j = 0; j < n; ++j) {
     row[j] = a.send_counts[j];
     row[n + j] = a.recv_counts[j];

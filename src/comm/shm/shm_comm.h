@@ -72,7 +72,13 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 // faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
 // overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
 constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
-size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
+size_t cma_gather_min_bytes();
+// From this size up to kCmaGatherMinBytes, all_gather, all_to_all (out of place) and all_to_all_v go single copy
+// when some rank's stores into shared memory are streaming (the host's slow regime, see CopyInPolicy in
+// comm/copy.h): the staged path then puts every byte through DRAM twice (streamed into the slot, read back by
+// the peer), where the kernel's copy reads the peer's buffer once. The ranks ask each other in the first step
+// of the staged path (RankCtrl::cma_want), so all take the same path. MESHTRAIN_SHM_CMA_SLOW_KB overrides.
+constexpr size_t kCmaSlowRegimeMinBytes = size_t{1} << 20;  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -133,8 +139,11 @@ class ShmCommunicator : public Communicator {
   // Single copy: peers read the root's buffer with process_vm_readv. Returns false (on every rank alike)
   // when some rank could not, and the staged broadcast must run instead.
   bool broadcast_cma(Ctx& c);
-  bool all_gather_cma(Ctx& c);
-  bool all_to_all_cma(Ctx& c);
+  // published: this rank's address is out and the step after it passed (publish_cma on the staged path).
+  bool all_gather_cma(Ctx& c, bool published);
+  bool all_to_all_cma(Ctx& c, bool published);
+  void publish_cma(Ctx& c, bool wants, bool veto = false);
+  bool any_wants_cma(Ctx& c) const;
   bool all_to_all_v_cma(Ctx& c, const uint64_t* M, size_t W, const size_t* roff);
   // all_to_all_v's row flags: this rank's send buffer reaches the single-copy threshold; single copy is off here.
   static constexpr uint64_t kWantsCma = 1, kNoCma = 2;
@@ -154,6 +163,7 @@ class ShmCommunicator : public Communicator {
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
   size_t cma_min_ = kCmaGatherMinBytes;  // cma_gather_min_bytes(), read when the communicator is made
+  size_t cma_mid_ = kCmaSlowRegimeMinBytes;  // MESHTRAIN_SHM_CMA_SLOW_KB or that, at most cma_min_
   std::unique_ptr<P2P> p2p_;
 };
 
