@@ -28,8 +28,10 @@
 // Measured (bench/results/multihost/, 2 x 2 ranks, 200 Mbit/s links, shared 2-core machine): about OpenMPI's
 // flat all-reduce time at 1-8 MB, not faster: at these sizes OpenMPI's flat all-reduce already sends about S each
 // way between the hosts (2 S in total, like this one; its recursive halving pairs neighbours first), so there are
-// no bytes to save on 2 x 2. Hence it stays opt-in (MESHTRAIN_MPI_HIER=1). The earlier version (all-to-all and
-// all-gather inside a host over TCP, 256 KB rendezvous segments, MPI_Ibcast back) took 1.4-1.9x flat's time.
+// no bytes to save on 2 x 2. Hence it is the default only where OpenMPI's crosses hosts with more bytes
+// (default_for: on 2 x 3, 4.69 S flat against 2.11 S, 1.4-2.0x faster at 1-8 MB) and opt-in elsewhere
+// (MESHTRAIN_MPI_HIER=1). The earlier version (all-to-all and all-gather inside a host over TCP, 256 KB rendezvous
+// segments, MPI_Ibcast back) took 1.4-1.9x flat's time.
 #pragma once
 
 #include <mpi.h>
