@@ -73,7 +73,8 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
   cma_min_ = cma_gather_min_bytes();
-  cma_mid_ = std::min(cma_min_, size_t(env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(kCmaSlowRegimeMinBytes / 1024))) * 1024);
+  const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));
+  cma_mid_ = std::min(cma_min_, size_t(slow_kb) * 1024);
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
@@ -340,7 +341,7 @@ void ShmCommunicator::all_gather(Ctx& c) {
   if (cma_ && n > 1 && a.count * c.e >= cma_min_) {
     if (all_gather_cma(c, false)) return;
   }
-  // The middle sizes ask every rank first (see cma_mid_): the flags ride with the first chunk.
+  // The middle sizes (opt-in, see cma_mid_) ask every rank first: the flags ride with the first chunk.
   const bool ask = cma_ && n > 1 && a.count * c.e >= cma_mid_ && a.count * c.e < cma_min_;
   const bool wants = ask && copy_in_policy().streaming();
   const size_t C = L_.slot_bytes / c.e;
@@ -559,8 +560,8 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   const bool in_place = a.send == a.recv;
   if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_min_ && all_to_all_cma(c, false)) return;
   const bool stream = K * n * c.e >= kStreamMinBytes;
-  // The middle sizes ask every rank first (see cma_mid_). A rank in place vetoes; a rank that wants single copy
-  // still writes its first chunk, so that a veto finds the staged data there.
+  // The middle sizes (opt-in, see cma_mid_) ask every rank first. A rank in place vetoes; a rank that wants single
+  // copy still writes its first chunk, so that a veto finds the staged data there.
   const bool ask = cma_ && n > 1 && K * n * c.e >= cma_mid_ && K * n * c.e < cma_min_;
   const bool wants = ask && !in_place && copy_in_policy().streaming();
   for (size_t t = 0; t < T; ++t) {
@@ -716,8 +717,8 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     for (int p = 0; p < n; ++p) {
       size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
       if (k && p != r) {
-        copy_bytes(recv + (roff[p] + t * pc) * c.e, peer_slot(p, b) + head + piece_index(p, r) * L_.ctrl(p).slot_stride[b],
-                   k * c.e, stream);
+        const char* from = peer_slot(p, b) + head + piece_index(p, r) * L_.ctrl(p).slot_stride[b];
+        copy_bytes(recv + (roff[p] + t * pc) * c.e, from, k * c.e, stream);
       }
     }
     release_buf(b);

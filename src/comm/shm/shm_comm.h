@@ -34,8 +34,9 @@
 // place of kCmaGatherMinBytes and more go by single copy (below), and all_to_all_v when any rank sends that much.
 //
 // Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather,
-// all_to_all out of place and all_to_all_v (never in place) from kCmaGatherMinBytes (each rank reads its peers' shards or blocks straight from their
-// send buffers: 2 steps per call, one copy per byte; all_gather_cma, all_to_all_cma), and for broadcasts
+// all_to_all out of place and all_to_all_v (never in place) from kCmaGatherMinBytes (each rank reads its peers'
+// shards or blocks straight from their send buffers: 2 steps per call, one copy per byte; all_gather_cma,
+// all_to_all_cma, all_to_all_v_cma after its first step), and for broadcasts
 // of kCmaBroadcastMinBytes and more: the others read the head of the root's buffer while the root writes the
 // tail into theirs (broadcast_cma). A CMA copy pins the remote pages and copies in the kernel: on the AMD EPYC
 // KVM host of this work, 1 thread, 11-13 GB/s from 64 KB to 8 MB and 6.8 GB/s at 32 MB, against 40-55 and
@@ -72,13 +73,13 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 // faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
 // overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
 constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
-size_t cma_gather_min_bytes();
-// From this size up to kCmaGatherMinBytes, all_gather, all_to_all (out of place) and all_to_all_v go single copy
-// when some rank's stores into shared memory are streaming (the host's slow regime, see CopyInPolicy in
-// comm/copy.h): the staged path then puts every byte through DRAM twice (streamed into the slot, read back by
-// the peer), where the kernel's copy reads the peer's buffer once. The ranks ask each other in the first step
-// of the staged path (RankCtrl::cma_want), so all take the same path. MESHTRAIN_SHM_CMA_SLOW_KB overrides.
-constexpr size_t kCmaSlowRegimeMinBytes = size_t{1} << 20;  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
+size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
+// Opt-in (MESHTRAIN_SHM_CMA_SLOW_KB=K): from K KB up to the single-copy threshold, all_gather, all_to_all (out of
+// place) and all_to_all_v go single copy when some rank's stores into shared memory are streaming (the host's slow
+// regime, see CopyInPolicy in comm/copy.h), where the staged path puts every byte through DRAM twice. The ranks
+// ask each other in the first step of the staged path (RankCtrl::cma_want), so all take the same path. Off by
+// default: on this work's loaded KVM host (load 8-24 on 2 cores) it won one A/B at 1-8 MB (3 pairs) and lost the
+// next two (3 and 4 pairs): process_vm_readv calls then cost a floor of ~600 us at 32 KB-2 MB, cause not found.
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -163,7 +164,7 @@ class ShmCommunicator : public Communicator {
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
   size_t cma_min_ = kCmaGatherMinBytes;  // cma_gather_min_bytes(), read when the communicator is made
-  size_t cma_mid_ = kCmaSlowRegimeMinBytes;  // MESHTRAIN_SHM_CMA_SLOW_KB or that, at most cma_min_
+  size_t cma_mid_ = kCmaGatherMinBytes;  // MESHTRAIN_SHM_CMA_SLOW_KB, at most cma_min_; = cma_min_: off
   std::unique_ptr<P2P> p2p_;
 };
 
