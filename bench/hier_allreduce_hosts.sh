@@ -9,7 +9,7 @@
 #
 #   bench/hier_allreduce_hosts.sh [RATE=200mbit] [ROUNDS=2] [OPS=all_reduce,all_gather]
 # Environment: PER_HOST=k ranks on each of the 2 hosts (default 2; 4 is the 3-D mesh test's 2 x 4); SIDES (default
-# "hier flat"), where "ring" is flat with OpenMPI's ring all-reduce forced (the MPI backend calls MPI_Iallreduce, so
+# "hier flat"; "auto" leaves MESHTRAIN_MPI_HIER unset: the backend's default), where "ring" is flat with OpenMPI's ring all-reduce forced (the MPI backend calls MPI_Iallreduce, so
 # libnbc's algorithm 1: 2(n-1)/n S per rank to its neighbour, so 2(n-1)/n S each way between the hosts: 1.5 S on
 # 2 x 2, 1.75 S on 2 x 4).
 # Needs root (network namespaces). Removes its hosts at the end, also on failure.
@@ -31,6 +31,7 @@ side_env() {
   case "$1" in
     flat) echo "-x MESHTRAIN_MPI_HIER=0" ;;
     ring) echo "-x MESHTRAIN_MPI_HIER=0 --mca coll_libnbc_iallreduce_algorithm 1" ;;
+    auto) echo "" ;;
     *) echo "-x MESHTRAIN_MPI_HIER=1" ;;
   esac
 }
