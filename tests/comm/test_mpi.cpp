@@ -152,6 +152,16 @@ TEST(Mpi, HierarchicalAllReduceIsTheRankOrderFoldForEveryHostSplit) {
             0);
 }
 
+// The hierarchical all-reduce is the default where OpenMPI's MPI_Iallreduce crosses hosts with more bytes: every
+// rank count from 4 that is not a power of two (2 x 3, 3 x 2, 2 x 5, 3 x 4, ...), never 4, 8, 16 (where both send
+// about 2 (H - 1) S between hosts) nor fewer than 4 ranks (no host split then). A pure rule: no mpirun needed.
+TEST(HierAllReduceDefault, WhereOpenMpiCrossesHostsWithMoreBytes) {
+  for (int n = 1; n <= 64; ++n) {
+    const bool pow2 = (n & (n - 1)) == 0;
+    EXPECT_EQ(mpi::HierAllReduce::default_for(n), n >= 4 && !pow2) << n << " ranks";
+  }
+}
+
 // The hierarchical all-gather for every split into hosts of k contiguous ranks (made up on one machine): the
 // result is every rank's shard in rank order (element i of the full vector is the byte pattern of (i, its owner)),
 // for 4- and 2-byte elements, in and out of place, at sizes 0, 1, fewer elements than ranks, and uneven shards;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "core/error.h"
 
@@ -126,12 +127,22 @@ void all_to_all_blocks(Communicator& w, const Typed& ty, size_t k) {
 // Rank p sends cnt(p, q) elements to rank q: an uneven split with empty and one-element blocks (unit 0 makes
 // every block 0 or 1 elements). Blocks sit in reverse rank order with gaps (explicit offsets), or packed
 // (null offsets).
+template <typename Count>
+void all_to_all_v_counts(Communicator& w, const Typed& ty, Count&& cnt, bool packed, const std::string& what);
+
 void all_to_all_v_uneven(Communicator& w, const Typed& ty, size_t unit, int salt, bool packed) {
-  const int n = w.size(), r = w.rank();
   auto cnt = [&](int p, int q) {
     const size_t m = static_cast<size_t>((p * 5 + q * 3 + salt) % 4);  // 0..3
     return m == 0 ? size_t(0) : m == 1 ? size_t(1) : (m - 1) * unit + m;
   };
+  all_to_all_v_counts(w, ty, cnt, packed, str("unit=", unit, " salt=", salt));
+}
+
+// Rank p sends cnt(p, q) elements to rank q, laid out as all_to_all_v_uneven describes; every element that
+// arrives is checked against the closed form, and the gaps and the element past the end against the sentinel.
+template <typename Count>
+void all_to_all_v_counts(Communicator& w, const Typed& ty, Count&& cnt, bool packed, const std::string& what) {
+  const int n = w.size(), r = w.rank();
   const size_t gap = packed ? 0 : 3;
   std::vector<size_t> sc(n), so(n), rc(n), ro(n);
   size_t stot = 0, rtot = 0;
@@ -143,8 +154,7 @@ void all_to_all_v_uneven(Communicator& w, const Typed& ty, size_t unit, int salt
     ro[j] = rtot;
     rtot += rc[j] + gap;
   }
-  const std::string tag = str(dtype_name(ty.t), " n=", n, " unit=", unit, " salt=", salt, packed ? " packed" : "",
-                              " rank ", r);
+  const std::string tag = str(dtype_name(ty.t), " n=", n, " ", what, packed ? " packed" : "", " rank ", r);
   std::vector<char> send((stot + 1) * ty.e()), recv((rtot + 1) * ty.e());
   for (size_t i = 0; i <= stot; ++i) ty.set(send, i, kUntouched);
   for (size_t i = 0; i <= rtot; ++i) ty.set(recv, i, kUntouched);
@@ -227,6 +237,83 @@ TEST(ShmClosedFormCounts, AllToAllVCountsInOwnStep) {
     unsetenv("MESHTRAIN_SHM_SLOT_KB");
   }
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
+}
+
+// Sets an environment variable for one scope (the ranks are forked inside it and read it when their
+// communicators are made), then restores it.
+struct ScopedEnv {
+  std::string name, saved;
+  bool had;
+  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) saved = std::getenv(n);
+    setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) {
+      setenv(name.c_str(), saved.c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+};
+
+// all_to_all_v goes single copy when ANY rank's send buffer reaches the threshold (here 1 KB): ranks whose own
+// send buffers are below it (a few elements, or nothing at all) write no staged blocks then and must read and
+// be read by single copy too. Rank `big` sends 300 f32 (1200 B) to every rank, the others 0-3 elements; a
+// round where nobody reaches it stays staged. 2-4 ranks, offsets in reverse order with gaps, and packed.
+TEST(ShmClosedFormCounts, AllToAllVSingleCopyWhenOneRankReachesIt) {
+  ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "1");
+  for (int n : {2, 3, 4}) {
+    auto res = run_ranks(opts(n), [&](Communicator& w) {
+      for (int big = -1; big < w.size(); ++big) {
+        auto cnt = [&](int p, int q) { return p == big ? size_t(300) : size_t((p * 5 + q * 3 + big + 1) % 4); };
+        for (bool packed : {false, true}) all_to_all_v_counts(w, Typed{DType::f32}, cnt, packed, str("big=", big));
+      }
+      // Only one rank sends anything; the others have empty send buffers.
+      auto lone = [&](int p, int q) { return p == 1 ? size_t(400 + q) : size_t(0); };
+      all_to_all_v_counts(w, Typed{DType::f32}, lone, false, "lone sender");
+    });
+    EXPECT_EQ(res.exit_code, 0) << "n=" << n << ", rank " << res.failed_rank << ": " << res.failure;
+  }
+}
+
+// all_to_all with rank 0 in place and the others out of place (a rank in place vetoes single copy).
+void all_to_all_rank0_in_place(Communicator& w, const Typed& ty, size_t k) {
+  const int n = w.size(), r = w.rank();
+  std::vector<char> send(k * n * ty.e()), recv(k * n * ty.e());
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < k; ++i) ty.set(send, q * k + i, value_of(2, r, q, i));
+  }
+  std::vector<char>& out = r == 0 ? send : recv;
+  w.all_to_all(send.data(), out.data(), k, ty.t);
+  for (int p = 0; p < n; ++p) {
+    expect_elems(ty, out, p * k, k, [&](size_t i) { return value_of(2, p, r, i); },
+                 str("all_to_all, rank 0 in place, n=", n, " k=", k, " rank ", r, ", block from rank ", p));
+  }
+}
+
+// The middle sizes (here 1 KB up to the 16 MB single-copy threshold) go single copy when any rank's stores into
+// shared memory stream (the slow regime), staged otherwise; the ranks agree in the first step. Each rank's store
+// policy is fixed here: nobody streams, one rank does (each in turn), everybody does. Sizes below and above 1 KB;
+// all_gather out of place and in place, all_to_all out of place, with rank 0 in place (a veto), and all_to_all_v.
+TEST(ShmClosedFormCounts, MiddleSizesSingleCopyWhenAnyRankStreams) {
+  ScopedEnv slow("MESHTRAIN_SHM_CMA_SLOW_KB", "1");
+  ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "16384");
+  for (int n : {2, 3}) {
+    auto res = run_ranks(opts(n), [&](Communicator& w) {
+      for (int streamer = -1; streamer <= w.size(); ++streamer) {  // -1: nobody; size(): everybody
+        copy_in_policy() = CopyInPolicy::fixed(streamer == w.size() || w.rank() == streamer);
+        for (size_t k : {size_t(100), size_t(300), size_t(5000), size_t(140000)}) {
+          gather_and_broadcast(w, Typed{DType::f32}, k * size_t(w.size()) + 1);
+          all_to_all_blocks(w, Typed{DType::f32}, k);
+          all_to_all_rank0_in_place(w, Typed{DType::f32}, k);
+          auto cnt = [&](int p, int q) { return (k * size_t(p + 1) + size_t(q)) % (2 * k); };
+          all_to_all_v_counts(w, Typed{DType::f32}, cnt, false, str("k=", k, " streamer=", streamer));
+        }
+      }
+    });
+    EXPECT_EQ(res.exit_code, 0) << "n=" << n << ", rank " << res.failed_rank << ": " << res.failure;
+  }
 }
 
 }  // namespace

@@ -28,8 +28,10 @@
 // Measured (bench/results/multihost/, 2 x 2 ranks, 200 Mbit/s links, shared 2-core machine): about OpenMPI's
 // flat all-reduce time at 1-8 MB, not faster: at these sizes OpenMPI's flat all-reduce already sends about S each
 // way between the hosts (2 S in total, like this one; its recursive halving pairs neighbours first), so there are
-// no bytes to save on 2 x 2. Hence it stays opt-in (MESHTRAIN_MPI_HIER=1). The earlier version (all-to-all and
-// all-gather inside a host over TCP, 256 KB rendezvous segments, MPI_Ibcast back) took 1.4-1.9x flat's time.
+// no bytes to save on 2 x 2. Hence it is the default only where OpenMPI's crosses hosts with more bytes
+// (default_for: on 2 x 3, 4.69 S flat against 2.11 S, 1.4-2.0x faster at 1-8 MB) and opt-in elsewhere
+// (MESHTRAIN_MPI_HIER=1). The earlier version (all-to-all and all-gather inside a host over TCP, 256 KB rendezvous
+// segments, MPI_Ibcast back) took 1.4-1.9x flat's time.
 #pragma once
 
 #include <mpi.h>
@@ -58,6 +60,14 @@ class HierAllReduce {
   // same number >= 2 of ranks each, in contiguous rank ranges; otherwise nullptr. Collective over `comm`. Whether
   // a collective then goes through it is MpiCommunicator's choice (MESHTRAIN_MPI_HIER, mpi_comm.h).
   static std::unique_ptr<HierAllReduce> for_hosts_of(MPI_Comm comm);
+  // Whether, on a communicator of `ranks` ranks in hosts of the shape above, this all-reduce is the default
+  // (MESHTRAIN_MPI_HIER unset): when `ranks` is not a power of two. The MPI backend calls MPI_Iallreduce, which
+  // OpenMPI 4.1 runs with libnbc: a binomial tree (below 64 KB, in place, or under 4 ranks) or recursive halving
+  // and doubling. With a power of two of ranks in contiguous hosts both pair ranks inside a host first and cross
+  // between hosts about 2 (H - 1) S in all, as this one does (measured 2.09-2.10 S on 2 x 4 ranks and about S each
+  // way on 2 x 2, bench/results/multihost/); with any other count the tree's pairs and the halving's fold of
+  // the extra ranks cross hosts with whole or half vectors (bench/results/multihost/ for 2 x 3).
+  static bool default_for(int ranks) { return ranks >= 4 && (ranks & (ranks - 1)) != 0; }
 
   // in: N floats (may alias out exactly); out: N floats, the left fold described above. op: sum or max (avg is
   // a sum here). what(): the operation's description for a timeout message.

@@ -139,11 +139,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
   MPI_Group_translate_ranks(mine, size(), ranks.data(), world, world_of_.data());
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
-  // MESHTRAIN_MPI_HIER: unset = all-gather hierarchical, all-reduce OpenMPI's own (measured faster, see the
-  // header); 1 = both hierarchical; 0 = neither (and no host detection).
+  // MESHTRAIN_MPI_HIER: unset = all-gather hierarchical, all-reduce hierarchical where it sends fewer bytes
+  // between hosts than OpenMPI's own (HierAllReduce::default_for); 1 = both hierarchical; 0 = neither (and no
+  // host detection).
   const std::optional<bool> hier = env_flag("MESHTRAIN_MPI_HIER");
   if (hier != false) hosts_ = HierAllReduce::for_hosts_of(comm_);
-  hier_all_reduce_ = hosts_ && hier == true;
+  hier_all_reduce_ = hosts_ && (hier == true || (!hier && HierAllReduce::default_for(size())));
   hier_all_gather_ = hosts_ != nullptr;
 }
 

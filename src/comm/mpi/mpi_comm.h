@@ -12,8 +12,9 @@
 // On a group spread over several hosts with several ranks on each (MPI_Comm_split_type SHARED, equal contiguous
 // rank ranges per host), all-gather goes through hier_all_gather (across hosts once per shard, then inside each
 // host through shared memory; the minimum bytes between hosts, measured faster than OpenMPI's own at 2-8 MB on
-// bandwidth-limited links) and, with MESHTRAIN_MPI_HIER=1, all-reduce through HierAllReduce (a left fold in rank
-// order whatever the host split; about as fast as OpenMPI's own on 2 x 2, so opt-in). MESHTRAIN_MPI_HIER=0 keeps
+// bandwidth-limited links) and all-reduce through HierAllReduce (a left fold in rank order whatever the host split)
+// where OpenMPI's own crosses hosts with more bytes (group sizes that are not a power of two,
+// HierAllReduce::default_for; MESHTRAIN_MPI_HIER=1 takes it everywhere). MESHTRAIN_MPI_HIER=0 keeps
 // every collective on OpenMPI's algorithms (hier_allreduce.h, hier_allgather.h).
 #pragma once
 

@@ -38,6 +38,7 @@ struct alignas(64) RankCtrl {
   uint64_t slot_stride[kNumBuf];  // all_to_all_v: this rank's piece stride in slot b
   uint64_t cma_addr;   // single-copy broadcast: the root's buffer, in the root's address space
   int32_t cma_failed;  // single-copy broadcast: this rank's process_vm_readv failed (1) or not (0)
+  uint32_t cma_want[2];  // by seq parity: this rank wants single copy (1), vetoes it (2) or neither (0)
 };
 
 struct ChannelCtrl {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "comm/copy.h"
 #include "comm/deadline.h"
@@ -72,6 +73,10 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   L_.chan_bytes = h.chan_bytes;
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
+  cma_min_ = cma_gather_min_bytes();
+  cma_spin_ = SpinPolicy{0, spin_.spin_us + spin_.yield_us};
+  const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));
+  cma_mid_ = std::min(cma_min_, size_t(slow_kb) * 1024);
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
@@ -120,7 +125,7 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
 void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   Signal& s = L_.ctrl(peer).arrive;
   if (reached(s.value.load(std::memory_order_acquire), step)) return;
-  signal_wait(s, step, spin_, [&] {
+  signal_wait(s, step, cma_waits_ ? cma_spin_ : spin_, [&] {
     // A peer may arrive and then end between signal_wait's check and this poll: poll_failure reads its exit
     // mark first, then asks whether it arrived, before blaming it.
     poll_failure(peer, describe(c.a), c.until, c.a.timeout_s,
@@ -335,7 +340,12 @@ void ShmCommunicator::reduce_scatter(Ctx& c) {
 void ShmCommunicator::all_gather(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
-  if (cma_ && n > 1 && a.count * c.e >= cma_gather_min_bytes() && all_gather_cma(c)) return;
+  if (cma_ && n > 1 && a.count * c.e >= cma_min_) {
+    if (all_gather_cma(c, false)) return;
+  }
+  // The middle sizes (opt-in, see cma_mid_) ask every rank first: the flags ride with the first chunk.
+  const bool ask = cma_ && n > 1 && a.count * c.e >= cma_mid_ && a.count * c.e < cma_min_;
+  const bool wants = ask && copy_in_policy().streaming();
   const size_t C = L_.slot_bytes / c.e;
   const size_t T = std::max<size_t>(1, ceil_div(shard_of(a.count, n, 0).count, C));
   const Shard own = shard_of(a.count, n, r);
@@ -347,11 +357,18 @@ void ShmCommunicator::all_gather(Ctx& c) {
     int b = acquire_buf(c);
     size_t k = clamp_len(own.count, t * C, C);
     char* mine = claim_slot(b, k * c.e);
-    if (k) copy_in(mine, send + t * C * c.e, k * c.e);
+    if (ask && t == 0) publish_cma(c, wants);
+    if (k && !(wants && t == 0)) copy_in(mine, send + t * C * c.e, k * c.e);
     arrive();
     // My own shard goes straight from send to recv while the peers are still writing their slots.
     if (k && !in_place) copy_bytes(recv + (own.offset + t * C) * c.e, send + t * C * c.e, k * c.e, stream);
     await_peers(c);
+    if (ask && t == 0 && any_wants_cma(c)) {
+      release_buf(b);
+      if (!all_gather_cma(c, true)) all_gather(c);  // a failed copy turns single copy off on every rank
+      if (stream) stream_fence();
+      return;
+    }
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
       Shard s = shard_of(a.count, n, q);
@@ -400,6 +417,7 @@ bool cma_copy(int pid, char* local, uint64_t remote, size_t bytes, bool write) {
 }  // namespace
 
 bool ShmCommunicator::broadcast_cma(Ctx& c) {
+  CmaWaits yielding(this);
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const size_t bytes = a.count * c.e;
@@ -425,20 +443,42 @@ bool ShmCommunicator::broadcast_cma(Ctx& c) {
   return cma_;
 }
 
+// The middle sizes' question, asked before the first step of the staged path: this rank's flag (single copy
+// wanted, or vetoed because this rank runs in place) and its send buffer's address, by the collective's seq
+// parity (a peer may be one collective ahead and write its next flag while this one is read). After that step,
+// any_wants_cma gives every rank the same answer: some rank wants it and none vetoed.
+void ShmCommunicator::publish_cma(Ctx& c, bool wants, bool veto) {
+  RankCtrl& me = L_.ctrl(rank());
+  me.cma_addr = reinterpret_cast<uint64_t>(c.a.send);
+  me.cma_want[c.a.seq & 1] = veto ? 2 : wants ? 1 : 0;
+}
+
+bool ShmCommunicator::any_wants_cma(Ctx& c) const {
+  bool any = false;
+  for (int p = 0; p < size(); ++p) {
+    const uint32_t w = L_.ctrl(p).cma_want[c.a.seq & 1];
+    if (w == 2) return false;
+    any = any || w == 1;
+  }
+  return any;
+}
+
 // Single copy for all_gather: every rank publishes where its shard is (the send buffer, also in place) and
 // arrives; then each reads every peer's shard straight into its output with process_vm_readv and copies its
 // own; the second step keeps every shard valid until all have read it. Per rank: S/n own + (n-1)S/n through
 // the kernel, against S/n in + S/n own + (n-1)S/n out through the slots. Same agreement on falling back as
 // broadcast_cma.
-bool ShmCommunicator::all_gather_cma(Ctx& c) {
+bool ShmCommunicator::all_gather_cma(Ctx& c, bool published) {
+  CmaWaits yielding(this);
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const Shard own = shard_of(a.count, n, r);
   char* recv = static_cast<char*>(a.recv);
   RankCtrl& me = L_.ctrl(r);
-  me.cma_failed = 0;
-  me.cma_addr = reinterpret_cast<uint64_t>(a.send);
-  sync(c);
+  if (!published) {
+    me.cma_addr = reinterpret_cast<uint64_t>(a.send);
+    sync(c);
+  }
   bool ok = true;
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
@@ -458,16 +498,18 @@ bool ShmCommunicator::all_gather_cma(Ctx& c) {
 
 // Single copy for all_to_all out of place: rank r reads block r of every peer's send buffer into block q of
 // its output. (In place a peer overwrites its send buffer while the others read it: staged path.)
-bool ShmCommunicator::all_to_all_cma(Ctx& c) {
+bool ShmCommunicator::all_to_all_cma(Ctx& c, bool published) {
+  CmaWaits yielding(this);
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
   const size_t block = a.count * c.e;
   char* recv = static_cast<char*>(a.recv);
   const char* send = static_cast<const char*>(a.send);
   RankCtrl& me = L_.ctrl(r);
-  me.cma_failed = 0;
-  me.cma_addr = reinterpret_cast<uint64_t>(send);
-  sync(c);
+  if (!published) {
+    me.cma_addr = reinterpret_cast<uint64_t>(send);
+    sync(c);
+  }
   bool ok = true;
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;
@@ -505,8 +547,7 @@ void ShmCommunicator::broadcast(Ctx& c) {
 }
 
 size_t cma_gather_min_bytes() {
-  static const size_t v = size_t(env_int("MESHTRAIN_SHM_CMA_GATHER_KB", 0, 1L << 30).value_or(long(kCmaGatherMinBytes / 1024))) * 1024;
-  return v;
+  return size_t(env_int("MESHTRAIN_SHM_CMA_GATHER_KB", 0, 1L << 30).value_or(long(kCmaGatherMinBytes / 1024))) * 1024;
 }
 
 // A slot cut into n-1 pieces, one per other rank: piece_index(me, q) holds my block for rank q.
@@ -522,12 +563,17 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
   const bool in_place = a.send == a.recv;
-  if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_gather_min_bytes() && all_to_all_cma(c)) return;
+  if (cma_ && n > 1 && !in_place && K * n * c.e >= cma_min_ && all_to_all_cma(c, false)) return;
   const bool stream = K * n * c.e >= kStreamMinBytes;
+  // The middle sizes (opt-in, see cma_mid_) ask every rank first. A rank in place vetoes; a rank that wants single
+  // copy still writes its first chunk, so that a veto finds the staged data there.
+  const bool ask = cma_ && n > 1 && K * n * c.e >= cma_mid_ && K * n * c.e < cma_min_;
+  const bool wants = ask && !in_place && copy_in_policy().streaming();
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     size_t k = clamp_len(K, t * pc, pc);
     char* mine = claim_slot(b, size_t(std::max(n - 1, 1)) * pb);
+    if (ask && t == 0) publish_cma(c, wants, in_place);
     for (int q = 0; q < n && k; ++q) {
       if (q != r) copy_in(mine + piece_index(r, q) * pb, send + (q * K + t * pc) * c.e, k * c.e);
     }
@@ -535,6 +581,12 @@ void ShmCommunicator::all_to_all(Ctx& c) {
     // My own block goes straight from send to recv (in place it is already there) while peers catch up.
     if (k && !in_place) copy_bytes(recv + (r * K + t * pc) * c.e, send + (r * K + t * pc) * c.e, k * c.e, stream);
     await_peers(c);
+    if (ask && t == 0 && any_wants_cma(c)) {
+      release_buf(b);
+      if (!all_to_all_cma(c, true)) all_to_all(c);  // a failed copy turns single copy off on every rank
+      if (stream) stream_fence();
+      return;
+    }
     for (int p = 0; p < n && k; ++p) {
       if (p != r) copy_bytes(recv + (p * K + t * pc) * c.e, peer_slot(p, b) + piece_index(p, r) * pb, k * c.e, stream);
     }
@@ -543,35 +595,50 @@ void ShmCommunicator::all_to_all(Ctx& c) {
   if (stream) stream_fence();
 }
 
-// The counts travel with the first chunk: every rank writes its row (send counts, then recv counts) at the
-// head of its slot, so checking the matrix costs no extra step. Slots too small for the row and one cache
-// line per peer (tiny test slots, many ranks) exchange the counts in a step of their own first.
+// The counts travel with the first chunk: every rank writes its row (send counts, recv counts, send offsets,
+// a flag word and its send buffer's address) at the head of its slot, so checking the matrix costs no extra
+// step. Slots too small for the row and one cache line per peer (tiny test slots, many ranks) exchange the
+// rows in a step of their own first.
+// Single copy: a rank whose whole send buffer (all its counts) holds cma_gather_min_bytes or more raises
+// kWantsCma in its row and writes no blocks into its slot; after the first step every rank sees every row,
+// and if any rank raised it, all of them read their blocks straight from the peers' send buffers
+// (all_to_all_v_cma). With even counts this is all_to_all's rule (its send buffer against the same threshold).
 void ShmCommunicator::all_to_all_v(Ctx& c) {
   const CollArgs& a = c.a;
   const int n = size(), r = rank();
-  const size_t row_bytes = 2 * size_t(n) * sizeof(uint64_t);
+  const size_t W = 3 * size_t(n) + 2;  // row words: send counts, recv counts, send offsets, flags, address
+  const size_t row_bytes = W * sizeof(uint64_t);
   const size_t meta = (row_bytes + 63) / 64 * 64;
-  // With ordinary slots and up to kSlotPad / 16 ranks the row rides in the pad after the slot, so the
-  // blocks start at the slot's head and a block of a full slot still goes in one chunk (2 ranks, 1 MB:
-  // 60 -> 35 us, as all_to_all). Small slots (tests) keep it at the head.
+  // With ordinary slots and a row that fits in kSlotPad (up to 12 ranks) the row rides in the pad after the
+  // slot, so the blocks start at the slot's head and a block of a full slot still goes in one chunk (2 ranks,
+  // 1 MB: 60 -> 35 us, as all_to_all). Small slots (tests) keep it at the head.
   const bool pad_row = row_bytes <= kSlotPad && L_.slot_bytes >= 64 * 1024;
   const bool inline_counts = pad_row || L_.slot_bytes >= meta + size_t(std::max(n - 1, 1)) * 64;
   auto row_at = [&](int p, int b) { return pad_row ? L_.slot(p, b) + L_.slot_bytes : peer_slot(p, b); };
-  std::vector<uint64_t> row(2 * n), M(2 * size_t(n) * n);
+  std::vector<uint64_t> row(W), M(W * size_t(n));
+  std::vector<size_t> soff(n), roff(n);
+  size_t stot = 0, rtot = 0;
+  for (int j = 0; j < n; ++j) {
+    soff[j] = a.send_offsets ? a.send_offsets[j] : stot;
+    roff[j] = a.recv_offsets ? a.recv_offsets[j] : rtot;
+    stot += a.send_counts[j];
+    rtot += a.recv_counts[j];
+  }
+  const bool wants_cma =
+      cma_ && n > 1 && (stot * c.e >= cma_min_ || (stot * c.e >= cma_mid_ && copy_in_policy().streaming()));
   for (int j = 0; j < n; ++j) {
     row[j] = a.send_counts[j];
     row[n + j] = a.recv_counts[j];
+    row[2 * n + j] = soff[j];
   }
+  row[3 * n] = (wants_cma ? kWantsCma : 0) | (cma_ ? 0 : kNoCma);
+  // A rank that will read by single copy also yields at once in the first step (see cma_spin_): spinning there cost
+  // a whole spin per call (2 ranks, 32 KB - 1 MB: 311-401 us against 12-100 us for all_to_all).
+  std::optional<CmaWaits> yielding;
+  if (wants_cma) yielding.emplace(this);
+  row[3 * n + 1] = reinterpret_cast<uint64_t>(a.send);
   const size_t head = inline_counts && !pad_row ? meta : 0;
   if (!inline_counts) exchange(c, row.data(), row_bytes, M.data());
-  std::vector<size_t> soff(n), roff(n);
-  size_t s = 0, q = 0;
-  for (int j = 0; j < n; ++j) {
-    soff[j] = a.send_offsets ? a.send_offsets[j] : s;
-    roff[j] = a.recv_offsets ? a.recv_offsets[j] : q;
-    s += a.send_counts[j];
-    q += a.recv_counts[j];
-  }
   const size_t pc = piece_elems(L_.slot_bytes - head, std::max(n - 1, 1), c.e);
   // My piece stride: packed to my largest block when all of it fits in one chunk (then the slot rotates,
   // see claim_slot), else the full piece. Published per buffer in RankCtrl::slot_stride for the readers.
@@ -582,48 +649,64 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
   const size_t pb = most_sent <= pc ? (most_sent * c.e + 63) / 64 * 64 : pc * c.e;
   const char* send = static_cast<const char*>(a.send);
   char* recv = static_cast<char*>(a.recv);
-  // Every rank checks the whole matrix, so all of them throw together on a mismatch.
+  // Every rank checks the whole matrix, so all of them throw together on a mismatch, and all of them take the
+  // same path (single copy or staged) from the same flags.
+  struct Plan {
+    uint64_t most, total;
+    bool cma;
+  };
   auto check = [&] {
-    auto sends = [&](int p, int q) { return M[size_t(p) * 2 * n + q]; };
-    auto expects = [&](int q, int p) { return M[size_t(q) * 2 * n + n + p]; };
-    uint64_t most = 0, total = 0;
+    auto sends = [&](int p, int q) { return M[size_t(p) * W + q]; };
+    auto expects = [&](int q, int p) { return M[size_t(q) * W + n + p]; };
+    Plan plan{0, 0, false};
+    bool off = false;
     for (int p = 0; p < n; ++p) {
       for (int q = 0; q < n; ++q) {
         if (sends(p, q) != expects(q, p)) {
           throw CommError(str("mismatched ", describe(a), " on group '", name(), "': rank ", p, " sends ", sends(p, q),
                               " elements to rank ", q, " but rank ", q, " expects ", expects(q, p), " from rank ", p));
         }
-        if (p != q) most = std::max(most, sends(p, q));
-        total += sends(p, q);
+        if (p != q) plan.most = std::max(plan.most, sends(p, q));
+        plan.total += sends(p, q);
       }
+      const uint64_t flags = M[size_t(p) * W + 3 * n];
+      plan.cma = plan.cma || (flags & kWantsCma);
+      off = off || (flags & kNoCma);
     }
-    return std::make_pair(most, total);
+    // cma_ changes on every rank of a group together (a failed copy is seen by all), so no rank that wrote no
+    // blocks can meet one that cannot read them.
+    MT_ASSERT(!(plan.cma && off), "all_to_all_v on group '", name(), "': ranks disagree on single copy");
+    return plan;
   };
   size_t T = 1;  // known after the counts are: every rank computes the same number from the same matrix
   bool stream = false;
-  if (!inline_counts) {
-    auto [most, total] = check();
-    T = ceil_div(most, pc);
-    stream = total * c.e >= kStreamMinBytes * size_t(n);
-  }
   // My own block, straight from send to recv (before the matrix is checked only as much as both sides hold:
   // a mismatch throws right after, and the receive buffer is undefined after an error).
   // Streaming is only a store hint, so this rank decides it for its own block from what it receives (as
   // all_to_all streams its own block of a large message; 256 MB with cached stores ran at 0.95x OpenMPI).
-  size_t my_recv = 0;
-  for (int p = 0; p < n; ++p) my_recv += a.recv_counts[p];
-  const bool own_stream = my_recv * c.e >= kStreamMinBytes;
+  const bool own_stream = rtot * c.e >= kStreamMinBytes;
   auto copy_own = [&] {
     size_t k = std::min(a.send_counts[r], a.recv_counts[r]);
     if (k) copy_bytes(recv + roff[r] * c.e, send + soff[r] * c.e, k * c.e, own_stream);
   };
-  if (!inline_counts) copy_own();
+  // After a failed single copy cma_ is off on every rank, and the call runs again staged.
+  auto single_copy = [&] {
+    if (!all_to_all_v_cma(c, M.data(), W, roff.data())) all_to_all_v(c);
+    if (own_stream) stream_fence();
+  };
+  if (!inline_counts) {
+    const Plan plan = check();
+    copy_own();
+    if (plan.cma) return single_copy();
+    T = ceil_div(plan.most, pc);
+    stream = plan.total * c.e >= kStreamMinBytes * size_t(n);
+  }
   for (size_t t = 0; t < T; ++t) {
     int b = acquire_buf(c);
     char* mine = claim_slot(b, head + size_t(std::max(n - 1, 1)) * pb);
     L_.ctrl(r).slot_stride[b] = pb;
     if (inline_counts && t == 0) std::memcpy(row_at(r, b), row.data(), row_bytes);
-    for (int q = 0; q < n; ++q) {
+    for (int q = 0; q < n && !(t == 0 && wants_cma); ++q) {
       size_t k = clamp_len(a.send_counts[q], t * pc, pc);
       if (k && q != r) copy_in(mine + head + piece_index(r, q) * pb, send + (soff[q] + t * pc) * c.e, k * c.e);
     }
@@ -631,21 +714,50 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
     if (inline_counts && t == 0) copy_own();
     await_peers(c);
     if (inline_counts && t == 0) {
-      for (int p = 0; p < n; ++p) std::memcpy(&M[size_t(p) * 2 * n], row_at(p, b), row_bytes);
-      auto [most, total] = check();
-      T = std::max<size_t>(1, ceil_div(most, pc));
-      stream = total * c.e >= kStreamMinBytes * size_t(n);
+      for (int p = 0; p < n; ++p) std::memcpy(&M[size_t(p) * W], row_at(p, b), row_bytes);
+      const Plan plan = check();
+      if (plan.cma) {
+        release_buf(b);
+        return single_copy();
+      }
+      T = std::max<size_t>(1, ceil_div(plan.most, pc));
+      stream = plan.total * c.e >= kStreamMinBytes * size_t(n);
     }
     for (int p = 0; p < n; ++p) {
       size_t k = clamp_len(a.recv_counts[p], t * pc, pc);
       if (k && p != r) {
-        copy_bytes(recv + (roff[p] + t * pc) * c.e, peer_slot(p, b) + head + piece_index(p, r) * L_.ctrl(p).slot_stride[b],
-                   k * c.e, stream);
+        const char* from = peer_slot(p, b) + head + piece_index(p, r) * L_.ctrl(p).slot_stride[b];
+        copy_bytes(recv + (roff[p] + t * pc) * c.e, from, k * c.e, stream);
       }
     }
     release_buf(b);
   }
   if (stream || own_stream) stream_fence();
+}
+
+// Single copy for all_to_all_v, after the rows are known (M: n rows of W words, as all_to_all_v writes them):
+// rank r reads rank q's block for r from q's send buffer (q's address plus q's offset for r) into its
+// receive buffer; its own block is already copied. The step after the reads keeps every send buffer valid
+// until all have read. Same agreement on falling back as broadcast_cma.
+bool ShmCommunicator::all_to_all_v_cma(Ctx& c, const uint64_t* M, size_t W, const size_t* roff) {
+  CmaWaits yielding(this);
+  const CollArgs& a = c.a;
+  const int n = size(), r = rank();
+  char* recv = static_cast<char*>(a.recv);
+  bool ok = true;
+  for (int i = 1; i < n && ok; ++i) {
+    const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
+    const uint64_t* row = M + size_t(q) * W;
+    const size_t k = a.recv_counts[q];
+    if (k) ok = cma_copy(L_.ctrl(q).pid, recv + roff[q] * c.e, row[3 * n + 1] + row[2 * n + r] * c.e, k * c.e, false);
+  }
+  RankCtrl& me = L_.ctrl(r);
+  me.cma_failed = ok ? 0 : 1;
+  sync(c);
+  for (int p = 0; p < n; ++p) {
+    if (L_.ctrl(p).cma_failed) cma_ = false;
+  }
+  return cma_;
 }
 
 void ShmCommunicator::exchange(Ctx& c, const void* mine, size_t bytes, void* all) {

@@ -27,13 +27,16 @@
 //   all_to_all_v                  as all_to_all, each pair with its own length; every rank's count row
 //                                 rides at the head of its slot in the first chunk and is checked by all
 //                                 after that step (no extra step; slots too small for the row and a cache
-//                                 line per peer exchange it in a step of its own first).
+//                                 line per peer exchange it in a step of its own first). When some
+//                                 rank's send buffer reaches the single-copy threshold, all of them go
+//                                 single copy after that first step (all_to_all_v_cma: 2 steps per call).
 // Algo::automatic picks direct for messages up to kDirectMaxBytes, rs_ag above. all_gather and all_to_all out of
-// place of kCmaGatherMinBytes and more go by single copy (below).
+// place of kCmaGatherMinBytes and more go by single copy (below), and all_to_all_v when any rank sends that much.
 //
-// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather and
-// all_to_all out of place from kCmaGatherMinBytes (each rank reads its peers' shards or blocks straight from their
-// send buffers: 2 steps per call, one copy per byte; all_gather_cma, all_to_all_cma), and for broadcasts
+// Single copy (process_vm_readv/writev, "CMA", which OpenMPI's vader uses above 4 KB) is used for all_gather,
+// all_to_all out of place and all_to_all_v (never in place) from kCmaGatherMinBytes (each rank reads its peers'
+// shards or blocks straight from their send buffers: 2 steps per call, one copy per byte; all_gather_cma,
+// all_to_all_cma, all_to_all_v_cma after its first step), and for broadcasts
 // of kCmaBroadcastMinBytes and more: the others read the head of the root's buffer while the root writes the
 // tail into theirs (broadcast_cma). A CMA copy pins the remote pages and copies in the kernel: on the AMD EPYC
 // KVM host of this work, 1 thread, 11-13 GB/s from 64 KB to 8 MB and 6.8 GB/s at 32 MB, against 40-55 and
@@ -70,7 +73,13 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 // faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
 // overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
 constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
-size_t cma_gather_min_bytes();
+size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
+// Opt-in (MESHTRAIN_SHM_CMA_SLOW_KB=K): from K KB up to the single-copy threshold, all_gather, all_to_all (out of
+// place) and all_to_all_v go single copy when some rank's stores into shared memory are streaming (the host's slow
+// regime, see CopyInPolicy in comm/copy.h), where the staged path puts every byte through DRAM twice. The ranks
+// ask each other in the first step of the staged path (RankCtrl::cma_want), so all take the same path. Off by
+// default: on this work's loaded KVM host (load 8-24 on 2 cores) it won one A/B at 1-8 MB (3 pairs) and lost the
+// next two (3 and 4 pairs): process_vm_readv calls then cost a floor of ~600 us at 32 KB-2 MB, cause not found.
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
 // One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
 // 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
@@ -131,8 +140,14 @@ class ShmCommunicator : public Communicator {
   // Single copy: peers read the root's buffer with process_vm_readv. Returns false (on every rank alike)
   // when some rank could not, and the staged broadcast must run instead.
   bool broadcast_cma(Ctx& c);
-  bool all_gather_cma(Ctx& c);
-  bool all_to_all_cma(Ctx& c);
+  // published: this rank's address is out and the step after it passed (publish_cma on the staged path).
+  bool all_gather_cma(Ctx& c, bool published);
+  bool all_to_all_cma(Ctx& c, bool published);
+  void publish_cma(Ctx& c, bool wants, bool veto = false);
+  bool any_wants_cma(Ctx& c) const;
+  bool all_to_all_v_cma(Ctx& c, const uint64_t* M, size_t W, const size_t* roff);
+  // all_to_all_v's row flags: this rank's send buffer reaches the single-copy threshold; single copy is off here.
+  static constexpr uint64_t kWantsCma = 1, kNoCma = 2;
   void all_to_all(Ctx& c);
   void all_to_all_v(Ctx& c);
   void barrier(Ctx& c);
@@ -148,6 +163,20 @@ class ShmCommunicator : public Communicator {
   uint32_t release_[kNumBuf] = {};
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
+  // Inside the single-copy collectives a waiting rank yields its core at once instead of spinning first: a peer's
+  // process_vm_readv/writev of this rank's memory made no progress while this rank spun on this work's 2-vCPU KVM
+  // host (cause in the kernel not found), so every wait there cost the whole spin (all_gather 32 KB: 612 us with
+  // 300 us of spin, 12 us without; 4 MB: 1506 us against 394 us).
+  SpinPolicy cma_spin_{0, 2300};
+  bool cma_waits_ = false;
+  struct CmaWaits {
+    ShmCommunicator* self;
+    bool before;
+    explicit CmaWaits(ShmCommunicator* s) : self(s), before(s->cma_waits_) { self->cma_waits_ = true; }
+    ~CmaWaits() { self->cma_waits_ = before; }
+  };
+  size_t cma_min_ = kCmaGatherMinBytes;  // cma_gather_min_bytes(), read when the communicator is made
+  size_t cma_mid_ = kCmaGatherMinBytes;  // MESHTRAIN_SHM_CMA_SLOW_KB, at most cma_min_; = cma_min_: off
   std::unique_ptr<P2P> p2p_;
 };
 
