@@ -185,7 +185,7 @@ TEST(UnicodeClass, Utf8WellFormedRangeEdges) {
     const std::string s = c.bytes;
     uint32_t cp = 0;
     EXPECT_EQ(decode_utf8(reinterpret_cast<const unsigned char*>(s.data()), s.size(), &cp), c.len) << c.cp;
-    if (c.len) EXPECT_EQ(cp, c.cp);
+    if (c.len) { EXPECT_EQ(cp, c.cp); }
   }
   uint32_t cp = 0;  // a sequence cut short by the end of the text
   EXPECT_EQ(decode_utf8(reinterpret_cast<const unsigned char*>("\xE4\xB8\xAD"), 2, &cp), 0u);

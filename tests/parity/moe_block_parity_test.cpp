@@ -105,8 +105,8 @@ void run_case(const Case& c) {
   nlohmann::json res = {{"aux_sum", r.aux_sum}, {"z_sum", r.z_sum}, {"choices", r.choices}, {"dropped", r.dropped}};
   std::ofstream(dir / "result.json") << res.dump(1);
   // The case must exercise what it is named for.
-  if (c.F > 0) EXPECT_GT(r.dropped, 0) << "expected drops";
-  if (c.F == 0) EXPECT_EQ(r.dropped, 0);
+  if (c.F > 0) { EXPECT_GT(r.dropped, 0) << "expected drops"; }
+  if (c.F == 0) { EXPECT_EQ(r.dropped, 0); }
   const std::string cmd = std::string("/usr/bin/python3 ") + MESHTRAIN_SOURCE_DIR + "/tests/parity/moe_block_check.py " +
                           dir.string() + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");

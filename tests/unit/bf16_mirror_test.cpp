@@ -50,13 +50,13 @@ class MirrorCheck : public mt::nn::ParamHooks {
   void check(int g) {
     for (const mt::nn::Param& p : params_.params()) {
       if (p.group != g) continue;
-      if (p.read_f32) EXPECT_NE(p.data, nullptr) << p.name;
-      if (!p.products) EXPECT_EQ(p.data16, nullptr) << p.name;
-      if (!mirror_) EXPECT_EQ(p.data16, nullptr) << p.name;
+      if (p.read_f32) { EXPECT_NE(p.data, nullptr) << p.name; }
+      if (!p.products) { EXPECT_EQ(p.data16, nullptr) << p.name; }
+      if (!mirror_) { EXPECT_EQ(p.data16, nullptr) << p.name; }
       if (!p.products || p.read_f32 || !mirror_) continue;
       product_only++;
       EXPECT_NE(p.data16, nullptr) << p.name;
-      if (zero_ == 3) EXPECT_EQ(p.data, nullptr) << p.name;
+      if (zero_ == 3) { EXPECT_EQ(p.data, nullptr) << p.name; }
     }
   }
   mt::parallel::DataParallel& dp_;
@@ -100,7 +100,7 @@ Trajectory train(const mt::model::GptConfig& cfg, int zero, bool mirror, int ste
     dp.update(opt, 3e-2f, s);
   }
   dp.full_params(t.params);
-  if (mirror) EXPECT_GT(hooks.product_only, 0);
+  if (mirror) { EXPECT_GT(hooks.product_only, 0); }
   return t;
 }
 

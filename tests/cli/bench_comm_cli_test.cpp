@@ -80,8 +80,8 @@ TEST(BenchCommCli, StoresGiveOneCheckedRowPerMode) {
     EXPECT_EQ(rows[i][0], i < 3 ? "65536" : "131072") << out;
     EXPECT_EQ(rows[i][7], "ok") << out;
     EXPECT_EQ(rows[i][12], want[i % 3]) << out;
-    if (i % 3 == 0) EXPECT_EQ(rows[i][13], "100") << out;
-    if (i % 3 == 1) EXPECT_EQ(rows[i][13], "0") << out;
+    if (i % 3 == 0) { EXPECT_EQ(rows[i][13], "100") << out; }
+    if (i % 3 == 1) { EXPECT_EQ(rows[i][13], "0") << out; }
   }
 }
 
