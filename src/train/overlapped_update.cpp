@@ -17,19 +17,18 @@ OverlappedDelayOne::OverlappedDelayOne(double deadline_s, int threads, bool hold
   thread_ = std::thread([this] { worker(); });
 }
 
-OverlappedDelayOne::~OverlappedDelayOne() {
+OverlappedDelayOne::~OverlappedDelayOne() { stop(); }
+
+void OverlappedDelayOne::stop() {
+  if (!thread_.joinable()) return;
   {
     std::unique_lock<std::mutex> lk(mu_);
     quit_ = true;
-    cv_.notify_all();
-  }
-  // A worker past its deadline (the run is failing with that error) gets one more deadline to end, then is left
-  // behind rather than waited for without end.
-  if (abandoned_) {
-    std::unique_lock<std::mutex> lk(mu_);
     released_ = true;
     cv_.notify_all();
-    if (!cv_.wait_for(lk, std::chrono::duration<double>(deadline_s_), [&] { return done_; })) {
+    // A worker past its deadline (the run is failing with that error) gets one more deadline to end, then is
+    // left behind rather than waited for without end.
+    if (abandoned_ && !cv_.wait_for(lk, std::chrono::duration<double>(deadline_s_), [&] { return done_; })) {
       lk.unlock();
       thread_.detach();
       return;

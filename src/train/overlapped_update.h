@@ -64,6 +64,7 @@ class OverlappedDelayOne : public parallel::ParamVersions {
                     DeferredUpdate u) override;
   void before_clip() override;
   void settle() override;
+  void stop() override;
 
   // Counters (for the summary and the tests): updates handed over, and how many of them were still running
   // when the next step's forward began (measured by the worker's state at before_forward, not by time).

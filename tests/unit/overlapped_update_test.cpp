@@ -114,4 +114,29 @@ TEST(OverlappedUpdate, AMissedDeadlineIsAnError) {
   p.set_value();  // the worker ends; the destructor joins it
 }
 
+TEST(OverlappedUpdate, StopLetsTheUpdateInFlightFinish) {
+  // As when an error unwinds a step with an update in flight: stop() returns only once the update is over, so
+  // the optimizer it uses may be destroyed next.
+  std::vector<float> a{1, 2, 3, 4};
+  OverlappedDelayOne over(30.0, 1);
+  over.bind(a.data(), a.size());
+  over.before_forward();
+  std::promise<void> started;
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  bool finished = false;
+  std::vector<float> g(4, 0.0f);
+  over.defer_update(g.data(), {{0, 4}}, Deferred{[&](float*, const float*) {
+                      started.set_value();
+                      go_f.wait_for(std::chrono::seconds(20));
+                      finished = true;
+                    },
+                                                 nullptr});
+  started.get_future().wait();
+  std::thread releaser([&] { go.set_value(); });
+  over.stop();
+  EXPECT_TRUE(finished) << "stop() returned with the update still running";
+  releaser.join();
+}
+
 }  // namespace

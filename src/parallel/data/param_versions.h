@@ -52,6 +52,9 @@ class ParamVersions {
                             DeferredUpdate /*u*/) {}
   virtual void before_clip() {}
   virtual void settle() {}
+  // Before the optimizer handed over is destroyed (the run's end, or an error unwinding mid-step): ends the
+  // part's thread, letting an update in flight finish first (no collective); the part is not used after.
+  virtual void stop() {}
 };
 
 }  // namespace mt::parallel
