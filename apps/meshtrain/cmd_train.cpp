@@ -265,6 +265,10 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
               "its own norm and applied to W(t): W(t+1) = opt(W(t), g_t); the row of step t reports that "
               "evaluation's loss and norm. Keeps a second copy of the weights; any exact layout (dp, ZeRO 0-3, "
               "tp, pp) gives the same run; not with --async or --local-sgd");
+  s->add_flag("--overlap-update", c.overlap_update,
+              "with --delayed-update: step t's optimizer update (with --offload optimizer, its state's reads and "
+              "writes) runs on a thread of its own while step t+1's forward and backward run; the same bits as "
+              "without it. One process or dp with ZeRO 0/1, --optimizer adamw or sgd");
   s->add_option_function<std::string>(
       "--straggler", [&c](const std::string& v) { c.straggler = train::Straggler::parse(v); },
                 "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "

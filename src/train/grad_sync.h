@@ -147,7 +147,7 @@ class GradSync {
                    const StepTail& tail, optim::Optimizer& opt);
   void set_outcome_sink(OutcomeSink sink) { sink_ = std::move(sink); }
   // Before evaluation, a checkpoint or the end after step s: the parameters after step s are here.
-  virtual void settle(int64_t s) {}
+  virtual void settle(int64_t s) { engine_.settle_versions(); }  // an update on its own thread ends here
   // After the last step: every message sent is taken.
   virtual void end_run() {}
   // Collective where the method measures something across ranks; steps: the steps this rank ran.

@@ -93,6 +93,10 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 
 }  // namespace
 
+Run::~Run() {
+  if (store && store->versions()) store->versions()->stop();
+}
+
 Run::Run(const TrainConfig& c, comm::Communicator* world)
     : cfg(c),
       mesh(world, grid_of(c, world)),

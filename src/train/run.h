@@ -50,6 +50,7 @@ struct StepClock {
 
 struct Run {
   Run(const TrainConfig& cfg, comm::Communicator* world);
+  ~Run();  // stops the store's update thread (if any) before the optimizer it uses goes
   const TrainConfig& cfg;
   parallel::Mesh mesh;
   BatchLayout layout;

@@ -528,6 +528,30 @@ const RefusedCombination kRefused[] = {
      "the exchange reads the frozen variance and AdamW's momentum from the optimizer's state in memory, which "
      "neither the tiled update that streams state from --offload-dir nor the delay-1 rule has been built or "
      "checked with; choose one"},
+    {[](const TrainConfig& c) { return c.overlap_update && !c.delayed_update; },
+     [](const TrainConfig&) { return std::string("--overlap-update without --delayed-update"); },
+     "--overlap-update runs the delayed parameter update on a thread of its own; the exact update is needed "
+     "before the next step's forward and has nothing to overlap: add --delayed-update"},
+    {[](const TrainConfig& c) { return c.overlap_update && (c.zero >= 2 || c.tp > 1 || c.pp > 1 || c.moe.ep > 1); },
+     [](const TrainConfig& c) {
+       return "--overlap-update with " + (c.zero >= 2 ? str("--zero ", c.zero)
+                                          : c.tp > 1  ? str("--tp ", c.tp)
+                                          : c.pp > 1  ? str("--pp ", c.pp)
+                                                      : str("--ep ", c.moe.ep));
+     },
+     "the update on its own thread is built for one process and data parallelism with ZeRO 0 or 1 (the "
+     "optimizer alone on the thread, every collective on the main one); ZeRO 2/3's sharded gradients and "
+     "gathers, tp, pp and experts are not built: drop --overlap-update (the serial --delayed-update runs there)"},
+    {[](const TrainConfig& c) { return c.overlap_update && (whole_tensor_optimizer(c) || onebit(c)); },
+     [](const TrainConfig& c) { return "--overlap-update with " + optimizer_flag(c); },
+     "the update on its own thread runs an elementwise optimizer (adamw, sgd); this one's statistics phase "
+     "or compressed momentum needs collectives inside the update, which stay on the main thread"},
+    {[](const TrainConfig& c) { return c.overlap_update && (c.offload.activations || shards_offloaded(c)); },
+     [](const TrainConfig& c) {
+       return "--overlap-update with " + (c.offload.activations ? std::string("--offload-activations") : shards_flag(c));
+     },
+     "only the optimizer state's file is read and written by the update's thread; the activation and shard "
+     "files are not built or checked with it: use --offload optimizer"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -191,6 +191,7 @@ struct TrainConfig {
   int consensus_every = 10;          // decentralized: consensus distance every K steps (0: never)
   AsyncMode async = AsyncMode::off;  // asynchronous data parallelism (changes the math unless staleness 0)
   bool delayed_update = false;       // the delay-1 rule (changes the math; train/weight_versions.h)
+  bool overlap_update = false;       // ... with the update on its own thread (train/overlapped_update.h)
   bool vertical_sync = false;        // --schedule pipedream: one weight version per micro-batch on every stage
   double pipemare_correction = -1;   // --schedule pipemare: GAMMA in [0, 1) turns on the discrepancy correction
   int64_t pipemare_lr_anneal = 0;    // --schedule pipemare: K > 0 rescales stage j's lr by (p-j)^-(1-min(n/K,1))

@@ -22,6 +22,7 @@
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
+#include "train/overlapped_update.h"
 #include "train/weight_stash.h"
 #include "train/weight_versions.h"
 
@@ -92,6 +93,8 @@ TrainSummary finish_run(Run& r) {
   }
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   sections["offload"] = r.offload.report();  // the lead rank's tier (null without one)
+  if (const auto* o = dynamic_cast<const OverlappedDelayOne*>(r.store->versions()))  // the lead rank's counts
+    sections["overlap_update"] = {{"deferred", o->deferred()}, {"overlapped", o->overlapped()}, {"waited_s", o->waited_s()}};
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }

@@ -1,11 +1,15 @@
 #include "train/weight_versions.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
+#include "tensor/blas.h"
 #include "parallel/pipeline/schedule_generator.h"
 #include "train/train_config.h"
+#include "train/overlapped_update.h"
 #include "train/pipemare.h"
 #include "train/weight_stash.h"
 
@@ -49,6 +53,11 @@ std::unique_ptr<parallel::ParamVersions> make_weight_versions(const TrainConfig&
                                          cfg.vertical_sync ? vertical_sync_versions(*schedule, m) : std::vector<int>{});
   }
   if (!delay_one(cfg)) return nullptr;
+  if (cfg.overlap_update) {
+    const char* hold = std::getenv("MESHTRAIN_OVERLAP_HOLD");  // tests: overlapped_update.h
+    return std::make_unique<OverlappedDelayOne>(cfg.comm_timeout > 0 ? cfg.comm_timeout : 300, num_threads(),
+                                                hold && std::string(hold) == "1");
+  }
   return std::make_unique<DelayOneVersions>();
 }
 

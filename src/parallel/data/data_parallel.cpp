@@ -67,6 +67,7 @@ void DataParallel::reduce_held() {
 void DataParallel::reduce_all() { stage_->reduce_all(); }
 
 std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged) {
+  if (versions_) versions_->before_clip();  // an update in flight ends before the step's clipping scale is set
   double total = 0, part = 0;
   // Each element counted once over the dp group: a sharded stage's owned slices tile every tensor over its
   // bucket's group; replicated gradients with experts present count on rank 0 of their group (dp, or the
@@ -110,6 +111,20 @@ void DataParallel::scale_grads(float factor) {
 }
 
 void DataParallel::update(optim::Optimizer& opt, float lr, int64_t step) {
+  if (versions_ && versions_->defers_update()) {
+    // The part runs the optimizer on its own thread (train/overlapped_update.h); the collectives that finish
+    // the update (ZeRO 1's all-gather) stay on this thread, called back by the part.
+    MT_ASSERT(opt.stat_rounds() == 0, "a deferred update with a statistics phase (its collectives)");
+    std::vector<std::pair<size_t, size_t>> owned;
+    const float* g0 = stage_->grad_base();
+    stage_->for_each_owned_grad([&](float* g, size_t n) { owned.emplace_back((size_t)(g - g0), n); });
+    const std::vector<optim::Segment>* segs = &stage_->segments();
+    ParamVersions::DeferredUpdate u;
+    u.run = [&opt, segs, lr, step](float* p, const float* g) { opt.step(p, g, *segs, lr, step); };
+    if (stage_->sharded()) u.complete = [this](float* p) { stage_->gather_updated(p); };
+    versions_->defer_update(g0, owned, std::move(u));
+    return;
+  }
   if (versions_) {
     trace::TraceScope ts(b_.trace, "weight versions: the updated version in", "compute");
     stage_->release_params();

@@ -63,6 +63,11 @@ class DataParallel : public nn::ParamHooks {
   // begin_step (before the first forward) and update (before the optimizer). Set once, after initialize().
   void set_versions(std::unique_ptr<ParamVersions> v);
   ParamVersions* versions() const { return versions_.get(); }
+  // Between steps, before the parameters are read (evaluation, checkpoints): a part that runs the update on
+  // a thread of its own finishes it (param_versions.h).
+  void settle_versions() {
+    if (versions_) versions_->settle();
+  }
   // Per-micro-batch updates (pipedream, pipemare): the next micro-batch's gradients start fresh, as at a
   // step's begin (ZeRO 0 and 1).
   void restart_grads() { stage_->begin_step(); }

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
 
 namespace mt::parallel {
 
@@ -31,6 +34,27 @@ class ParamVersions {
   virtual void before_micro_forward(int /*i*/) {}
   virtual void before_micro_backward(int /*i*/) {}
   virtual void after_update() {}
+
+  // A part that runs the update on a thread of its own (train/overlapped_update.h) takes it over instead of
+  // the store running it: defer_update(grads, owned, u) at the step's update, on the main thread, with the
+  // step's reduced gradient buffer (the registry's layout), the ranges of it this rank's update reads
+  // (offset, count) and the update in two halves: run(params, grads) (the optimizer, no collective) on the
+  // part's thread, complete(params) (the collectives that finish params: ZeRO 1's all-gather) back on the
+  // main thread. The store calls before_clip() before it computes the step's norm (the optimizer's pending
+  // clipping scale is set next, so the update in flight must be over) and settle() before anything reads the
+  // parameters between steps (evaluation, checkpoints, the end of the run).
+  struct DeferredUpdate {
+    std::function<void(float* params, const float* grads)> run;
+    std::function<void(float* params)> complete;
+  };
+  virtual bool defers_update() const { return false; }
+  virtual void defer_update(const float* /*grads*/, const std::vector<std::pair<size_t, size_t>>& /*owned*/,
+                            DeferredUpdate /*u*/) {}
+  virtual void before_clip() {}
+  virtual void settle() {}
+  // Before the optimizer handed over is destroyed (the run's end, or an error unwinding mid-step): ends the
+  // part's thread, letting an update in flight finish first (no collective); the part is not used after.
+  virtual void stop() {}
 };
 
 }  // namespace mt::parallel

@@ -52,13 +52,13 @@ void ZeroStage::gather_shards(const float* shard, float* full) {
   }
 }
 
-void ZeroStage::all_gather_params() {
+void ZeroStage::all_gather_params(float* params) {
   // Every rank updated its slice of each bucket; gather the slices back into the full parameters.
   std::vector<comm::Request> reqs;
   const double t0 = trace::ChromeTrace::now_us();
   for (Bucket* b : b_.buckets) {
     if (b->alone()) continue;
-    float* base = b_.params.data() + b->begin;
+    float* base = (params ? params : b_.params.data()) + b->begin;
     reqs.push_back(b->comm->iall_gather(base + b->so, base, b->count, comm::DType::f32));
   }
   if (reqs.empty()) return;

@@ -51,6 +51,9 @@ class ZeroStage {
   // Finalizes the registry with what this stage keeps, cuts the buckets, sizes the shard buffers.
   virtual void allocate() = 0;
   const std::vector<optim::Segment>& segments() const { return segments_; }
+  // ZeRO 1: the all-gather that ends an update made in another copy of the parameters (params, the registry's
+  // layout; train/overlapped_update.h).
+  void gather_updated(float* params) { all_gather_params(params); }
   virtual size_t state_size() const { return shard_total_; }
   // fill(p) writes p's full tensor into p.data; this rank keeps its part.
   virtual void initialize(const std::function<void(nn::Param&)>& fill);
@@ -111,7 +114,7 @@ class ZeroStage {
  protected:
   void gather_shards(const float* shard, float* full);  // all-gather of each bucket's shards (copy alone)
   void take_bucket_shards(const float* full, float* shard);  // this rank's slice of each bucket, packed
-  void all_gather_params();                               // stages 1, 2: after the update
+  void all_gather_params(float* base = nullptr);          // stages 1, 2: after the update (base: the registry's)
   BucketSet& b_;
   std::vector<optim::Segment> segments_;
   size_t shard_total_ = 0;
