@@ -22,7 +22,7 @@ stage_done "ctest"
 # kernels, layers, models, optimizers, readers and collectives). Any report stops the test that made it.
 SAN="$BUILD-openblas-asan"
 cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_BLAS=openblas -DMESHTRAIN_SANITIZE="address,undefined" \
-  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF \
+  -DMESHTRAIN_PYTHON=OFF \
   > "$SAN.cmake.log" 2>&1 || { cat "$SAN.cmake.log"; exit 1; }
 cmake --build "$SAN" -j "$(nproc)" --target test_unit test_io test_comm
 stage_done "ASan + UBSan build"
@@ -38,8 +38,7 @@ stage_done "ASan + UBSan tests"
 # which compiles only the communication library (src/comm, src/core) and tests/comm. MESHTRAIN_TSAN=0 skips it.
 if [ "${MESHTRAIN_TSAN:-1}" = 1 ]; then
   TSAN="$BUILD-tsan"
-  cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread \
-    -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -march=native -fno-math-errno" -DMESHTRAIN_PYTHON=OFF -DMESHTRAIN_BENCH=OFF \
+  cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread -DMESHTRAIN_PYTHON=OFF -DMESHTRAIN_BENCH=OFF \
     > "$TSAN.cmake.log" 2>&1 || { cat "$TSAN.cmake.log"; exit 1; }
   cmake --build "$TSAN" -j "$(nproc)" --target test_comm
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$TSAN/tests/test_comm" --gtest_brief=1 --gtest_filter="-Mpi.*"
