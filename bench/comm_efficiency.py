@@ -102,6 +102,8 @@ GOALS = {
     "topk:0.001 dgc freeze dense-vectors": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze dense-vectors warm-up 10%": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze dense-vectors warm-up 20%": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze warm-up 10% global": dict(bytes_after=30, gap=3),
     # issue 27: the decentralized methods at dp=4 (bytes per rank reported, no bytes goal)
     "gossip ring": dict(gap=3),
     "gossip exp": dict(gap=3),
@@ -168,6 +170,13 @@ def method_list(model, warm):
         m.append(("topk:0.001 dgc freeze dense-vectors warm-up 20%", ["--compress", "topk:0.001", "--dgc",
                   "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(2 * warm)], 2,
                   "#393b79", "2,3"))
+        # one top-k over the whole model's matrices (one threshold) instead of one per tensor
+        m.append(("topk:0.001 dgc freeze dense-vectors warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                  "--dgc-global-topk"], 2, "#843c39", "6,4"))
+        m.append(("topk:0.001 dgc freeze warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-warmup-steps", str(warm), "--dgc-global-topk"], 2, "#ad494a",
+                  None))
         m.append(("topk:0.01 dgc freeze", ["--compress", "topk:0.01", "--dgc", "--freeze-step", str(warm)], 2,
                   "#6b6ecf", None))
     after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm,
@@ -175,7 +184,9 @@ def method_list(model, warm):
              "topk:0.001 dgc freeze 20%": 2 * warm, "topk:0.01 dgc freeze": warm,
              "topk:0.001 dgc freeze warm-up 10%": 2 * warm, "topk:0.001 dgc freeze dense-vectors": warm,
              "topk:0.001 dgc freeze dense-vectors warm-up 10%": 2 * warm,
-             "topk:0.001 dgc freeze dense-vectors warm-up 20%": 3 * warm}  # steps before the method's compressed regime
+             "topk:0.001 dgc freeze dense-vectors warm-up 20%": 3 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global": 2 * warm,
+             "topk:0.001 dgc freeze warm-up 10% global": 2 * warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)

@@ -195,6 +195,9 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--dgc-dense-vectors", c.dgc_dense_vectors,
               "--dgc --freeze-step K: tensors of fewer than 2 dims (biases, LayerNorm) are sent whole every step "
               "(Adam with the variance frozen for them), the others as top-k");
+  s->add_flag("--dgc-global-topk", c.dgc_global_topk,
+              "--dgc --freeze-step K: one top-k over all tensors not sent whole (one threshold on the model's "
+              "preconditioned accumulated update) instead of one per tensor");
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

@@ -19,14 +19,15 @@ class DgcAdamSync : public GradSync, public ExchangeState {
   DgcAdamSync(const parallel::Mesh& m, parallel::DataParallel& store, nn::ParamRegistry& p, const SyncOptions& o,
               trace::ChromeTrace* t)
       : GradSync(m, store, p, t), K_(o.freeze_step), W_(o.dgc.warmup), spec_(o.compress), masking_(o.dgc_masking),
-        dense_(o.dgc_dense_vectors), exchange_(p, m.dp(), o.compress, o.dgc_masking, o.dgc_dense_vectors) {
+        dense_(o.dgc_dense_vectors), global_(o.dgc_global_topk),
+        exchange_(p, m.dp(), o.compress, o.dgc_masking, o.dgc_dense_vectors, o.dgc_global_topk) {
     MT_CHECK_INPUT(K_ >= 1, "--dgc --freeze-step K needs K >= 1, got ", K_);
   }
   std::vector<std::vector<float>*> state_buffers() override { return exchange_.state_buffers(); }
   std::string state_method() const override {
     return "--compress " + spec_.str() + " --dgc --freeze-step " + std::to_string(K_) +
            (masking_ ? "" : " --dgc-no-masking") + (W_ > 0 ? " --dgc-warmup-steps " + std::to_string(W_) : "") +
-           (dense_ ? " --dgc-dense-vectors" : "");
+           (dense_ ? " --dgc-dense-vectors" : "") + (global_ ? " --dgc-global-topk" : "");
   }
   void reduce(int64_t s) override {
     engine_.finish_backward();
@@ -66,6 +67,7 @@ class DgcAdamSync : public GradSync, public ExchangeState {
   compress::CompressSpec spec_;
   bool masking_;
   bool dense_;
+  bool global_;
   bool compressed_ = false;
   compress::DgcAdamExchange exchange_;
   std::vector<float> precond_;

@@ -78,6 +78,7 @@ struct SyncOptions {
   compress::DgcOptions dgc;
   bool dgc_masking = true;      // dgc_adam: DGC's momentum factor masking
   bool dgc_dense_vectors = false;  // dgc_adam: tensors of < 2 dims sent whole
+  bool dgc_global_topk = false;    // dgc_adam: one top-k over the tensors not sent whole
   uint64_t seed = 0;
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first

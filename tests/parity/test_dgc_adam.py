@@ -22,8 +22,12 @@ With --dgc-warmup-steps W the kept fraction of step s >= K is DGC's sparsity war
 d = max(R, 0.25^(floor(4 (s-K) / W) + 1)) for s - K < W, else R (here W = 4: 0.25, 0.0625, then R).
 With --dgc-dense-vectors every tensor of fewer than 2 dims is sent whole every step (k = n) and its u_r is never
 masked (for those tensors: Adam with the variance frozen).
-Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4 and masking with
---dgc-dense-vectors:
+With --dgc-global-topk the tensors not sent whole are one group: their a_r flattened and laid end to end, and the
+k = max(1, ceil(d n_group)) entries of largest |a_r| over the whole group are sent (one threshold, not one per
+tensor); bytes (N-1) x 8 (sum of the whole tensors' sizes + k).
+Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4, masking with
+--dgc-dense-vectors, masking with --dgc-global-topk, and masking with all three of --dgc-global-topk,
+--dgc-dense-vectors and --dgc-warmup-steps 4:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
@@ -71,7 +75,7 @@ def clip_factor(grads, clip: float) -> float:
     return ref.clip_scale(ref.global_grad_norm(grads), clip)
 
 
-def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False):
+def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False, glob: bool = False):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -128,10 +132,22 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
                     D = torch.sqrt(v[n] / bc2K) + eps
                     u[r][n] = b1 * u[r][n] + (1.0 - b1) * (shares[r][n] * c)
                     a[r][n] = a[r][n] + (u[r][n] / bc1) / D
+                group = [n for n in names if not (dense and p[n].dim() < 2)]  # the tensors under top-k
+                if glob:  # one top-k over the group's entries laid end to end
+                    cat = torch.cat([a[r][n].reshape(-1) for n in group])
+                    gidx = torch.topk(cat.abs(), kept(cat.numel(), density(s, W))).indices
+                    chosen = torch.zeros(cat.numel(), dtype=torch.bool)
+                    chosen[gidx] = True
+                    parts = dict(zip(group, torch.split(chosen, [a[r][n].numel() for n in group])))
+                for n in names:
                     flat_a, flat_u = a[r][n].view(-1), u[r][n].view(-1)
-                    whole = dense and p[n].dim() < 2
-                    idx = torch.topk(flat_a.abs(), flat_a.numel() if whole else
-                                     kept(flat_a.numel(), density(s, W))).indices
+                    whole = n not in group
+                    if whole:
+                        idx = torch.arange(flat_a.numel())
+                    elif glob:
+                        idx = parts[n].nonzero().view(-1)
+                    else:
+                        idx = torch.topk(flat_a.abs(), kept(flat_a.numel(), density(s, W))).indices
                     sent = torch.zeros_like(flat_a)
                     sent[idx] = flat_a[idx]
                     flat_a[idx] = 0.0
@@ -168,9 +184,13 @@ def main():
     adam, adam_w = run(args, checks, "adamw", ["--nproc", N])
     finals = {}
     for variant, extra, W in (("masking", [], 0), ("no_masking", ["--dgc-no-masking"], 0),
-                              ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0)):
-        dense = variant == "dense"
-        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense)
+                              ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0),
+                              ("global", ["--dgc-global-topk"], 0),
+                              ("global_dense_warmup", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                       "--dgc-warmup-steps", WARM], WARM)):
+        dense = "dense" in variant
+        glob = variant.startswith("global")
+        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense, glob=glob)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -200,8 +220,10 @@ def main():
             for g in got:
                 s = g["step"]
                 d = density(s, W)
-                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * sum(
-                    8 * (n if dense and len(shape) < 2 else kept(n, d)) for _, n, shape in tensors)
+                whole = [n for _, n, shape in tensors if dense and len(shape) < 2]
+                rest = [n for _, n, shape in tensors if not (dense and len(shape) < 2)]
+                topk_entries = kept(sum(rest), d) if glob else sum(kept(n, d) for n in rest)
+                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * 8 * (sum(whole) + topk_entries)
                 checks.check(g["comm_bytes"] == want_b and g.get("dgc_compressed") == (s >= K) and
                              g.get("dgc_density") == (d if s >= K else None),
                              f"{variant} step {s}: comm_bytes {g['comm_bytes']} dgc_compressed "
@@ -212,7 +234,7 @@ def main():
                          f"AdamW steps before the freeze): worst loss rel {worst_w:.2e}")
             checks.check(any(rel_diff(g["loss"], b["loss"]) > 1e-4 for g, b in zip(got[K + 1:], adam[K + 1:])),
                          f"{variant}: after the freeze step the losses should differ from AdamW's")
-    for other in ("no_masking", "warmup", "dense"):
+    for other in ("no_masking", "warmup", "dense", "global"):
         if "masking" in finals and other in finals:
             d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
             print(f"masking vs {other}: final weights differ by {d:.2e}")
@@ -229,7 +251,9 @@ def main():
             ["--dgc-no-masking", "--freeze-step"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--freeze-step", 0], ["--freeze-step", "K >= 1"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-dense-vectors"],
-            ["--dgc-dense-vectors", "--freeze-step"])]
+            ["--dgc-dense-vectors", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-global-topk"],
+            ["--dgc-global-topk", "--freeze-step"])]
     for i, (flags, names) in enumerate(bad):
         dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=HP),
                           os.path.join(args.workdir, f"bad{i}.jsonl"), os.path.join(args.workdir, f"bad{i}"),
