@@ -25,9 +25,11 @@ masked (for those tensors: Adam with the variance frozen).
 With --dgc-global-topk the tensors not sent whole are one group: their a_r flattened and laid end to end, and the
 k = max(1, ceil(d n_group)) entries of largest |a_r| over the whole group are sent (one threshold, not one per
 tensor); bytes (N-1) x 8 (sum of the whole tensors' sizes + k).
+With --dgc-split-clip each rank's share is clipped at --grad-clip / N after K: g_r *= min(1, (clip / N) / (|g_r| +
+1e-6)) (so the sum of the N clipped shares has norm <= clip, the bound on the exact steps' gradient).
 Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4, masking with
---dgc-dense-vectors, masking with --dgc-global-topk, and masking with all three of --dgc-global-topk,
---dgc-dense-vectors and --dgc-warmup-steps 4:
+--dgc-dense-vectors, masking with --dgc-global-topk, masking with all three of --dgc-global-topk,
+--dgc-dense-vectors and --dgc-warmup-steps 4, and those three with --dgc-split-clip:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
@@ -75,7 +77,8 @@ def clip_factor(grads, clip: float) -> float:
     return ref.clip_scale(ref.global_grad_norm(grads), clip)
 
 
-def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False, glob: bool = False):
+def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False, glob: bool = False,
+              split: bool = False):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -124,7 +127,7 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
             norm0, clipped = None, False
             for r in range(N):
                 nr = ref.global_grad_norm(shares[r].values())
-                c = ref.clip_scale(nr, HP.grad_clip)
+                c = ref.clip_scale(nr, HP.grad_clip / N if split else HP.grad_clip)
                 clipped |= c < 1.0
                 if r == 0:
                     norm0 = nr
@@ -187,10 +190,14 @@ def main():
                               ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0),
                               ("global", ["--dgc-global-topk"], 0),
                               ("global_dense_warmup", ["--dgc-global-topk", "--dgc-dense-vectors",
-                                                       "--dgc-warmup-steps", WARM], WARM)):
+                                                       "--dgc-warmup-steps", WARM], WARM),
+                              ("global_dense_warmup_split", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                             "--dgc-warmup-steps", WARM, "--dgc-split-clip"], WARM)):
         dense = "dense" in variant
         glob = variant.startswith("global")
-        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense, glob=glob)
+        split = variant.endswith("split")
+        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense, glob=glob,
+                                 split=split)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -234,6 +241,11 @@ def main():
                          f"AdamW steps before the freeze): worst loss rel {worst_w:.2e}")
             checks.check(any(rel_diff(g["loss"], b["loss"]) > 1e-4 for g, b in zip(got[K + 1:], adam[K + 1:])),
                          f"{variant}: after the freeze step the losses should differ from AdamW's")
+    if "global_dense_warmup" in finals and "global_dense_warmup_split" in finals:
+        d = max(float(np.abs(finals["global_dense_warmup"][n] - finals["global_dense_warmup_split"][n]).max())
+                for n in finals["global_dense_warmup"])
+        print(f"global_dense_warmup vs the same with --dgc-split-clip: final weights differ by {d:.2e}")
+        checks.check(d > 1e-4, f"--dgc-split-clip should train differently (max diff {d:.2e})")
     for other in ("no_masking", "warmup", "dense", "global"):
         if "masking" in finals and other in finals:
             d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
@@ -253,9 +265,13 @@ def main():
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-dense-vectors"],
             ["--dgc-dense-vectors", "--freeze-step"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-global-topk"],
-            ["--dgc-global-topk", "--freeze-step"])]
+            ["--dgc-global-topk", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-split-clip"],
+            ["--dgc-split-clip", "--freeze-step"]),
+           (base + ["--dgc-split-clip"], ["--dgc-split-clip", "--grad-clip"])]
     for i, (flags, names) in enumerate(bad):
-        dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=HP),
+        hp = dataclasses.replace(HP, grad_clip=0.0) if i == len(bad) - 1 else HP  # the last: without clipping
+        dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=hp),
                           os.path.join(args.workdir, f"bad{i}.jsonl"), os.path.join(args.workdir, f"bad{i}"),
                           names, checks, " ".join(str(f) for f in flags))
     checks.finish()
