@@ -107,6 +107,8 @@ GOALS = {
     "topk:0.001 dgc freeze 20% dense-vectors warm-up 10% global": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze 20% warm-up 10% global": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x1.5": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": dict(bytes_after=30, gap=3),
     # issue 27: the decentralized methods at dp=4 (bytes per rank reported, no bytes goal)
     "gossip ring": dict(gap=3),
     "gossip exp": dict(gap=3),
@@ -192,6 +194,11 @@ def method_list(model, warm):
         m.append(("topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip", ["--compress", "topk:0.001",
                   "--dgc", "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
                   "--dgc-global-topk", "--dgc-split-clip"], 2, "#d6616b", None))
+        # the learning rate times S after the freeze step
+        for sc in ("1.5", "2"):
+            m.append((f"topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x{sc}", ["--compress", "topk:0.001",
+                      "--dgc", "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                      "--dgc-global-topk", "--dgc-lr-scale", sc], 2, "#e7969c", None if sc == "2" else "6,4"))
         m.append(("topk:0.01 dgc freeze", ["--compress", "topk:0.01", "--dgc", "--freeze-step", str(warm)], 2,
                   "#6b6ecf", None))
     after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm,
@@ -204,7 +211,9 @@ def method_list(model, warm):
              "topk:0.001 dgc freeze warm-up 10% global": 2 * warm,
              "topk:0.001 dgc freeze 20% dense-vectors warm-up 10% global": 3 * warm,
              "topk:0.001 dgc freeze 20% warm-up 10% global": 3 * warm,
-             "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": 2 * warm}  # steps before the method's compressed regime
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": 2 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x1.5": 2 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": 2 * warm}  # steps before the method's compressed regime
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)

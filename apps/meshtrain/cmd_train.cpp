@@ -201,6 +201,9 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--dgc-split-clip", c.dgc_split_clip,
               "--dgc --freeze-step K: from K on each rank's share is clipped at --grad-clip / N (N data-parallel "
               "ranks), so the sum of the clipped shares has norm <= --grad-clip, the bound of the exact steps");
+  s->add_option("--dgc-lr-scale", c.dgc_lr_scale,
+                "--dgc --freeze-step K (CHANGES THE MATH after K): the learning rate times S from step K on")
+      ->capture_default_str();
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

@@ -115,6 +115,7 @@ nlohmann::json Checkpointer::run_identity() const {
   if (c.dgc_dense_vectors) j["dgc_dense_vectors"] = true;
   if (c.dgc_global_topk) j["dgc_global_topk"] = true;
   if (c.dgc_split_clip) j["dgc_split_clip"] = true;
+  if (c.dgc_lr_scale != 1.0) j["dgc_lr_scale"] = c.dgc_lr_scale;
   if (metadata_.count("moe_every")) {
     j["capacity_factor"] = c.moe.capacity_factor;
     j["moe_group_windows"] = c.moe.group_windows;

@@ -27,9 +27,10 @@ k = max(1, ceil(d n_group)) entries of largest |a_r| over the whole group are se
 tensor); bytes (N-1) x 8 (sum of the whole tensors' sizes + k).
 With --dgc-split-clip each rank's share is clipped at --grad-clip / N after K: g_r *= min(1, (clip / N) / (|g_r| +
 1e-6)) (so the sum of the N clipped shares has norm <= clip, the bound on the exact steps' gradient).
+With --dgc-lr-scale S the steps from K on are w -= (S lr_s) (U + wd w).
 Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4, masking with
 --dgc-dense-vectors, masking with --dgc-global-topk, masking with all three of --dgc-global-topk,
---dgc-dense-vectors and --dgc-warmup-steps 4, and those three with --dgc-split-clip:
+--dgc-dense-vectors and --dgc-warmup-steps 4, and those three with --dgc-split-clip or with --dgc-lr-scale 1.5:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
@@ -56,6 +57,7 @@ import gpt_reference as ref  # noqa: E402
 from parity_harness import Checks, parse_args, read_metrics, rel_diff  # noqa: E402
 
 N, K, R, STEPS, WARM = 2, 3, 0.05, 10, 4
+LR_S = 1.5  # --dgc-lr-scale of the variant that has it
 HP = dataclasses.replace(dc.HP, grad_clip=0.3, eps=1e-3)
 TOL_LOSS_REL = 1e-5
 TOL_NORM_REL = 1e-4
@@ -78,7 +80,7 @@ def clip_factor(grads, clip: float) -> float:
 
 
 def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False, glob: bool = False,
-              split: bool = False):
+              split: bool = False, lr_scale: float = 1.0):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -159,7 +161,7 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
                     U[n] = U[n] + sent.view_as(U[n])
             for n in names:
                 upd = U[n] + (wd * p[n] if p[n].dim() >= 2 else 0.0)
-                p[n].sub_(lr * upd)
+                p[n].sub_(lr_scale * lr * upd)
             rows.append(dict(loss=loss, norm=norm0, clipped=clipped))
     return rows, {n: p[n].numpy().copy() for n in names}
 
@@ -192,12 +194,14 @@ def main():
                               ("global_dense_warmup", ["--dgc-global-topk", "--dgc-dense-vectors",
                                                        "--dgc-warmup-steps", WARM], WARM),
                               ("global_dense_warmup_split", ["--dgc-global-topk", "--dgc-dense-vectors",
-                                                             "--dgc-warmup-steps", WARM, "--dgc-split-clip"], WARM)):
+                                                             "--dgc-warmup-steps", WARM, "--dgc-split-clip"], WARM),
+                              ("global_dense_warmup_lr", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                          "--dgc-warmup-steps", WARM, "--dgc-lr-scale", LR_S], WARM)):
         dense = "dense" in variant
         glob = variant.startswith("global")
         split = variant.endswith("split")
         want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense, glob=glob,
-                                 split=split)
+                                 split=split, lr_scale=LR_S if variant.endswith("_lr") else 1.0)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -246,6 +250,11 @@ def main():
                 for n in finals["global_dense_warmup"])
         print(f"global_dense_warmup vs the same with --dgc-split-clip: final weights differ by {d:.2e}")
         checks.check(d > 1e-4, f"--dgc-split-clip should train differently (max diff {d:.2e})")
+    if "global_dense_warmup" in finals and "global_dense_warmup_lr" in finals:
+        d = max(float(np.abs(finals["global_dense_warmup"][n] - finals["global_dense_warmup_lr"][n]).max())
+                for n in finals["global_dense_warmup"])
+        print(f"global_dense_warmup vs the same with --dgc-lr-scale {LR_S}: final weights differ by {d:.2e}")
+        checks.check(d > 1e-4, f"--dgc-lr-scale should train differently (max diff {d:.2e})")
     for other in ("no_masking", "warmup", "dense", "global"):
         if "masking" in finals and other in finals:
             d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
@@ -268,6 +277,8 @@ def main():
             ["--dgc-global-topk", "--freeze-step"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-split-clip"],
             ["--dgc-split-clip", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-lr-scale", 2], ["--dgc-lr-scale", "--freeze-step"]),
+           (base + ["--dgc-lr-scale", 0], ["--dgc-lr-scale", "> 0"]),
            (base + ["--dgc-split-clip"], ["--dgc-split-clip", "--grad-clip"])]
     for i, (flags, names) in enumerate(bad):
         hp = dataclasses.replace(HP, grad_clip=0.0) if i == len(bad) - 1 else HP  # the last: without clipping

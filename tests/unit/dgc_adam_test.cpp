@@ -69,6 +69,27 @@ TEST(DgcAdam, AdamWBeforeTheFreezeStepThenTheSentUpdate) {
   for (size_t i = 0; i < n; i++) EXPECT_NEAR(q[i], want[i], 1e-7f) << i;
 }
 
+// --dgc-lr-scale S: before K the steps are AdamW's (S unused), from K on p -= (S lr) (U + wd p).
+TEST(DgcAdam, LrScaleActsFromTheFreezeStepOn) {
+  const size_t n = 10;
+  mt::optim::AdamWConfig adam{0.9f, 0.95f, 1e-8f, 0.1f};
+  mt::optim::AdamW ref(n, adam);
+  mt::optim::DgcAdam opt(n, mt::optim::DgcAdamConfig{adam, 2, 1.5f});
+  std::vector<mt::optim::Segment> segs = {{0, 0, 0, 6, true}, {6, 6, 6, 4, false}};
+  std::vector<float> p = draws("p", n, 1.0), q = p;
+  for (int64_t s = 0; s < 2; s++) {
+    const std::vector<float> g = draws(s == 0 ? "g0" : "g1", n, 0.5);
+    ref.step(p.data(), g.data(), segs, 1e-2f, s);
+    opt.step(q.data(), g.data(), segs, 1e-2f, s);
+    ASSERT_EQ(0, std::memcmp(p.data(), q.data(), sizeof(float) * n)) << "step " << s;
+  }
+  const std::vector<float> U = draws("U", n, 1.0);
+  std::vector<float> want = q;
+  for (size_t i = 0; i < n; i++) want[i] -= 1.5e-2f * (U[i] + (i < 6 ? 0.1f : 0.0f) * want[i]);
+  opt.step(q.data(), U.data(), segs, 1e-2f, 2);
+  for (size_t i = 0; i < n; i++) EXPECT_NEAR(q[i], want[i], 1e-7f) << i;
+}
+
 // Full density on one rank: every entry is sent every step.
 void full_density(bool masking) {
   mt::nn::ParamRegistry p;
