@@ -213,7 +213,8 @@ def method_list(model, warm):
              "topk:0.001 dgc freeze 20% warm-up 10% global": 3 * warm,
              "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": 2 * warm,
              "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x1.5": 2 * warm,
-             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": 2 * warm}  # steps before the method's compressed regime
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": 2 * warm}
+    # (after: steps before the method's compressed regime)
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)

@@ -597,8 +597,8 @@ void check_comm_efficient(const TrainConfig& c, int d) {
                  "--dgc-split-clip needs --dgc --freeze-step K");
   MT_CHECK_INPUT(c.dgc_lr_scale == 1.0 || (c.dgc && c.freeze_step >= 0),
                  "--dgc-lr-scale needs --dgc --freeze-step K");
-  MT_CHECK_INPUT(c.dgc_lr_scale > 0 && std::isfinite(c.dgc_lr_scale), "--dgc-lr-scale must be > 0, got ",
-                 c.dgc_lr_scale);
+  MT_CHECK_INPUT(c.dgc_lr_scale > 0 && std::isfinite(c.dgc_lr_scale),
+                 "--dgc-lr-scale must be finite and > 0, got ", c.dgc_lr_scale);
   MT_CHECK_INPUT(!c.dgc_split_clip || c.grad_clip > 0, "--dgc-split-clip needs --grad-clip > 0, got --grad-clip ",
                  c.grad_clip);
   MT_CHECK_INPUT(c.dgc_warmup >= 0, "--dgc-warmup-steps must be >= 0, got ", c.dgc_warmup);

@@ -277,7 +277,8 @@ def main():
             ["--dgc-global-topk", "--freeze-step"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-split-clip"],
             ["--dgc-split-clip", "--freeze-step"]),
-           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-lr-scale", 2], ["--dgc-lr-scale", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-lr-scale", 2],
+            ["--dgc-lr-scale", "--freeze-step"]),
            (base + ["--dgc-lr-scale", 0], ["--dgc-lr-scale", "> 0"]),
            (base + ["--dgc-split-clip"], ["--dgc-split-clip", "--grad-clip"])]
     for i, (flags, names) in enumerate(bad):
