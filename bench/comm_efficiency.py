@@ -199,6 +199,8 @@ def method_list(model, warm):
             m.append((f"topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x{sc}", ["--compress", "topk:0.001",
                       "--dgc", "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
                       "--dgc-global-topk", "--dgc-lr-scale", sc], 2, "#e7969c", None if sc == "2" else "6,4"))
+        # control for the rows above: exact DP with the learning rate times 1.5 over the whole run
+        m.append(("exact lr x1.5", ["--lr", "1.5e-3"], 2, "#636363", "2,3"))
         m.append(("topk:0.01 dgc freeze", ["--compress", "topk:0.01", "--dgc", "--freeze-step", str(warm)], 2,
                   "#6b6ecf", None))
     after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm,
@@ -381,6 +383,9 @@ def run_one(model, m, seed, cfg, args, env, timeout):
     common = list(cfg["flags"])
     if "--optimizer" in m["flags"]:  # the method brings its optimizer (1-bit Adam): drop the model's
         i = common.index("--optimizer")
+        del common[i:i + 2]
+    if "--lr" in m["flags"] and "--lr" in common:  # the method brings its learning rate (a control): drop the model's
+        i = common.index("--lr")
         del common[i:i + 2]
     cmd = ([args.meshtrain, "train"] + common +
            ["--steps", str(cfg["steps"]), "--eval-every", str(cfg["every"]), "--seed", str(seed),
