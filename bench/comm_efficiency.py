@@ -102,6 +102,13 @@ GOALS = {
     "topk:0.001 dgc freeze dense-vectors": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze dense-vectors warm-up 10%": dict(bytes_after=30, gap=3),
     "topk:0.001 dgc freeze dense-vectors warm-up 20%": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze warm-up 10% global": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze 20% dense-vectors warm-up 10% global": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze 20% warm-up 10% global": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x1.5": dict(bytes_after=30, gap=3),
+    "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": dict(bytes_after=30, gap=3),
     # issue 27: the decentralized methods at dp=4 (bytes per rank reported, no bytes goal)
     "gossip ring": dict(gap=3),
     "gossip exp": dict(gap=3),
@@ -168,6 +175,32 @@ def method_list(model, warm):
         m.append(("topk:0.001 dgc freeze dense-vectors warm-up 20%", ["--compress", "topk:0.001", "--dgc",
                   "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(2 * warm)], 2,
                   "#393b79", "2,3"))
+        # one top-k over the whole model's matrices (one threshold) instead of one per tensor
+        m.append(("topk:0.001 dgc freeze dense-vectors warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                  "--dgc-global-topk"], 2, "#843c39", "6,4"))
+        m.append(("topk:0.001 dgc freeze warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(warm), "--dgc-warmup-steps", str(warm), "--dgc-global-topk"], 2, "#ad494a",
+                  None))
+        # the same with the variance frozen after 20% of the steps (bytes counted after the sparsity warm-up)
+        m.append(("topk:0.001 dgc freeze 20% dense-vectors warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(2 * warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                  "--dgc-global-topk"], 2, "#843c39", "2,3"))
+        m.append(("topk:0.001 dgc freeze 20% warm-up 10% global", ["--compress", "topk:0.001", "--dgc",
+                  "--freeze-step", str(2 * warm), "--dgc-warmup-steps", str(warm), "--dgc-global-topk"], 2,
+                  "#ad494a", "2,3"))
+        # each rank's share clipped at --grad-clip / N after the freeze (exact DP's gradient is clipped nearly
+        # every step here, the shares at --grad-clip far less often)
+        m.append(("topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip", ["--compress", "topk:0.001",
+                  "--dgc", "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                  "--dgc-global-topk", "--dgc-split-clip"], 2, "#d6616b", None))
+        # the learning rate times S after the freeze step
+        for sc in ("1.5", "2"):
+            m.append((f"topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x{sc}", ["--compress", "topk:0.001",
+                      "--dgc", "--freeze-step", str(warm), "--dgc-dense-vectors", "--dgc-warmup-steps", str(warm),
+                      "--dgc-global-topk", "--dgc-lr-scale", sc], 2, "#e7969c", None if sc == "2" else "6,4"))
+        # control for the rows above: exact DP with the learning rate times 1.5 over the whole run
+        m.append(("exact lr x1.5", ["--lr", "1.5e-3"], 2, "#636363", "2,3"))
         m.append(("topk:0.01 dgc freeze", ["--compress", "topk:0.01", "--dgc", "--freeze-step", str(warm)], 2,
                   "#6b6ecf", None))
     after = {"topk:0.001 dgc": warm, "onebit-adam": warm, "topk:0.001 dgc warm-up 50%": 5 * warm,
@@ -175,7 +208,15 @@ def method_list(model, warm):
              "topk:0.001 dgc freeze 20%": 2 * warm, "topk:0.01 dgc freeze": warm,
              "topk:0.001 dgc freeze warm-up 10%": 2 * warm, "topk:0.001 dgc freeze dense-vectors": warm,
              "topk:0.001 dgc freeze dense-vectors warm-up 10%": 2 * warm,
-             "topk:0.001 dgc freeze dense-vectors warm-up 20%": 3 * warm}  # steps before the method's compressed regime
+             "topk:0.001 dgc freeze dense-vectors warm-up 20%": 3 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global": 2 * warm,
+             "topk:0.001 dgc freeze warm-up 10% global": 2 * warm,
+             "topk:0.001 dgc freeze 20% dense-vectors warm-up 10% global": 3 * warm,
+             "topk:0.001 dgc freeze 20% warm-up 10% global": 3 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global split-clip": 2 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x1.5": 2 * warm,
+             "topk:0.001 dgc freeze dense-vectors warm-up 10% global lr x2": 2 * warm}
+    # (after: steps before the method's compressed regime)
     if model == "mlp":
         m.append(("hogwild", ["--async", "hogwild"], 2, "#bcbd22", None))
     if model.startswith("gpt-dp4"):  # issue 27's decentralized methods, 4 ranks (the graphs need more than 2)
@@ -342,6 +383,9 @@ def run_one(model, m, seed, cfg, args, env, timeout):
     common = list(cfg["flags"])
     if "--optimizer" in m["flags"]:  # the method brings its optimizer (1-bit Adam): drop the model's
         i = common.index("--optimizer")
+        del common[i:i + 2]
+    if "--lr" in m["flags"] and "--lr" in common:  # the method brings its learning rate (a control): drop the model's
+        i = common.index("--lr")
         del common[i:i + 2]
     cmd = ([args.meshtrain, "train"] + common +
            ["--steps", str(cfg["steps"]), "--eval-every", str(cfg["every"]), "--seed", str(seed),

@@ -195,6 +195,15 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--dgc-dense-vectors", c.dgc_dense_vectors,
               "--dgc --freeze-step K: tensors of fewer than 2 dims (biases, LayerNorm) are sent whole every step "
               "(Adam with the variance frozen for them), the others as top-k");
+  s->add_flag("--dgc-global-topk", c.dgc_global_topk,
+              "--dgc --freeze-step K: one top-k over all tensors not sent whole (one threshold on the model's "
+              "preconditioned accumulated update) instead of one per tensor");
+  s->add_flag("--dgc-split-clip", c.dgc_split_clip,
+              "--dgc --freeze-step K: from K on each rank's share is clipped at --grad-clip / N (N data-parallel "
+              "ranks), so the sum of the clipped shares has norm <= --grad-clip, the bound of the exact steps");
+  s->add_option("--dgc-lr-scale", c.dgc_lr_scale,
+                "--dgc --freeze-step K (CHANGES THE MATH after K): the learning rate times S from step K on")
+      ->capture_default_str();
   s->add_option("--local-sgd", c.local_sgd,
                 "CHANGES THE MATH. Local SGD: each rank steps on its own windows; parameters averaged every H "
                 "steps (dp > 1, ZeRO 0) over the data-parallel group (with --tp/--pp: of each (tp, pp) "

@@ -29,6 +29,7 @@ void DgcAdam::step(float* params, const float* grads, const std::vector<Segment>
   float* m = state_.data(m_);
   float* v = state_.data(v_);
   const float gs = fz ? 1.0f : grad_scale_;
+  const float lrs = cfg_.lr_scale * lr;  // the step's rate after the freeze
   grad_scale_ = 1.0f;
   for (const Segment& s : segments) {
     const float wd = s.decay ? cfg_.adam.weight_decay : 0.0f;
@@ -49,7 +50,7 @@ void DgcAdam::step(float* params, const float* grads, const std::vector<Segment>
       }
     } else {
 #pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < s.count; i++) p[i] -= lr * (g[i] + wd * p[i]);
+      for (size_t i = 0; i < s.count; i++) p[i] -= lrs * (g[i] + wd * p[i]);
     }
   }
 }

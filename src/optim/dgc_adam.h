@@ -6,7 +6,7 @@
 //   step >= K  v is frozen as it was after step K-1 (and so is its bias correction 1-b2^K): the exchange
 //              reads the preconditioner D = sqrt(v / (1-b2^K)) + eps (preconditioner()) and hands back, in the
 //              gradient buffer, U: the sum over ranks of the sparse preconditioned updates they sent; then
-//                p -= lr (U + wd p)
+//                p -= lr (U + wd p)      (with --dgc-lr-scale S: lr replaced by S lr, S lr rounded to float32)
 //              m is no longer updated (the momentum lives in the exchange, per rank); the clipping factor
 //              (scale_next_grads) is the exchange's to apply to the rank's share (take_grad_scale).
 // State: "dgc_adam.m", "dgc_adam.v" (flat, as AdamW's).
@@ -22,6 +22,7 @@ namespace mt::optim {
 struct DgcAdamConfig {
   AdamWConfig adam;
   int64_t freeze_step = 0;  // K: steps 0..K-1 are AdamW
+  float lr_scale = 1.0f;    // --dgc-lr-scale S: from K on p -= (S lr) (U + wd p)
 };
 
 class DgcAdam : public Optimizer {

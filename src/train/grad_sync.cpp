@@ -46,6 +46,8 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
            cfg.dgc ? cfg.grad_clip : 0.0, cfg.dgc_warmup};
   o.dgc_masking = !cfg.dgc_no_masking;
   o.dgc_dense_vectors = cfg.dgc_dense_vectors;
+  o.dgc_global_topk = cfg.dgc_global_topk;
+  o.dgc_split_clip = cfg.dgc_split_clip ? cfg.grad_clip : 0.0;
   o.seed = cfg.seed;
   o.local_every = cfg.local_sgd;
   o.local_warmup = cfg.local_sgd_warmup;

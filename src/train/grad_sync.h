@@ -78,6 +78,8 @@ struct SyncOptions {
   compress::DgcOptions dgc;
   bool dgc_masking = true;      // dgc_adam: DGC's momentum factor masking
   bool dgc_dense_vectors = false;  // dgc_adam: tensors of < 2 dims sent whole
+  bool dgc_global_topk = false;    // dgc_adam: one top-k over the tensors not sent whole
+  double dgc_split_clip = 0;       // dgc_adam, --dgc-split-clip: --grad-clip (each share clipped at it / N); 0: off
   uint64_t seed = 0;
   int local_every = 0;          // Local SGD: H
   int64_t local_warmup = 0;     // exact steps first

@@ -113,6 +113,9 @@ nlohmann::json Checkpointer::run_identity() const {
   if (c.optimizer == OptimizerKind::onebit_adam || (c.dgc && c.freeze_step >= 0)) j["freeze_step"] = c.freeze_step;
   if (c.dgc_no_masking) j["dgc_no_masking"] = true;
   if (c.dgc_dense_vectors) j["dgc_dense_vectors"] = true;
+  if (c.dgc_global_topk) j["dgc_global_topk"] = true;
+  if (c.dgc_split_clip) j["dgc_split_clip"] = true;
+  if (c.dgc_lr_scale != 1.0) j["dgc_lr_scale"] = c.dgc_lr_scale;
   if (metadata_.count("moe_every")) {
     j["capacity_factor"] = c.moe.capacity_factor;
     j["moe_group_windows"] = c.moe.group_windows;

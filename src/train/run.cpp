@@ -63,7 +63,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, size_t 
       return std::make_unique<optim::OnebitAdam>(n, optim::OnebitAdamConfig{adam, cfg.freeze_step});
     case OptimizerKind::adamw:
       if (cfg.dgc && cfg.freeze_step >= 0)  // DGC with AdamW: AdamW, then the variance frozen (dgc_adam.h)
-        return std::make_unique<optim::DgcAdam>(n, optim::DgcAdamConfig{adam, cfg.freeze_step});
+        return std::make_unique<optim::DgcAdam>(n, optim::DgcAdamConfig{adam, cfg.freeze_step, (float)cfg.dgc_lr_scale});
       break;
   }
   return std::make_unique<optim::AdamW>(n, adam);

@@ -624,6 +624,16 @@ void check_comm_efficient(const TrainConfig& c, int d) {
                  "--dgc-no-masking needs --dgc --freeze-step K");
   MT_CHECK_INPUT(!c.dgc_dense_vectors || (c.dgc && c.freeze_step >= 0),
                  "--dgc-dense-vectors needs --dgc --freeze-step K");
+  MT_CHECK_INPUT(!c.dgc_global_topk || (c.dgc && c.freeze_step >= 0),
+                 "--dgc-global-topk needs --dgc --freeze-step K");
+  MT_CHECK_INPUT(!c.dgc_split_clip || (c.dgc && c.freeze_step >= 0),
+                 "--dgc-split-clip needs --dgc --freeze-step K");
+  MT_CHECK_INPUT(c.dgc_lr_scale == 1.0 || (c.dgc && c.freeze_step >= 0),
+                 "--dgc-lr-scale needs --dgc --freeze-step K");
+  MT_CHECK_INPUT(c.dgc_lr_scale > 0 && std::isfinite(c.dgc_lr_scale),
+                 "--dgc-lr-scale must be finite and > 0, got ", c.dgc_lr_scale);
+  MT_CHECK_INPUT(!c.dgc_split_clip || c.grad_clip > 0, "--dgc-split-clip needs --grad-clip > 0, got --grad-clip ",
+                 c.grad_clip);
   MT_CHECK_INPUT(c.dgc_warmup >= 0, "--dgc-warmup-steps must be >= 0, got ", c.dgc_warmup);
   MT_CHECK_INPUT(c.dgc || c.dgc_warmup == 0, "--dgc-warmup-steps needs --dgc");
   MT_CHECK_INPUT(c.compress_adaptive_every >= 1 && c.compress_adaptive_eta > 0,

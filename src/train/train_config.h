@@ -174,6 +174,9 @@ struct TrainConfig {
   int64_t dgc_warmup = 0;
   bool dgc_no_masking = false;     // --dgc --freeze-step (AdamW): keep the momentum where sent (dgc_adam.h)
   bool dgc_dense_vectors = false;  // --dgc --freeze-step (AdamW): tensors of < 2 dims sent whole (dgc_adam.h)
+  bool dgc_global_topk = false;    // --dgc --freeze-step (AdamW): one top-k over the whole model (dgc_adam.h)
+  bool dgc_split_clip = false;     // --dgc --freeze-step (AdamW): each share clipped at --grad-clip / N
+  double dgc_lr_scale = 1.0;       // --dgc --freeze-step (AdamW): the learning rate times S from K on
   int64_t freeze_step = -1;        // --optimizer onebit-adam or adamw --dgc: AdamW for steps < K, compressed momentum after
                                    // (-1: not given, required)          // sparsity warm-up steps (4 stages: 25%, 6.25%, 1.5625%, 0.39% kept)
   int local_sgd = 0;               // H > 0: local steps, parameters averaged every H steps

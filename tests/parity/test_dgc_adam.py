@@ -22,8 +22,15 @@ With --dgc-warmup-steps W the kept fraction of step s >= K is DGC's sparsity war
 d = max(R, 0.25^(floor(4 (s-K) / W) + 1)) for s - K < W, else R (here W = 4: 0.25, 0.0625, then R).
 With --dgc-dense-vectors every tensor of fewer than 2 dims is sent whole every step (k = n) and its u_r is never
 masked (for those tensors: Adam with the variance frozen).
-Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4 and masking with
---dgc-dense-vectors:
+With --dgc-global-topk the tensors not sent whole are one group: their a_r flattened and laid end to end, and the
+k = max(1, ceil(d n_group)) entries of largest |a_r| over the whole group are sent (one threshold, not one per
+tensor); bytes (N-1) x 8 (sum of the whole tensors' sizes + k).
+With --dgc-split-clip each rank's share is clipped at --grad-clip / N after K: g_r *= min(1, (clip / N) / (|g_r| +
+1e-6)) (so the sum of the N clipped shares has norm <= clip, the bound on the exact steps' gradient).
+With --dgc-lr-scale S the steps from K on are w -= (S lr_s) (U + wd w).
+Checks, for masking on (DGC's default), --dgc-no-masking, masking with --dgc-warmup-steps 4, masking with
+--dgc-dense-vectors, masking with --dgc-global-topk, masking with all three of --dgc-global-topk,
+--dgc-dense-vectors and --dgc-warmup-steps 4, and those three with --dgc-split-clip or with --dgc-lr-scale 1.5:
   1. every step's loss within rel 1e-5 of the reference (steps 0..K are AdamW; the later ones follow the rule);
      grad_norm in rank 0's row: the global norm before K, rank 0's share's norm from K on (rel 1e-4);
   2. the final weights (--save) within abs 2e-5 of the reference (one step moves a sent entry by lr |U| ~ 1e-3 or
@@ -50,6 +57,7 @@ import gpt_reference as ref  # noqa: E402
 from parity_harness import Checks, parse_args, read_metrics, rel_diff  # noqa: E402
 
 N, K, R, STEPS, WARM = 2, 3, 0.05, 10, 4
+LR_S = 1.5  # --dgc-lr-scale of the variant that has it
 HP = dataclasses.replace(dc.HP, grad_clip=0.3, eps=1e-3)
 TOL_LOSS_REL = 1e-5
 TOL_NORM_REL = 1e-4
@@ -71,7 +79,8 @@ def clip_factor(grads, clip: float) -> float:
     return ref.clip_scale(ref.global_grad_norm(grads), clip)
 
 
-def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False):
+def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: bool = False, glob: bool = False,
+              split: bool = False, lr_scale: float = 1.0):
     """[{loss, norm, clipped}] per step and the final weights, from the rule above (float32 tensors)."""
     cfg, p = ref.load_model(init_path, dtype=torch.float32)
     tokens = ref.read_shard(data_path)
@@ -120,7 +129,7 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
             norm0, clipped = None, False
             for r in range(N):
                 nr = ref.global_grad_norm(shares[r].values())
-                c = ref.clip_scale(nr, HP.grad_clip)
+                c = ref.clip_scale(nr, HP.grad_clip / N if split else HP.grad_clip)
                 clipped |= c < 1.0
                 if r == 0:
                     norm0 = nr
@@ -128,10 +137,22 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
                     D = torch.sqrt(v[n] / bc2K) + eps
                     u[r][n] = b1 * u[r][n] + (1.0 - b1) * (shares[r][n] * c)
                     a[r][n] = a[r][n] + (u[r][n] / bc1) / D
+                group = [n for n in names if not (dense and p[n].dim() < 2)]  # the tensors under top-k
+                if glob:  # one top-k over the group's entries laid end to end
+                    cat = torch.cat([a[r][n].reshape(-1) for n in group])
+                    gidx = torch.topk(cat.abs(), kept(cat.numel(), density(s, W))).indices
+                    chosen = torch.zeros(cat.numel(), dtype=torch.bool)
+                    chosen[gidx] = True
+                    parts = dict(zip(group, torch.split(chosen, [a[r][n].numel() for n in group])))
+                for n in names:
                     flat_a, flat_u = a[r][n].view(-1), u[r][n].view(-1)
-                    whole = dense and p[n].dim() < 2
-                    idx = torch.topk(flat_a.abs(), flat_a.numel() if whole else
-                                     kept(flat_a.numel(), density(s, W))).indices
+                    whole = n not in group
+                    if whole:
+                        idx = torch.arange(flat_a.numel())
+                    elif glob:
+                        idx = parts[n].nonzero().view(-1)
+                    else:
+                        idx = torch.topk(flat_a.abs(), kept(flat_a.numel(), density(s, W))).indices
                     sent = torch.zeros_like(flat_a)
                     sent[idx] = flat_a[idx]
                     flat_a[idx] = 0.0
@@ -140,7 +161,7 @@ def reference(init_path: str, data_path: str, masking: bool, W: int = 0, dense: 
                     U[n] = U[n] + sent.view_as(U[n])
             for n in names:
                 upd = U[n] + (wd * p[n] if p[n].dim() >= 2 else 0.0)
-                p[n].sub_(lr * upd)
+                p[n].sub_(lr_scale * lr * upd)
             rows.append(dict(loss=loss, norm=norm0, clipped=clipped))
     return rows, {n: p[n].numpy().copy() for n in names}
 
@@ -168,9 +189,19 @@ def main():
     adam, adam_w = run(args, checks, "adamw", ["--nproc", N])
     finals = {}
     for variant, extra, W in (("masking", [], 0), ("no_masking", ["--dgc-no-masking"], 0),
-                              ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0)):
-        dense = variant == "dense"
-        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense)
+                              ("warmup", ["--dgc-warmup-steps", WARM], WARM), ("dense", ["--dgc-dense-vectors"], 0),
+                              ("global", ["--dgc-global-topk"], 0),
+                              ("global_dense_warmup", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                       "--dgc-warmup-steps", WARM], WARM),
+                              ("global_dense_warmup_split", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                             "--dgc-warmup-steps", WARM, "--dgc-split-clip"], WARM),
+                              ("global_dense_warmup_lr", ["--dgc-global-topk", "--dgc-dense-vectors",
+                                                          "--dgc-warmup-steps", WARM, "--dgc-lr-scale", LR_S], WARM)):
+        dense = "dense" in variant
+        glob = variant.startswith("global")
+        split = variant.endswith("split")
+        want, want_w = reference(args.init, args.data, masking=variant != "no_masking", W=W, dense=dense, glob=glob,
+                                 split=split, lr_scale=LR_S if variant.endswith("_lr") else 1.0)
         got, got_w = run(args, checks, "dgc_adam_" + variant,
                          ["--nproc", N, "--compress", f"topk:{R}", "--dgc", "--freeze-step", K] + extra)
         clipped_before = sum(r["clipped"] for r in want[:K])
@@ -200,8 +231,10 @@ def main():
             for g in got:
                 s = g["step"]
                 d = density(s, W)
-                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * sum(
-                    8 * (n if dense and len(shape) < 2 else kept(n, d)) for _, n, shape in tensors)
+                whole = [n for _, n, shape in tensors if dense and len(shape) < 2]
+                rest = [n for _, n, shape in tensors if not (dense and len(shape) < 2)]
+                topk_entries = kept(sum(rest), d) if glob else sum(kept(n, d) for n in rest)
+                want_b = adam[0]["comm_bytes"] if s < K else (N - 1) * 8 * (sum(whole) + topk_entries)
                 checks.check(g["comm_bytes"] == want_b and g.get("dgc_compressed") == (s >= K) and
                              g.get("dgc_density") == (d if s >= K else None),
                              f"{variant} step {s}: comm_bytes {g['comm_bytes']} dgc_compressed "
@@ -212,7 +245,17 @@ def main():
                          f"AdamW steps before the freeze): worst loss rel {worst_w:.2e}")
             checks.check(any(rel_diff(g["loss"], b["loss"]) > 1e-4 for g, b in zip(got[K + 1:], adam[K + 1:])),
                          f"{variant}: after the freeze step the losses should differ from AdamW's")
-    for other in ("no_masking", "warmup", "dense"):
+    if "global_dense_warmup" in finals and "global_dense_warmup_split" in finals:
+        d = max(float(np.abs(finals["global_dense_warmup"][n] - finals["global_dense_warmup_split"][n]).max())
+                for n in finals["global_dense_warmup"])
+        print(f"global_dense_warmup vs the same with --dgc-split-clip: final weights differ by {d:.2e}")
+        checks.check(d > 1e-4, f"--dgc-split-clip should train differently (max diff {d:.2e})")
+    if "global_dense_warmup" in finals and "global_dense_warmup_lr" in finals:
+        d = max(float(np.abs(finals["global_dense_warmup"][n] - finals["global_dense_warmup_lr"][n]).max())
+                for n in finals["global_dense_warmup"])
+        print(f"global_dense_warmup vs the same with --dgc-lr-scale {LR_S}: final weights differ by {d:.2e}")
+        checks.check(d > 1e-4, f"--dgc-lr-scale should train differently (max diff {d:.2e})")
+    for other in ("no_masking", "warmup", "dense", "global"):
         if "masking" in finals and other in finals:
             d = max(float(np.abs(finals["masking"][n] - finals[other][n]).max()) for n in finals["masking"])
             print(f"masking vs {other}: final weights differ by {d:.2e}")
@@ -229,9 +272,18 @@ def main():
             ["--dgc-no-masking", "--freeze-step"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--freeze-step", 0], ["--freeze-step", "K >= 1"]),
            (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-dense-vectors"],
-            ["--dgc-dense-vectors", "--freeze-step"])]
+            ["--dgc-dense-vectors", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-global-topk"],
+            ["--dgc-global-topk", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-split-clip"],
+            ["--dgc-split-clip", "--freeze-step"]),
+           (["--nproc", N, "--compress", "topk:0.05", "--dgc", "--dgc-lr-scale", 2],
+            ["--dgc-lr-scale", "--freeze-step"]),
+           (base + ["--dgc-lr-scale", 0], ["--dgc-lr-scale", "> 0"]),
+           (base + ["--dgc-split-clip"], ["--dgc-split-clip", "--grad-clip"])]
     for i, (flags, names) in enumerate(bad):
-        dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=HP),
+        hp = dataclasses.replace(HP, grad_clip=0.0) if i == len(bad) - 1 else HP  # the last: without clipping
+        dc.check_rejected(dc.train_cmd(args.meshtrain, args.init, args.data, 2, flags, hp=hp),
                           os.path.join(args.workdir, f"bad{i}.jsonl"), os.path.join(args.workdir, f"bad{i}"),
                           names, checks, " ".join(str(f) for f in flags))
     checks.finish()

@@ -69,6 +69,27 @@ TEST(DgcAdam, AdamWBeforeTheFreezeStepThenTheSentUpdate) {
   for (size_t i = 0; i < n; i++) EXPECT_NEAR(q[i], want[i], 1e-7f) << i;
 }
 
+// --dgc-lr-scale S: before K the steps are AdamW's (S unused), from K on p -= (S lr) (U + wd p).
+TEST(DgcAdam, LrScaleActsFromTheFreezeStepOn) {
+  const size_t n = 10;
+  mt::optim::AdamWConfig adam{0.9f, 0.95f, 1e-8f, 0.1f};
+  mt::optim::AdamW ref(n, adam);
+  mt::optim::DgcAdam opt(n, mt::optim::DgcAdamConfig{adam, 2, 1.5f});
+  std::vector<mt::optim::Segment> segs = {{0, 0, 0, 6, true}, {6, 6, 6, 4, false}};
+  std::vector<float> p = draws("p", n, 1.0), q = p;
+  for (int64_t s = 0; s < 2; s++) {
+    const std::vector<float> g = draws(s == 0 ? "g0" : "g1", n, 0.5);
+    ref.step(p.data(), g.data(), segs, 1e-2f, s);
+    opt.step(q.data(), g.data(), segs, 1e-2f, s);
+    ASSERT_EQ(0, std::memcmp(p.data(), q.data(), sizeof(float) * n)) << "step " << s;
+  }
+  const std::vector<float> U = draws("U", n, 1.0);
+  std::vector<float> want = q;
+  for (size_t i = 0; i < n; i++) want[i] -= 1.5e-2f * (U[i] + (i < 6 ? 0.1f : 0.0f) * want[i]);
+  opt.step(q.data(), U.data(), segs, 1e-2f, 2);
+  for (size_t i = 0; i < n; i++) EXPECT_NEAR(q[i], want[i], 1e-7f) << i;
+}
+
 // Full density on one rank: every entry is sent every step.
 void full_density(bool masking) {
   mt::nn::ParamRegistry p;
@@ -143,6 +164,46 @@ TEST(DgcAdam, TopOneWorkedByHand) {
         EXPECT_EQ(ex.momentum(0)[i], u_after[s][i]) << "masking " << masking << " step " << s << " u " << i;
       }
     }
+  }
+}
+
+// --dgc-global-topk with --dgc-dense-vectors: matrices A [2, 2] and B [2, 3] are one group of 10 entries (A's
+// then B's), k = ceil(0.2 x 10) = 2 for the group; vector V [2] is sent whole. b1 = 0 (u = g), D = 1, bc1 = 1.
+//   step 0: A = [5, -1, .5, -7], B = [1, 2, -3, .25, 4, -2], V = [9, -9]: the two largest |a| are both in A
+//           (-7, 5), so B sends nothing (per tensor it would send 4 and -3); V whole.
+//   step 1: g = 0: a unchanged, the largest are now B's 4 and -3, A sends nothing.
+TEST(DgcAdam, GlobalTopKOneThresholdOverTheMatrices) {
+  mt::nn::ParamRegistry p;
+  p.add("A", {2, 2}, {}, 0);
+  p.add("B", {2, 3}, {}, 0);
+  p.add("V", {2}, {}, 0);
+  p.finalize();
+  DgcAdamExchange ex(p, nullptr, topk(0.2), /*masking=*/true, /*dense_vectors=*/true, /*global_topk=*/true);
+  const std::vector<float> D(12, 1.0f), zero(12, 0.0f);
+  const std::vector<std::vector<float>> g = {{5, -1, 0.5f, -7, 1, 2, -3, 0.25f, 4, -2, 9, -9},
+                                             std::vector<float>(12, 0.0f)};
+  const std::vector<std::vector<float>> sent = {{5, 0, 0, -7, 0, 0, 0, 0, 0, 0, 9, -9},
+                                                {0, 0, 0, 0, 0, 0, -3, 0, 4, 0, 0, 0}};
+  // A, B and V's accumulated update after each step, and the momentum (masked where sent, V never)
+  const std::vector<std::vector<float>> a_after = {{0, -1, 0.5f, 0, 1, 2, -3, 0.25f, 4, -2, 0, 0},
+                                                   {0, -1, 0.5f, 0, 1, 2, 0, 0.25f, 0, -2, 0, 0}};
+  const std::vector<std::vector<float>> u_after = {{0, -1, 0.5f, 0, 1, 2, -3, 0.25f, 4, -2, 9, -9},
+                                                   {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+  const size_t off[3] = {0, 4, 10}, n[3] = {4, 6, 2};
+  for (int s = 0; s < 2; s++) {
+    std::memcpy(p.grad(), g[s].data(), sizeof(float) * 12);
+    DgcAdamStepInputs in;
+    in.precond = D.data();
+    in.m0 = s == 0 ? zero.data() : nullptr;
+    in.beta1 = 0.0f;
+    in.bc1 = 1.0f;
+    ex.exchange(p.grad(), in);
+    for (size_t t = 0; t < 3; t++)
+      for (size_t i = 0; i < n[t]; i++) {
+        EXPECT_EQ(p.grad()[off[t] + i], sent[s][off[t] + i]) << "step " << s << " tensor " << t << " element " << i;
+        EXPECT_EQ(ex.accumulated(t)[i], a_after[s][off[t] + i]) << "step " << s << " tensor " << t << " a " << i;
+        EXPECT_EQ(ex.momentum(t)[i], u_after[s][off[t] + i]) << "step " << s << " tensor " << t << " u " << i;
+      }
   }
 }
 

@@ -15,6 +15,10 @@
 //   dense vectors      with --dgc-dense-vectors, tensors of fewer than 2 dims (biases, LayerNorm) are sent whole
 //                      every step (d = 1) and never masked: for them U = sum_r u_r / (1-b1^t) / D, Adam with the
 //                      variance frozen (their payload is still topk's, 8 bytes per entry)
+//   global top-k       with --dgc-global-topk, the tensors not sent whole are one group: their a_r laid end to end
+//                      in tensor order, and one top-k over the group (k = max(1, ceil(d n_group)), ties to the
+//                      lower position) replaces the per-tensor top-k: one threshold on the whole model's
+//                      preconditioned accumulated update, so a tensor gets the share of the budget its entries win
 //   result             U = the sum over ranks of the sent entries, decoded in rank order (bit-identical on
 //                      every rank); the optimizer then applies p -= lr (U + wd p)
 //
@@ -47,7 +51,7 @@ class DgcAdamExchange {
  public:
   // params: finalized, ZeRO 0 (whole tensors); dp: the data-parallel group (null: one rank); spec: topk.
   DgcAdamExchange(nn::ParamRegistry& params, comm::Communicator* dp, const CompressSpec& spec, bool masking,
-                  bool dense_vectors = false);
+                  bool dense_vectors = false, bool global_topk = false);
   // g: this rank's gradient share (flat, params.size()); replaced by U.
   void exchange(float* g, const DgcAdamStepInputs& in);
   // The fraction kept in the last exchange.
@@ -63,10 +67,17 @@ class DgcAdamExchange {
   CompressSpec spec_;
   bool masking_;
   std::vector<char> dense_;                // per tensor: sent whole (--dgc-dense-vectors, < 2 dims)
+  bool global_ = false;                    // --dgc-global-topk: one top-k over the tensors not sent whole
+  std::vector<size_t> goff_;               // global: per tensor its offset in the group (dense: unused)
+  std::vector<size_t> gtensor_;            // global: the group's tensors in order
+  size_t gn_ = 0;                          // global: the group's size
+  std::vector<float> gflat_;               // global: the group's a_r end to end, then the decoded sum
   CompressSpec all_spec_;                  // topk:1
   int n_ = 1, r_ = 0;
   std::vector<std::vector<float>> u_, a_;  // per tensor
-  std::vector<size_t> off_;                // per tensor: its payload's offset; off_[T] the total
+  std::vector<size_t> off_;                // per tensor: its payload's offset (global: 0 bytes for the group's
+                                           // tensors); off_[T] the per-tensor total, the group's payload after it
+  size_t gbytes_ = 0;                      // global: the group's payload bytes
   double density_ = -1;                    // the kept fraction off_ was laid out for
   std::vector<uint8_t> out_, all_;
 };
