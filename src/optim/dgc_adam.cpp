@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "optim/adamw_update.h"
 
 namespace mt::optim {
 
@@ -38,16 +39,7 @@ void DgcAdam::step(float* params, const float* grads, const std::vector<Segment>
     float* ms = m + s.state;
     float* vs = v + s.state;
     if (!fz) {
-      // AdamW's loop (optimizer.cpp), operation for operation.
-#pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < s.count; i++) {
-        const float gi = __builtin_assoc_barrier(g[i] * gs);
-        ms[i] = b1 * ms[i] + (1.0f - b1) * gi;
-        vs[i] = b2 * vs[i] + (1.0f - b2) * gi * gi;
-        float mhat = ms[i] / bc1;
-        float vhat = vs[i] / bc2;
-        p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
-      }
+      adamw_update(p, g, ms, vs, s.count, {b1, b2, eps, bc1, bc2, gs, lr, wd});
     } else {
 #pragma omp parallel for simd schedule(static)
       for (size_t i = 0; i < s.count; i++) p[i] -= lrs * (g[i] + wd * p[i]);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "optim/adamw_update.h"
+
 namespace mt::optim {
 
 std::vector<Segment> segments_of(const nn::ParamRegistry& params) {
@@ -30,17 +32,7 @@ void AdamW::step(float* params, const float* grads, const std::vector<Segment>& 
     const float* g = grads + s.grad;
     float* ms = m + s.state;
     float* vs = v + s.state;
-    // One pass: reads p, g, m, v and writes p, m, v (28 bytes per parameter); vectorized (sqrt and divide
-    // are exact in SIMD as in scalar form, so results equal the scalar loop's).
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < s.count; i++) {
-      const float gi = __builtin_assoc_barrier(g[i] * gs);  // rounded as a scaling pass would round it
-      ms[i] = b1 * ms[i] + (1.0f - b1) * gi;
-      vs[i] = b2 * vs[i] + (1.0f - b2) * gi * gi;
-      float mhat = ms[i] / bc1;
-      float vhat = vs[i] / bc2;
-      p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
-    }
+    adamw_update(p, g, ms, vs, s.count, {b1, b2, eps, bc1, bc2, gs, lr, wd});
   }
 }
 
