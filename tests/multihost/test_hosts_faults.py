@@ -42,11 +42,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 import dp_common as dpc  # noqa: E402
+sys.path.insert(0, HERE)
+from hosts_common import HOSTS_SH, hosts, on_two_hosts  # noqa: E402
 from parity_harness import parse_args, single_thread_env  # noqa: E402
 
-HOSTS_SH = os.path.join(HERE, "..", "..", "scripts", "hosts.sh")
 HOSTS_TMP = os.environ.get("MT_HOSTS_TMP", "/tmp/mt-hosts")
-SKIP = 77
 STEPS = 160            # long enough that every fault lands mid-run (a step takes ~10-300 ms here, loaded)
 SAVE_EVERY = 4
 FAULT_AFTER = 14       # metrics rows before the fault (checkpoints at steps 4, 8, 12 exist by then)
@@ -57,20 +57,6 @@ START_DEADLINE_S = 180
 LAYOUT = ["--dp", 4, "--zero", 1]
 
 
-def hosts(prefix: str, *args, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["bash", HOSTS_SH, "--prefix", prefix, *map(str, args)], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=120)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"hosts.sh {' '.join(map(str, args))} exited {p.returncode}: {p.stderr.strip()}")
-    return p
-
-
-def remove_stale_sets() -> None:
-    out = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
-    for pid in sorted({m.group(1) for m in re.finditer(r"^mf(\d+)-", out, re.M)}):
-        if not os.path.exists(f"/proc/{pid}"):
-            print(f"removing namespaces left by an earlier run (pid {pid} is gone)")
-            hosts(f"mf{pid}", "down", check=False)
 
 
 def ns_pids(ns: str) -> list:
@@ -106,23 +92,7 @@ def checkpoints(ck: str) -> list:
 def main() -> None:
     args = parse_args(__doc__)
     checks = dpc.Tally("test_hosts_faults")
-    if not shutil.which("mpirun"):
-        checks.fatal("mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh mpi)")
-    remove_stale_sets()
-    prefix = f"mf{os.getpid()}"
-    up = hosts(prefix, "up", 2, check=False)
-    if up.returncode == 3:
-        print(f"SKIPPED: {up.stderr.strip()}")
-        sys.exit(SKIP)
-    if not checks.check(up.returncode == 0, f"hosts.sh up 2 exited {up.returncode}: {up.stderr.strip()}"):
-        checks.finish()
-    try:
-        run_faults(args, checks, prefix)
-    finally:
-        hosts(prefix, "down", check=False)
-        left = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
-        checks.check(f"{prefix}-" not in left, f"hosts.sh down left namespaces behind: {left}")
-    checks.finish()
+    on_two_hosts("mf", checks, lambda prefix: run_faults(args, checks, prefix))
 
 
 def run_faults(args, checks: dpc.Tally, prefix: str) -> None:

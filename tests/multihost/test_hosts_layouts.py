@@ -50,18 +50,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 import dp_common as dpc  # noqa: E402
-import gpt_reference as ref  # noqa: E402
+sys.path.insert(0, HERE)
+from hosts_common import HOSTS_SH, hosts, on_two_hosts  # noqa: E402
 from parity_harness import parse_args  # noqa: E402
 
-HOSTS_SH = os.path.join(HERE, "..", "..", "scripts", "hosts.sh")
-SKIP = 77
 STEPS = 12
 CFG = dpc.CFG
 PSI = dpc.PSI
@@ -77,13 +74,6 @@ def tp_replicated_count() -> int:
     return CFG.n_layer * per_block + 2 * C + TMAX * C  # + ln_f + wpe
 
 
-def hosts(prefix: str, *args, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["bash", HOSTS_SH, "--prefix", prefix, *map(str, args)], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=120)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"hosts.sh {' '.join(map(str, args))} exited {p.returncode}: {p.stderr.strip()}")
-    return p
-
 
 def wire_bytes(prefix: str) -> int:
     """Bytes sent between hosts so far: the hosts' eth0 tx summed, minus the launcher's br0 rx."""
@@ -93,15 +83,6 @@ def wire_bytes(prefix: str) -> int:
         total += -int(rx) if name == "launcher" else int(tx)
     return total
 
-
-def remove_stale_sets() -> None:
-    """Namespaces of earlier runs of this test whose process is gone (a run killed by a timeout cannot tear
-    down its own): mh<pid>-*."""
-    out = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
-    for pid in sorted({m.group(1) for m in re.finditer(r"^mh(\d+)-", out, re.M)}):
-        if not os.path.exists(f"/proc/{pid}"):
-            print(f"removing namespaces left by an earlier run (pid {pid} is gone)")
-            hosts(f"mh{pid}", "down", check=False)
 
 
 def check_btl_use(stderr: str, ranks: int, per_host: int, prefix: str, checks: dpc.Tally, tag: str) -> None:
@@ -122,23 +103,7 @@ def check_btl_use(stderr: str, ranks: int, per_host: int, prefix: str, checks: d
 def main() -> None:
     args = parse_args(__doc__)
     checks = dpc.Tally("test_hosts_layouts")
-    if not shutil.which("mpirun"):
-        checks.fatal("mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh mpi)")
-    remove_stale_sets()
-    prefix = f"mh{os.getpid()}"
-    up = hosts(prefix, "up", 2, check=False)
-    if up.returncode == 3:
-        print(f"SKIPPED: {up.stderr.strip()}")
-        sys.exit(SKIP)
-    if not checks.check(up.returncode == 0, f"hosts.sh up 2 exited {up.returncode}: {up.stderr.strip()}"):
-        checks.finish()
-    try:
-        run_layouts(args, checks, prefix)
-    finally:
-        hosts(prefix, "down", check=False)
-        left = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
-        checks.check(f"{prefix}-" not in left, f"hosts.sh down left namespaces behind: {left}")
-    checks.finish()
+    on_two_hosts("mh", checks, lambda prefix: run_layouts(args, checks, prefix))
 
 
 def run_layouts(args, checks: dpc.Tally, prefix: str) -> None:
