@@ -1,0 +1,123 @@
+#include "plan/sync_window_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "parallel/pipeline/schedule_check.h"
+#include "parallel/pipeline/sync_window.h"
+
+namespace mt::plan {
+
+using pipeline::Action;
+using pipeline::ActionKind;
+
+double SyncWindowSim::step() const {
+  MT_CHECK_INPUT(update_end.size() >= 2, "a time per step needs a window of at least two steps, got ",
+                 update_end.size());
+  return update_end.back() - update_end[update_end.size() - 2];
+}
+
+SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                                   const CostModel& cost, StepUpdateWait wait, double update) {
+  pipeline::check_sync_window(spec, steps, window);
+  auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
+  MT_CHECK_INPUT(std::isfinite(cost.forward) && cost.forward > 0 && finite_nonneg(cost.backward_ratio) &&
+                     finite_nonneg(cost.comm) && finite_nonneg(cost.weight_share) && cost.weight_share <= 1 &&
+                     finite_nonneg(update),
+                 "simulate_sync_window: forward must be > 0; backward ratio, message and update costs >= 0; the "
+                 "weight share in [0, 1]");
+  MT_CHECK_INPUT(cost.stage_forward.empty() && cost.stage_backward.empty() && cost.stage_weight.empty(),
+                 "simulate_sync_window takes the nominal cost model only (no per-stage times)");
+  const int p = spec.stages, m = spec.micro_batches;
+  const double F = cost.forward, B = cost.backward_ratio * F, w = cost.weight_share, C = cost.comm;
+  auto duration = [&](ActionKind k) {
+    switch (k) {
+      case ActionKind::forward: return F;
+      case ActionKind::backward: return B;
+      case ActionKind::backward_input: return (1 - w) * B;
+      case ActionKind::backward_weight: return w * B;
+      default: return 0.0;
+    }
+  };
+
+  // reach[t][j]: when rank j arrived at U(t) (-1: not yet); done[t][j]: when its U(t) ended.
+  std::vector<std::vector<double>> reach((size_t)steps, std::vector<double>((size_t)p, -1.0));
+  std::vector<int> arrived((size_t)steps, 0);
+  // When U(t) may end on rank j, once every rank has arrived (norm_chain, blocking).
+  auto release = [&](int t, int j) {
+    const std::vector<double>& r = reach[(size_t)t];
+    if (wait == StepUpdateWait::blocking) return *std::max_element(r.begin(), r.end());
+    double partial = r[(size_t)p - 1];  // the partial leaving rank p - 1, then p - 2, ..., 0 (which holds the norm)
+    for (int k = p - 2; k >= 0; k--) partial = std::max(r[(size_t)k], partial + C);
+    return partial + C * j;  // the factor, passed down one stage at a time
+  };
+
+  using Msg = std::tuple<bool, int, int>;  // grad, micro-batch, from stage
+  std::map<Msg, double> sent_at, posted_at;
+  auto key = [&](const Action& a, int j) {
+    const pipeline::Message msg = pipeline::message_of(a, j, window.placement);
+    return Msg{msg.grad, msg.micro_batch, msg.from_stage};
+  };
+
+  SyncWindowSim out;
+  SimResult& r = out.result;
+  r.placement = window.placement;
+  r.boxes.resize(p);
+  r.finish.assign(p, 0.0);
+  r.busy_per_rank.assign(p, 0.0);
+  out.update_end.assign((size_t)steps, 0.0);
+  std::vector<size_t> pc((size_t)p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int j = 0; j < p; j++) {
+      double& now = r.finish[j];
+      for (; pc[j] < window[j].size(); pc[j]++) {
+        const Action& a = window[j][pc[j]];
+        if (pipeline::is_compute(a.kind)) {
+          const double d = duration(a.kind);
+          r.boxes[j].push_back({now, now + d, a.kind, a.micro_batch, a.chunk});
+          r.busy_per_rank[j] += d;
+          now += d;
+        } else if (pipeline::is_send(a.kind)) {
+          sent_at[key(a, j)] = now;
+        } else if (pipeline::is_post(a.kind)) {
+          posted_at[key(a, j)] = now;
+        } else if (pipeline::is_wait(a.kind)) {
+          auto s = sent_at.find(key(a, j));
+          if (s == sent_at.end()) break;
+          now = std::max(now, std::max(s->second, posted_at.at(key(a, j))) + C);
+        } else if (a.kind == ActionKind::optimizer_step) {
+          const int t = a.micro_batch / m;
+          if (reach[(size_t)t][(size_t)j] < 0) {
+            reach[(size_t)t][(size_t)j] = now;
+            arrived[(size_t)t]++;
+          }
+          if (wait != StepUpdateWait::local) {
+            if (arrived[(size_t)t] < p) break;
+            now = std::max(now, release(t, j));
+          }
+          now += update;
+          out.update_end[(size_t)t] = std::max(out.update_end[(size_t)t], now);
+        }
+        progress = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int j = 0; j < p; j++) {
+    if (pc[j] < window[j].size())
+      stuck += str(stuck.empty() ? "" : "; ", "rank ", j, " at action ", pc[j], " (",
+                   pipeline::to_string(window[j][pc[j]]), ")");
+    r.makespan = std::max(r.makespan, r.finish[j]);
+    r.busy += r.busy_per_rank[j];
+  }
+  if (!stuck.empty()) throw pipeline::ScheduleError("simulate_sync_window: deadlock: " + stuck);
+  r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
+  r.bubble_fraction = 1.0 - r.utilization;
+  return out;
+}
+
+}  // namespace mt::plan
