@@ -50,6 +50,7 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
   auto release = [&](int t, int j) {
     const std::vector<double>& r = reach[(size_t)t];
     if (wait == StepUpdateWait::blocking) return *std::max_element(r.begin(), r.end());
+    if (wait == StepUpdateWait::tied_ends) return std::max(r[0], r[(size_t)p - 1]);
     double partial = r[(size_t)p - 1];  // the partial leaving rank p - 1, then p - 2, ..., 0 (which holds the norm)
     for (int k = p - 2; k >= 0; k--) partial = std::max(r[(size_t)k], partial + C);
     return partial + C * j;  // the factor, passed down one stage at a time
@@ -95,8 +96,12 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
             reach[(size_t)t][(size_t)j] = now;
             arrived[(size_t)t]++;
           }
-          if (wait != StepUpdateWait::local) {
-            if (arrived[(size_t)t] < p) break;
+          const bool waits = wait == StepUpdateWait::norm_chain || wait == StepUpdateWait::blocking ||
+                             (wait == StepUpdateWait::tied_ends && (j == 0 || j == p - 1));
+          if (waits) {
+            if (wait == StepUpdateWait::tied_ends ? reach[(size_t)t][0] < 0 || reach[(size_t)t][(size_t)p - 1] < 0
+                                                  : arrived[(size_t)t] < p)
+              break;
             now = std::max(now, release(t, j));
           }
           now += update;

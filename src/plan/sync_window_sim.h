@@ -8,9 +8,13 @@
 //               was sent); rank 0 then holds the norm and sends the clip factor down, rank j receiving it C after
 //               rank j - 1; U(t) on rank j ends at max(its arrival at U(t), the factor's arrival) + update;
 //   blocking    a collective over the ranks (the trainer's reductions today): U(t) ends on every rank once every
-//               rank has reached it, + update.
+//               rank has reached it, + update;
+//   tied_ends   the GPT's tied embedding at p > 1 without any global norm: the first and the last stage each hold
+//               a copy of wte whose gradients are summed (a collective of the two) before either updates, so U(t)
+//               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally.
 // With C = 0 norm_chain and blocking give the same times: in either, U(t) waits for every rank's last computation
-// of step t (sync_window.h shows why no one-chunk list then steps faster than (p - 1) F + m (F + B + W)).
+// of step t (sync_window.h shows why no one-chunk list then steps faster than (p - 1) F + m (F + B + W)). Under
+// tied_ends rank 0's update still waits for rank p - 1's last W of the step, which gives the same bound.
 #pragma once
 
 #include <vector>
@@ -20,7 +24,7 @@
 
 namespace mt::plan {
 
-enum class StepUpdateWait { local, norm_chain, blocking };
+enum class StepUpdateWait { local, norm_chain, blocking, tied_ends };
 
 struct SyncWindowSim {
   SimResult result;                 // makespan, busy, bubble of the whole window; boxes hold the computations

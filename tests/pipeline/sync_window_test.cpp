@@ -4,7 +4,8 @@
 // missing or misordered update and a stray step-end update; the replay against closed forms: under the local rule
 // zb-h2 steps at m (F + B + W) (zero bubble) and step t + 1's first forward on rank 0 starts before step t's last
 // W on rank p - 1 ends; under the norm rule (chain or blocking) no list steps faster than (p - 1) F + m (F + B + W)
-// and zb-h2 reaches exactly that; 1F1B gains nothing under either rule.
+// and zb-h2 reaches exactly that, and the same holds when only the tied embedding's two copies (first and last
+// stage) wait for each other; 1F1B gains nothing under any rule.
 //
 // Legend: p stages (ranks), m micro-batches per step, K steps in the window, i = t m + k micro-batch k of step t,
 // U(t) the update of step t; F = 1, B = 2 (halves I = W = 1), message cost C.
@@ -175,6 +176,7 @@ TEST(SyncWindowSim, TheNormRuleBoundsEveryListAtTheSynchronizedStep) {
   // (p - 1) F + m (F + B + W): zb-h2 reaches it at m >= 2p - 1 (27 units at p = 4, m = 8, against 1F1B's 33).
   EXPECT_DOUBLE_EQ(step_time("zb-h2", 4, 8, StepUpdateWait::norm_chain), 27.0);
   EXPECT_DOUBLE_EQ(step_time("zb-h2", 4, 8, StepUpdateWait::blocking), 27.0);
+  EXPECT_DOUBLE_EQ(step_time("zb-h2", 4, 8, StepUpdateWait::tied_ends), 27.0);
   for (const char* name : kNames)
     for (int p = 2; p <= 5; p++)
       for (int m = 1; m <= 10; m++) {
@@ -184,12 +186,15 @@ TEST(SyncWindowSim, TheNormRuleBoundsEveryListAtTheSynchronizedStep) {
         // With free messages the chain's norm is ready exactly when the last rank reaches U(t): the blocking time.
         EXPECT_DOUBLE_EQ(chain, step_time(name, p, m, StepUpdateWait::blocking)) << name << " p=" << p << " m=" << m;
         EXPECT_GE(step_time(name, p, m, StepUpdateWait::local), 3.0 * m - 1e-9) << name << " p=" << p << " m=" << m;
+        // The tied embedding alone (no norm) makes rank 0 wait for rank p - 1's last W: the same bound.
+        EXPECT_GE(step_time(name, p, m, StepUpdateWait::tied_ends), bound - 1e-9) << name << " p=" << p << " m=" << m;
       }
 }
 
 TEST(SyncWindowSim, OneFOneBGainsNothingBackToBack) {
   // Rank 0 runs 1F1B's last backward of every step, so its update waits for nobody: (m + p - 1)(F + B) either way.
-  for (StepUpdateWait wait : {StepUpdateWait::local, StepUpdateWait::norm_chain, StepUpdateWait::blocking})
+  for (StepUpdateWait wait : {StepUpdateWait::local, StepUpdateWait::norm_chain, StepUpdateWait::blocking,
+                              StepUpdateWait::tied_ends})
     EXPECT_DOUBLE_EQ(step_time("1f1b", 4, 8, wait), 33.0);
 }
 
