@@ -23,6 +23,16 @@
 // for the same thing (three steps' lists joined, minus two). meshtrain's trainer synchronizes every step (the
 // loss, the gradient norm, the data-parallel reduction), so its figure is the step column, not b2b.
 //
+// The "exact" columns (1f1b, zb-h1, zb-h2: parallel/pipeline/sync_window.h) run the back-to-back window a trained
+// exact step would run: --steps steps in one list per rank, each step's update U(t) inside it after the rank's
+// last computation of the step and before its first of the next, and U(t) a one-float all-reduce over the ranks
+// (the global gradient norm that clipping needs; the tied embedding's sum of the first and last stage's copies
+// waits the same way). Time per step: from the end of U(0) to the end of U(K-1) over K - 1, slowest rank; "/1f1b"
+// against 1F1B's window run the same way; "exact sim" the replay of the window under the norm rule
+// (plan/sync_window_sim.h) against 1F1B's. Under that rule no one-chunk list steps faster than
+// (p - 1) F + m (F + B + W), the synchronized step's bound: the b2b columns' gain needs updates that wait for no
+// other stage.
+//
 // pipedream-2bw runs without a flush (parallel/pipeline/no_flush.h): its --steps - 1 timed steps are one window
 // (one list spanning them, the updates inside it costing nothing here; a first window of the same steps is not
 // timed), against 1F1B's flushed steps; its bubble and step time are per window, its simulated columns replay
@@ -48,8 +58,10 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/sync_window.h"
 #include "plan/bubble.h"
 #include "plan/simulator.h"
+#include "plan/sync_window_sim.h"
 #include "trace/chrome_trace.h"
 
 namespace mt::cli {
@@ -116,6 +128,14 @@ double simulated_back_to_back(const pipeline::ScheduleSpec& spec, const plan::Co
   return run(3) - run(2);
 }
 
+// The simulated time per step of the exact back-to-back window (updates waiting for the global norm), K = 4.
+double simulated_exact_window(const pipeline::ScheduleSpec& spec, const plan::CostModel& cost) {
+  const int K = 4;
+  return plan::simulate_sync_window(spec, K, pipeline::sync_window_schedule(spec, K), cost,
+                                    plan::StepUpdateWait::norm_chain)
+      .step();
+}
+
 // Every flag on its own, named, before any rank starts; then the memory the activations need against the machine.
 void check_args(const BenchPipelineArgs& a, const std::vector<int>& ms) {
   MT_CHECK_INPUT(a.stages >= 1 && a.stages <= comm::shm::kMaxRanks, "--stages ", a.stages, " is out of range 1..",
@@ -155,9 +175,9 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed)\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps);
-  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s %9s %8s %8s\n", "schedule", "m", "V", "measured",
-              "simulated", "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2", "b2b ms", "/1f1b",
-              "b2b sim");
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s %9s %8s %8s %9s %8s %9s\n", "schedule", "m", "V",
+              "measured", "simulated", "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2", "b2b ms",
+              "/1f1b", "b2b sim", "exact ms", "/1f1b", "exact sim");
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
@@ -224,6 +244,24 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         };
         const float b2b_peer = with_peer ? back_to_back_ms(peer, peer_lists, peer_runner, peer_ex) : 0.0f;
         const float b2b = back_to_back_ms(spec, lists, runner, ex);
+        // The exact window (sync_window.h): one list of --steps steps, each U(t) a one-float all-reduce (the norm).
+        const bool exact = pipeline::sync_window_applies(spec);
+        auto exact_window_ms = [&](const pipeline::ScheduleSpec& sp, pipeline::StageRunner& r,
+                                   pipeline::PipelineExecutor& e) {
+          const pipeline::Schedule w = pipeline::sync_window_schedule(sp, a.steps);
+          pipeline::check_sync_window(sp, a.steps, w);
+          std::vector<double> ends;
+          float norm = 1;
+          world.barrier();
+          e.run(pipeline::window_spec(sp, a.steps), w, world, r, nullptr, nullptr, [&] {
+            world.all_reduce(&norm, &norm, 1, comm::DType::f32, comm::ReduceOp::max);
+            ends.push_back(trace::ChromeTrace::now_us());
+          });
+          MT_ASSERT((int)ends.size() == a.steps, "an exact window of ", a.steps, " steps ran ", ends.size(), " updates");
+          return float((ends.back() - ends.front()) / 1e3 / (a.steps - 1));
+        };
+        const float exact_peer = exact && with_peer ? exact_window_ms(peer, peer_runner, peer_ex) : 0.0f;
+        const float exact_mine = exact ? exact_window_ms(spec, runner, ex) : 0.0f;
         // Every rank's stats on rank 0: this schedule's, then the peer's.
         auto gather = [&](const pipeline::PipelineStats& mine_st, int chunks) {
           const size_t k = plan::packed_size(chunks);
@@ -237,13 +275,15 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         const std::vector<pipeline::PipelineStats> ranks = gather(st, V);
         const std::vector<pipeline::PipelineStats> peer_ranks = with_peer ? gather(peer_st, 1) : ranks;
         // The slowest rank's back-to-back step, this schedule's and the peer's.
-        float mine_b2b[2] = {b2b, with_peer ? b2b_peer : b2b};
-        std::vector<float> all_b2b(2 * (size_t)p);
+        float mine_b2b[4] = {b2b, with_peer ? b2b_peer : b2b, exact_mine, with_peer ? exact_peer : exact_mine};
+        std::vector<float> all_b2b(4 * (size_t)p);
         world.all_gather(mine_b2b, all_b2b.data(), all_b2b.size(), comm::DType::f32);
-        double b2b_ms = 0, b2b_peer_ms = 0;
+        double b2b_ms = 0, b2b_peer_ms = 0, exact_ms = 0, exact_peer_ms = 0;
         for (int j = 0; j < p; j++) {
-          b2b_ms = std::max(b2b_ms, (double)all_b2b[2 * j]);
-          b2b_peer_ms = std::max(b2b_peer_ms, (double)all_b2b[2 * j + 1]);
+          b2b_ms = std::max(b2b_ms, (double)all_b2b[4 * j]);
+          b2b_peer_ms = std::max(b2b_peer_ms, (double)all_b2b[4 * j + 1]);
+          exact_ms = std::max(exact_ms, (double)all_b2b[4 * j + 2]);
+          exact_peer_ms = std::max(exact_peer_ms, (double)all_b2b[4 * j + 3]);
         }
         if (world.rank() != 0) return;
         plan::BubbleReport b = plan::bubble_report(run_spec, ranks, true);
@@ -269,10 +309,15 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         // The simulator's back-to-back step against 1F1B's, both with the nominal times.
         const double b2b_sim =
             simulated_back_to_back(spec, nominal_cost) / simulated_back_to_back(peer, nominal_cost);
-        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s %9.1f %8.3f %8.3f\n",
-                    name.c_str(), m, V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
-                    100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks),
-                    half, b2b_ms, b2b_ms / b2b_peer_ms, b2b_sim);
+        char exact_cols[64] = "        -        -         -";
+        if (exact)
+          std::snprintf(exact_cols, sizeof exact_cols, "%9.1f %8.3f %9.3f", exact_ms, exact_ms / exact_peer_ms,
+                        simulated_exact_window(spec, nominal_cost) / simulated_exact_window(peer, nominal_cost));
+        std::printf(
+            "%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s %9.1f %8.3f %8.3f %s\n",
+            name.c_str(), m, V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
+            100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks), half,
+            b2b_ms, b2b_ms / b2b_peer_ms, b2b_sim, exact_cols);
         if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
           for (int j = 0; j < p; j++)
             std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,
