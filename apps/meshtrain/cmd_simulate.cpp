@@ -6,6 +6,9 @@
 //   meshtrain simulate --schedule 1f1b --stages 2 --micro-batches 3 --actions        the lists, per rank
 //   meshtrain simulate --from-summary run.json --svg s.svg     replay a real run (`train --pp --summary`):
 //                                                               its schedule, measured stage times and latency
+//   meshtrain simulate --schedule zb-h2 --stages 4 --micro-batches 8 --steps 4
+//                                   K steps back to back (1f1b, zb-h1, zb-h2: parallel/pipeline/sync_window.h), the
+//                                   time per step under each rule the step's update may wait by (plan/sync_window_sim.h)
 //
 // The lists are the ones the executor runs (pipeline::make_schedule), so what this prints is what a real
 // run should approach when forward and backward times match the cost model.
@@ -20,8 +23,10 @@
 #include "core/fs.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/sync_window.h"
 #include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
+#include "plan/sync_window_sim.h"
 #include "plan/window_sim.h"
 #include "trace/swimlane_svg.h"
 
@@ -89,7 +94,45 @@ std::string pct(double x) {
   return buf;
 }
 
+// --steps K with 1f1b, zb-h1 or zb-h2: the back-to-back window (sync_window.h) replayed under each update rule
+// (sync_window_sim.h), its steady-state time per step against 1F1B's flushed step and the one-chunk bound.
+void run_sync_window_replay(const SimulateArgs& a) {
+  MT_CHECK_INPUT(a.from_summary.empty(), "--steps ", a.steps, " with --from-summary: the back-to-back replay of --schedule ",
+                 a.spec.name, " takes the nominal costs only (--forward, --backward-ratio, --weight-share, --comm)");
+  MT_CHECK_INPUT(a.steps >= 2, "--steps must be >= 2 for a time per step, got ", a.steps);
+  const pipeline::ScheduleSpec& spec = a.spec;
+  const int p = spec.stages, m = spec.micro_batches;
+  const pipeline::Schedule w = pipeline::sync_window_schedule(spec, a.steps);
+  const double one = plan::simulate({"1f1b", p, m, 1}, a.cost).makespan;
+  std::printf("schedule %s: p = %d stages, m = %d micro-batches, %d steps back to back (each rank's one-step list per "
+              "step, the step's update U(t) after the rank's last computation of it and before its first of the next)\n",
+              spec.name.c_str(), p, m, a.steps);
+  std::printf("cost: forward %s per stage, backward %s x forward%s, message %s\n", num(a.cost.forward).c_str(),
+              num(a.cost.backward_ratio).c_str(),
+              spec.name == "1f1b" ? ""
+                                  : str(" (split: input half ", num(1 - a.cost.weight_share), ", weight half ",
+                                        num(a.cost.weight_share), " of it)").c_str(),
+              num(a.cost.comm).c_str());
+  std::printf("time per step in the steady state (U(K-1) - U(K-2)), against 1f1b's flushed step %s:\n",
+              num(one).c_str());
+  const std::pair<plan::StepUpdateWait, const char*> rules[] = {
+      {plan::StepUpdateWait::local, "local updates (each stage's own gradient: no clipping, no tied copies)"},
+      {plan::StepUpdateWait::norm_chain, "global norm passed up the pipeline (clipping, non-finite checks)"},
+      {plan::StepUpdateWait::blocking, "blocking collective over the ranks (the trainer's reductions today)"},
+      {plan::StepUpdateWait::tied_ends, "tied embedding only (first and last stage wait for each other)"}};
+  for (const auto& [rule, what] : rules) {
+    const double t = plan::simulate_sync_window(spec, a.steps, w, a.cost, rule).step();
+    std::printf("  %-74s %s (%sx)\n", what, num(t).c_str(), num(t / one).c_str());
+  }
+  const double F = a.cost.forward, C = a.cost.comm;
+  const double bound = (p - 1) * (F + C) + m * F * (1 + a.cost.backward_ratio);
+  std::printf("one-chunk bound under every rule but local: (p-1)(F+C) + m(F+B) = %s (%sx): rank p-1's step work "
+              "starts p-1 forwards after rank 0's update, which waits for rank p-1's last computation\n",
+              num(bound).c_str(), num(bound / one).c_str());
+}
+
 void run_simulate(SimulateArgs& a) {
+  if (a.steps > 1 && pipeline::sync_window_applies(a.spec)) return run_sync_window_replay(a);
   if (!a.from_summary.empty()) load_summary(a);
   MT_CHECK_INPUT(!a.spec.name.empty() && a.spec.stages > 0 && a.spec.micro_batches > 0,
                  "simulate needs --schedule, --stages and --micro-batches (or --from-summary FILE)");
@@ -98,7 +141,7 @@ void run_simulate(SimulateArgs& a) {
   // --steps K (pipedream-2bw): the window of K steps without a flush, replayed as one list over K m micro-batches
   // (its step updates cost nothing here); `step` is the per-step spec, `spec` the one the replay sees.
   MT_CHECK_INPUT(a.steps == 1 || a.spec.name == "pipedream-2bw", "--steps ", a.steps,
-                 " replays several steps without a flush, which only --schedule pipedream-2bw has; --schedule ",
+                 " replays several steps without a flush (pipedream-2bw) or back to back (1f1b, zb-h1, zb-h2); --schedule ",
                  a.spec.name, " flushes after every step, so each of its steps replays as the one-step list");
   const pipeline::ScheduleSpec step = a.spec;
   const bool window = a.steps > 1;

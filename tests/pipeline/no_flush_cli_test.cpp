@@ -1,7 +1,8 @@
 // `meshtrain simulate --schedule pipedream-2bw --steps K`: the window without a flush (parallel/pipeline/no_flush.h)
 // replayed beside 1F1B's K flushed steps, with the figures worked out by hand (F = 1, B = 2, free messages: a
 // window of K steps of m micro-batches takes (K m + p - 1) 3 units, 1F1B's flushed steps K (m + p - 1) 3); the
-// window's lists with their step updates; --steps with a schedule that flushes refused, both flags named.
+// window's lists with their step updates; --steps with a schedule that flushes refused, both flags named; the
+// synchronous one-chunk schedules' back-to-back replay (sync_window.h) at p = 4, m = 8 against closed forms.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -52,10 +53,25 @@ TEST(NoFlushCli, WindowActionsHoldTheStepUpdates) {
 }
 
 TEST(NoFlushCli, StepsRefusedForSchedulesThatFlush) {
-  RunResult r = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "4", "--steps", "3"});
+  RunResult r = simulate({"--schedule", "gpipe", "--stages", "2", "--micro-batches", "4", "--steps", "3"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "--steps 3")) << r.err;
-  EXPECT_TRUE(contains(r.err, "--schedule 1f1b flushes after every step")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--schedule gpipe flushes after every step")) << r.err;
+}
+
+TEST(SyncWindowCli, ZbH2BackToBackPerRule) {
+  // F = 1, B = 2 (halves 1, 1), free messages: 1F1B's flushed step 3 (m + p - 1) = 33; zb-h2 with local updates
+  // m (F + B) = 24 (0.7273x), under the norm, a blocking collective or the tied embedding (p - 1) F + m (F + B) = 27
+  // (0.8182x).
+  RunResult r = simulate({"--schedule", "zb-h2", "--stages", "4", "--micro-batches", "8", "--steps", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "against 1f1b's flushed step 33:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "no clipping, no tied copies) ")) << r.out;
+  EXPECT_TRUE(contains(r.out, " 24 (0.7273x)\n")) << r.out;
+  int n = 0;
+  for (size_t at = r.out.find(" 27 (0.8182x)\n"); at != std::string::npos; at = r.out.find(" 27 (0.8182x)\n", at + 1)) n++;
+  EXPECT_EQ(n, 3) << r.out;  // norm chain, blocking, tied embedding
+  EXPECT_TRUE(contains(r.out, "(p-1)(F+C) + m(F+B) = 27 (0.8182x)")) << r.out;
 }
 
 }  // namespace
