@@ -98,7 +98,7 @@ std::string pct(double x) {
 // (sync_window_sim.h), its steady-state time per step against 1F1B's flushed step and the one-chunk bound.
 void run_sync_window_replay(const SimulateArgs& a) {
   MT_CHECK_INPUT(a.from_summary.empty(), "--steps ", a.steps, " with --from-summary: the back-to-back replay of --schedule ",
-                 a.spec.name, " takes the nominal costs only (--forward, --backward-ratio, --weight-share, --comm)");
+                 a.spec.name, " takes the nominal costs only (--backward-ratio, --weight-share, --comm-cost)");
   MT_CHECK_INPUT(a.steps >= 2, "--steps must be >= 2 for a time per step, got ", a.steps);
   const pipeline::ScheduleSpec& spec = a.spec;
   const int p = spec.stages, m = spec.micro_batches;
@@ -132,12 +132,12 @@ void run_sync_window_replay(const SimulateArgs& a) {
 }
 
 void run_simulate(SimulateArgs& a) {
-  if (a.steps > 1 && pipeline::sync_window_applies(a.spec)) return run_sync_window_replay(a);
   if (!a.from_summary.empty()) load_summary(a);
   MT_CHECK_INPUT(!a.spec.name.empty() && a.spec.stages > 0 && a.spec.micro_batches > 0,
                  "simulate needs --schedule, --stages and --micro-batches (or --from-summary FILE)");
   MT_CHECK_INPUT(a.cost.weight_share >= 0 && a.cost.weight_share <= 1, "--weight-share must be in [0, 1], got ",
                  a.cost.weight_share);  // also NaN, which the flag's range check lets through
+  if (a.steps > 1 && pipeline::sync_window_applies(a.spec)) return run_sync_window_replay(a);
   // --steps K (pipedream-2bw): the window of K steps without a flush, replayed as one list over K m micro-batches
   // (its step updates cost nothing here); `step` is the per-step spec, `spec` the one the replay sees.
   MT_CHECK_INPUT(a.steps == 1 || a.spec.name == "pipedream-2bw", "--steps ", a.steps,
