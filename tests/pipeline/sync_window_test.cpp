@@ -191,6 +191,25 @@ TEST(SyncWindowSim, TheNormRuleBoundsEveryListAtTheSynchronizedStep) {
       }
 }
 
+TEST(SyncWindowSim, TheBoundHoldsWithUnequalHalvesAndMessages) {
+  // The bound does not depend on how the backward splits: rank p - 1 has m (F + B) per step and starts p - 1
+  // forwards (and messages) after rank 0's update. w = 0.3, 0.7; C = 0, 0.2.
+  for (double w : {0.3, 0.7})
+    for (double C : {0.0, 0.2})
+      for (const char* name : kNames)
+        for (int p = 2; p <= 4; p++)
+          for (int m : {p, 2 * p}) {
+            const ScheduleSpec spec{name, p, m, 1};
+            CostModel c = unit(C);
+            c.weight_share = w;
+            const Schedule win = sync_window_schedule(spec, 4);
+            const double bound = (p - 1) * (1 + C) + 3.0 * m;
+            for (StepUpdateWait rule : {StepUpdateWait::norm_chain, StepUpdateWait::blocking, StepUpdateWait::tied_ends})
+              EXPECT_GE(mt::plan::simulate_sync_window(spec, 4, win, c, rule).step(), bound - 1e-9)
+                  << name << " p=" << p << " m=" << m << " w=" << w << " C=" << C << " rule " << (int)rule;
+          }
+}
+
 TEST(SyncWindowSim, OneFOneBGainsNothingBackToBack) {
   // Rank 0 runs 1F1B's last backward of every step, so its update waits for nobody: (m + p - 1)(F + B) either way.
   for (StepUpdateWait wait : {StepUpdateWait::local, StepUpdateWait::norm_chain, StepUpdateWait::blocking,
