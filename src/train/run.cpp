@@ -21,6 +21,7 @@
 #include "train/model_registry.h"
 #include "train/pipemare.h"
 #include "train/ps_sync.h"
+#include "train/back_to_back.h"
 #include "train/no_flush_steps.h"
 #include "train/weight_versions.h"
 
@@ -251,6 +252,7 @@ void Run::announce() {
   if (g.pp() > 1)
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
+  if (const std::string note = back_to_back_note(cfg); !note.empty()) log->message(note);
   if (store->versions() && !delay_one(cfg))
     log->message(str("per-micro-batch updates (changes the math): --schedule ", layout.schedule().name,
                      " updates each stage after every micro-batch's backward; ",
