@@ -11,7 +11,9 @@
 //               rank has reached it, + update;
 //   tied_ends   the GPT's tied embedding at p > 1 without any global norm: the first and the last stage each hold
 //               a copy of wte whose gradients are summed (a collective of the two) before either updates, so U(t)
-//               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally.
+//               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally. (This is
+//               the tie as the backward is split today: the last stage's wte gradient is in its W, the last
+//               computation of its step in zb-h1 / zb-h2 lists.)
 // With C = 0 norm_chain and blocking give the same times: in either, U(t) waits for every rank's last computation
 // of step t (sync_window.h shows why no one-chunk list then steps faster than (p - 1) F + m (F + B + W)). Under
 // tied_ends rank 0's update still waits for rank p - 1's last W of the step, which gives the same bound.
