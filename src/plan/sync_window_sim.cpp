@@ -46,11 +46,13 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
   // reach[t][j]: when rank j arrived at U(t) (-1: not yet); done[t][j]: when its U(t) ended.
   std::vector<std::vector<double>> reach((size_t)steps, std::vector<double>((size_t)p, -1.0));
   std::vector<int> arrived((size_t)steps, 0);
+  std::vector<double> last_input((size_t)steps, 0.0);  // [t]: when rank p - 1's last input half (or backward) ended
   // When U(t) may end on rank j, once every rank has arrived (norm_chain, blocking).
   auto release = [&](int t, int j) {
     const std::vector<double>& r = reach[(size_t)t];
     if (wait == StepUpdateWait::blocking) return *std::max_element(r.begin(), r.end());
     if (wait == StepUpdateWait::tied_ends) return std::max(r[0], r[(size_t)p - 1]);
+    if (wait == StepUpdateWait::tied_wte_early) return std::max(r[0], last_input[(size_t)t]);
     double partial = r[(size_t)p - 1];  // the partial leaving rank p - 1, then p - 2, ..., 0 (which holds the norm)
     for (int k = p - 2; k >= 0; k--) partial = std::max(r[(size_t)k], partial + C);
     return partial + C * j;  // the factor, passed down one stage at a time
@@ -82,6 +84,7 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
           r.boxes[j].push_back({now, now + d, a.kind, a.micro_batch, a.chunk});
           r.busy_per_rank[j] += d;
           now += d;
+          if (j == p - 1 && pipeline::is_backward(a.kind)) last_input[(size_t)(a.micro_batch / m)] = now;
         } else if (pipeline::is_send(a.kind)) {
           sent_at[key(a, j)] = now;
         } else if (pipeline::is_post(a.kind)) {
@@ -96,11 +99,11 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
             reach[(size_t)t][(size_t)j] = now;
             arrived[(size_t)t]++;
           }
+          const bool tied = wait == StepUpdateWait::tied_ends || wait == StepUpdateWait::tied_wte_early;
           const bool waits = wait == StepUpdateWait::norm_chain || wait == StepUpdateWait::blocking ||
-                             (wait == StepUpdateWait::tied_ends && (j == 0 || j == p - 1));
+                             (tied && (j == 0 || j == p - 1));
           if (waits) {
-            if (wait == StepUpdateWait::tied_ends ? reach[(size_t)t][0] < 0 || reach[(size_t)t][(size_t)p - 1] < 0
-                                                  : arrived[(size_t)t] < p)
+            if (tied ? reach[(size_t)t][0] < 0 || reach[(size_t)t][(size_t)p - 1] < 0 : arrived[(size_t)t] < p)
               break;
             now = std::max(now, release(t, j));
           }

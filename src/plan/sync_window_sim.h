@@ -14,6 +14,9 @@
 //               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally. (This is
 //               the tie as the backward is split today: the last stage's wte gradient is in its W, the last
 //               computation of its step in zb-h1 / zb-h2 lists.)
+//   tied_wte_early  the same tie if the last stage computed wte's gradient with its input half (not built): U(t)
+//               on rank 0 ends once rank p - 1's last input half (or whole backward) of step t has ended, on rank
+//               p - 1 once rank 0 has reached U(t); the ranks between update locally.
 // With C = 0 norm_chain and blocking give the same times: in either, U(t) waits for every rank's last computation
 // of step t (sync_window.h shows why no one-chunk list then steps faster than (p - 1) F + m (F + B + W)). Under
 // tied_ends rank 0's update still waits for rank p - 1's last W of the step, which gives the same bound.
@@ -26,7 +29,7 @@
 
 namespace mt::plan {
 
-enum class StepUpdateWait { local, norm_chain, blocking, tied_ends };
+enum class StepUpdateWait { local, norm_chain, blocking, tied_ends, tied_wte_early };
 
 struct SyncWindowSim {
   SimResult result;                 // makespan, busy, bubble of the whole window; boxes hold the computations

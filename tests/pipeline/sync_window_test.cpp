@@ -210,6 +210,14 @@ TEST(SyncWindowSim, TheBoundHoldsWithUnequalHalvesAndMessages) {
           }
 }
 
+TEST(SyncWindowSim, TheTieWithWteComputedEarlyCostsNothing) {
+  // If the last stage's wte gradient came with its input half, rank 0 would wait only for rank p - 1's last I, which
+  // is done before rank 0's own: zb-h2 steps at m (F + B + W) = 24 at p = 4, m = 8 (the least any rank's work
+  // allows), 12 at p = 2, m = 4.
+  EXPECT_DOUBLE_EQ(step_time("zb-h2", 4, 8, StepUpdateWait::tied_wte_early), 24.0);
+  EXPECT_DOUBLE_EQ(step_time("zb-h2", 2, 4, StepUpdateWait::tied_wte_early), 12.0);
+}
+
 TEST(SyncWindowSim, OneFOneBGainsNothingBackToBack) {
   // Rank 0 runs 1F1B's last backward of every step, so its update waits for nobody: (m + p - 1)(F + B) either way.
   for (StepUpdateWait wait : {StepUpdateWait::local, StepUpdateWait::norm_chain, StepUpdateWait::blocking,
