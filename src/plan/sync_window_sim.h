@@ -2,7 +2,7 @@
 // step updates in it, under the simulator's cost model (plan/simulator.h: forward F, backward R F split into
 // (1 - w) R F and w R F for zb-h1 / zb-h2, message C), for three things the update U(t) can wait for:
 //   local       nothing but the rank's own list (each stage's update needs only its own gradient: no global-norm
-//               clipping, no non-finite skip, no dynamic loss scale);
+//               clipping, no check of the whole gradient before the update);
 //   norm_chain  g_t's global norm passed up the pipeline: rank p - 1 sends its partial when it reaches U(t), rank j
 //               sends its own plus rank j + 1's once it has reached U(t) and that partial has arrived (C after it
 //               was sent); rank 0 then holds the norm and sends the clip factor down, rank j receiving it C after

@@ -10,10 +10,10 @@
 // encoding of no_flush.h: U(t) is optimizer_step with micro_batch t m + m - 1 and chunk -1).
 //
 // What U(t) waits for is the update rule's, not the list's (plan/sync_window_sim.h replays each):
-//   local     the rank's own gradient only (no global-norm clipping, no skip of a non-finite step, no dynamic loss
-//             scale): a stage may update and start step t + 1 while later stages still run step t's deferred W's.
+//   local     the rank's own gradient only (no global-norm clipping, no check of the whole gradient before the
+//             update): a stage may update and start step t + 1 while later stages still run step t's deferred W's.
 //             This is the zero-bubble paper's steady state; zb-h2 then steps at m (F + B + W).
-//   norm      g_t's global norm (clipping, the non-finite skip, loss scaling): U(t) on any rank ends only once
+//   norm      g_t's global norm (clipping; the trainer's non-finite stop): U(t) on any rank ends only once
 //             every rank has finished its computations of step t (however the norm's partials travel: an
 //             all-reduce, or stage s adding its share to stage s + 1's and passing it towards stage 0). Then no
 //             one-chunk list steps faster than (p - 1) F + m (F + B + W), the synchronized step's bound:
