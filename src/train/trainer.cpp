@@ -18,6 +18,7 @@
 #include "tensor/blas.h"
 #include "train/elastic.h"
 #include "train/model_registry.h"
+#include "train/micro_window_steps.h"
 #include "train/no_flush_steps.h"
 #include "train/preflight.h"
 #include "train/run.h"
@@ -86,7 +87,8 @@ TrainSummary finish_run(Run& r) {
   // pipedream-2bw without a flush (train/no_flush_steps.h): its bubble is measured over windows of steps; the
   // simulated figures are still the flushed one-step list's.
   if (sections["pipeline"].is_object())
-    sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches);
+    sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches) &&
+                                                  !micro_window_applies(r.cfg, r.layout.schedule().micro_batches);
   if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
     const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
     if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;
