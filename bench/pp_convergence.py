@@ -6,7 +6,8 @@ P = 4 stages, same steps, seed, data and hyperparameters; only --schedule (and -
 
 Reports per run: the final validation loss, its gap to 1F1B's at the same P, the training time per step (mean
 of steps 2..), the weight bytes per rank from --summary (param_bytes: 2BW keeps two versions; pipedream counts
-its stash's most saved copies) and, for pipedream/pipemare, the most weight versions each rank held. Writes
+its stash's most saved copies), for pipedream/pipemare the most weight versions each rank held, and the
+measured bubble and whether the steps flushed (--summary's pipeline section; "-" in runs recorded before). Writes
 table.md, results.json and, per P, SVGs of validation loss against steps and against training seconds.
 
 Model: 4 layers, 4 heads, width 128, context 64, byte vocabulary, on tinyshakespeare (first 90% train, last 10%
@@ -60,7 +61,8 @@ def write_outputs(out, host, steps, results):
              "pipedream/pipemare make 4 updates per step "
              "(one per micro-batch). Weight bytes per rank: --summary's param_bytes.", "",
              "| P | schedule | final val loss | gap to 1F1B | ms/step | ratio to 1F1B | weight bytes per rank | "
-             "weight versions held per rank |", "|---|---|---|---|---|---|---|---|"]
+             "weight versions held per rank | measured bubble | flush between steps |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for P in sorted({r["P"] for r in results}):
         by = {r["schedule"]: r for r in results if r["P"] == P}
         base = by.get("1f1b")
@@ -71,8 +73,10 @@ def write_outputs(out, host, steps, results):
             gap = f"{100 * (r['final_val'] / base['final_val'] - 1):+.2f}%" if base and sched != "1f1b" else "-"
             ratio = f"{r['step_s'] / base['step_s']:.3f}" if base and sched != "1f1b" else "-"
             versions = r.get("stash_versions") or ([2] * P if sched == "pipedream-2bw" else [1] * P)
+            bubble = f"{100 * r['bubble']:.1f}%" if r.get("bubble") is not None else "-"
+            flush = {True: "yes", False: "no"}.get(r.get("flush"), "-")
             lines.append(f"| {P} | {sched} | {r['final_val']:.4f} | {gap} | {r['step_s'] * 1e3:.1f} | {ratio} | "
-                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} |")
+                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} | {bubble} | {flush} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -150,7 +154,9 @@ def main():
                 s = json.load(f)
             res = dict(P=P, schedule=sched, tag=tag, final_val=val[-1][1], val=val, step_s=step_s, wall_s=wall,
                        param_bytes=[rk["param_bytes"] for rk in s["ranks"]],
-                       stash_versions=s.get("pipeline", {}).get("stash_versions"))
+                       stash_versions=s.get("pipeline", {}).get("stash_versions"),
+                       bubble=s.get("pipeline", {}).get("bubble_measured"),
+                       flush=s.get("pipeline", {}).get("flush_between_steps"))
             results.append(res)
             results.sort(key=lambda r: (r["P"], SCHEDULES.index(r["schedule"])))
             print(f"P={P} {sched:<14} final val {val[-1][1]:.4f}  {step_s * 1e3:7.1f} ms/step  param_bytes "
