@@ -212,6 +212,12 @@ void run_simulate(SimulateArgs& a) {
                   "(pipemare)\n",
                   list_of(pipeline::in_flight_counts(listed)).c_str(),
                   list_of(pipeline::stash_depths(listed, true)).c_str());
+      // As a run has them: each update a collective over the stages (its micro-batch's gradient norm).
+      const plan::SimResult blocking = plan::simulate_micro_window(step, a.steps, listed, a.cost);
+      std::printf("with the updates as blocking collectives over all ranks (each micro-batch's norm): makespan %s "
+                  "(bubble %s, %sx 1f1b's flushed steps)\n",
+                  num(blocking.makespan).c_str(), pct(blocking.bubble_fraction).c_str(),
+                  num(blocking.makespan / (a.steps * one.makespan)).c_str());
     } else {
       // The same window with its updates in it: waiting for the norm (started after each rank's last backward of
       // the step) as designed, and as blocking collectives over every rank (the step's exchange as it is today).

@@ -13,8 +13,9 @@
 // two per computation); memory: A plus up to one saved copy per version held (the newest is saved too while an
 // older one is in A; bytes() reports the most). Under 1F1B without --vertical-sync the versions held on stage
 // s of p are at most p - s (the newest included), reached under the flush once m >= 2 (p - 1 - s): peak() is
-// the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
-// between steps only the newest version exists: checkpoints hold one version.
+// the count, which the summary reports per rank. Without a flush (MicroVersions::begin_window) the same holds
+// over a window of steps, numbered as one list; a window (a step, when the run flushes) ends with all backwards
+// and updates done, so between windows only the newest version exists: checkpoints hold one version.
 #pragma once
 
 #include <cstddef>

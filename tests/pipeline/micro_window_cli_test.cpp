@@ -35,6 +35,10 @@ TEST(MicroWindowCli, PipeDreamWindowAgainstFlushedOneFOneB) {
       << r.out;
   EXPECT_TRUE(contains(r.out, "in flight per rank: [4, 3, 2, 1]; weight versions per rank with stashing: [4, 3, 2, 1]"))
       << r.out;
+  // The updates as collectives: each micro-batch costs F + p B = 9 in steady state (micro_window_test.cpp).
+  EXPECT_TRUE(contains(r.out, "with the updates as blocking collectives over all ranks (each micro-batch's norm): "
+                              "makespan "))
+      << r.out;
 }
 
 TEST(MicroWindowCli, PipeMareWindowActionsHoldAnUpdatePerMicroBatch) {

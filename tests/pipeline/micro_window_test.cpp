@@ -21,6 +21,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
 #include "plan/simulator.h"
+#include "plan/window_sim.h"
 
 namespace {
 
@@ -178,6 +179,27 @@ TEST(MicroWindow, CheckerRefusesBrokenWindows) {
   }
   // A window of 2bw's step updates is not one of per-micro-batch updates.
   EXPECT_NE(window_error(spec, 3, no_flush_schedule({"pipedream-2bw", 2, 2, 1}, 3)), "(passed)");
+}
+
+}  // namespace
+
+namespace {
+
+using namespace mt::pipeline;
+
+TEST(MicroWindowSim, BlockingPerMicroBatchUpdatesCostPMinusOneBackwardsEach) {
+  // F = 1, B = 2, free messages: with every U(n) a collective over the stages, the last stage's forward of n+1
+  // waits for stage 0's backward of n, (p - 1) B after its own; in steady state each micro-batch then takes
+  // F + p B on every rank (5 at p = 2, 9 at p = 4) against 1F1B's F + B of work: one more step adds m (F + p B).
+  for (int p : {2, 4})
+    for (int m : {p, 2 * p}) {
+      const ScheduleSpec spec{"pipedream", p, m, 1};
+      const double k3 = mt::plan::simulate_micro_window(spec, 3, micro_window_schedule(spec, 3), {}).makespan;
+      const double k4 = mt::plan::simulate_micro_window(spec, 4, micro_window_schedule(spec, 4), {}).makespan;
+      EXPECT_DOUBLE_EQ(k4 - k3, m * (1.0 + 2.0 * p)) << "p " << p << " m " << m;
+      // Free updates would not change the list's replay without them (no wait at all).
+      EXPECT_LT(mt::plan::simulate(window_spec(spec, 4), micro_window_schedule(spec, 4), {}).makespan, k4);
+    }
 }
 
 }  // namespace
