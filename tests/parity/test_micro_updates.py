@@ -18,7 +18,9 @@ tp 2 x pp 2 (m 2), pipedream with --zero 1 --recompute at dp 2 x pp 2 (m 2).
 Tolerances: loss 2e-4 abs, grad_norm 1e-3 rel, lr 1e-6 rel, final weights 2e-4 abs (test_delay_one's).
 Every layout above has m >= p, so it runs without a flush: one window of the 12 steps; pipedream at pp 4 with
 m 2 (< p) flushes after every step (the one-step windows of the reference). --summary's
-pipeline.flush_between_steps is false without the flush, true with it.
+pipeline.flush_between_steps is false without the flush, true with it; the trace of pp 2 m 2 shows rank 0's
+first forward of step t+1 before step t's last backward for every t, that of the flushed run every step ending
+with its last backward.
 The comparison can fail: at pp 4 the three rules (stash, vertical sync, newest) and the exact 1F1B run are
 asserted to differ pairwise in the reference by more than 20x the loss tolerance or 10x the weight tolerance,
 and the no-flush rule from the flushed one (pp 2 m 4 and pp 4 m 4, both stash and newest).
@@ -59,6 +61,16 @@ SPLITS = {2: [2, 2], 4: [1, 1, 1, 1]}
 # One micro-batch's gradient norm (3.5-8 here) is larger than the step's: dp_common's clip 2.5 would clip
 # every update; 5.0 clips some and not others (asserted).
 HP = dataclasses.replace(dpc.HP, grad_clip=5.0)
+
+
+def rank0_computations(trace_path):
+    """Pipeline rank 0's forwards and backwards in the order it ran them ("F3", "B2": window numbering)."""
+    with open(trace_path) as f:
+        d = json.load(f)
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    comp = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("pid") == 0]
+    comp.sort(key=lambda e: e["ts"])
+    return [e["name"] for e in comp]
 
 
 def max_weight_diff(a, b) -> float:
@@ -158,7 +170,8 @@ def main() -> None:
         flush = tag.endswith("_flushed")
         t0 = time.time()
         summary = out(tag, "summary.json")
-        got, got_w = lr.run(tag, extra + ["--summary", summary])
+        traced = tag in ("pp2_pipedream_m2", "pp4_pipedream_m2_flushed")
+        got, got_w = lr.run(tag, extra + ["--summary", summary] + (["--trace", out(tag, "trace.json")] if traced else []))
         if got is None:
             continue
         compare(tag, key, got, got_w, windows=flushed if flush else one_window)
@@ -166,6 +179,16 @@ def main() -> None:
             pipe = json.load(f).get("pipeline", {})
         checks.check(pipe.get("flush_between_steps") is flush,
                      f"{tag}: summary flush_between_steps {pipe.get('flush_between_steps')}, want {flush}")
+        if traced:  # the order rank 0 ran its computations in (the trace records it; not their times)
+            seq, m = rank0_computations(out(tag, "trace.json")), key[1]
+            if flush:  # every step's 2m computations (numbered 0..m-1) end with its last backward
+                ok = len(seq) == 2 * m * STEPS and all(seq[2 * m * (t + 1) - 1] == f"B{m - 1}" for t in range(STEPS))
+                checks.check(ok, f"{tag}: the flushed run ends every step with its last backward: {seq[:4 * m]}")
+            else:  # one window: step t+1's first forward before step t's last backward, every t
+                ok = len(seq) == 2 * m * STEPS and all(
+                    seq.index(f"F{(t + 1) * m}") < seq.index(f"B{(t + 1) * m - 1}") for t in range(STEPS - 1))
+                checks.check(ok, f"{tag}: rank 0 ran step t+1's first forward before step t's last backward, "
+                                 f"every t (first computations {' '.join(seq[:3 * m])})")
         if tag in ("pp4_pipedream_m4", "pp4_pipemare_m4", "pp2_pipedream_m4", "pp4_pipedream_m2_flushed"):
             depth = pipe.get("stash_versions")
             want = mr.stash_depth(key[0], key[1] * (1 if flush else STEPS), key[2])
