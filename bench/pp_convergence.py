@@ -7,7 +7,9 @@ P = 4 stages, same steps, seed, data and hyperparameters; only --schedule (and -
 Reports per run: the final validation loss, its gap to 1F1B's at the same P, the training time per step (mean
 of steps 2..), the weight bytes per rank from --summary (param_bytes: 2BW keeps two versions; pipedream counts
 its stash's most saved copies), for pipedream/pipemare the most weight versions each rank held, and the
-measured bubble and whether the steps flushed (--summary's pipeline section; "-" in runs recorded before). Writes
+measured and simulated bubble (the simulator's replay of the run's list at its measured stage times: for
+pipedream/pipemare without a flush the window with its updates as blocking collectives) and whether the steps
+flushed (--summary's pipeline section; "-" in runs recorded before). Writes
 table.md, results.json and, per P, SVGs of validation loss against steps and against training seconds.
 
 Model: 4 layers, 4 heads, width 128, context 64, byte vocabulary, on tinyshakespeare (first 90% train, last 10%
@@ -61,8 +63,8 @@ def write_outputs(out, host, steps, results):
              "pipedream/pipemare make 4 updates per step "
              "(one per micro-batch). Weight bytes per rank: --summary's param_bytes.", "",
              "| P | schedule | final val loss | gap to 1F1B | ms/step | ratio to 1F1B | weight bytes per rank | "
-             "weight versions held per rank | measured bubble | flush between steps |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "weight versions held per rank | measured bubble | simulated bubble | flush between steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for P in sorted({r["P"] for r in results}):
         by = {r["schedule"]: r for r in results if r["P"] == P}
         base = by.get("1f1b")
@@ -74,9 +76,10 @@ def write_outputs(out, host, steps, results):
             ratio = f"{r['step_s'] / base['step_s']:.3f}" if base and sched != "1f1b" else "-"
             versions = r.get("stash_versions") or ([2] * P if sched == "pipedream-2bw" else [1] * P)
             bubble = f"{100 * r['bubble']:.1f}%" if r.get("bubble") is not None else "-"
+            bubble_sim = f"{100 * r['bubble_sim']:.1f}%" if r.get("bubble_sim") is not None else "-"
             flush = {True: "yes", False: "no"}.get(r.get("flush"), "-")
             lines.append(f"| {P} | {sched} | {r['final_val']:.4f} | {gap} | {r['step_s'] * 1e3:.1f} | {ratio} | "
-                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} | {bubble} | {flush} |")
+                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} | {bubble} | {bubble_sim} | {flush} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -156,6 +159,10 @@ def main():
                        param_bytes=[rk["param_bytes"] for rk in s["ranks"]],
                        stash_versions=s.get("pipeline", {}).get("stash_versions"),
                        bubble=s.get("pipeline", {}).get("bubble_measured"),
+                       # what the simulator gives the run's list at its measured costs: the window's (updates as
+                       # blocking collectives) without a flush, else the one-step list's
+                       bubble_sim=s.get("pipeline", {}).get("bubble_simulated_window",
+                                                           s.get("pipeline", {}).get("bubble_simulated")),
                        flush=s.get("pipeline", {}).get("flush_between_steps"))
             results.append(res)
             results.sort(key=lambda r: (r["P"], SCHEDULES.index(r["schedule"])))

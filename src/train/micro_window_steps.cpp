@@ -7,6 +7,7 @@
 #include "parallel/pipeline/micro_window.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule_generator.h"
+#include "plan/window_sim.h"
 #include "train/no_flush_steps.h"
 #include "train/train_config.h"
 #include "train/weight_stash.h"
@@ -27,6 +28,17 @@ bool micro_window_applies(const TrainConfig& cfg, int micro_batches, std::string
                   " (two steps' micro-batches in flight would share activation keys)"));
   if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
   return true;
+}
+
+double micro_window_simulated_bubble(const pipeline::ScheduleSpec& spec, int64_t steps,
+                                     const std::vector<double>& stage_forward, const std::vector<double>& stage_backward,
+                                     double message_ms) {
+  const int K = (int)std::clamp<int64_t>(steps, 1, kMaxWindowSteps);
+  plan::CostModel cost;
+  cost.stage_forward = stage_forward;
+  cost.stage_backward = stage_backward;
+  cost.comm = message_ms;
+  return plan::simulate_micro_window(spec, K, pipeline::micro_window_schedule(spec, K), cost).bubble_fraction;
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "train/step_executor.h"
 
@@ -33,6 +34,14 @@ struct MicroWindowParts {
 // least p micro-batches per step (two steps' micro-batches in flight then never share an activation key), a gpt
 // model. Otherwise the run flushes between steps (the one-step list); reason says why.
 bool micro_window_applies(const TrainConfig& cfg, int micro_batches, std::string* reason = nullptr);
+
+// The bubble the simulator gives a window of K steps of this run's spec with its per-micro-batch updates as
+// blocking collectives over the stages (plan/window_sim.h simulate_micro_window), at the run's measured per-stage
+// forward and backward times and message latency (ms); K = the run's steps, at most kMaxWindowSteps (the
+// measured bubble covers every window of the run: the two agree when the run is one window).
+double micro_window_simulated_bubble(const pipeline::ScheduleSpec& spec, int64_t steps,
+                                     const std::vector<double>& stage_forward, const std::vector<double>& stage_backward,
+                                     double message_ms);
 
 std::unique_ptr<StepExecutor> make_micro_window_steps(TrainTask& task, const PipelineContext& pp,
                                                       trace::ChromeTrace* trace, MicroWindowParts parts);

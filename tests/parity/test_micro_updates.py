@@ -179,6 +179,9 @@ def main() -> None:
             pipe = json.load(f).get("pipeline", {})
         checks.check(pipe.get("flush_between_steps") is flush,
                      f"{tag}: summary flush_between_steps {pipe.get('flush_between_steps')}, want {flush}")
+        sim = pipe.get("bubble_simulated_window")  # only without a flush: the window's replay at measured costs
+        checks.check((sim is None) == flush and (sim is None or 0 <= sim < 1),
+                     f"{tag}: summary bubble_simulated_window {sim} (flushed: {flush})")
         if traced:  # the order rank 0 ran its computations in (the trace records it; not their times)
             seq, m = rank0_computations(out(tag, "trace.json")), key[1]
             if flush:  # every step's 2m computations (numbered 0..m-1) end with its last backward
