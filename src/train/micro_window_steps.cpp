@@ -31,8 +31,8 @@ bool micro_window_applies(const TrainConfig& cfg, int micro_batches, std::string
 }
 
 double micro_window_simulated_bubble(const pipeline::ScheduleSpec& spec, int64_t steps,
-                                     const std::vector<double>& stage_forward, const std::vector<double>& stage_backward,
-                                     double message_ms) {
+                                     const std::vector<double>& stage_forward,
+                                     const std::vector<double>& stage_backward, double message_ms) {
   const int K = (int)std::clamp<int64_t>(steps, 1, kMaxWindowSteps);
   plan::CostModel cost;
   cost.stage_forward = stage_forward;

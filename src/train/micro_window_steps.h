@@ -40,8 +40,8 @@ bool micro_window_applies(const TrainConfig& cfg, int micro_batches, std::string
 // forward and backward times and message latency (ms); K = the run's steps, at most kMaxWindowSteps (the
 // measured bubble covers every window of the run: the two agree when the run is one window).
 double micro_window_simulated_bubble(const pipeline::ScheduleSpec& spec, int64_t steps,
-                                     const std::vector<double>& stage_forward, const std::vector<double>& stage_backward,
-                                     double message_ms);
+                                     const std::vector<double>& stage_forward,
+                                     const std::vector<double>& stage_backward, double message_ms);
 
 std::unique_ptr<StepExecutor> make_micro_window_steps(TrainTask& task, const PipelineContext& pp,
                                                       trace::ChromeTrace* trace, MicroWindowParts parts);

@@ -9,6 +9,8 @@
 //
 // Legend: p stages (ranks), m micro-batches per step, K steps in the window, n = t m + k micro-batch k of step t,
 // U(n) the update after micro-batch n's backward.
+#include "parallel/pipeline/micro_window.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "actions.h"
-#include "parallel/pipeline/micro_window.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_check.h"
@@ -88,8 +89,8 @@ TEST(MicroWindow, SweepPassesTheCheckerWithOneFOneBsInFlightCountAndStash) {
         for (int K : {1, 2, 3, 5}) {
           const ScheduleSpec spec{name, p, m, 1};
           const Schedule w = micro_window_schedule(spec, K);
-          const std::string at = std::string(name) + " p " + std::to_string(p) + " m " + std::to_string(m) + " K " +
-                                 std::to_string(K);
+          const std::string at =
+              std::string(name) + " p " + std::to_string(p) + " m " + std::to_string(m) + " K " + std::to_string(K);
           EXPECT_EQ(window_error(spec, K, w), "(passed)") << at;
           const std::vector<int> flying = in_flight_counts(w), stash = stash_depths(w, true),
                                  newest = stash_depths(w, false);
@@ -120,7 +121,8 @@ TEST(MicroWindow, StepTPlusOnesFirstForwardBeforeStepTsLastUpdateOnRankZero) {
         const mt::plan::SimResult r = mt::plan::simulate(window_spec(spec, K), w, {});
         for (int t = 0; t + 1 < K; t++) {
           const int first = (t + 1) * m, last = (t + 1) * m - 1;  // step t+1's first micro-batch, step t's last
-          EXPECT_LT(index_of(w[0], F(first)), index_of(w[0], U(last))) << name << " p " << p << " m " << m << " t " << t;
+          EXPECT_LT(index_of(w[0], F(first)), index_of(w[0], U(last)))
+              << name << " p " << p << " m " << m << " t " << t;
           double f_start = -1, b_end = -1;
           for (const mt::plan::Box& b : r.boxes[0]) {
             if (b.kind == ActionKind::forward && b.micro_batch == first) f_start = b.start;

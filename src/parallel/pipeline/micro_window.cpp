@@ -21,8 +21,8 @@ void check_spec(const ScheduleSpec& spec, int steps) {
   MT_CHECK_INPUT(find_schedule(spec.name).micro_updates() != ScheduleGenerator::MicroUpdates::none,
                  "only schedules that update after every micro-batch (pipedream, pipemare) run this window, not ",
                  spec.name);
-  MT_CHECK_INPUT(spec.virtual_stages == 1, "a window of per-micro-batch updates runs one chunk per rank, got V = ",
-                 spec.virtual_stages);
+  MT_CHECK_INPUT(spec.virtual_stages == 1,
+                 "a window of per-micro-batch updates runs one chunk per rank, got V = ", spec.virtual_stages);
   validate(window_spec(spec, steps));
 }
 
@@ -37,7 +37,8 @@ void check_micro_window(const ScheduleSpec& spec, int steps, const Schedule& win
   check_spec(spec, steps);
   const ScheduleSpec ws = window_spec(spec, steps);
   const int p = spec.stages, n = ws.micro_batches;
-  if ((int)window.size() != p) throw ScheduleError(str("the window has ", window.size(), " lists for p = ", p, " ranks"));
+  if ((int)window.size() != p)
+    throw ScheduleError(str("the window has ", window.size(), " lists for p = ", p, " ranks"));
   check_schedule(ws, window);
 
   // Per rank: U(0) .. U(n - 1) in order, each right after its backward (and that backward's send).
