@@ -29,6 +29,8 @@ stash); without a flush it equals, per rank, the schedule's in-flight count of t
 `meshtrain simulate --schedule pipedream --steps 12`, from the C++ list) and the reference's count: p - j on
 rank j (pp 4 m 4: 4, 3, 2, 1; pp 2 m 4: 2, 1); flushed (pp 4 m 2) the reference's one-step count; pipemare 1
 everywhere.
+Evaluation: pipedream at pp 2 with --eval-every 4 follows the reference of windows of 4 steps (asserted to
+differ from one window of 12).
 Checkpoint: pipedream at pp 2 with --save-every 3 (windows of 3 steps) stopped at step 6 and resumed (one
 window of steps 6..11) continues the reference's trajectory.
 Bad input (refused naming both flags): pipedream with --zero 2, --vertical-sync with pipemare, pipemare with
@@ -239,6 +241,22 @@ def main() -> None:
         got, got_w = lr.run("resume_pp2_pipedream", flags + ["--resume", ck], first=6)
         if got is not None:
             compare("resume_pp2_pipedream", (2, 4, "stash"), got, got_w, first=6, windows=threes)
+
+    # --- an evaluation ends a window too: --eval-every 4 (validation on the training shard) cuts the 12 steps into
+    # windows of 4; the training rows follow the reference of those windows
+    fours = tuple(mr.window_lengths(STEPS, ends_after=(3, 7, 11)))
+    checks.check(fours == (4, 4, 4), f"test setup: windows {fours}")
+    got, got_w = lr.run("eval4_pp2_pipedream", pp_flags(2, "pipedream", 3, ["--val-data", lr.data_path,
+                                                                           "--eval-every", 4, "--eval-batches", 1]))
+    if got is not None:
+        compare("eval4_pp2_pipedream", (2, 4, "stash"), got, got_w, windows=fours)
+        h4, W4, _ = reference(2, 4, "stash", windows=fours)
+        h12, W12, _ = reference(2, 4, "stash")
+        dl = max(abs(a["loss"] - b["loss"]) for a, b in zip(h4, h12))
+        dw = max_weight_diff(W4, W12)
+        print(f"reference (2, 4, 'stash'): windows of 4 vs one of 12: max |dloss| {dl:.3e}, max |dw| {dw:.3e}")
+        checks.check(dl > 5 * TOL_LOSS_ABS or dw > 5 * TOL_W_ABS,
+                     f"test setup: windows of 4 too close to one window (loss {dl:.2e}, weights {dw:.2e})")
 
     # --- bad input
     for tag, extra, words in (
