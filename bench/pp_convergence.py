@@ -6,7 +6,10 @@ P = 4 stages, same steps, seed, data and hyperparameters; only --schedule (and -
 
 Reports per run: the final validation loss, its gap to 1F1B's at the same P, the training time per step (mean
 of steps 2..), the weight bytes per rank from --summary (param_bytes: 2BW keeps two versions; pipedream counts
-its stash's most saved copies) and, for pipedream/pipemare, the most weight versions each rank held. Writes
+its stash's most saved copies), for pipedream/pipemare the most weight versions each rank held, and the
+measured and simulated bubble (the simulator's replay of the run's list at its measured stage times: for
+pipedream/pipemare without a flush the window with its updates as blocking collectives) and whether the steps
+flushed (--summary's pipeline section; "-" in runs recorded before). Writes
 table.md, results.json and, per P, SVGs of validation loss against steps and against training seconds.
 
 Model: 4 layers, 4 heads, width 128, context 64, byte vocabulary, on tinyshakespeare (first 90% train, last 10%
@@ -16,10 +19,12 @@ lr / 10, clip 1.0, batch 16 x 64 tokens in micro-batches of 4 (m = 4), --steps (
 one micro-batch's mean loss, lr of the step), so at equal steps they take 4x the updates of the others.
 
 pipedream-2bw runs without a flush between steps (train/no_flush_steps.h: windows of steps between the
-evaluations, each update still a blocking collective over the stages); every other schedule here flushes (no
-overlap of step t+1's forwards with step t's backwards), and pipedream/pipemare's per-micro-batch update is a
-synchronization point (the global norm over the stages). Results recorded before the no-flush executor (their
-table says so) timed a flushed 2BW. Timings come from a shared
+evaluations, each update still a blocking collective over the stages), and so do pipedream and pipemare
+(train/micro_window_steps.h: the same windows, m >= P here); 1f1b and zb-h1 flush (no overlap of step t+1's
+forwards with step t's backwards), and pipedream/pipemare's per-micro-batch update is a synchronization point
+(the global norm over the stages). Results recorded before the no-flush executors (their table says so) timed
+a flushed 2BW, and results recorded before session 15 a flushed pipedream/pipemare (a different update rule:
+docs/parallelism.md "PipeDream and PipeMare"). Timings come from a shared
 2-core machine (P = 4 runs 4 processes on 2 cores); kernel and ISA are printed with them.
 
 Usage: /usr/bin/python3 bench/pp_convergence.py [--meshtrain build/meshtrain] [--steps 300] [--lr 3e-4]
@@ -53,12 +58,13 @@ VARIANTS = {"pipemare+lr": ["--pipemare-lr-anneal", "400"],
 def write_outputs(out, host, steps, results):
     lines = [f"# Pipeline schedules: convergence at equal steps ({steps} steps, character GPT on tinyshakespeare)",
              "", f"Host: {host}. Step times are means over steps 2.. of one run each, back to back, on a noisy "
-             "shared machine; pipedream-2bw runs without a flush between steps (its updates still blocking "
-             "collectives), every other schedule flushes, so PipeDream's times are not its no-flush throughput. "
+             "shared machine; pipedream-2bw, pipedream and pipemare run without a flush between steps (their "
+             "updates still blocking collectives), 1f1b and zb-h1 flush. "
              "pipedream/pipemare make 4 updates per step "
              "(one per micro-batch). Weight bytes per rank: --summary's param_bytes.", "",
              "| P | schedule | final val loss | gap to 1F1B | ms/step | ratio to 1F1B | weight bytes per rank | "
-             "weight versions held per rank |", "|---|---|---|---|---|---|---|---|"]
+             "weight versions held per rank | measured bubble | simulated bubble | flush between steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for P in sorted({r["P"] for r in results}):
         by = {r["schedule"]: r for r in results if r["P"] == P}
         base = by.get("1f1b")
@@ -69,8 +75,11 @@ def write_outputs(out, host, steps, results):
             gap = f"{100 * (r['final_val'] / base['final_val'] - 1):+.2f}%" if base and sched != "1f1b" else "-"
             ratio = f"{r['step_s'] / base['step_s']:.3f}" if base and sched != "1f1b" else "-"
             versions = r.get("stash_versions") or ([2] * P if sched == "pipedream-2bw" else [1] * P)
+            bubble = f"{100 * r['bubble']:.1f}%" if r.get("bubble") is not None else "-"
+            bubble_sim = f"{100 * r['bubble_sim']:.1f}%" if r.get("bubble_sim") is not None else "-"
+            flush = {True: "yes", False: "no"}.get(r.get("flush"), "-")
             lines.append(f"| {P} | {sched} | {r['final_val']:.4f} | {gap} | {r['step_s'] * 1e3:.1f} | {ratio} | "
-                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} |")
+                         f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} | {bubble} | {bubble_sim} | {flush} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -148,7 +157,13 @@ def main():
                 s = json.load(f)
             res = dict(P=P, schedule=sched, tag=tag, final_val=val[-1][1], val=val, step_s=step_s, wall_s=wall,
                        param_bytes=[rk["param_bytes"] for rk in s["ranks"]],
-                       stash_versions=s.get("pipeline", {}).get("stash_versions"))
+                       stash_versions=s.get("pipeline", {}).get("stash_versions"),
+                       bubble=s.get("pipeline", {}).get("bubble_measured"),
+                       # what the simulator gives the run's list at its measured costs: the window's (updates as
+                       # blocking collectives) without a flush, else the one-step list's
+                       bubble_sim=s.get("pipeline", {}).get("bubble_simulated_window",
+                                                           s.get("pipeline", {}).get("bubble_simulated")),
+                       flush=s.get("pipeline", {}).get("flush_between_steps"))
             results.append(res)
             results.sort(key=lambda r: (r["P"], SCHEDULES.index(r["schedule"])))
             print(f"P={P} {sched:<14} final val {val[-1][1]:.4f}  {step_s * 1e3:7.1f} ms/step  param_bytes "

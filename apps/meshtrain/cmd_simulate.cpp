@@ -21,8 +21,10 @@
 #include "apps/meshtrain/commands.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "parallel/pipeline/micro_window.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_generator.h"
 #include "parallel/pipeline/sync_window.h"
 #include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
@@ -141,15 +143,25 @@ void run_simulate(SimulateArgs& a) {
   if (a.steps > 1 && pipeline::sync_window_applies(a.spec)) return run_sync_window_replay(a);
   // --steps K (pipedream-2bw): the window of K steps without a flush, replayed as one list over K m micro-batches
   // (its step updates cost nothing here); `step` is the per-step spec, `spec` the one the replay sees.
-  MT_CHECK_INPUT(a.steps == 1 || a.spec.name == "pipedream-2bw", "--steps ", a.steps,
-                 " replays several steps without a flush (pipedream-2bw) or back to back (1f1b, zb-h1, zb-h2); --schedule ",
+  // pipedream and pipemare (micro): the window of parallel/pipeline/micro_window.h, its per-micro-batch updates
+  // in the list (costing nothing here).
+  const bool micro = pipeline::find_schedule(a.spec.name).micro_updates() !=
+                     pipeline::ScheduleGenerator::MicroUpdates::none;
+  MT_CHECK_INPUT(a.steps == 1 || a.spec.name == "pipedream-2bw" || micro, "--steps ", a.steps,
+                 " replays several steps without a flush (pipedream-2bw, pipedream, pipemare) or back to back (1f1b, "
+                 "zb-h1, zb-h2); --schedule ",
                  a.spec.name, " flushes after every step, so each of its steps replays as the one-step list");
   const pipeline::ScheduleSpec step = a.spec;
   const bool window = a.steps > 1;
   const pipeline::ScheduleSpec spec = window ? pipeline::window_spec(step, a.steps) : step;
-  const pipeline::Schedule listed = window ? pipeline::no_flush_schedule(step, a.steps) : pipeline::make_schedule(step);
-  if (window) pipeline::check_no_flush(step, a.steps, listed);
-  const pipeline::Schedule schedule = window ? pipeline::without_step_updates(listed) : listed;
+  const pipeline::Schedule listed = !window ? pipeline::make_schedule(step)
+                                    : micro ? pipeline::micro_window_schedule(step, a.steps)
+                                            : pipeline::no_flush_schedule(step, a.steps);
+  if (window && micro)
+    pipeline::check_micro_window(step, a.steps, listed);
+  else if (window)
+    pipeline::check_no_flush(step, a.steps, listed);
+  const pipeline::Schedule schedule = window && !micro ? pipeline::without_step_updates(listed) : listed;
   const plan::SimResult r = plan::simulate(spec, schedule, a.cost);
   const int p = spec.stages, m = spec.micro_batches, V = spec.virtual_stages;
   bool split = false;  // the lists hold split backwards (zero-bubble schedules)
@@ -159,9 +171,10 @@ void run_simulate(SimulateArgs& a) {
   std::printf("schedule %s: p = %d stages, m = %d micro-batches, V = %d chunk%s per rank\n", spec.name.c_str(), p,
               step.micro_batches, V, V > 1 ? "s" : "");
   if (window)
-    std::printf("%d steps of %d micro-batches without a flush (step t+1's forwards fill step t's cool-down; each "
-                "step's update inside the list, costing nothing here), replayed as one list of K m = %d micro-batches\n",
-                a.steps, step.micro_batches, m);
+    std::printf("%d steps of %d micro-batches without a flush (step t+1's forwards fill step t's cool-down; %s "
+                "inside the list, costing nothing here), replayed as one list of K m = %d micro-batches\n",
+                a.steps, step.micro_batches, micro ? "an update after every micro-batch's backward" : "each step's update",
+                m);
   const int routes = schedule.placement.routes();  // 2: every stage held twice (chimera), a chunk is a stage
   if (a.cost.stage_forward.empty()) {
     std::printf("cost: forward %s per %s, backward %s x forward, message %s\n", num(a.cost.forward).c_str(),
@@ -221,8 +234,11 @@ void run_simulate(SimulateArgs& a) {
     // Against 1F1B's flushed steps of the same costs, and the steady state: what one more step adds.
     const plan::SimResult one = plan::simulate({"1f1b", p, step.micro_batches, 1}, a.cost);
     const pipeline::ScheduleSpec shorter = pipeline::window_spec(step, a.steps - 1);
-    const plan::SimResult less =
-        plan::simulate(shorter, pipeline::without_step_updates(pipeline::no_flush_schedule(step, a.steps - 1)), a.cost);
+    const plan::SimResult less = plan::simulate(
+        shorter,
+        micro ? pipeline::micro_window_schedule(step, a.steps - 1)
+              : pipeline::without_step_updates(pipeline::no_flush_schedule(step, a.steps - 1)),
+        a.cost);
     const double added = r.makespan - less.makespan, work = r.busy - less.busy;
     std::printf("1f1b, %d flushed steps: makespan %s (%s per step), bubble %s; this window: %s per step (%sx 1f1b's)\n",
                 a.steps, num(a.steps * one.makespan).c_str(), num(one.makespan).c_str(),
@@ -230,14 +246,32 @@ void run_simulate(SimulateArgs& a) {
                 num(r.makespan / (a.steps * one.makespan)).c_str());
     std::printf("steady state: step %d adds %s to the makespan for %s of work on %d ranks: bubble %s per step\n",
                 a.steps, num(added).c_str(), num(work).c_str(), p, pct(added > 0 ? 1 - work / (p * added) : 0).c_str());
-    // The same window with its updates in it: waiting for the norm (started after each rank's last backward of
-    // the step) as designed, and as blocking collectives over every rank (the step's exchange as it is today).
-    const plan::SimResult normed = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::norm_started);
-    const plan::SimResult blocking = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::all_reached);
-    std::printf("with the updates in the list: waiting for the norm, makespan %s (bubble %s); as blocking collectives "
-                "over all ranks, makespan %s (bubble %s, %sx 1f1b's flushed steps)\n",
-                num(normed.makespan).c_str(), pct(normed.bubble_fraction).c_str(), num(blocking.makespan).c_str(),
-                pct(blocking.bubble_fraction).c_str(), num(blocking.makespan / (a.steps * one.makespan)).c_str());
+    if (micro) {  // the schedule's in-flight count and the stash it implies (micro_window.h)
+      const auto list_of = [](const std::vector<int>& v) {
+        std::string s;
+        for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+        return "[" + s + "]";
+      };
+      std::printf("in flight per rank: %s; weight versions per rank with stashing: %s (pipedream), without: 1 "
+                  "(pipemare)\n",
+                  list_of(pipeline::in_flight_counts(listed)).c_str(),
+                  list_of(pipeline::stash_depths(listed, true)).c_str());
+      // As a run has them: each update a collective over the stages (its micro-batch's gradient norm).
+      const plan::SimResult blocking = plan::simulate_micro_window(step, a.steps, listed, a.cost);
+      std::printf("with the updates as blocking collectives over all ranks (each micro-batch's norm): makespan %s "
+                  "(bubble %s, %sx 1f1b's flushed steps)\n",
+                  num(blocking.makespan).c_str(), pct(blocking.bubble_fraction).c_str(),
+                  num(blocking.makespan / (a.steps * one.makespan)).c_str());
+    } else {
+      // The same window with its updates in it: waiting for the norm (started after each rank's last backward of
+      // the step) as designed, and as blocking collectives over every rank (the step's exchange as it is today).
+      const plan::SimResult normed = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::norm_started);
+      const plan::SimResult blocking = plan::simulate_window(step, a.steps, listed, a.cost, plan::UpdateWait::all_reached);
+      std::printf("with the updates in the list: waiting for the norm, makespan %s (bubble %s); as blocking collectives "
+                  "over all ranks, makespan %s (bubble %s, %sx 1f1b's flushed steps)\n",
+                  num(normed.makespan).c_str(), pct(normed.bubble_fraction).c_str(), num(blocking.makespan).c_str(),
+                  pct(blocking.bubble_fraction).c_str(), num(blocking.makespan / (a.steps * one.makespan)).c_str());
+    }
   }
   for (int j = 0; j < p; j++)
     std::printf("rank %d: busy %s, idle %s, peak in-flight activations %d%s\n", j, num(r.busy_per_rank[j]).c_str(),

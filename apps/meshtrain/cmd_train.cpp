@@ -345,7 +345,7 @@ void add_model_parallel_flags(CLI::App* s, train::TrainConfig& c) {
                     "EVERY micro-batch's backward (the gradient of that micro-batch's mean loss, clipped by its "
                     "own global norm over all stages, lr of the step; AdamW counts updates); pipedream's backward "
                     "reads the weight version its forward read (stashed: stage s of p keeps up to p-s), pipemare's "
-                    "(Pipelined Backpropagation; PipeMare with --pipemare-lr-anneal, --pipemare-correction) the newest; both flush at the step's end");
+                    "(Pipelined Backpropagation; PipeMare with --pipemare-lr-anneal, --pipemare-correction) the newest; both without a flush between steps (1F1B over the micro-batches of a window of steps; windows end at every evaluation, checkpoint and the last step) when m >= --pp, else flushing every step");
   s->add_option("--virtual-stages", c.virtual_stages, "chunks per pipeline rank (interleaved)")->capture_default_str();
   s->add_flag("--vertical-sync", c.vertical_sync,
               "--schedule pipedream: micro-batch i reads, on every stage, the weight version stage 0 read when i "

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "parallel/pipeline/micro_window.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule_check.h"
 
@@ -15,9 +16,11 @@ namespace mt::plan {
 using pipeline::Action;
 using pipeline::ActionKind;
 
-SimResult simulate_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
-                          const CostModel& cost, UpdateWait wait, double update) {
-  pipeline::check_no_flush(spec, steps, window);
+namespace {
+
+// The replay of a checked window: updates optimizer_step(i) grouped by t = i / m over `steps` groups.
+SimResult replay(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                 const CostModel& cost, UpdateWait wait, double update) {
   MT_CHECK_INPUT(std::isfinite(cost.forward) && cost.forward > 0 && std::isfinite(cost.backward_ratio) &&
                      cost.backward_ratio >= 0 && std::isfinite(cost.comm) && cost.comm >= 0 && std::isfinite(update) &&
                      update >= 0,
@@ -111,6 +114,23 @@ SimResult simulate_window(const pipeline::ScheduleSpec& spec, int steps, const p
   r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
   r.bubble_fraction = 1.0 - r.utilization;
   return r;
+}
+
+}  // namespace
+
+SimResult simulate_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                          const CostModel& cost, UpdateWait wait, double update) {
+  pipeline::check_no_flush(spec, steps, window);
+  return replay(spec, steps, window, cost, wait, update);
+}
+
+SimResult simulate_micro_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                                const CostModel& cost, double update) {
+  pipeline::check_micro_window(spec, steps, window);
+  // Every micro-batch's update is a group of its own: the replay of K m groups of one micro-batch each.
+  pipeline::ScheduleSpec one = spec;
+  one.micro_batches = 1;
+  return replay(one, steps * spec.micro_batches, window, cost, UpdateWait::all_reached, update);
 }
 
 }  // namespace mt::plan

@@ -20,4 +20,11 @@ enum class UpdateWait { norm_started, all_reached };
 SimResult simulate_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
                           const CostModel& cost, UpdateWait wait, double update = 0.0);
 
+// PipeDream's and PipeMare's window (parallel/pipeline/micro_window.h) with its per-micro-batch updates as what
+// they are in a run: collectives over the stages (micro-batch n's gradient norm, the tied embedding's sum):
+// U(n) ends once every rank has reached its U(n), then costs `update`. Throws ScheduleError when the window is
+// broken (check_micro_window).
+SimResult simulate_micro_window(const pipeline::ScheduleSpec& spec, int steps, const pipeline::Schedule& window,
+                                const CostModel& cost, double update = 0.0);
+
 }  // namespace mt::plan

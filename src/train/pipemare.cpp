@@ -49,8 +49,17 @@ void PipeMareVersions::restore() {
 }
 
 void PipeMareVersions::before_forward() {
+  if (windowed_) return;  // the window's steps do not flush: begin_window numbers the versions
   MT_ASSERT(!predicted_, "a prediction resident between steps");
   std::fill(fwd_.begin(), fwd_.end(), -1);
+  newest_ = 0;
+}
+
+void PipeMareVersions::begin_window(const pipeline::Schedule&, int n) {
+  MT_ASSERT(n >= 1 && !predicted_, "a window of ", n, " micro-batches (or a prediction resident between windows)");
+  windowed_ = true;
+  m_ = n;
+  fwd_.assign((size_t)n, -1);
   newest_ = 0;
 }
 

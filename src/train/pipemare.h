@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "parallel/data/param_versions.h"
 #include "tensor/buffer.h"
+#include "train/weight_stash.h"
 
 namespace mt::train {
 
@@ -36,11 +37,12 @@ namespace mt::train {
 // to the newest W(v_b). Memory: delta, the newest's copy while a prediction is resident, and W(n) while the
 // update makes W(n + 1): three copies of the rank's parameters beside the resident one. delta is not written to
 // checkpoints (a resume is refused).
-class PipeMareVersions : public parallel::ParamVersions {
+class PipeMareVersions : public MicroVersions {
  public:
   PipeMareVersions(int m, double gamma);
   void bind(float* resident, size_t n) override;
   void before_forward() override;
+  void begin_window(const pipeline::Schedule& window, int n) override;  // the window's micro-batches 0..n-1
   void before_update() override;
   void after_update() override;
   void before_micro_forward(int i) override;
@@ -56,7 +58,7 @@ class PipeMareVersions : public parallel::ParamVersions {
   float* a_ = nullptr;
   size_t n_ = 0;
   int newest_ = 0;
-  bool predicted_ = false;
+  bool predicted_ = false, windowed_ = false;
   std::vector<int> fwd_;
   AlignedBuffer delta_, newest_copy_, before_;
 };

@@ -22,6 +22,7 @@
 #include "train/pipemare.h"
 #include "train/ps_sync.h"
 #include "train/back_to_back.h"
+#include "train/micro_window_steps.h"
 #include "train/no_flush_steps.h"
 #include "train/weight_versions.h"
 
@@ -131,6 +132,15 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     parts.swap_versions = [this] { store->versions()->before_forward(); };
     parts.params = &params;
     executor = make_no_flush_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
+  }
+  // pipedream and pipemare without a flush between steps where the run allows it (train/micro_window_steps.h).
+  if (!mesh.server() && g.pp() > 1 && micro_window_applies(cfg, layout.schedule().micro_batches)) {
+    MicroWindowParts parts;
+    parts.share = [this](int64_t s) { return layout.share(mesh.coord().dp, s); };
+    parts.window_ends_after = [this](int64_t s) {
+      return cadence.eval_after(s) || cadence.save_after(s) || cadence.last_after(s);
+    };
+    executor = make_micro_window_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
   }
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
@@ -253,12 +263,18 @@ void Run::announce() {
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
   if (const std::string note = back_to_back_note(cfg); !note.empty()) log->message(note);
-  if (store->versions() && !delay_one(cfg))
+  if (store->versions() && !delay_one(cfg)) {
     log->message(str("per-micro-batch updates (changes the math): --schedule ", layout.schedule().name,
                      " updates each stage after every micro-batch's backward; ",
                      cfg.vertical_sync ? "--vertical-sync: micro-batch i reads stage 0's version on every stage"
                                        : "each backward reads the version its forward read (stashed)"));
-  else if (store->versions()) {
+    std::string why;
+    if (micro_window_applies(cfg, layout.schedule().micro_batches, &why))
+      log->message("no flush between steps: step t+1's forwards run while step t's last backwards and updates "
+                   "drain (windows of steps end at every evaluation, checkpoint and the last step)");
+    else
+      log->message("--schedule " + layout.schedule().name + " flushes between steps here: " + why);
+  } else if (store->versions()) {
     log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
                  "two weight versions kept");
     std::string why;

@@ -18,6 +18,7 @@
 #include "tensor/blas.h"
 #include "train/elastic.h"
 #include "train/model_registry.h"
+#include "train/micro_window_steps.h"
 #include "train/no_flush_steps.h"
 #include "train/preflight.h"
 #include "train/run.h"
@@ -86,7 +87,16 @@ TrainSummary finish_run(Run& r) {
   // pipedream-2bw without a flush (train/no_flush_steps.h): its bubble is measured over windows of steps; the
   // simulated figures are still the flushed one-step list's.
   if (sections["pipeline"].is_object())
-    sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches);
+    sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches) &&
+                                                  !micro_window_applies(r.cfg, r.layout.schedule().micro_batches);
+  // pipedream/pipemare without a flush: the window simulated with its updates as blocking collectives, at the
+  // measured costs (the bubble_simulated above is the flushed one-step list's).
+  if (sections["pipeline"].is_object() && micro_window_applies(r.cfg, r.layout.schedule().micro_batches)) {
+    const nlohmann::json& pl = sections["pipeline"];
+    sections["pipeline"]["bubble_simulated_window"] = micro_window_simulated_bubble(
+        r.layout.schedule(), r.sum.steps_run, pl["stage_forward_ms"].get<std::vector<double>>(),
+        pl["stage_backward_ms"].get<std::vector<double>>(), pl["message_latency_ms"].get<double>());
+  }
   if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
     const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
     if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;

@@ -22,6 +22,21 @@ void WeightStash::bind(float* resident, size_t n) {
 }
 
 void WeightStash::before_forward() {
+  if (!windowed_) reset();
+}
+
+void WeightStash::begin_window(const pipeline::Schedule& window, int n) {
+  MT_ASSERT(n >= 1, "a window of ", n, " micro-batches");
+  const bool vsync = !vsync_.empty();
+  reset();
+  windowed_ = true;
+  m_ = n;
+  fwd_.assign((size_t)n, -1);
+  bwd_.assign((size_t)n, -1);
+  if (vsync) vsync_ = vertical_sync_versions(window, n);
+}
+
+void WeightStash::reset() {
   for (int i = 0; i < m_; i++)
     MT_ASSERT(fwd_[i] < 0 || bwd_[i] >= 0, "micro-batch ", i, " of the last step has not run its backward");
   MT_ASSERT(loaded_ == newest_, "resident holds version ", loaded_, " between steps, not the newest ", newest_);

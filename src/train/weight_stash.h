@@ -13,8 +13,9 @@
 // two per computation); memory: A plus up to one saved copy per version held (the newest is saved too while an
 // older one is in A; bytes() reports the most). Under 1F1B without --vertical-sync the versions held on stage
 // s of p are at most p - s (the newest included), reached under the flush once m >= 2 (p - 1 - s): peak() is
-// the count, which the summary reports per rank. The step ends flushed (all backwards and updates done), so
-// between steps only the newest version exists: checkpoints hold one version.
+// the count, which the summary reports per rank. Without a flush (MicroVersions::begin_window) the same holds
+// over a window of steps, numbered as one list; a window (a step, when the run flushes) ends with all backwards
+// and updates done, so between windows only the newest version exists: checkpoints hold one version.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +32,17 @@
 
 namespace mt::train {
 
-class WeightStash : public parallel::ParamVersions {
+// The versions of a schedule that updates after every micro-batch, when the run goes without a flush
+// (train/micro_window_steps.h): a window of steps is one list over its n = K m micro-batches, numbered from 0
+// (window micro-batch n = t m + k is micro-batch k of the window's step t). begin_window starts one (every
+// backward of the last one done, versions numbered from 0 again: version v of the window is the weights after
+// v of its updates); from the first window on, the per-step before_forward does nothing (the steps do not flush).
+class MicroVersions : public parallel::ParamVersions {
+ public:
+  virtual void begin_window(const pipeline::Schedule& window, int n) = 0;
+};
+
+class WeightStash : public MicroVersions {
  public:
   using MicroUpdates = pipeline::ScheduleGenerator::MicroUpdates;
   // vsync: per micro-batch i, the version its forward reads on every stage (--vertical-sync); empty: the
@@ -39,6 +50,8 @@ class WeightStash : public parallel::ParamVersions {
   WeightStash(MicroUpdates mode, int m, std::vector<int> vsync);
   void bind(float* resident, size_t n) override;
   void before_forward() override;  // the step begins: version 0 is the newest, nothing in flight
+  // --vertical-sync: the window's versions are vertical_sync_versions(window, n).
+  void begin_window(const pipeline::Schedule& window, int n) override;
   void before_update() override;
   void after_update() override;
   void before_micro_forward(int i) override;
@@ -59,6 +72,7 @@ class WeightStash : public parallel::ParamVersions {
   void save_newest();
   void prune();
   void count_live();
+  void reset();
   MicroUpdates mode_;
   int m_;
   std::vector<int> vsync_;
@@ -66,6 +80,7 @@ class WeightStash : public parallel::ParamVersions {
   size_t n_ = 0;
   int newest_ = 0, loaded_ = 0, peak_ = 0;
   size_t peak_saved_ = 0;
+  bool windowed_ = false;
   std::vector<int> fwd_, bwd_;
   std::map<int, AlignedBuffer> saved_;
 };

@@ -3,13 +3,18 @@ docs/parallelism.md ("PipeDream and PipeMare"), on gpt_reference.py's model, Ada
 schedule, simulated serially. Not a test itself (no test_ prefix).
 
 The rule, as the reference follows it:
-- each of the p stages runs 1F1B's order (warm-up of p-1-j forwards on stage j, then one forward one
-  backward, then the remaining backwards) and updates right after each micro-batch's backward; the step ends
-  with every backward and update done (flush);
+- the run is cut into windows of consecutive steps; a window ends after every step where the run evaluates,
+  saves a checkpoint, stops or ends, after 64 steps at most, and after every step when the run flushes
+  (fewer micro-batches per step than stages): `window_lengths` below. A window of K steps is one list over its
+  K*m micro-batches, micro-batch i of the window's step t numbered k = t*m + i;
+- each of the p stages runs 1F1B's order over the window's K*m micro-batches (warm-up of p-1-j forwards on
+  stage j, then one forward one backward, then the remaining backwards; no step boundary inside a window) and
+  updates right after each micro-batch's backward; the window ends with every backward and update done;
 - version n of every stage is the model after n micro-batch updates (update n = s*m + i); the forward of
-  micro-batch i on stage j reads the newest version of stage j at that point of its list (the updates before
-  it in the list); vertical sync: every stage reads stage 0's; the backward reads the forward's version
-  (stash) or the stage's newest (pipemare), the forward's activations kept;
+  window micro-batch k on stage j reads the newest version of stage j at that point of its list (the window's
+  first update number plus the updates before it in the window's list); vertical sync: every stage reads stage
+  0's; the backward reads the forward's version (stash) or the stage's newest (pipemare), the forward's
+  activations kept;
 - update n: the gradient of micro-batch i's mean loss over all stages (the tied wte: embedding part at stage
   0's version, logits part at stage p-1's, summed), clipped by its own global norm, AdamW with t = n + 1 and
   the learning rate of step s;
@@ -65,6 +70,19 @@ def versions_read(p: int, m: int, mode: str, vertical_sync: bool) -> Tuple[List[
     if mode == "stash":
         bwd = [list(f) for f in fwd]
     return fwd, bwd
+
+
+def window_lengths(steps: int, ends_after: Sequence[int] = (), flush: bool = False, first: int = 0,
+                   most: int = 64) -> List[int]:
+    """The windows (in steps) of a run of steps first..steps-1: one ends after every step in ends_after
+    (evaluation, checkpoint, stop), after the last step and after `most` steps; flush: every step alone."""
+    out, k = [], 0
+    for s in range(first, steps):
+        k += 1
+        if flush or s in ends_after or s + 1 == steps or k == most:
+            out.append(k)
+            k = 0
+    return out
 
 
 def stage_of_block(split: Sequence[int]) -> List[int]:
@@ -142,44 +160,51 @@ def stage_tau(name: str, p: int, block_stage: Sequence[int]) -> int:
 
 def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: ref.HParams, p: int, m: int,
                 split: Sequence[int], mode: str, vertical_sync: bool = False, dp: int = 1,
-                lr_anneal: int = 0, correction: float = -1.0) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray], Dict[str, object]]:
+                lr_anneal: int = 0, correction: float = -1.0, windows: Sequence[int] = ()) -> Tuple[List[Dict[str, float]], Dict[str, np.ndarray], Dict[str, object]]:
     """Returns ([{step, loss, lr, grad_norm, clipped}] per step, the final weights, facts) where facts holds
-    the versions read (fwd, bwd) and how many micro-batch updates were clipped. B windows per step, split
-    over dp ranks (B/dp each), each rank's share in m micro-batches; micro-batch i is the i-th of every
-    rank's share."""
+    the versions read in the first window (fwd, bwd) and how many micro-batch updates were clipped. B windows
+    per step, split over dp ranks (B/dp each), each rank's share in m micro-batches; micro-batch i is the
+    i-th of every rank's share. windows: window_lengths (empty: every step its own window, the flushed run)."""
     cfg, w = ref.load_model(init_path)
     tokens = ref.read_shard(data_path)
     names = list(w)
     block_stage = stage_of_block(split)
     assert len(block_stage) == cfg.n_layer and len(split) == p
     opt = ref.AdamW(w, hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
-    fwd, bwd = versions_read(p, m, mode, vertical_sync)
+    windows = list(windows) or [1] * steps
+    assert sum(windows) == steps, (windows, steps)
     share, mb = B // dp, B // dp // m
     assert share * dp == B and mb * m == share
     history, clipped_updates, all_norms = [], 0, []
     delta = {n: torch.zeros_like(t) for n, t in w.items()}
-    for s in range(steps):
-        # The step's versions: hist[k] = the model after k of this step's updates.
-        hist = [{n: t.detach().clone() for n, t in w.items()}]
+    first_facts = None
+    for s, s0, K in [(s, s0, K) for s0, K in windows_from(windows) for s in range(s0, s0 + K)]:
+        if s == s0:
+            # The window's versions: hist[k] = the model after k of this window's updates.
+            hist = [{n: t.detach().clone() for n, t in w.items()}]
+            fwd, bwd = versions_read(p, K * m, mode, vertical_sync)
+            if first_facts is None:
+                first_facts = (fwd, bwd)
         x_all, y_all = (torch.from_numpy(a) for a in ref.get_batch(tokens, s, B, T))
         losses, norms = [], []
         lr = ref.lr_at(s, hp.lr, hp.min_lr, hp.warmup_steps, steps)
         for i in range(m):
+            kw = (s - s0) * m + i  # the micro-batch's number in its window
             rows = [r * share + i * mb + k for r in range(dp) for k in range(mb)]
             x, y = x_all[rows], y_all[rows]
             leaves: Dict[Tuple[str, int], torch.Tensor] = {}
 
-            def P(name: str, st: int, i=i, leaves=leaves):
+            def P(name: str, st: int, kw=kw, leaves=leaves, hist=hist, fwd=fwd, bwd=bwd):
                 base = "wpe.weight" if name == "wpe.weight_T" else name
                 key = (base, st)
                 if key not in leaves:
-                    d = bwd[st][i] - fwd[st][i]
-                    wb = hist[bwd[st][i]][base]
+                    d = bwd[st][kw] - fwd[st][kw]
+                    wb = hist[bwd[st][kw]][base]
                     if correction >= 0 and d > 0:
                         wb = wb - d * delta[base]
                     leaves[key] = wb.clone().requires_grad_(True)
                 L = leaves[key]
-                W = L if fwd[st][i] == bwd[st][i] else hist[fwd[st][i]][base]
+                W = L if fwd[st][kw] == bwd[st][kw] else hist[fwd[st][kw]][base]
                 if name == "wpe.weight_T":
                     return L[:T], (L[:T] if W is L else W[:T])
                 return L, W
@@ -211,12 +236,22 @@ def train_micro(init_path: str, data_path: str, B: int, T: int, steps: int, hp: 
             all_norms.append(norm)
         history.append({"step": s, "loss": sum(losses) / m, "lr": lr, "grad_norm": sum(norms) / m,
                         "clipped": False})
-    facts = {"fwd": fwd, "bwd": bwd, "clipped_updates": clipped_updates, "norms": all_norms}
+    facts = {"fwd": first_facts[0], "bwd": first_facts[1], "clipped_updates": clipped_updates, "norms": all_norms}
     return history, {n: t.detach().numpy().astype(np.float32) for n, t in w.items()}, facts
 
 
+def windows_from(windows: Sequence[int]) -> List[Tuple[int, int]]:
+    """[(first step, length)] of every window."""
+    out, s0 = [], 0
+    for K in windows:
+        out.append((s0, K))
+        s0 += K
+    return out
+
+
 def stash_depth(p: int, m: int, mode: str, vertical_sync: bool = False) -> List[int]:
-    """Per stage, the most versions held at once along its list: the newest and the versions of the
+    """Per stage, the most versions held at once along its list of m micro-batches (a window's: K*m), the
+    newest and the versions of the
     micro-batches in flight (forward run, backward not yet run: until its backward has read it), looked at
     after each forward, at each backward (before it ends) and after each update. Without a stash only the
     newest."""

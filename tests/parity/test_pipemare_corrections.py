@@ -18,6 +18,8 @@ correction's effect at this size is small: about 1e-3 in loss and weights agains
 between "anneal" and "both" at pp 2; meshtrain agrees with each reference to about 3e-7). Bad input (refused naming both flags): --pipemare-lr-anneal with pipedream and with 1f1b,
 --pipemare-correction with pipedream, GAMMA 1.5.
 Also both corrections at dp 2 x pp 2 with --zero 1 and at tp 2 x pp 2 (m 2).
+Every case has m >= p, so the run goes without a flush (one window of the 12 steps: no evaluation or
+checkpoint): the reference follows the window rule (micro_update_reference.window_lengths).
 Mutations seen to fail here: tau_j = p - j + 1 (every anneal and both case), the prediction's sign W + d delta
 (both correct cases), the tied wte at its own stage's factor instead of stage 0's (every anneal and both case:
 the two copies drift apart).
@@ -53,7 +55,8 @@ def main() -> None:
         key = (p, anneal, gamma, m, dp)
         if key not in refs:
             refs[key] = mr.train_micro(lr.init_path, lr.data_path, dpc.B, dpc.T, tmu.STEPS, tmu.HP, p, m,
-                                       tmu.SPLITS[p], "newest", False, dp, anneal, gamma)
+                                       tmu.SPLITS[p], "newest", False, dp, anneal, gamma,
+                                       mr.window_lengths(tmu.STEPS))
         return refs[key]
 
     def compare(tag, flags, h, W, m):

@@ -97,3 +97,39 @@ TEST(WeightStash, OutOfOrderCallsAreBugs) {
 }
 
 }  // namespace
+
+namespace {
+
+// Without a flush (MicroVersions::begin_window): stage 0 of p = 2, m = 2, a window of 2 steps is one 1F1B list
+// over 4 micro-batches, F0 F1 B0 F2 B1 F3 B2 B3; the loop's per-step before_forward (here between B1 and F3, where
+// step 1's call runs) must not reset anything: B1 (step 0) still reads version 0, its forward's, after step 1's F2
+// read version 1.
+TEST(WeightStash, WindowKeepsVersionsAcrossTheStepBoundary) {
+  WeightStash st(M::stashed, 2, {});
+  std::vector<float> a{0.0f, 1.0f, 2.0f};
+  st.bind(a.data(), a.size());
+  st.before_forward();  // the loop's call for step 0, before the window opens
+  st.begin_window(mt::pipeline::Schedule{}, 4);
+  std::string out;
+  const std::vector<std::pair<char, int>> order{{'F', 0}, {'F', 1}, {'B', 0}, {'F', 2}, {'B', 1},
+                                                {'S', -1}, {'F', 3}, {'B', 2}, {'B', 3}};
+  for (auto [kind, i] : order) {
+    if (kind == 'S') {
+      st.before_forward();  // step 1 begins in the loop
+      continue;
+    }
+    if (kind == 'F') st.before_micro_forward(i);
+    else st.before_micro_backward(i);
+    out += std::string(out.empty() ? "" : " ") + kind + std::to_string(i) + ":" + std::to_string((int)a[0] / 10);
+    if (kind == 'B') {
+      st.before_update();
+      for (float& x : a) x += 10.0f;
+      st.after_update();
+    }
+  }
+  EXPECT_EQ(out, "F0:0 F1:0 B0:0 F2:1 B1:0 F3:2 B2:1 B3:2");
+  EXPECT_EQ(st.peak(), 2);  // p - j on stage 0 of 2
+  EXPECT_EQ(a[0], 40.0f);   // the window ends with the newest version resident: 4 updates
+}
+
+}  // namespace

@@ -10,8 +10,9 @@
 // Rank j's list for p = 2, m = 3 (U = the update after micro-batch i's backward):
 //   j=0   F0 F1 B0 U0 F2 B1 U1 B2 U2
 //   j=1   F0 B0 U0 F1 B1 U1 F2 B2 U2
-// The list still ends each step with every backward done (a flush): step t+1's first forward reads the
-// weights after all m updates of step t on every stage.
+// This one-step list ends with every backward done (a flush). A training run goes without it where it can:
+// parallel/pipeline/micro_window.h makes this generator's list over the K m micro-batches of a window of K steps
+// (train/micro_window_steps.h runs it), so step t+1's first forwards run before step t's last updates.
 #include <algorithm>
 
 #include "core/error.h"
