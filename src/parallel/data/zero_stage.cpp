@@ -342,6 +342,20 @@ class Stage3 : public Stage2 {
   size_t grad_bytes() const override { return gf_ ? 0 : shard_total_ * sizeof(float); }
   size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
+  size_t offload_buffer_bytes(size_t tile_bytes) const override {
+    if (!pf_ && !gf_) return 0;
+    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
+    // the tile, or the shard's bytes rounded up to 4096 when smaller).
+    const size_t need = (shard_total_ * sizeof(float) + offload::kAlign - 1) / offload::kAlign * offload::kAlign;
+    const size_t T = std::min(tile_bytes, need) / sizeof(float);
+    size_t bytes = 2 * T * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    if (gf_) {  // grad_buckets_read_ahead's two buffers
+      size_t cap = 0;
+      for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
+      bytes += 2 * cap * sizeof(float);
+    }
+    return bytes;
+  }
   std::vector<offload::ShardFile*> shard_files() override {
     std::vector<offload::ShardFile*> v;
     if (pf_) v.push_back(pf_.get());
