@@ -282,6 +282,7 @@ class Stage3 : public Stage2 {
   }
   // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
+    if (g == 0) forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Prefetch the next group in forward order while this one computes (and, offloaded, read the shard of
     // the one after it from the file).
@@ -290,8 +291,20 @@ class Stage3 : public Stage2 {
   }
   void after_forward(int g) override {
     each(g, [&](Bucket& b) { release(b); });
+    // Offloaded: the backward's first groups are the forward's last ones, gathered again at once; queue their
+    // shard reads now (while the head and the loss compute) rather than on demand. The last group (g = G - 1):
+    // it and the one before it. A group closing after the last one (GPT's tied embedding, group 0, which the
+    // backward opens first): that one too.
+    const int G = (int)b_.group_buckets.size();
+    if (g == G - 1) {
+      forward_tail_ = true;
+      for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+    } else if (forward_tail_ && g == 0) {
+      each(0, [&](Bucket& b) { start_read(b); });
+    }
   }
   void before_backward(int g) override {
+    forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
     // it is gathered by then and start_gather skips it).
@@ -685,6 +698,7 @@ class Stage3 : public Stage2 {
   std::vector<std::vector<size_t>> seg_of_bucket_;
   Tiles tiles_{*this};
   bool mirror_fresh_ = false;
+  bool forward_tail_ = false;  // the forward's last group has closed, the backward has not begun
   // Last, so destroyed first: their I/O threads stop before the buffers above go.
   std::unique_ptr<offload::ShardFile> pf_, gf_;
 };
