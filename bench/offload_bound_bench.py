@@ -16,8 +16,9 @@ write-back and the gradient shard's read. So
     step >= max(F + B + rest, I/O before the norm) + max(U, I/O after the norm)
 with the in-memory run's F, B, U and rest (the step's remainder: loss, norm, clipping) as the compute, and I/O
 seconds = bytes / the fastest rate any of the run's files reached (reads, writes, or the optimizer tier's reads
-and writes together over its busy time): the disk is taken to move everything at its best, so this is a lower
-bound. Reported: step / max(compute, I/O) (the issue's figure; I/O the files' read and write seconds summed
+and writes together over its busy time): the disk is taken to move everything at its best single-file rate,
+which makes this a lower bound only as far as the files running at once do not together exceed that rate (the
+measured update phases show they sometimes do: U below the I/O after the norm). Reported: step / max(compute, I/O) (the issue's figure; I/O the files' read and write seconds summed
 per step, as offload_shards_bench.py) and step / bound.
 
 Prints uname -r, the CPU's vector ISA and the load. The machine may be shared: the rounds alternate, and the
