@@ -52,13 +52,11 @@ BlockIo::~BlockIo() {
 char* BlockIo::staging(int slot) {
   if (!stage_) {
     // depth blocks, then two kAlign edge blocks for a write's read-modify-write.
-    staging_bytes_ = (size_t)depth() * o_.block + 2 * kAlign;
-    stage_ = static_cast<char*>(std::aligned_alloc(kAlign, staging_bytes_));
-    if (!stage_) {
-      const size_t b = staging_bytes_;
-      staging_bytes_ = 0;
-      throw OutOfMemory(b);
-    }
+    const size_t b = (size_t)depth() * o_.block + 2 * kAlign;
+    stage_ = static_cast<char*>(std::aligned_alloc(kAlign, b));
+    if (!stage_) throw OutOfMemory(b);
+    std::memset(stage_, 0, b);  // resident from now on, as the memory plan counts it (train/offload.h)
+    staging_bytes_.store(b, std::memory_order_relaxed);
   }
   return stage_ + (slot < 0 ? (size_t)depth() * o_.block + (size_t)(-1 - slot) * kAlign : (size_t)slot * o_.block);
 }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,7 +53,12 @@ class BlockIo {
   bool direct() const { return o_.direct; }
   int depth() const { return ring_ ? o_.depth : 1; }
   size_t block() const { return o_.block; }
-  size_t staging_bytes() const { return staging_bytes_; }  // memory held for transfer_any (0 until first used)
+  // Memory held for transfer_any's staging: 0 until its first use, then staging_need() (allocated and written
+  // through at once, so all of it is resident from then on). Safe to read from another thread.
+  size_t staging_bytes() const { return staging_bytes_.load(std::memory_order_relaxed); }
+  // What the staging takes once used: depth() blocks and two kAlign edge blocks with direct I/O; 0 without
+  // (transfer_any then moves the caller's memory).
+  size_t staging_need() const { return o_.direct ? (size_t)depth() * o_.block + 2 * kAlign : 0; }
 
  private:
   struct Req {
@@ -77,7 +83,7 @@ class BlockIo {
   std::vector<Req> reqs_;
   std::vector<int> finished_;  // psync: slots done, in order
   char* stage_ = nullptr;
-  size_t staging_bytes_ = 0;
+  std::atomic<size_t> staging_bytes_{0};
   std::string error_;  // the first failure of a pipeline (thrown once every block in flight is back)
 };
 

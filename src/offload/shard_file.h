@@ -82,7 +82,10 @@ class ShardFile {
   const char* engine() const { return io_->engine(); }  // "io_uring" or "psync"
   int io_depth() const { return io_->depth(); }
   size_t io_block() const { return io_->block(); }
-  size_t staging_bytes() const { return (size_t)io_->depth() * io_->block() + 2 * kAlign; }  // held once used
+  // The I/O engine's staging blocks (block_io.h): what they take once used (0 without direct I/O), and what is
+  // held now (0 until the first unaligned direct transfer; resident from then on).
+  size_t staging_bytes() const { return io_->staging_need(); }
+  size_t staging_held() const { return io_->staging_bytes(); }
 
  private:
   struct Job {

@@ -45,6 +45,18 @@ void OffloadTiers::trace_into(trace::ChromeTrace& t) {
       t.add(trace::Track::io, str(e.write ? "write " : "read ", f->kind(), " at ", e.tile), "offload", e.t0_us, e.t1_us);
 }
 
+size_t OffloadTiers::staging_bytes() const {
+  size_t b = 0;
+  for (const offload::ShardFile* f : shards_) b += f->staging_bytes();
+  return b;
+}
+
+size_t OffloadTiers::staging_held() const {
+  size_t b = 0;
+  for (const offload::ShardFile* f : shards_) b += f->staging_held();
+  return b;
+}
+
 offload::IoCounters OffloadTiers::counters() const {
   offload::IoCounters c = state_ ? state_->counters() : offload::IoCounters{};
   for (const offload::ShardFile* f : shards_) {
@@ -109,11 +121,26 @@ std::string mib(double b) {
 }
 }  // namespace
 
+nlohmann::json MemoryPlan::json() const {
+  return {{"now", now},
+          {"params", params},
+          {"grads", grads},
+          {"optimizer", optimizer},
+          {"optimizer_offloaded", offloaded},
+          {"io_buffers", io_buffers},
+          {"io_buffers_in_now", io_in_now},
+          {"activations", activations},
+          {"total", total()}};
+}
+
 std::string MemoryPlan::describe() const {
   return str("the process now ", mib(now), " (parameters ", mib(params), " and gradients ", mib(grads),
              " included) + optimizer state ", mib(optimizer),
-             offloaded > 0 ? str(" (", mib(offloaded), " offloaded)") : "", " + activations of one micro-batch ",
-             mib(activations), " = ", mib(total()));
+             offloaded > 0 ? str(" (", mib(offloaded), " offloaded)") : "",
+             io_buffers > 0 ? str(" + offload I/O buffers ", mib(io_buffers - io_in_now), " (of ", mib(io_buffers),
+                                  "; ", mib(io_in_now), " already in the process)")
+                            : "",
+             " + activations of one micro-batch ", mib(activations), " = ", mib(total()));
 }
 
 void check_memory_plan(const MemoryPlan& plan, uint64_t limit, int rank, bool optimizer_offloaded) {

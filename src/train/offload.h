@@ -29,6 +29,10 @@ class OffloadTiers {
   // --offload params / grads: the store's shard files (parallel::DataParallel::shard_files), reported and traced
   // beside the optimizer's tier.
   void add_shards(std::vector<offload::ShardFile*> files) { shards_ = std::move(files); }
+  // The shard and activation files' staging blocks (offload/block_io.h): what they take once used, and the part
+  // already held (resident, so inside the RSS a plan measures).
+  size_t staging_bytes() const;
+  size_t staging_held() const;
   // Every tier's reads and writes summed (optimizer state, parameters, gradients).
   offload::IoCounters counters() const;
   // This rank's tier for --summary's "offload" section (null without one): tiles, bytes and seconds of the
@@ -47,16 +51,23 @@ size_t offload_io_block(const TrainConfig& cfg);
 // What a rank keeps in memory, planned once its parts are built and before the optimizer state, the activations
 // and a checkpoint's state are loaded (bytes). `now` is what the process holds then (code, libraries,
 // communicator, data, parameters and gradients, which are written at initialization); the optimizer's resident
-// part (its state in memory, or the offload tier's tile buffers) and one micro-batch's activations come on top.
-// Not planned: what the model and the libraries allocate in a step besides those (backward scratch, GEMM
-// workspaces, pipeline micro-batches in flight, ZeRO 2/3 transient buckets); --summary reports the measured peak.
+// part (its state in memory, or the offload tier's tile buffers), the offload engine's I/O buffers not held yet
+// and one micro-batch's activations come on top. The I/O buffers: each shard or activation file's staging blocks
+// (those already used are resident, so part of now, and counted once), ZeRO 3's update tile buffers and the
+// gradient norm's read-ahead for offloaded shards. Not planned: what the model and the libraries allocate in a
+// step besides those (backward scratch, GEMM workspaces, pipeline micro-batches in flight, ZeRO 2/3 transient
+// buckets, which include an offloaded parameter shard's read buffers), a checkpoint's temporary copies;
+// --summary reports the measured peak.
 struct MemoryPlan {
   double now = 0;
   double params = 0, grads = 0;  // part of now
   double optimizer = 0;    // resident: the state in memory, or the offload tier's tile buffers
   double offloaded = 0;    // optimizer state in files instead
   double activations = 0;  // one micro-batch's, as the task estimates them
-  double total() const { return now + optimizer + activations; }
+  double io_buffers = 0;   // the offload engine's I/O buffers, all of them
+  double io_in_now = 0;    // the part of io_buffers already held (in now)
+  double total() const { return now + optimizer + (io_buffers - io_in_now) + activations; }
+  nlohmann::json json() const;    // each part in bytes, and the total, for --summary's "memory_plan"
   std::string describe() const;  // "the process now 30.1 MiB (parameters ... ) + optimizer state ... = 45.0 MiB"
 };
 

@@ -64,6 +64,7 @@ struct Run {
   std::unique_ptr<GradSync> sync;                 // the gradient exchange, over the store
   std::unique_ptr<optim::Optimizer> opt;
   OffloadTiers offload;  // where opt's state streams from (--offload optimizer)
+  MemoryPlan plan;       // the memory plan checked against --memory-limit before the first step
   nn::ParamRegistry full;
   std::unique_ptr<FlatSource> source;
   std::unique_ptr<Consolidation> state;

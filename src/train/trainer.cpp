@@ -103,6 +103,7 @@ TrainSummary finish_run(Run& r) {
   }
   if (nlohmann::json t = r.task->summary_section(r.mesh); !t.is_null()) sections["moe"] = t;
   sections["offload"] = r.offload.report();  // the lead rank's tier (null without one)
+  if (r.cfg.offload.memory_limit > 0 || r.cfg.offload.any()) sections["memory_plan"] = r.plan.json();  // the lead rank's
   if (const auto* o = dynamic_cast<const OverlappedDelayOne*>(r.store->versions()))  // the lead rank's counts
     sections["overlap_update"] = {{"deferred", o->deferred()}, {"overlapped", o->overlapped()}, {"waited_s", o->waited_s()}};
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);

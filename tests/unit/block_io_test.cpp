@@ -158,4 +158,26 @@ TEST(BlockIo, ShardFileUsesDirectIoWhereTheFilesystemTakesIt) {
   std::filesystem::remove_all(dir);
 }
 
+// The staging the memory plan counts (train/offload.h): nothing held until the first unaligned direct transfer,
+// then depth blocks and two 4096-byte edge blocks (what staging_need() promised); an aligned transfer, or a file
+// without direct I/O, never takes any.
+TEST(BlockIo, StagingIsHeldFromItsFirstUseAndIsWhatItsNeedSays) {
+  TempFile f(64 * kAlign);
+  EXPECT_EQ(BlockIo(f.fd, options(false, true, 2 * kAlign)).staging_need(), 0u);
+  {
+    const bool direct = f.direct;  // the file's mode (O_DIRECT where the filesystem takes it)
+    BlockIo io(f.fd, options(direct, true, 2 * kAlign));
+    const size_t want = direct ? (size_t)io.depth() * 2 * kAlign + 2 * kAlign : 0;
+    EXPECT_EQ(io.staging_need(), want);
+    EXPECT_EQ(io.staging_bytes(), 0u);
+    char* buf = static_cast<char*>(std::aligned_alloc(kAlign, 16 * kAlign));
+    std::memset(buf, 1, 16 * kAlign);
+    io.transfer_any(true, 0, 4 * kAlign, buf);  // aligned: the caller's memory
+    EXPECT_EQ(io.staging_bytes(), 0u);
+    io.transfer_any(true, 100, 5 * kAlign, buf + 3);  // unaligned
+    EXPECT_EQ(io.staging_bytes(), want);
+    std::free(buf);
+  }
+}
+
 }  // namespace

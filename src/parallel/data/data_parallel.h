@@ -131,6 +131,7 @@ class DataParallel : public nn::ParamHooks {
   size_t offloaded_param_bytes() const { return stage_->offloaded_param_bytes(); }
   size_t offloaded_grad_bytes() const { return stage_->offloaded_grad_bytes(); }
   std::vector<offload::ShardFile*> shard_files() { return stage_->shard_files(); }
+  size_t offload_buffer_bytes(size_t tile_bytes) const { return stage_->offload_buffer_bytes(tile_bytes); }
   // Bytes of the transient buffers (stages 2, 3: gradient buckets in flight, gathered parameters), which
   // are pooled: the most this rank ever held at once.
   size_t transient_bytes() const { return b_.pooled_bytes; }

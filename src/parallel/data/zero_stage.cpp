@@ -282,6 +282,7 @@ class Stage3 : public Stage2 {
   }
   // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
+    if (g == 0) forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Prefetch the next group in forward order while this one computes (and, offloaded, read the shard of
     // the one after it from the file).
@@ -290,8 +291,20 @@ class Stage3 : public Stage2 {
   }
   void after_forward(int g) override {
     each(g, [&](Bucket& b) { release(b); });
+    // Offloaded: the backward's first groups are the forward's last ones, gathered again at once; queue their
+    // shard reads now (while the head and the loss compute) rather than on demand. The last group (g = G - 1):
+    // it and the one before it. A group closing after the last one (GPT's tied embedding, group 0, which the
+    // backward opens first): that one too.
+    const int G = (int)b_.group_buckets.size();
+    if (g == G - 1) {
+      forward_tail_ = true;
+      for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+    } else if (forward_tail_ && g == 0) {
+      each(0, [&](Bucket& b) { start_read(b); });
+    }
   }
   void before_backward(int g) override {
+    forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
     // it is gathered by then and start_gather skips it).
@@ -342,6 +355,20 @@ class Stage3 : public Stage2 {
   size_t grad_bytes() const override { return gf_ ? 0 : shard_total_ * sizeof(float); }
   size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
+  size_t offload_buffer_bytes(size_t tile_bytes) const override {
+    if (!pf_ && !gf_) return 0;
+    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
+    // the tile, or the shard's bytes rounded up to 4096 when smaller).
+    const size_t need = (shard_total_ * sizeof(float) + offload::kAlign - 1) / offload::kAlign * offload::kAlign;
+    const size_t T = std::min(tile_bytes, need) / sizeof(float);
+    size_t bytes = 2 * T * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    if (gf_) {  // grad_buckets_read_ahead's two buffers
+      size_t cap = 0;
+      for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
+      bytes += 2 * cap * sizeof(float);
+    }
+    return bytes;
+  }
   std::vector<offload::ShardFile*> shard_files() override {
     std::vector<offload::ShardFile*> v;
     if (pf_) v.push_back(pf_.get());
@@ -671,6 +698,7 @@ class Stage3 : public Stage2 {
   std::vector<std::vector<size_t>> seg_of_bucket_;
   Tiles tiles_{*this};
   bool mirror_fresh_ = false;
+  bool forward_tail_ = false;  // the forward's last group has closed, the backward has not begun
   // Last, so destroyed first: their I/O threads stop before the buffers above go.
   std::unique_ptr<offload::ShardFile> pf_, gf_;
 };

@@ -110,6 +110,9 @@ class ZeroStage {
   virtual size_t offloaded_param_bytes() const { return 0; }
   virtual size_t offloaded_grad_bytes() const { return 0; }
   virtual std::vector<offload::ShardFile*> shard_files() { return {}; }
+  // The buffers the offloaded shards' reads and writes take besides the files' staging and the pooled buckets
+  // (stage 3: the update's tile buffers, the gradient norm's read-ahead), for an optimizer tile of tile_bytes.
+  virtual size_t offload_buffer_bytes(size_t /*tile_bytes*/) const { return 0; }
 
  protected:
   void gather_shards(const float* shard, float* full);  // all-gather of each bucket's shards (copy alone)
