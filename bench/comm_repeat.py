@@ -55,20 +55,21 @@ def load() -> str:
 
 
 def parse_runs(text: str):
-    """[(run index, op, size, ours_us, mpi_us or None, bound_us or None)] from raw outputs split by '# ===== run'."""
+    """[(run, op, size, ours_us, mpi_us or None, bound_us or None)] from raw outputs split by '# ===== LABEL N'
+    (run = (LABEL, N); this script writes LABEL 'run', an A/B script other labels)."""
     rows = []
-    run = -1
+    run = None
     op = None
     for line in text.splitlines():
-        m = re.match(r"# ===== run (\d+)", line)
+        m = re.match(r"# ===== (\S+) (\d+)", line)
         if m:
-            run = int(m.group(1))
+            run = (m.group(1), int(m.group(2)))
             continue
         m = re.match(r"# (all_gather|all_to_all|all_to_all_v)$", line)
         if m:
             op = m.group(1)
             continue
-        if run < 0 or op is None or line.startswith("#") or not line.strip():
+        if run is None or op is None or line.startswith("#") or not line.strip():
             continue
         f = line.split()
         if len(f) < 14 or not f[0].isdigit():
@@ -80,10 +81,10 @@ def parse_runs(text: str):
     return rows
 
 
-def summarize(text: str) -> str:
-    rows = parse_runs(text)
+def summarize(text: str, label: str | None = None) -> str:
+    rows = [r for r in parse_runs(text) if label is None or r[0][0] == label]
     runs = sorted({r[0] for r in rows})
-    out = [f"# {len(runs)} runs; ratio = our busbw / OpenMPI's (same run); x/bnd = bound time / x's time (1.00 = at "
+    out = [f"# {len(runs)} runs{f' labelled {label}' if label else ''}; ratio = our busbw / OpenMPI's (same run); x/bnd = bound time / x's time (1.00 = at "
            f"the single-copy bound); slow = runs with time above {SLOW}x that side's best at that size",
            f"{'op':<14}{'size':>11} {'ratio min/med/max':>20} {'ours/bnd min/med':>17} {'mpi/bnd min/med':>16} "
            f"{'slow ours/mpi/bnd':>18} {'best us ours/mpi/bnd':>26}"]
@@ -131,10 +132,16 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="more bench comm flags")
     ap.add_argument("--env", default="", help="VAR=VALUE ... for the runs (e.g. MESHTRAIN_SHM_CMA_GATHER_KB=8192)")
     ap.add_argument("--summarize", help="only summarize this file")
+    ap.add_argument("--by-label", action="store_true", help="with --summarize: one summary per run label (A/B files)")
     a = ap.parse_args()
     if a.summarize:
         with open(a.summarize) as f:
-            sys.stdout.write(summarize(f.read()))
+            text = f.read()
+        if a.by_label:
+            for label in sorted({r[0][0] for r in parse_runs(text)}):
+                sys.stdout.write(summarize(text, label))
+        else:
+            sys.stdout.write(summarize(text))
         return
     if not a.meshtrain or not a.out:
         ap.error("--meshtrain and --out are needed (or --summarize FILE)")
