@@ -122,6 +122,26 @@ def summarize(text: str, label: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def band_summary(text: str) -> str:
+    """Per run label and size band (32 KB-512 KB, 1 MB-16 MB), over all ops' rows: ours/bnd median and rows below
+    0.2, OpenMPI/bnd median and rows below 0.2, the ratio to OpenMPI (OpenMPI time / ours) median and rows below 1."""
+    rows = parse_runs(text)
+    out = []
+    for lo, hi, band in [(32768, 524288, "32K-512K"), (1048576, 16777216, "1M-16M")]:
+        for label in sorted({r[0][0] for r in rows}):
+            sel = [r for r in rows if r[0][0] == label and lo <= r[2] <= hi]
+            ob = [r[5] / r[3] for r in sel if r[5] is not None]
+            mb = [r[5] / r[4] for r in sel if r[5] is not None and r[4] is not None]
+            ra = [r[4] / r[3] for r in sel if r[4] is not None]
+            if not ob:
+                continue
+            med = lambda v: f"{statistics.median(v):.2f}" if v else "-"  # noqa: E731
+            out.append(f"{band:9} {label:10} rows {len(ob)}: ours/bnd median {med(ob)}, below 0.2: "
+                       f"{sum(x < 0.2 for x in ob)}; mpi/bnd median {med(mb)}, below 0.2: {sum(x < 0.2 for x in mb)}; "
+                       f"ratio median {med(ra)}, below 1: {sum(x < 1 for x in ra)}")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshtrain")
@@ -133,11 +153,14 @@ def main() -> None:
     ap.add_argument("--env", default="", help="VAR=VALUE ... for the runs (e.g. MESHTRAIN_SHM_CMA_GATHER_KB=8192)")
     ap.add_argument("--summarize", help="only summarize this file")
     ap.add_argument("--by-label", action="store_true", help="with --summarize: one summary per run label (A/B files)")
+    ap.add_argument("--bands", action="store_true", help="with --summarize: per label and size band (A/B files)")
     a = ap.parse_args()
     if a.summarize:
         with open(a.summarize) as f:
             text = f.read()
-        if a.by_label:
+        if a.bands:
+            sys.stdout.write(band_summary(text))
+        elif a.by_label:
             for label in sorted({r[0][0] for r in parse_runs(text)}):
                 sys.stdout.write(summarize(text, label))
         else:
