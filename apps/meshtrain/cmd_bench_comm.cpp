@@ -20,7 +20,17 @@
 // MPI_Bcast / MPI_Alltoall / MPI_Alltoallv at the same sizes, and prints the ratio of bus bandwidths (ours /
 // OpenMPI's). --rounds R repeats both sides R times, alternating, and keeps each side's best time per size.
 // It also prints the single-thread memcpy bandwidth, the yardstick for a shared-memory collective.
+//
+// --bound (shm backend; all_gather, all_to_all, all_to_all_v): after each such row, the same ranks time the copy
+// bound of a single-copy collective at that size, back to back with the row: each rank reads the (n-1) peers'
+// shards of S/n straight from their send buffers with process_vm_readv (the kernel's copy, which our single-copy
+// paths and OpenMPI's CMA path both use) and copies its own shard with memcpy, all ranks at once, with no
+// synchronisation between calls (time_op's per-batch maximum only). No collective moving these bytes between
+// processes by one copy can be faster on the host at that moment. Columns: bnd(us), ours/bnd and mpi/bnd =
+// the bound's time / that side's time (1.00 = at the bound; above 1 where a side beats it, e.g. from caches at
+// small sizes or when the bound's batch met a slow moment).
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +77,7 @@ struct BenchConfig {
   bool check = true;
   bool mpi_peer = true;
   bool mpi_native = false;  // internal: this process is the OpenMPI peer under mpirun
+  bool bound = false;       // --bound: time the single-copy bound after each all_gather / all_to_all(_v) row
   std::string stores = "auto";
 };
 
@@ -141,6 +152,7 @@ struct Row {
   int algo;
   int nt_pct;  // share of rank 0's copies into shared memory made with streaming stores (comm/copy.h), -1 none
   int stores;  // kStoresAuto / kStoresOrdinary / kStoresStreaming
+  double bound_us;  // --bound: the single-copy bound's time at this size (header), else -1
 };
 constexpr int kMaxRows = 512;
 constexpr double kStartupWarmSeconds = 0.3;
@@ -212,6 +224,20 @@ uint64_t moved_bytes(OpKind k, size_t bytes, size_t e, int n) {
   return is_a2a(k) ? uint64_t(bytes / e / size_t(n)) * n * e : uint64_t(bytes / e) * e;
 }
 
+bool has_bound(OpKind k) { return k == OpKind::all_gather || is_a2a(k); }
+
+// Reads `bytes` at `remote` in process `pid` into `local` with process_vm_readv; false if the kernel refuses.
+bool read_peer(int pid, char* local, uint64_t remote, size_t bytes) {
+  for (size_t done = 0; done < bytes;) {
+    iovec l{local + done, bytes - done};
+    iovec rm{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t got = process_vm_readv(pid, &l, 1, &rm, 1, 0);
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
 // Runs every op and size on `w`; rank 0 records rows.
 void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
   const int n = w.size(), r = w.rank();
@@ -252,6 +278,15 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
     w.barrier();
     const bool done = std::chrono::duration<double>(Clock::now() - warm_start).count() > kStartupWarmSeconds;
     if (b % 64 == 0 && max_over_ranks(r == 0 && done ? 1.0 : 0.0) > 0) break;
+  }
+  // --bound: every rank's pid and send buffer address (the buffer is never reallocated).
+  struct Peer {
+    uint64_t pid, addr;
+  };
+  std::vector<Peer> peers(static_cast<size_t>(n));
+  if (cfg.bound) {
+    const Peer mine{uint64_t(getpid()), reinterpret_cast<uint64_t>(send.data())};
+    w.all_gather(&mine, peers.data(), sizeof(Peer) * size_t(n), DType::u8);
   }
   const std::vector<int> store_modes = parse_stores(cfg.stores);
   comm::CopyInPolicy auto_stores = comm::copy_in_policy();  // --stores auto keeps its state across rows
@@ -315,12 +350,30 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
           w.all_reduce(&bad, &bad, 1, DType::f32, ReduceOp::max);
           ok = bad == 0.f ? 1 : 0;
         }
+        double bound_us = -1;
+        if (cfg.bound && has_bound(k) && n > 1) {
+          // The single-copy bound (header): the peers' shards by process_vm_readv, the own one by memcpy.
+          const size_t moved = moved_bytes(k, bytes, e, n) / e;
+          bool copied = true;
+          auto bound = [&] {
+            for (int i = 1; i < n; ++i) {
+              const int q = (r + i) % n;
+              const comm::Shard s = comm::shard_of(moved, n, q);
+              copied = read_peer(int(peers[q].pid), recv.data() + s.offset * e, peers[q].addr + s.offset * e,
+                                 s.count * e) && copied;
+            }
+            const comm::Shard s = comm::shard_of(moved, n, r);
+            std::memcpy(recv.data() + s.offset * e, send.data() + s.offset * e, s.count * e);
+          };
+          bound_us = time_op(r, cfg.seconds_per_size, bound, max_over_ranks);
+          if (max_over_ranks(copied ? 0.0 : 1.0) > 0) bound_us = -1;  // the kernel refused (ptrace rules)
+        }
         if (r == 0 && out->nrows < kMaxRows) {
           comm::Algo a = w.algorithm();
           if (a == comm::Algo::automatic) a = bytes <= 32 * 1024 || n == 1 ? comm::Algo::direct : comm::Algo::rs_ag;
           if (k != OpKind::all_reduce) a = comm::Algo::automatic;
-          out->rows[out->nrows++] =
-              Row{int(k), bytes, moved_bytes(k, bytes, e, n), us, ok, int(a), all ? int(100 * nt / all) : -1, mode};
+          out->rows[out->nrows++] = Row{int(k), bytes, moved_bytes(k, bytes, e, n), us, ok, int(a),
+                                        all ? int(100 * nt / all) : -1, mode, bound_us};
         }
       }
     }
@@ -443,6 +496,10 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
   std::printf("# time = slowest rank's mean per call in its fastest batch (batches of ~%.0f ms or 1 call, %d..%d per "
               "size), best of %d round(s)\n", kBatchSeconds * 1e3, kMinBatches, kMaxBatches, cfg.rounds);
   std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
+  if (cfg.bound)
+    std::printf("# bound = single-copy bound at that size, back to back with the row (--bound: each rank reads the "
+                "peers' shards with process_vm_readv and memcpys its own, all at once, no synchronisation); "
+                "ours/bnd, mpi/bnd = bound time / that side's time (1.00 = at the bound)\n");
   std::printf("# stores = how copies into shared memory were stored (--stores: auto = chosen at run time from the "
               "measured rate of ordinary stores, ord, nt = streaming); nt%% = share of rank 0's copies streamed\n");
   if (!note.empty()) std::printf("# note: %s\n", note.c_str());
@@ -453,9 +510,11 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
     if (row.op != last_op) {
       last_op = row.op;
       std::printf("#\n# %s\n", comm::op_kind_name(k));
-      std::printf("# %12s %11s %5s %7s %10s %8s %8s %6s %10s %8s %6s %8s %6s %4s\n", "size(B)", "count", "type",
+      std::printf("# %12s %11s %5s %7s %10s %8s %8s %6s %10s %8s %6s %8s %6s %4s", "size(B)", "count", "type",
                   "algo", "time(us)", "algbw", "busbw", "check", "mpi(us)", "mpibus", "ratio", "bus/mcpy", "stores",
                   "nt%");
+      if (cfg.bound && has_bound(k)) std::printf(" %10s %8s %8s", "bnd(us)", "ours/bnd", "mpi/bnd");
+      std::printf("\n");
     }
     const double algbw = double(row.moved) / (row.time_us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(k, n);
@@ -469,13 +528,22 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
       ratio = str(std::fixed, std::setprecision(2), busbw / mbus);
     }
     const std::string nt = row.nt_pct < 0 ? "-" : std::to_string(row.nt_pct);
-    std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f %6s %4s\n", (unsigned long long)row.bytes,
+    std::printf("  %12llu %11llu %5s %7s %10.1f %8.2f %8.2f %6s %10s %8s %6s %8.2f %6s %4s", (unsigned long long)row.bytes,
                 (unsigned long long)(row.bytes / comm::dtype_size(comm::parse_dtype(cfg.dtype.c_str()))),
                 cfg.dtype.c_str(),
                 backend == "mpi" ? "mpi" : k == OpKind::all_reduce ? comm::algo_name(comm::Algo(row.algo)) : "-",
                 row.time_us,
                 algbw, busbw, check, mpi_us.c_str(), mpi_bus.c_str(), ratio.c_str(),
                 memcpy_bw > 0 ? busbw / memcpy_bw : 0.0, kStoresNames[row.stores], nt.c_str());
+    if (cfg.bound && has_bound(k)) {
+      if (row.bound_us > 0) {
+        std::printf(" %10.1f %8.2f %8s", row.bound_us, row.bound_us / row.time_us,
+                    it != mpi.end() ? str(std::fixed, std::setprecision(2), row.bound_us / it->second).c_str() : "-");
+      } else {
+        std::printf(" %10s %8s %8s", "-", "-", "-");
+      }
+    }
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -546,6 +614,8 @@ int run_bench(BenchConfig cfg) {
           best.rows[i].time_us = res->rows[i].time_us;
           best.rows[i].nt_pct = res->rows[i].nt_pct;
         }
+        if (res->rows[i].bound_us > 0 && (best.rows[i].bound_us <= 0 || res->rows[i].bound_us < best.rows[i].bound_us))
+          best.rows[i].bound_us = res->rows[i].bound_us;
         if (res->rows[i].ok == 0) best.rows[i].ok = 0;
       }
     }
@@ -590,6 +660,9 @@ void add_bench_comm_command(CLI::App& bench) {
                   "stores of copies into shared memory, comma-separated: auto (chosen at run time) | ordinary | "
                   "streaming; several give one row each per size")
       ->capture_default_str();
+  sub->add_flag("--bound", cfg->bound,
+                "shm: after each all_gather / all_to_all(_v) row, time the single-copy bound at that size (each rank "
+                "reads its peers' shards with process_vm_readv, copies its own; ours/bnd and mpi/bnd columns)");
   sub->add_flag("!--no-mpi-peer", cfg->mpi_peer, "do not run OpenMPI's collectives for comparison");
   sub->add_flag("--mpi-native", cfg->mpi_native, "internal: time OpenMPI's own collectives (run under mpirun)")
       ->group("");

@@ -34,7 +34,8 @@ void add_flight_command(CLI::App& app) {
     // The headline, the likeliest cause first: a rank that wrote no ring (SIGKILLed: mpirun then ended the rest,
     // whose rings show them waiting or ended by SIGTERM), else a rank that failed by itself (an error that is not a
     // timeout, e.g. a full disk: the others then time out waiting for it), else the first rank that timed out and
-    // whom it waited for (as the shm launcher prints it).
+    // whom it waited for (as the shm launcher prints it); when the waits all cross one link and no rank died, the
+    // link (flight_verdict.h's rule) comes before that.
     int cause = -1, first = -1;
     for (int r = 0; r < g.size; r++) {
       if (cause < 0 && g.views[r].fate == "failed") cause = r;
@@ -46,6 +47,8 @@ void add_flight_command(CLI::App& app) {
     } else if (cause >= 0) {
       std::printf("meshtrain: rank %d (host %s) failed: %s\n", cause, g.views[cause].host.c_str(),
                   g.errors[cause].c_str());
+    } else if (!g.verdict.link.empty()) {  // every wait crosses one link (flight_verdict.h), no rank died
+      std::printf("meshtrain: %s\n", g.verdict.link.c_str());
     } else if (first >= 0) {
       std::printf(
           "meshtrain: rank %d (host %s) did not respond within --comm-timeout: rank %d timed out waiting "

@@ -265,6 +265,7 @@ Gathered gather_rank_files(const std::string& flight_file) {
       v.fate = j.at("fate").get<std::string>();
       g.errors[r] = j.at("error").get<std::string>();
       g.waited[r] = j.at("waited_for").get<int>();
+      v.waited = g.waited[r];
       for (const auto& e : j.at("ops")) {
         Op op;
         op.id = e.at("id").get<uint64_t>();

@@ -37,6 +37,41 @@ TEST(BenchCommCli, PrintsCheckedTable) {
   EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
 }
 
+// --bound: every all_gather / all_to_all(_v) row carries the single-copy bound's time (a number, not '-': the
+// process_vm_readv copies worked) and ours/bnd = bound time / our time; other collectives' rows have no such columns.
+TEST(BenchCommCli, BoundColumnsOnTheCopyRows) {
+  std::string out;
+  int rc = run(std::string(MESHTRAIN_BIN) +
+                   " bench comm --nproc 2 --ops all_gather,reduce_scatter,all_to_all_v --min-bytes 64K --max-bytes 128K"
+                   " --seconds-per-size 0.01 --no-mpi-peer --bound",
+               &out);
+  ASSERT_EQ(rc, 0) << out;
+  std::istringstream in(out);
+  std::string line, section;
+  int bound_rows = 0, plain_rows = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("# ", 0) == 0 && line.find(' ', 2) == std::string::npos) section = line.substr(2);
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream f(line);
+    std::vector<std::string> v;
+    for (std::string x; f >> x;) v.push_back(x);
+    if (section == "reduce_scatter") {
+      EXPECT_EQ(v.size(), 14u) << line;
+      plain_rows++;
+      continue;
+    }
+    ASSERT_EQ(v.size(), 17u) << section << ": " << line;
+    const double us = std::stod(v[4]), bnd = std::stod(v[14]), ours = std::stod(v[15]);
+    EXPECT_GT(bnd, 0) << line;
+    EXPECT_NEAR(ours, bnd / us, 0.01 + 0.01 * bnd / us) << line;
+    EXPECT_EQ(v[16], "-") << line;  // no OpenMPI run
+    bound_rows++;
+  }
+  EXPECT_EQ(bound_rows, 4) << out;
+  EXPECT_EQ(plain_rows, 2) << out;
+  EXPECT_NE(out.find("# bound = single-copy bound"), std::string::npos) << out;
+}
+
 TEST(BenchCommCli, RejectsBadFlags) {
   std::string out;
   EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --backend tcp", &out), 1);

@@ -109,6 +109,26 @@ TEST(FlightFiles, ARankWithoutAFileIsNamedWithItsHostFromTheOthers) {
   EXPECT_EQ(g.waited, std::vector<int>({3, -1, -1, -1}));
 }
 
+TEST(FlightFiles, WaitsAcrossOneLinkInTheFilesNameTheLink) {
+  // Every rank wrote its ring inside all_reduce #3, timed out waiting for a rank on the other host (a cut link): the
+  // files' waited_for reaches the verdict's rule (flight_verdict.h).
+  TempPrefix t;
+  const char* hosts = "[\"h0\", \"h0\", \"h1\", \"h1\"]";
+  const int waited[4] = {2, 3, 0, 0};
+  for (int r = 0; r < 4; r++) {
+    auto ring = ring_of(r, 2, true, r < 2 ? "h0" : "h1");
+    const std::string fate = "timed out waiting for rank " + std::to_string(waited[r]);
+    ASSERT_TRUE(write_rank_file(rank_file_path(t.flight(), r).c_str(), *ring, 4, hosts, fate.c_str(), waited[r], ""));
+  }
+  const Gathered g = gather_rank_files(t.flight());
+  ASSERT_EQ(g.size, 4);
+  EXPECT_EQ(g.verdict.link, "the link between host h0 and host h1 is down or partitioned: rank 0 (host h0) timed out "
+                            "waiting for rank 2 (host h1), rank 1 (host h0) for rank 3 (host h1), ranks 2, 3 (host h1) "
+                            "for rank 0 (host h0); no rank died or left its operation");
+  EXPECT_EQ(g.verdict.line.rfind(g.verdict.link + "; all 4 ranks are in all_reduce #3 on group world", 0), 0u)
+      << g.verdict.line;
+}
+
 TEST(FlightFiles, NoFileMeansSizeZero) {
   TempPrefix t;
   EXPECT_EQ(gather_rank_files(t.flight()).size, 0);

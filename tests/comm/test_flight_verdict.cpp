@@ -138,6 +138,82 @@ TEST(FlightVerdict, OneRankInACollectiveIsTheMajorityOnlyWhenNoOtherIsInOne) {
   EXPECT_EQ(verdict(ranks).odd, std::vector<int>({0, 1}));
 }
 
+// ---- a cut link (flight_verdict.h's rule) ----
+
+// Four ranks, two on each of hosts h0 and h1, all in all_gather #80 on world, as a link taken down leaves them:
+// each timed out waiting for a rank on the other host (rank r waited for waited[r]).
+std::vector<RankView> cut_ranks(std::vector<int> waited, std::vector<std::string> hosts = {"h0", "h0", "h1", "h1"}) {
+  std::vector<RankView> ranks;
+  for (int r = 0; r < static_cast<int>(waited.size()); r++) {
+    RankView v = rank(r, {coll(1, "world", OpKind::all_gather, 79, State::done),
+                          coll(2, "world", OpKind::all_gather, 80, State::failed)},
+                      hosts[r], str("timed out waiting for rank ", waited[r]));
+    v.waited = waited[r];
+    ranks.push_back(std::move(v));
+  }
+  return ranks;
+}
+
+TEST(FlightVerdict, WaitsThatAllCrossOneLinkBothWaysNameIt) {
+  const Verdict v = verdict(cut_ranks({2, 2, 1, 1}));
+  const std::string link =
+      "the link between host h0 and host h1 is down or partitioned: ranks 0, 1 (host h0) timed out waiting for rank 2 "
+      "(host h1), ranks 2, 3 (host h1) for rank 1 (host h0); no rank died or left its operation";
+  EXPECT_EQ(v.link, link);
+  EXPECT_EQ(v.line, link + "; all 4 ranks are in all_gather #80 on group world: none is missing, the operation itself "
+                           "did not end; rank 0 (host h0; timed out waiting for rank 2); rank 1 (host h0; timed out "
+                           "waiting for rank 2); rank 2 (host h1; timed out waiting for rank 1); rank 3 (host h1; "
+                           "timed out waiting for rank 1)");
+  EXPECT_TRUE(v.odd.empty());
+  // Survivors that mpirun ended (SIGTERM) inside the operation before their own deadline do not hide the link.
+  std::vector<RankView> r = cut_ranks({3, 2, 0, 1});
+  r[1].fate = "ended by SIGTERM (mpirun ending the job: another rank failed or died)";
+  r[1].waited = -1;
+  EXPECT_EQ(cut_link(r), "the link between host h0 and host h1 is down or partitioned: rank 0 (host h0) timed out "
+                         "waiting for rank 3 (host h1), rank 2 (host h1) for rank 0 (host h0), rank 3 (host h1) for "
+                         "rank 1 (host h0); no rank died or left its operation");
+}
+
+TEST(FlightVerdict, NoLinkIsNamedUnlessEveryWaitCrossesItBothWaysAndNoRankDied) {
+  EXPECT_NE(cut_link(cut_ranks({2, 2, 1, 1})), "");  // the shape each case below breaks in one place
+  EXPECT_EQ(cut_link(cut_ranks({2, 0, 1, 1})), "");  // rank 1 waited inside its own host
+  std::vector<RankView> r = cut_ranks({2, 2, 1, 1});
+  for (int i : {2, 3}) r[i].fate = "ended by SIGTERM", r[i].waited = -1;
+  EXPECT_EQ(cut_link(r), "");  // one direction only: h1 may just be slow or stalled
+  r = cut_ranks({2, 2, 1, 1});
+  r[3].fate = "killed by signal 9 (SIGKILL)";
+  EXPECT_EQ(cut_link(r), "");  // a rank died
+  r = cut_ranks({2, 2, 1, 1});
+  r[3].ops.pop_back();  // rank 3 is between operations (stalled or busy in its own code)
+  EXPECT_EQ(cut_link(r), "");
+  r = cut_ranks({2, 2, 1, 1});
+  r[3].ops.clear();  // rank 3 wrote no ring
+  EXPECT_EQ(cut_link(r), "");
+  r = cut_ranks({2, 2, 1, 1});
+  r[0].fate = "timed out (--comm-timeout)", r[0].waited = -1;  // a timeout whose peer is not known
+  EXPECT_EQ(cut_link(r), "");
+  r = cut_ranks({2, 2, 1, 1});
+  r[0].fate = "failed";  // a rank that failed by itself (e.g. a full disk) with a wait recorded
+  EXPECT_EQ(cut_link(r), "");
+  EXPECT_EQ(cut_link(cut_ranks({2, 2, 1, 1}, {"h0", "h0", "", "h1"})), "");  // a host not known
+}
+
+TEST(FlightVerdict, AHostCutOffFromSeveralOthersIsNamed) {
+  // Hosts h0, h1, h2 (two ranks each); h1's link is down: h0 and h2 wait for h1, h1 waits for h0.
+  const std::vector<std::string> hosts = {"h0", "h0", "h1", "h1", "h2", "h2"};
+  EXPECT_EQ(cut_link(cut_ranks({2, 3, 0, 0, 2, 2}, hosts)),
+            "host h1 is cut off from hosts h0, h2 (its link is down or partitioned): rank 0 (host h0) timed out "
+            "waiting for rank 2 (host h1), rank 1 (host h0) for rank 3 (host h1), ranks 2, 3 (host h1) for rank 0 "
+            "(host h0), ranks 4, 5 (host h2) for rank 2 (host h1); no rank died or left its operation");
+  EXPECT_EQ(cut_link(cut_ranks({2, 3, 4, 4, 0, 0}, hosts)), "");  // a cycle h0 -> h1 -> h2 -> h0: no common host
+  // h1 waited for h2, but h2's ranks were ended by mpirun before their own deadline: h2 did not wait for h1.
+  std::vector<RankView> r = cut_ranks({2, 3, 4, 4, 2, 2}, hosts);
+  for (int i : {4, 5}) r[i].fate = "ended by SIGTERM", r[i].waited = -1;
+  EXPECT_EQ(cut_link(r), "");
+  r[4] = cut_ranks({2, 3, 4, 4, 2, 2}, hosts)[4];  // rank 4 did wait for h1: h1 is cut off from h0 and h2
+  EXPECT_NE(cut_link(r), "");
+}
+
 // ---- the ring itself ----
 
 struct AttachedRing {

@@ -5,7 +5,8 @@ job runs (after its metrics show FAULT_AFTER steps, so checkpoints exist), one f
   kill   rank 3 (on host 1) gets SIGKILL
   stop   rank 3 gets SIGSTOP (a stalled rank: the others' deadline, --comm-timeout, ends the job)
   cut    host 1's link goes down (ip link set down): no rank dies, every cross-host wait hits its deadline, and
-         mpirun cannot reach host 1's daemon (hosts.sh's watchdog ends what is left there)
+         mpirun cannot reach host 1's daemon (hosts.sh's watchdog ends what is left there); the verdict and the
+         headline name the link ("the link between host ...-h0 and host ...-h1 is down or partitioned: ...")
   slow   host 1's link is limited to 20 Mbit/s each way (tc tbf) for the rest of the run
   disk   the checkpoint directory is a 1.5 MiB tmpfs, a checkpoint every step: a write fails with ENOSPC (no
          external fault; the rank that fails and its host are named in the gathered headline, with the
@@ -204,10 +205,16 @@ def run_fault(fault, prefix, per_host, args, checks, out, mpi_cmd, env, want, un
     if fault in ("kill", "stop"):
         named = re.search(rf"rank {victim} \(host {prefix}-h1\b", text)
         checks.check(named is not None, f"{tag}: rank {victim} and its host {prefix}-h1 are named: {text[-800:]}")
-    else:  # cut: some rank waited across the link; both hosts named
+    else:  # cut: some rank waited across the link; both hosts named; the verdict names the link itself
         named = re.search(rf"rank \d \(host {prefix}-h1\b", text)
         checks.check(named is not None and f"{prefix}-h0" in text,
                      f"{tag}: a rank on {prefix}-h1 and the host {prefix}-h0 are named: {text[-800:]}")
+        link = f"the link between host {prefix}-h0 and host {prefix}-h1 is down or partitioned: "
+        checks.check(bool(verdict) and verdict[-1].startswith(f"  flight recorder: {link}"),
+                     f"{tag}: the verdict names the cut link ('{link}...'): {verdict[-1] if verdict else None}")
+        head = [line for line in err.splitlines() if line.startswith("meshtrain: ")]
+        checks.check(bool(head) and head[-1].startswith(f"meshtrain: {link}"),
+                     f"{tag}: the gathered headline names the cut link: {head[-1] if head else None}")
     combined = metrics + ".flight.json"
     try:
         with open(combined) as f:

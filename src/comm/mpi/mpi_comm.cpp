@@ -271,8 +271,76 @@ void MpiCommunicator::run_reducing(const CollArgs& a) {
   (void)e;
 }
 
+// A collective's own wait (MPI_I* then wait_requests) cannot say whom it waited for; the descriptor exchange before
+// it can (check_descriptor). So when the collective itself times out, this rank probes the group's peers over the
+// descriptor context (tag kProbeTag): every peer that has timed out in the same place answers, and the first peer
+// in group order that does not within kProbeSeconds is the rank this one waited for (CommTimeoutError carries it
+// to the headline and the flight recorder's ring file: `meshtrain flight` names a cut link from these waits,
+// flight_verdict.h). A peer still busy elsewhere, stalled, dead or behind a cut link does not answer. The probe
+// adds at most kProbeSeconds to a failure, nothing to a collective that completes. Probe messages that arrive
+// after this rank gave up stay unmatched on the descriptor context (tag kProbeTag only: never a descriptor).
+namespace {
+constexpr int kProbeTag = 1;
+constexpr double kProbeSeconds = 3.0;
+const uint64_t kProbeToken = 0x70726f6265;  // static storage: a send still pending when the rank moves on reads it
+}  // namespace
+
+std::vector<int> MpiCommunicator::probe_peers(double timeout_s) {
+  const int n = size(), me = rank();
+  std::vector<uint64_t> got(static_cast<size_t>(n));
+  std::vector<MPI_Request> recvs, sends;
+  std::vector<int> from;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    recvs.emplace_back();
+    from.push_back(p);
+    check_mpi(MPI_Irecv(&got[size_t(p)], 1, MPI_UINT64_T, p, kProbeTag, desc_comm_, &recvs.back()), "MPI_Irecv");
+    sends.emplace_back();
+    check_mpi(MPI_Isend(&kProbeToken, 1, MPI_UINT64_T, p, kProbeTag, desc_comm_, &sends.back()), "MPI_Isend");
+  }
+  const auto until = deadline_after<Clock>(std::min(timeout_s, kProbeSeconds));
+  std::vector<int> idx(recvs.size());
+  for (size_t left = recvs.size(); left > 0 && Clock::now() < until;) {
+    int done = 0;
+    check_mpi(MPI_Testsome(static_cast<int>(recvs.size()), recvs.data(), &done, idx.data(), MPI_STATUSES_IGNORE),
+              "MPI_Testsome");
+    if (done == MPI_UNDEFINED) break;
+    left -= static_cast<size_t>(done);
+    timespec ts{0, 200'000};
+    if (left > 0) nanosleep(&ts, nullptr);
+  }
+  std::vector<int> silent;
+  for (size_t k = 0; k < recvs.size(); ++k) {
+    if (recvs[k] == MPI_REQUEST_NULL) continue;
+    silent.push_back(world_rank_of(from[k]));
+    MPI_Cancel(&recvs[k]);  // a receive's cancel completes locally
+    MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
+  }
+  for (MPI_Request& q : sends)
+    if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);  // may complete later; its buffer is static
+  return silent;
+}
+
 void MpiCommunicator::run_collective(const CollArgs& a) {
   check_descriptor(a);
+  try {
+    run_collective_body(a);
+  } catch (const CommTimeoutError&) {
+    throw;  // the peer waited for is known already
+  } catch (const CommError& e) {
+    if (!std::strstr(e.what(), "(--comm-timeout)")) throw;
+    const std::vector<int> silent = probe_peers(a.timeout_s);
+    if (silent.empty() || silent[0] < 0) throw;
+    std::string who;
+    for (size_t i = 0; i < silent.size(); ++i) who += str(i ? ", " : "", silent[i]);
+    throw CommTimeoutError(str(e.what(), " (probed after the timeout: no answer within ",
+                               std::min(a.timeout_s, kProbeSeconds), " s from world rank(s) ", who,
+                               "; waiting for world rank ", silent[0], ")"),
+                           silent[0]);
+  }
+}
+
+void MpiCommunicator::run_collective_body(const CollArgs& a) {
   const int n = size(), r = rank();
   const size_t e = dtype_size(a.dtype);
   const MPI_Datatype t = move_type(a.dtype);

@@ -51,6 +51,11 @@ class MpiCommunicator : public Communicator {
 
  private:
   void check_descriptor(const CollArgs& a);
+  void run_collective_body(const CollArgs& a);
+  // After a collective's own MPI wait timed out (MPI does not say for whom): which peers also reached that point
+  // (answered a probe on the descriptor context within kProbeSeconds). Returns the world ranks that did not, in
+  // group order (the first is the rank this one waited for).
+  std::vector<int> probe_peers(double timeout_s);
   void run_reducing(const CollArgs& a);
   int world_rank_of(int group_rank) const;  // -1 when not in MPI_COMM_WORLD's group
   int world_of(int g) const override { return world_rank_of(g); }

@@ -64,7 +64,7 @@ uint64_t ShmCommunicator::create_region(Job& job, int n) { return init_region(jo
 
 ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vector<int> world_ranks, std::string name)
     : Communicator(rank, static_cast<int>(world_ranks.size()), std::move(name)), job_(job),
-      world_ranks_(std::move(world_ranks)), spin_(spin_policy_for(job->nranks())) {
+      world_ranks_(std::move(world_ranks)), spin_(spin_policy_for(job->nranks())), spin_now_us_(spin_.spin_us) {
   L_.base = static_cast<char*>(job->at(region));
   const RegionHeader& h = L_.header();
   MT_ASSERT(h.magic == kRegionMagic && h.size == size(), "bad group region: size ", h.size, " vs ", size());
@@ -125,12 +125,20 @@ void ShmCommunicator::poll_failure(int peer, const std::string& what, Clock::tim
 void ShmCommunicator::wait_step(Ctx& c, int peer, uint32_t step) {
   Signal& s = L_.ctrl(peer).arrive;
   if (reached(s.value.load(std::memory_order_acquire), step)) return;
-  signal_wait(s, step, cma_waits_ ? cma_spin_ : spin_, [&] {
+  auto poll = [&] {
     // A peer may arrive and then end between signal_wait's check and this poll: poll_failure reads its exit
     // mark first, then asks whether it arrived, before blaming it.
     poll_failure(peer, describe(c.a), c.until, c.a.timeout_s,
                  [&] { return reached(s.value.load(std::memory_order_seq_cst), step); });
-  });
+  };
+  if (cma_waits_ || !spin_.adaptive) {
+    signal_wait(s, step, cma_waits_ ? cma_spin_ : spin_, poll);
+    return;
+  }
+  const auto t0 = Clock::now();
+  signal_wait(s, step, SpinPolicy{spin_now_us_, spin_.yield_us}, poll);
+  const double waited_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  spin_now_us_ = next_spin_us(spin_now_us_, spin_.spin_us, waited_us);
 }
 
 void ShmCommunicator::arrive() {

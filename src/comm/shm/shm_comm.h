@@ -158,6 +158,7 @@ class ShmCommunicator : public Communicator {
   Layout L_;
   std::vector<int> world_ranks_;
   SpinPolicy spin_;
+  int spin_now_us_ = 0;  // the collectives' adaptive spin (next_spin_us in signal.h), starts at spin_.spin_us
   uint32_t step_ = 0;
   int next_buf_ = 0;
   uint32_t release_[kNumBuf] = {};

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -36,11 +37,16 @@ void futex_wake_all(std::atomic<uint32_t>* addr) {
 
 SpinPolicy spin_policy_for(int ranks_on_host) {
   // MESHTRAIN_SHM_SPIN="spin_us,yield_us" overrides (tuning on a given machine).
-  if (auto v = env_int_pair("MESHTRAIN_SHM_SPIN")) return {v->first, v->second};
+  if (auto v = env_int_pair("MESHTRAIN_SHM_SPIN")) return {v->first, v->second, false};
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1) cores = 1;
   if (ranks_on_host > cores) return {2, 200};
   return {300, 2000};
+}
+
+int next_spin_us(int spin_us, int max_us, double waited_us) {
+  if (waited_us <= std::max(spin_us, kSpinProbeUs)) return std::min(max_us, std::max(2 * spin_us, kSpinProbeUs));
+  return spin_us / 2;
 }
 
 // Publishing fences first: data written with streaming stores (comm/copy.h copy_in) is not ordered

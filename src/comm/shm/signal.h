@@ -28,8 +28,20 @@ using Clock = std::chrono::steady_clock;
 struct SpinPolicy {
   int spin_us = 300;
   int yield_us = 2000;
+  bool adaptive = true;  // the collectives' waits adapt their spin (next_spin_us); false: MESHTRAIN_SHM_SPIN fixed it
 };
 SpinPolicy spin_policy_for(int ranks_on_host);
+
+// The collectives' spin adapts to what it buys (ShmCommunicator::wait_step): a spin pays only while the peer tends
+// to arrive within it. When the host is loaded (more runnable threads than cores), the peer is often not running,
+// every wait runs past the spin and the spin only burns the time slice the peer needs: 2 ranks, loaded 2-core KVM
+// host (load average 10), all_gather and all_to_all_v at 1-4 MB ran at 0.04-0.17x the single-copy bound's speed in
+// 17 of 18 rows with the fixed 300 us spin and at 0.69-1.01x with none (bench comm --bound, back to back;
+// docs/performance.md). So after a wait of `waited_us`
+// with a spin of `spin_us`: a wait within max(spin_us, kSpinProbeUs) doubles the spin (at least kSpinProbeUs, at
+// most max_us: the peer arrives quickly, spinning catches it); a longer one halves it (to 0: yield at once).
+constexpr int kSpinProbeUs = 10;
+int next_spin_us(int spin_us, int max_us, double waited_us);
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
