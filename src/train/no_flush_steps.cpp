@@ -24,7 +24,6 @@ bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* re
                   " (two steps' micro-batches in flight would share activation keys)"));
   if (cfg.zero > 1) return no("--zero 2/3");
   if (cfg.gpt.moe_every > 0) return no("a mixture-of-experts model (its routing statistics are per step)");
-  if (cfg.precision != Precision::fp32) return no("--precision other than fp32");
   if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
   return true;
 }

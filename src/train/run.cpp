@@ -127,7 +127,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     parts.window_ends_after = [this](int64_t s) {
       return cadence.eval_after(s) || cadence.save_after(s) || cadence.last_after(s);
     };
-    parts.swap_versions = [this] { store->versions()->before_forward(); };
+    parts.swap_versions = [this] {  // (--precision bf16: the products read the mirror of the version swapped in)
+      store->versions()->before_forward();
+      store->refresh_mirror();
+    };
     parts.params = &params;
     if (split_exchange_applies(cfg))
       parts.split = [this, reg = &params] {

@@ -2,7 +2,7 @@
 same rule.
 
 A tiny GPT on random tokens, 6 steps, AdamW with clipping, at P = 2 (m = 4), P = 4 (m = 4), dp 2 x pp 2 and
-tp 2 x pp 2 (m = 4), run twice:
+tp 2 x pp 2 (m = 4), and P = 2 under --precision bf16, run twice:
   --schedule pipedream-2bw              (the no-flush executor: windows of steps, the log says so)
   --schedule 1f1b --delayed-update      (the same delay-1 rule, flushed after every step)
 Checked:
@@ -12,6 +12,10 @@ Checked:
     flushed run's trace shows every step ending with its backwards (the check can fail);
   - same rule, same arithmetic: every metrics row's loss and grad_norm and the final weights are equal bit for
     bit between the two runs;
+  - under --precision bf16 (the products read the bf16 mirror, which must be remade at every swap of the
+    two weight versions inside the window) the same, bit for bit;
+  - the 2BW runs at ZeRO 0 log that their reductions start after each rank's last backward (the split exchange,
+    train/split_exchange.h: no blocking collective inside the window);
   - with --checkpoint-dir and --save-every 2 (windows of 2 steps: they end at every checkpoint) the no-flush run
     still equals the flushed one, and its checkpoint at step 4 holds the same tensors as the flushed run's.
 """
@@ -94,12 +98,14 @@ def main():
 
     cases = [(P, m, label, extra, ()) for P, m in ((2, 4), (4, 4))
              for label, extra in (("", []), ("_ckpt", ["--save-every", "2"]))]
-    cases += [(2, 4, "_dp2", [], ("dp", 2)), (2, 4, "_tp2", [], ("tp", 2))]
+    cases += [(2, 4, "_dp2", [], ("dp", 2)), (2, 4, "_tp2", [], ("tp", 2)),
+              (2, 4, "_bf16", ["--precision", "bf16"], ())]
     for P, m, label, extra_both, layout in cases:
         ck, runs = {}, {}
+        saves = "--save-every" in extra_both
         for kind in ("2bw", "flushed"):
             extra = list(extra_both)
-            if extra_both:
+            if saves:
                 ck[kind] = os.path.join(args.workdir, f"ckpt_{kind}_{P}")
                 extra += ["--checkpoint-dir", ck[kind], "--overwrite-checkpoints"]
             extra += (["--schedule", "pipedream-2bw"] if kind == "2bw"
@@ -113,7 +119,7 @@ def main():
               f"{flush_a}; the flushed run's {flush_b})")
         # The flush is gone: window numbering i = t m + k in the 2BW trace.
         # With --save-every 2 a window is 2 steps (its numbering starts over); without, the whole run.
-        span = 2 if extra_both else STEPS
+        span = 2 if saves else STEPS
         windows = [seq_a[2 * m * span * w:2 * m * span * (w + 1)] for w in range(STEPS // span)]
         order_ok = len(seq_a) == 2 * m * STEPS and all(
             win.index(f"F{(t + 1) * m}") < win.index(f"B{(t + 1) * m - 1}")
@@ -129,7 +135,9 @@ def main():
         check(same_rows, f"{name}: losses and grad norms bit for bit (2BW {[r['loss'] for r in rows_a][:3]}..., "
                          f"flushed {[r['loss'] for r in rows_b][:3]}...)")
         check(w_a == w_b and len(w_a) > 0, f"{name}: final weights bit for bit ({len(w_a)} tensors)")
-        if extra_both:
+        check("reductions start after each rank's last backward" in err_a,
+              f"{name}: the 2BW run's reductions are split (no blocking collective inside the window)")
+        if saves:
             a4 = os.path.join(ck["2bw"], "step_00000004", "model.safetensors")
             b4 = os.path.join(ck["flushed"], "step_00000004", "model.safetensors")
             both = os.path.exists(a4) and os.path.exists(b4)
