@@ -16,7 +16,8 @@ lr / 10, clip 1.0, batch 16 x 64 tokens in micro-batches of 4 (m = 4), --steps (
 one micro-batch's mean loss, lr of the step), so at equal steps they take 4x the updates of the others.
 
 pipedream-2bw runs without a flush between steps (train/no_flush_steps.h: windows of steps between the
-evaluations, each update still a blocking collective over the stages); every other schedule here flushes (no
+evaluations; at ZeRO 0 each step's reductions start after a rank's last backward and finish at its update,
+train/split_exchange.h; bench/pp_2bw_wall.py times it against 1F1B in alternating pairs); every other schedule here flushes (no
 overlap of step t+1's forwards with step t's backwards), and pipedream/pipemare's per-micro-batch update is a
 synchronization point (the global norm over the stages). Results recorded before the no-flush executor (their
 table says so) timed a flushed 2BW. Timings come from a shared
