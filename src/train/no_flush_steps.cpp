@@ -63,7 +63,11 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
           std::memcpy(side_.data(), p.grad(), p.size() * sizeof(float));
         }
         diverted_ = dirty_;
+        const double t0 = trace::ChromeTrace::now_us();
         const SplitExchange::Outcome o = xs_->finish(s, p.grad());
+        if (trace_ && trace_->enabled())  // what U(s) waited for of the reductions started after the backwards
+          trace_->add(trace::Track::comm, "split exchange: step's reductions finished", "comm", t0,
+                      trace::ChromeTrace::now_us());
         const PresummedStep pre{o.loss_sum, o.norm};
         UpdatePart part;
         part.presummed = &pre;
