@@ -154,22 +154,26 @@ def break_even(a, pair):
 
 def write(a, host, pairs):
     lines = [f"# PipeDream-2BW against 1F1B at P = 2: equal steps and equal wall time ({a.steps} steps)", "",
-             f"Host: {host}. Character GPT of bench/pp_convergence.py (4 layers, width 128, m = 4, AdamW, clip 1.0); "
+             f"Host: {host}. Character GPT of bench/pp_convergence.py (4 layers, width 128, m = "
+             f"{16 // a.micro_batch_size}, AdamW, clip 1.0); "
              f"evaluation every {a.eval_every} steps (2BW's windows end there). Pairs run back to back in "
              "alternating order; training seconds = the metrics' step_time_s summed (evaluation excluded); load = "
              "the 1-minute load average before and after each run (the host is shared with other builds).", "",
              "| pair | order | 1F1B final val | 2BW final val | gap at equal steps | 1F1B s | 2BW s | 2BW / 1F1B "
              "time | blocking 2BW / 1F1B time | 2BW gap at 1F1B's eval times (from the 2nd; -: 2BW had finished) | "
-             "load 1F1B / 2BW |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "1F1B's val loss when 2BW finished (2BW's final) | load 1F1B / 2BW |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in pairs:
         a1, a2 = p["runs"]["1f1b"], p["runs"]["pipedream-2bw"]
         gaps = [f"{100 * (y2 / y1 - 1):+.1f}%" if y2 is not None else "-" for _, y1, y2 in p["equal_time"][1:]]
         blocking = f"{p['blocking_ratio']:.3f}" if "blocking_ratio" in p else "-"
+        # At 2BW's last evaluation time: 1F1B's loss then (interpolated; "-": 1F1B had finished first).
+        y1 = interp([tuple(x) for x in a1["val"]], a2["val"][-1][0])
+        at_end = "-" if y1 is None else f"{y1:.4f} ({a2['val'][-1][1]:.4f}: {100 * (a2['val'][-1][1] / y1 - 1):+.1f}%)"
         order = " then ".join("2bw" if x == "pipedream-2bw" else x for x in p["order"])
         lines.append(f"| {p['pair']} | {order} | {a1['final_val']:.4f} | {a2['final_val']:.4f} | "
                      f"{100 * p['final_gap']:+.2f}% | {a1['train_s']:.1f} | {a2['train_s']:.1f} | "
-                     f"{p['time_ratio']:.3f} | {blocking} | {' '.join(gaps)} | "
+                     f"{p['time_ratio']:.3f} | {blocking} | {' '.join(gaps)} | {at_end} | "
                      f"{a1['load'][0]:.1f}-{a1['load'][1]:.1f} / {a2['load'][0]:.1f}-{a2['load'][1]:.1f} |")
     m = 16 // a.micro_batch_size
     be = break_even(a, pairs[0])
