@@ -109,7 +109,7 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
       if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
     runners_.clear();
     backwards_.clear();
-    ex_.begin(spec_, window_, *pp_.group, *this, trace_);
+    ex_.begin(spec_, window_, *pp_.group, *this, trace_, xs_ != nullptr);  // (split: the updates are local)
   }
 
   TaskStageRunner& runner(int t) {

@@ -17,11 +17,13 @@ Checked:
   - the 2BW runs at ZeRO 0 log that their reductions start after each rank's last backward (the split exchange,
     train/split_exchange.h: no blocking collective inside the window); at dp 2 x pp 2 under --zero 1 the run
     keeps its blocking updates inside the window (logged) and equals the flushed run all the same;
+  - under mpirun (MPI backend, messages past the eager limit) the no-flush 2BW run ends and equals the shm run;
   - with --checkpoint-dir and --save-every 2 (windows of 2 steps: they end at every checkpoint) the no-flush run
     still equals the flushed one, and its checkpoint at step 4 holds the same tensors as the flushed run's.
 """
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -74,19 +76,29 @@ def main():
         print(("ok   " if ok else "FAIL ") + msg, flush=True)
         fails += not ok
 
-    def train(tag, P, m, extra, layout=()):
+    def train(tag, P, m, extra, layout=(), mpi=False):
         out = os.path.join(args.workdir, tag)
         nproc, dp = P, 1
         if layout:  # ("dp", 2) or ("tp", 2): twice the ranks
             nproc, dp = 2 * P, 2 if layout[0] == "dp" else 1
+        ranks = ["--nproc", str(nproc)]
+        if mpi:  # the ranks under mpirun (OpenMPI), the MPI backend
+            ranks = ["--backend", "mpi", "--comm-timeout", "30"]
         cmd = [args.meshtrain, "train", "--data", data, "--seq-len", str(T), "--batch-size", str(B),
                "--steps", str(STEPS), "--threads", "1", "--n-layer", "4", "--n-head", "2", "--n-embd", "32",
-               "--vocab-size", "64", "--n-positions", "32", "--nproc", str(nproc), "--pp", str(P),
+               "--vocab-size", "64", "--n-positions", "32", *ranks, "--pp", str(P),
                *(["--tp", "2"] if layout and layout[0] == "tp" else []),
                "--micro-batch-size", str(B // dp // m), "--lr", "3e-3", "--grad-clip", "0.5", "--metrics", out + ".jsonl",
                "--save", out + ".safetensors", "--trace", out + ".trace.json", "--summary", out + ".summary.json",
                *extra]
-        r = subprocess.run(cmd, env=single_thread_env(), timeout=300, capture_output=True, text=True)
+        env = single_thread_env()
+        if mpi:
+            mpirun = shutil.which("mpirun")
+            if not mpirun:
+                raise SystemExit("mpirun is not on PATH (install openmpi-bin: bash scripts/setup.sh)")
+            cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(nproc)] + cmd
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
+        r = subprocess.run(cmd, env=env, timeout=300, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout, r.stderr)
             raise SystemExit(f"{tag}: meshtrain exited {r.returncode}")
@@ -147,6 +159,14 @@ def main():
             b4 = os.path.join(ck["flushed"], "step_00000004", "model.safetensors")
             both = os.path.exists(a4) and os.path.exists(b4)
             check(both and tensors(a4) == tensors(b4), f"{name}: the checkpoints at step 4 hold the same tensors")
+    # Under mpirun (MPI backend): each activation message here is 4104 bytes, past OpenMPI's eager limit, so a send
+    # completes only once the receiver has posted its receive. The split exchange's updates leave the list's sends
+    # in flight (an update that first waited for them would wait for a peer waiting in its own update).
+    _, rows_m, w_m, _, _ = train("2bw_P2_mpi", 2, 4, ["--schedule", "pipedream-2bw"], mpi=True)
+    _, rows_s, w_s, _, _ = train("2bw_P2_shm", 2, 4, ["--schedule", "pipedream-2bw"])
+    check(len(rows_m) == STEPS and [(r["loss"], r["grad_norm"]) for r in rows_m] ==
+          [(r["loss"], r["grad_norm"]) for r in rows_s] and w_m == w_s and len(w_m) > 0,
+          "P=2 m=4 under mpirun: the no-flush 2BW run ends and equals the shm run bit for bit (losses, norms, weights)")
     print(f"test_no_flush_train: {checks - fails} passed, {fails} failed")
     sys.exit(1 if fails else 0)
 
