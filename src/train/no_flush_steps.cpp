@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "comm/launch.h"
 #include "core/error.h"
 #include "parallel/pipeline/no_flush.h"
 #include "tensor/buffer.h"
@@ -25,6 +26,12 @@ bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* re
   if (cfg.zero > 1) return no("--zero 2/3");
   if (cfg.gpt.moe_every > 0) return no("a mixture-of-experts model (its routing statistics are per step)");
   if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
+  // Blocking updates wait for the list's sends first; under MPI a large send completes only once the receiver
+  // has posted its receive, which the peer does after its own update: the window would stall.
+  std::string why;
+  if ((cfg.backend == BackendKind::mpi || (cfg.backend == BackendKind::automatic && comm::under_mpirun())) &&
+      !split_exchange_applies(cfg, &why))
+    return no("the MPI backend with updates that stay blocking (" + why + ")");
   return true;
 }
 

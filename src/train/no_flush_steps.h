@@ -44,8 +44,9 @@ struct NoFlushParts {
 
 // Whether cfg's run takes the no-flush executor: --schedule pipedream-2bw at pp > 1 with one chunk per rank,
 // at least p micro-batches per step (the steps' activation keys then never meet), no MoE, ZeRO 0 or 1 (with
-// --precision bf16, swap_versions remakes the bf16 mirror of the version swapped in). Otherwise the run flushes
-// between steps (the same rule, 1F1B's bubble); reason says why.
+// --precision bf16, swap_versions remakes the bf16 mirror of the version swapped in), and under the MPI backend
+// only where the exchange is split (train/split_exchange.h). Otherwise the run flushes between steps (the same
+// rule, 1F1B's bubble); reason says why.
 bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* reason = nullptr);
 
 std::unique_ptr<StepExecutor> make_no_flush_steps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace,

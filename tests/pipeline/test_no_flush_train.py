@@ -18,6 +18,7 @@ Checked:
     train/split_exchange.h: no blocking collective inside the window); at dp 2 x pp 2 under --zero 1 the run
     keeps its blocking updates inside the window (logged) and equals the flushed run all the same;
   - under mpirun (MPI backend, messages past the eager limit) the no-flush 2BW run ends and equals the shm run;
+    under --zero 1 (blocking updates) it flushes between steps instead of stalling, and says so;
   - with --checkpoint-dir and --save-every 2 (windows of 2 steps: they end at every checkpoint) the no-flush run
     still equals the flushed one, and its checkpoint at step 4 holds the same tensors as the flushed run's.
 """
@@ -167,6 +168,12 @@ def main():
     check(len(rows_m) == STEPS and [(r["loss"], r["grad_norm"]) for r in rows_m] ==
           [(r["loss"], r["grad_norm"]) for r in rows_s] and w_m == w_s and len(w_m) > 0,
           "P=2 m=4 under mpirun: the no-flush 2BW run ends and equals the shm run bit for bit (losses, norms, weights)")
+    # ZeRO 1 keeps blocking updates, which would stall the window under MPI: that run flushes (logged) and ends.
+    err_z, rows_z, _, _, flush_z = train("2bw_P2_dp2_zero1_mpi", 2, 4, ["--schedule", "pipedream-2bw", "--zero", "1"],
+                                         layout=("dp", 2), mpi=True)
+    check(len(rows_z) == STEPS and flush_z is True and "flushes between steps here: the MPI backend" in err_z,
+          f"dp 2 x pp 2, --zero 1 under mpirun: the 2BW run flushes between steps (logged) and ends "
+          f"({len(rows_z)} rows, flush_between_steps {flush_z})")
     print(f"test_no_flush_train: {checks - fails} passed, {fails} failed")
     sys.exit(1 if fails else 0)
 
