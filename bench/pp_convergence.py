@@ -19,12 +19,13 @@ lr / 10, clip 1.0, batch 16 x 64 tokens in micro-batches of 4 (m = 4), --steps (
 one micro-batch's mean loss, lr of the step), so at equal steps they take 4x the updates of the others.
 
 pipedream-2bw runs without a flush between steps (train/no_flush_steps.h: windows of steps between the
-evaluations, each update still a blocking collective over the stages), and so do pipedream and pipemare
-(train/micro_window_steps.h: the same windows, m >= P here); 1f1b and zb-h1 flush (no overlap of step t+1's
-forwards with step t's backwards), and pipedream/pipemare's per-micro-batch update is a synchronization point
-(the global norm over the stages). Results recorded before the no-flush executors (their table says so) timed
-a flushed 2BW, and results recorded before session 15 a flushed pipedream/pipemare (a different update rule:
-docs/parallelism.md "PipeDream and PipeMare"). Timings come from a shared
+evaluations; at ZeRO 0 each step's reductions start after a rank's last backward and finish at its update,
+train/split_exchange.h; bench/pp_2bw_wall.py times it against 1F1B in alternating pairs), and so do pipedream
+and pipemare (train/micro_window_steps.h: the same windows, m >= P here); 1f1b and zb-h1 flush (no overlap of
+step t+1's forwards with step t's backwards), and pipedream/pipemare's per-micro-batch update is a
+synchronization point (the global norm over the stages). Results recorded before the no-flush executors (their
+table says so) timed a flushed 2BW, and results recorded before session 15 a flushed pipedream/pipemare (a
+different update rule: docs/parallelism.md "PipeDream and PipeMare"). Timings come from a shared
 2-core machine (P = 4 runs 4 processes on 2 cores); kernel and ISA are printed with them.
 
 Usage: /usr/bin/python3 bench/pp_convergence.py [--meshtrain build/meshtrain] [--steps 300] [--lr 3e-4]

@@ -116,6 +116,21 @@ void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& ta
   if (sink_) sink_(s, out);
 }
 
+void GradSync::step_presummed(int64_t s, const PresummedStep& pre, double items, const StepTail& tail,
+                              optim::Optimizer& opt) {
+  engine_.finish_backward();  // (nothing in flight: the executor called no hooks)
+  StepOutcome out;
+  out.loss = pre.loss_sum / items;
+  out.norm = pre.norm;
+  out.lr = tail.finish(s, out.loss, out.norm, [&](float f) { opt.scale_next_grads(f); });
+  {
+    trace::TraceScope ts(tracer_, "optimizer step", "compute");
+    update(opt, out.lr, s);
+  }
+  last_ = out;
+  if (sink_) sink_(s, out);
+}
+
 // The update after micro-batch i of m alone (pipedream, pipemare): the registry holds micro-batch i's share of
 // the step's mean-loss gradient (the task scales by the step's items), so m times it is the gradient of
 // micro-batch i's mean loss (on every dp rank: B/m windows). Reduced, clipped by its own global norm, applied
@@ -123,7 +138,11 @@ void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& ta
 // t = s m + i + 1). The step's row gets the mean of the m losses (the global batch's mean loss) and the mean of
 // the m pre-clip norms, with the update of micro-batch m - 1.
 void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int m, const StepTail& tail,
-                           optim::Optimizer& opt) {
+                           optim::Optimizer& opt, const PresummedStep* pre) {
+  if (pre) {
+    MT_ASSERT(i < 0, "a presummed update of one micro-batch");
+    return step_presummed(s, *pre, items, tail, opt);
+  }
   if (i < 0) return step(s, loss_sum, items, tail, opt);
   MT_ASSERT(i < m, "the update of micro-batch ", i, " of ", m);
   reduce(s);

@@ -115,6 +115,12 @@ struct StepOutcome {
   double loss = 0, norm = 0;
   float lr = 0;
 };
+// A step whose exchange ran apart from its update (train/split_exchange.h): the global batch's loss sum and the
+// pre-clip global norm of the reduced gradient the registry holds.
+struct PresummedStep {
+  double loss_sum = 0, norm = 0;
+};
+
 // Where an exchange hands a step's outcome: at once (synchronous methods) or when it learns it (a
 // parameter-server worker, when the step's version arrives).
 using OutcomeSink = std::function<void(int64_t s, const StepOutcome& out)>;
@@ -145,8 +151,12 @@ class GradSync {
   virtual void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt);
   // The update the step executor asks for: step() for the step's one update; under schedules that update after
   // every micro-batch (pipedream, pipemare) micro_step(). The exact exchange only (other methods are refused).
+  // pre non-null: the step's reductions already ran (step_presummed).
   void update_part(int64_t s, double loss_sum, double items, int micro_batch, int micro_batches,
-                   const StepTail& tail, optim::Optimizer& opt);
+                   const StepTail& tail, optim::Optimizer& opt, const PresummedStep* pre = nullptr);
+  // The update of step s after a split exchange (train/split_exchange.h; the exact exchange at ZeRO 0): the
+  // registry holds the reduced gradient, pre the global loss sum and norm. The tail and the update as step().
+  void step_presummed(int64_t s, const PresummedStep& pre, double items, const StepTail& tail, optim::Optimizer& opt);
   void set_outcome_sink(OutcomeSink sink) { sink_ = std::move(sink); }
   // Before evaluation, a checkpoint or the end after step s: the parameters after step s are here.
   virtual void settle(int64_t s) { engine_.settle_versions(); }  // an update on its own thread ends here

@@ -5,9 +5,11 @@
 #include <map>
 #include <string>
 
+#include "comm/launch.h"
 #include "core/error.h"
 #include "parallel/pipeline/no_flush.h"
 #include "tensor/buffer.h"
+#include "train/grad_sync.h"
 #include "train/train_config.h"
 
 namespace mt::train {
@@ -23,8 +25,13 @@ bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* re
                   " (two steps' micro-batches in flight would share activation keys)"));
   if (cfg.zero > 1) return no("--zero 2/3");
   if (cfg.gpt.moe_every > 0) return no("a mixture-of-experts model (its routing statistics are per step)");
-  if (cfg.precision != Precision::fp32) return no("--precision other than fp32");
   if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
+  // Blocking updates wait for the list's sends first; under MPI a large send completes only once the receiver
+  // has posted its receive, which the peer does after its own update: the window would stall.
+  std::string why;
+  if ((cfg.backend == BackendKind::mpi || (cfg.backend == BackendKind::automatic && comm::under_mpirun())) &&
+      !split_exchange_applies(cfg, &why))
+    return no("the MPI backend with updates that stay blocking (" + why + ")");
   return true;
 }
 
@@ -42,6 +49,10 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
   void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
     MT_ASSERT(share.micro_count() == m_, "a share of ", share.micro_count(), " micro-batches for a schedule of ", m_);
     cur_ = s;
+    if (parts_.split && !split_made_) {
+      xs_ = parts_.split();
+      split_made_ = true;
+    }
     if (!ex_.in_window()) open(s);
     MT_ASSERT(s >= first_ && s <= last_, "step ", s, " outside the window of steps ", first_, "..", last_);
     swapped_ = false;  // the loop's begin_step has swapped in W(s-1)
@@ -52,6 +63,24 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     ex_.run_to(cut_[(size_t)t] + 1, [&] {
       updates++;
       if (swapped_) swap();  // A = W(s-1) again, as the store's update expects
+      if (xs_) {  // what later steps' backwards added aside, the reduced g_s into the registry
+        nn::ParamRegistry& p = *parts_.params;
+        if (dirty_) {
+          side_.resize(p.size());
+          std::memcpy(side_.data(), p.grad(), p.size() * sizeof(float));
+        }
+        diverted_ = dirty_;
+        const double t0 = trace::ChromeTrace::now_us();
+        const SplitExchange::Outcome o = xs_->finish(s, p.grad());
+        if (trace_ && trace_->enabled())  // what U(s) waited for of the reductions started after the backwards
+          trace_->add(trace::Track::comm, "split exchange: step's reductions finished", "comm", t0,
+                      trace::ChromeTrace::now_us());
+        const PresummedStep pre{o.loss_sum, o.norm};
+        UpdatePart part;
+        part.presummed = &pre;
+        update(runner(t).loss, part);
+        return;
+      }
       if (diverted_) {       // g_s in the registry, step s+1's partial gradient aside
         float* g = parts_.params->grad();
         std::swap_ranges(g, g + parts_.params->size(), side_.data());
@@ -60,9 +89,11 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     });
     MT_ASSERT(updates == 1, "step ", s, " ran ", updates, " updates");
     runners_.erase(t);
+    backwards_.erase(t);
     if (s == last_) {
       ex_.finish(&stats_);
-      MT_ASSERT(!diverted_ && runners_.empty(), "a window ended with work of a later step");
+      MT_ASSERT(!diverted_ && runners_.empty() && (!xs_ || xs_->in_flight() == 0),
+                "a window ended with work of a later step");
     }
   }
   bool calls_hooks() const override { return false; }
@@ -84,7 +115,8 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     for (size_t k = 0; k < list.size(); k++)
       if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
     runners_.clear();
-    ex_.begin(spec_, window_, *pp_.group, *this, trace_);
+    backwards_.clear();
+    ex_.begin(spec_, window_, *pp_.group, *this, trace_, xs_ != nullptr);  // (split: the updates are local)
   }
 
   TaskStageRunner& runner(int t) {
@@ -110,13 +142,27 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     return const_cast<NoFlushSteps*>(this)->runner((int)(cur_ - first_)).activation_count();
   }
   const float* forward(int c, int i, const float* input) override {
+    if (xs_) xs_->poll();
     const int t = bind(i);
     return runner(t).forward(c, i % m_, input);
   }
   const float* backward(int c, int i, const float* dout) override {
+    if (xs_) xs_->poll();
     const int t = bind(i);
-    if (first_ + t == cur_ + 1 && !diverted_) divert_grads();
-    return runner(t).backward(c, i % m_, dout);
+    if (!xs_) {
+      if (first_ + t == cur_ + 1 && !diverted_) divert_grads();
+      return runner(t).backward(c, i % m_, dout);
+    }
+    // Split exchange: after this rank's last backward of step first_ + t (m per step, one chunk) its gradient
+    // goes to the exchange, and the registry starts from zero for the next step's backwards.
+    const float* dx = runner(t).backward(c, i % m_, dout);
+    dirty_ = true;
+    if (++backwards_[t] == m_) {
+      xs_->start(first_ + t, runner(t).loss);
+      parts_.params->zero_grad();
+      dirty_ = false;
+    }
+    return dx;
   }
   // The first backward of the next step: g_cur moves aside (settled first: every backward of step cur on this
   // rank is done, so what none of them wrote is zeroed now, as the flushed run's reduction would), and the
@@ -151,6 +197,11 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
   int64_t first_ = 0, last_ = -1, cur_ = 0;
   bool swapped_ = false, diverted_ = false;
   AlignedBuffer side_;
+  // The split exchange (null: blocking updates), its backwards per step of the window, and whether the registry
+  // holds gradient of a step whose exchange has not started.
+  std::unique_ptr<SplitExchange> xs_;
+  bool split_made_ = false, dirty_ = false;
+  std::map<int, int> backwards_;
 };
 
 }  // namespace

@@ -129,8 +129,17 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     parts.window_ends_after = [this](int64_t s) {
       return cadence.eval_after(s) || cadence.save_after(s) || cadence.last_after(s);
     };
-    parts.swap_versions = [this] { store->versions()->before_forward(); };
+    parts.swap_versions = [this] {  // (--precision bf16: the products read the mirror of the version swapped in)
+      store->versions()->before_forward();
+      store->refresh_mirror();
+    };
     parts.params = &params;
+    if (split_exchange_applies(cfg))
+      parts.split = [this, reg = &params] {
+        return std::make_unique<SplitExchange>(
+            *reg, store->segments(),
+            SplitExchange::Groups{mesh.group(parallel::MeshGroup::tie), mesh.dp(), mesh.pp(), mesh.replica()});
+      };
     executor = make_no_flush_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
   }
   // pipedream and pipemare without a flush between steps where the run allows it (train/micro_window_steps.h).
@@ -280,10 +289,15 @@ void Run::announce() {
     log->message("delay-1 update (changes the math): step t's gradient is taken at W(t-1) and applied to W(t); "
                  "two weight versions kept");
     std::string why;
-    if (g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches, &why))
+    if (g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches, &why)) {
       log->message("pipedream-2bw without a flush: step t+1's forwards run while step t's last backwards drain "
                    "(windows of steps end at every evaluation, checkpoint and the last step)");
-    else if (g.pp() > 1 && cfg.schedule == "pipedream-2bw")
+      std::string no_split;
+      log->message(split_exchange_applies(cfg, &no_split)
+                       ? "pipedream-2bw: step t's reductions start after each rank's last backward of t and finish "
+                         "at its update (no blocking collective inside the window)"
+                       : "pipedream-2bw: the updates run blocking collectives inside the window: " + no_split);
+    } else if (g.pp() > 1 && cfg.schedule == "pipedream-2bw")
       log->message("pipedream-2bw flushes between steps here: " + why);
   }
 }

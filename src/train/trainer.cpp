@@ -47,7 +47,7 @@ void run_steps(Run& r) {
     sync.begin_step(s);
     r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum, UpdatePart part) {
       r.straggler.pause(r.mesh.world_rank());
-      sync.update_part(s, loss_sum, items, part.micro_batch, part.micro_batches, r.tail, *r.opt);
+      sync.update_part(s, loss_sum, items, part.micro_batch, part.micro_batches, r.tail, *r.opt, part.presummed);
     });
     nlohmann::json row = {{"step", s}};
     meter.finish(s, row);

@@ -80,6 +80,8 @@ class ListRun {
   void act(const Action& a, const OptimizerStep& step);
   // Completes every send and returns the buffers to the pool; the stats of the call.
   PipelineStats finish(double t_start);
+  // The optimizer steps issue no blocking collective: sends stay in flight beside them (PipelineExecutor::begin).
+  void set_local_updates(bool on) { local_updates_ = on; }
 
  private:
   // Tag of a message arriving at global stage s: kind 0 activation, 1 gradient.
@@ -104,6 +106,7 @@ class ListRun {
   void backward(const Action& a);
   void poll_sends();
   void drain_sends();
+  void reap_sends();
   void recycle(Buffers& bufs, const Key& key);
 
   const ScheduleSpec& spec_;
@@ -116,6 +119,7 @@ class ListRun {
   trace::ChromeTrace* trace_;  // null when not tracing
   PipelineStats st_;
   double step_us_ = 0;  // spent in the optimizer step, which the span leaves out
+  bool local_updates_ = false;  // PipelineExecutor::begin's
   Buffers act_in_, grad_in_, grad_out_;
   Requests act_req_, grad_req_;  // receives posted ahead
   std::map<Key, const float*> act_out_;
@@ -151,6 +155,21 @@ void ListRun::drain_sends() {
     pool_.push_back(std::move(f.msg));
   }
   sends_.clear();
+}
+
+// Returns the buffers of the sends that have completed to the pool; the others stay in flight.
+void ListRun::reap_sends() {
+  const double t = Clock::now_us();
+  std::vector<InFlight> left;
+  for (InFlight& f : sends_) {
+    if (!f.req.test()) {
+      left.push_back(std::move(f));
+      continue;
+    }
+    if (trace_ && f.t0 > 0) trace_->add(trace::Track::p2p, f.what, "p2p", f.t0, t);
+    pool_.push_back(std::move(f.msg));
+  }
+  sends_ = std::move(left);
 }
 
 void ListRun::post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind, const char* what) {
@@ -286,8 +305,12 @@ void ListRun::act(const Action& a, const OptimizerStep& step) {
       recycle(grad_out_, key);
       break;
     case ActionKind::optimizer_step: {
-      // The update may communicate collectively: no sends of this list are left in flight beside it.
-      drain_sends();
+      // The update may communicate collectively: no sends of this list are left in flight beside it (unless the
+      // updates are local: begin's local_updates).
+      if (local_updates_)
+        reap_sends();
+      else
+        drain_sends();
       const double t0 = Clock::now_us();
       if (step) step();
       step_us_ += Clock::now_us() - t0;
@@ -326,11 +349,12 @@ PipelineExecutor::PipelineExecutor() = default;
 PipelineExecutor::~PipelineExecutor() = default;
 
 void PipelineExecutor::begin(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp,
-                             StageRunner& runner, trace::ChromeTrace* trace) {
+                             StageRunner& runner, trace::ChromeTrace* trace, bool local_updates) {
   MT_ASSERT(!piece_, "a list run in pieces is already under way");
   MT_ASSERT(pp.size() == spec.stages && schedule.placement.ranks() == spec.stages, "pipeline group of ", pp.size(),
             " ranks for a schedule of ", spec.stages, " (placement of ", schedule.placement.ranks(), ")");
   piece_.reset(new Pieces{&schedule, &pp, Clock::now_us(), 0, ListRun(spec, schedule.placement, pp, runner, pool_, trace)});
+  piece_->list.set_local_updates(local_updates);
 }
 
 void PipelineExecutor::run_to(size_t end, const OptimizerStep& step) {

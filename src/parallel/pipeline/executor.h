@@ -59,9 +59,12 @@ class PipelineExecutor {
   // The same list run in pieces (a window of steps without a flush, no_flush.h): begin, then run_to as often as
   // needed, each running this rank's actions up to (not including) index end, then finish, which completes the
   // sends and adds the stats (the span is begin to finish, less the optimizer steps). spec, schedule and runner
-  // must outlive the pieces.
+  // must outlive the pieces. local_updates: the optimizer steps issue no blocking collective (train/
+  // split_exchange.h), so the sends of the list stay in flight beside them (those completed are recycled) instead
+  // of being waited for first: under a transport whose large sends wait for the receiver (MPI's rendezvous), that
+  // wait would need a peer that is itself waiting in its update.
   void begin(const ScheduleSpec& spec, const Schedule& schedule, comm::Communicator& pp, StageRunner& runner,
-             trace::ChromeTrace* trace = nullptr);
+             trace::ChromeTrace* trace = nullptr, bool local_updates = false);
   void run_to(size_t end, const OptimizerStep& step);
   void finish(PipelineStats* stats = nullptr);
   bool in_window() const { return piece_ != nullptr; }
