@@ -77,9 +77,9 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {
 // starting the step together: rank p - 1 cannot start before the p - 1 forwards ahead of it (zb-v: p - 1 chunk
 // forwards of F / 2) and then has m (F + B + W) = 3m F to do, so no list ends before (p - 1) F + 3m F
 // (zb-v (p - 1) F / 2 + 3m F): bubble (p - 1) / (3m + p - 1), zb-v (p - 1) / (6m + p - 1), a lower bound.
-// ZB-H1 reaches it for m >= p (its (p - 1)(F + B - W) idle per rank), zb-h2 for m >= 2p - 1, zb-v's greedy order
-// ends within F / 2 of it (p <= 4, m >= p). The "near zero" bubble of ZB-H2 and ZB-V in the zero-bubble paper is
-// the steady state of steps run back to back with no synchronization between them (its optimizer step is
+// ZB-H1 reaches it for m >= p (its (p - 1)(F + B - W) idle per rank), zb-h2 for m >= 2p - 1, zb-v's list (the
+// shortest of three greedy orders) for p <= 4, m >= p. The "near zero" bubble of ZB-H2 and ZB-V in the zero-bubble
+// paper is the steady state of steps run back to back with no synchronization between them (its optimizer step is
 // validated after the fact), where the skew of one step's start overlaps the previous step's end.
 double theoretical_bubble(const pipeline::ScheduleSpec& spec);
 // The formula theoretical_bubble uses, for printing: "ideal (p-1)/(m+p-1)", "Chimera's (p-2)/(2m+p-2), F = B",

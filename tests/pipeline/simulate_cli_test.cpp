@@ -47,7 +47,7 @@ TEST(SimulateCli, ZeroBubbleBoundNotOneFOneBsFormula) {
       << h2.out;
   RunResult v = simulate({"--schedule", "zb-v", "--stages", "4", "--micro-batches", "8", "--virtual-stages", "2"});
   ASSERT_EQ(v.exit_code, 0) << v.err;
-  EXPECT_TRUE(contains(v.out, "bubble fraction 7.7% (zero-bubble bound at F = B = W, ranks starting the step "
+  EXPECT_TRUE(contains(v.out, "bubble fraction 5.9% (zero-bubble bound at F = B = W, ranks starting the step "
                               "together: (p-1)/(6m+p-1) = 3/51 = 5.9%)"))
       << v.out;
 }

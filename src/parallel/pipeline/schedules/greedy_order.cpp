@@ -51,11 +51,11 @@ void GreedyState::apply(int j, const Action& a) {
 }
 
 ActionLists greedy_order(const char* name, const Placement& placement, int micro_batches, long actions,
-                         const GreedyRule& rule) {
+                         const GreedyRule& rule, long* units) {
   const int p = placement.ranks();
   GreedyState st(micro_batches, placement);
   ActionLists out((size_t)p);
-  long done = 0;
+  long done = 0, end = 0;
   for (st.t_ = 0; done < actions; st.t_++) {
     MT_ASSERT(st.t_ <= actions * 4, name, ": the greedy order made no progress");
     for (int j = 0; j < p; j++) {
@@ -64,8 +64,10 @@ ActionLists greedy_order(const char* name, const Placement& placement, int micro
       st.apply(j, *a);
       out[j].push_back(*a);
       done++;
+      end = st.t_ + 1;
     }
   }
+  if (units) *units = end;
   return out;
 }
 
