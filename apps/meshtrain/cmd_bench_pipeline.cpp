@@ -6,8 +6,9 @@
 //   meshtrain bench pipeline --stages 4 --forward-ms 20 --backward-ratio 2 --activation-kb 1024
 //
 // For each schedule and micro-batch count it prints the measured bubble (1 - summed compute / (p x the longest
-// rank's span), first step excluded), the simulated one with the measured stage times and message latency,
-// the simulated one with the nominal times (forward F, backward R F, free messages) and the ideal; and the step
+// rank's span), first step excluded), the simulated one with the measured stage times, message latency and
+// mean time of one send and one receive post on their own rank (the "msg", "send" and "post" ms columns), the
+// simulated one with the nominal times (forward F, backward R F, free messages) and the ideal; and the step
 // time (the longest rank's span per timed step) with its ratio to 1F1B's at the same m, whose steps alternate
 // with the schedule's in the same job.
 //
@@ -155,9 +156,9 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed)\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps);
-  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %9s %8s %9s %9s %8s %8s\n", "schedule", "m", "V", "measured",
-              "simulated", "nominal", "ideal", "diff pp", "msg ms", "step ms", "/1f1b", "sim 1/2", "b2b ms", "/1f1b",
-              "b2b sim");
+  std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %7s %7s %9s %8s %9s %9s %8s %8s\n", "schedule", "m", "V",
+              "measured", "simulated", "nominal", "ideal", "diff pp", "msg ms", "send ms", "post ms", "step ms",
+              "/1f1b", "sim 1/2", "b2b ms", "/1f1b", "b2b sim");
   std::fflush(stdout);
   for (const std::string& name : a.schedules) {
     for (int m : ms) {
@@ -269,15 +270,18 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         // The simulator's back-to-back step against 1F1B's, both with the nominal times.
         const double b2b_sim =
             simulated_back_to_back(spec, nominal_cost) / simulated_back_to_back(peer, nominal_cost);
-        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %9.1f %8.3f %8s %9.1f %8.3f %8.3f\n",
+        std::printf("%-12s %3d %2d %8.1f%% %9.1f%% %8.1f%% %7.1f%% %+8.1f %7.2f %7.2f %7.2f %9.1f %8.3f %8s %9.1f %8.3f "
+                    "%8.3f\n",
                     name.c_str(), m, V, 100 * b.measured, 100 * b.simulated, 100 * nominal, 100 * b.ideal,
-                    100 * (b.measured - b.simulated), b.cost.comm, step_ms(ranks), step_ms(ranks) / step_ms(peer_ranks),
-                    half, b2b_ms, b2b_ms / b2b_peer_ms, b2b_sim);
+                    100 * (b.measured - b.simulated), b.cost.comm, b.cost.send, b.cost.post, step_ms(ranks),
+                    step_ms(ranks) / step_ms(peer_ranks), half, b2b_ms, b2b_ms / b2b_peer_ms, b2b_sim);
         if (std::getenv("MESHTRAIN_BENCH_DEBUG"))
           for (int j = 0; j < p; j++)
-            std::printf("   rank %d: span %.1f busy %.1f wait %.1f other %.1f ms\n", j, ranks[j].span_us / 1e3,
-                        (ranks[j].forward_us + ranks[j].backward_us) / 1e3, ranks[j].wait_us / 1e3,
-                        (ranks[j].span_us - ranks[j].forward_us - ranks[j].backward_us - ranks[j].wait_us) / 1e3);
+            std::printf("   rank %d: span %.1f busy %.1f wait %.1f send %.1f post %.1f other %.1f ms\n", j,
+                        ranks[j].span_us / 1e3, (ranks[j].forward_us + ranks[j].backward_us) / 1e3,
+                        ranks[j].wait_us / 1e3, ranks[j].send_us / 1e3, ranks[j].post_us / 1e3,
+                        (ranks[j].span_us - ranks[j].forward_us - ranks[j].backward_us - ranks[j].wait_us -
+                         ranks[j].send_us - ranks[j].post_us) / 1e3);
         std::fflush(stdout);
       });
       if (rc != 0) throw Error(str("bench pipeline: ", name, " m=", m, " failed"));

@@ -56,6 +56,8 @@ void load_summary(SimulateArgs& a) {
     a.cost.stage_forward = p.at("stage_forward_ms").get<std::vector<double>>();
     a.cost.stage_backward = p.at("stage_backward_ms").get<std::vector<double>>();
     a.cost.comm = p.value("message_latency_ms", 0.0);
+    a.cost.send = p.value("message_send_ms", 0.0);  // absent in older summaries: free
+    a.cost.post = p.value("message_post_ms", 0.0);
     // Each stage's measured weight half (split schedules; absent in older summaries: the share splits then).
     if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())
       a.cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
@@ -131,7 +133,8 @@ void run_simulate(SimulateArgs& a) {
                   num(a.cost.weight_share * a.cost.backward_ratio * a.cost.forward / V).c_str(),
                   V > 1 ? "chunk" : "stage");
   } else {
-    std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
+    std::printf("cost (measured, ms per micro-batch): message %s, send %s and post %s on their rank\n",
+                num(a.cost.comm).c_str(), num(a.cost.send).c_str(), num(a.cost.post).c_str());
     for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
       std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s%s\n", s,
                   schedule.placement.slot(0, (int)s).rank, schedule.placement.slot(0, (int)s).chunk,
