@@ -268,6 +268,15 @@ TEST(ZeroBubbleV, SimulatedNearTheLeastMakespan) {
   for (int j = 0; j < 4; j++) EXPECT_EQ(idle(v, j), 1.5) << "rank " << j;
 }
 
+TEST(ZeroBubbleV, FewestMessagesOnTheCriticalPathAmongTheShortest) {
+  // Of the priority orders whose lists end at 25.5 (p = 4, m = 8), zb-v keeps one with 20 messages on its
+  // critical path: with a message latency C small enough not to change the path, the step is 25.5 + 20 C (the
+  // first such order tried, I0 I1 F1 F0 W, has 34: 25.5 + 34 C). Worked out by an offline replay of all orders.
+  const double C = 1.0 / 128;
+  const SimResult r = simulate({"zb-v", 4, 8, 2}, CostModel{1.0, 2.0, C});
+  EXPECT_DOUBLE_EQ(r.makespan, 25.5 + 20 * C);
+}
+
 TEST(ZeroBubbleSimulator, TheoreticalBubbleIsTheBoundWithTheStepStartingTogether) {
   // theoretical_bubble at F = B = W: the least bubble any list reaches when every rank starts the step together,
   // (p - 1) / (3m + p - 1) for one chunk per rank, (p - 1) / (6m + p - 1) for zb-v's V; zb-h1 equals it from
