@@ -127,6 +127,9 @@ void run_simulate(SimulateArgs& a) {
                 : V > 1    ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str()
                            : "stage",
                 num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+    if (a.cost.send > 0 || a.cost.post > 0)
+      std::printf("cost of a message on its ranks: send %s, post %s (computing nothing: bubble)\n",
+                  num(a.cost.send).c_str(), num(a.cost.post).c_str());
     if (split)
       std::printf("cost of the split backward: input half (I) %s, weight half (W) %s per %s\n",
                   num((1 - a.cost.weight_share) * a.cost.backward_ratio * a.cost.forward / V).c_str(),
@@ -232,9 +235,14 @@ void add_simulate_command(CLI::App& app) {
   sub->add_option("--comm-cost", a->cost.comm,
                   "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
       ->capture_default_str()->check(finite_non_negative("message cost"));
+  sub->add_option("--send-cost", a->cost.send,
+                  "time one send takes on its own rank (the copy and the transport call), in the same units")
+      ->capture_default_str()->check(finite_non_negative("send cost"));
+  sub->add_option("--post-cost", a->cost.post, "time one receive post takes on its own rank, in the same units")
+      ->capture_default_str()->check(finite_non_negative("post cost"));
   sub->add_option("--svg", a->svg, "write the swimlane diagram here (SVG)");
   sub->add_option("--from-summary", a->from_summary,
-                  "replay a real run: the schedule, measured stage times and message latency of a "
+                  "replay a real run: the schedule, measured stage times, message latency and send / post times of a "
                   "`meshtrain train --pp P --summary FILE` (replaces the flags above)");
   sub->add_flag("--actions", a->actions, "print every rank's action list");
   sub->add_option("--steps", a->steps,
