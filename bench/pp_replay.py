@@ -179,8 +179,10 @@ def main():
              for j in range(p)]
     ms, busy = replay(lists, means, spec["schedule"], p, spec.get("message_latency_ms", 0.0))
     check = 1 - busy / (p * ms)
-    assert abs(check - spec["bubble_simulated"]) < 1e-4, \
-        f"replay of the means {check} != simulated {spec['bubble_simulated']}"
+    # This replay charges sends and posts nothing: it matches plan::simulate with them free (the summary's
+    # bubble_simulated charges each its measured mean; older summaries have only that, with free sends).
+    free_calls = spec.get("bubble_simulated_with_free_sends_and_posts", spec["bubble_simulated"])
+    assert abs(check - free_calls) < 1e-4, f"replay of the means {check} != simulated with free sends {free_calls}"
     ms, busy = replay(lists, means, spec["schedule"], p, spec.get("message_latency_ms", 0.0), ready)
     means_ready = 1 - busy / (p * ms)
     print(json.dumps({"schedule": spec["schedule"], "steps_replayed": steps - 1,

@@ -8,7 +8,9 @@ Shape as bench/pp_bench.py: L=8, H=8, C=256, V=2048, T=128, a global batch of 16
 spell of the shared machine falls on all of them; the table gives each schedule's median tokens/s and its ratio
 to 1F1B's median. The simulated bubble replays the schedule with the run's measured stage times: forward, and for
 a split backward its input and weight halves each as measured (`stage_weight_ms`), with the measured message
-latency; beside it the simulation that splits each measured backward in halves by assumption (the earlier
+latency and each send and receive post taking its rank the measured mean time of one (`message_send_ms`,
+`message_post_ms`; "sim free s/p" is the same with sends and posts free, the figure before they were
+measured); beside it the simulation that splits each measured backward in halves by assumption (the earlier
 figure), and the replay of the run's own steps with every computation's traced duration (bench/pp_replay.py:
 what the variation of single durations on a loaded machine adds to the means). "within 5" counts the schedules
 whose measured bubble is within 5 points of the simulated one, and of the replayed one.
@@ -92,7 +94,7 @@ def main():
     base = statistics.median(got["1f1b"])
     print(f"\nP = 2, M = {args.m}, {args.steps} steps, median of {args.rounds} rounds")
     print(f"{'schedule':<12} {'tokens/s':>9} {'/1f1b':>6} {'bubble meas':>12} {'simulated':>10} {'diff pp':>8} "
-          f"{'sim 1/2 split':>14} {'replayed':>9} {'diff pp':>8} {'in flight':>10} {'bound':>8} {'act peak MiB':>14} "
+          f"{'send ms':>8} {'post ms':>8} {'sim free s/p':>13} {'sim 1/2 split':>14} {'replayed':>9} {'diff pp':>8} {'in flight':>10} {'bound':>8} {'act peak MiB':>14} "
           f"{'weights MiB':>12}")
     within = within_rep = 0
     for sched in schedules:
@@ -107,11 +109,14 @@ def main():
         rep = p["bubble_replayed"]
         within_rep += abs(p["bubble_measured"] - rep) <= 0.05
         print(f"{sched:<12} {med:>9.0f} {med / base:>6.3f} {100 * p['bubble_measured']:>11.1f}% "
-              f"{100 * p['bubble_simulated']:>9.1f}% {d:>+8.1f} {'-' if half < 0 else f'{100 * half:.1f}%':>14} "
+              f"{100 * p['bubble_simulated']:>9.1f}% {d:>+8.1f} {p.get('message_send_ms', 0):>8.2f} "
+              f"{p.get('message_post_ms', 0):>8.2f} {100 * p.get('bubble_simulated_with_free_sends_and_posts', -1):>12.1f}% "
+              f"{'-' if half < 0 else f'{100 * half:.1f}%':>14} "
               f"{100 * rep:>8.1f}% {100 * (p['bubble_measured'] - rep):>+8.1f} "
               f"{'/'.join(str(r['peak_micro_batches']) for r in fl):>10} {'/'.join(str(r['bound']) for r in fl):>8} "
               f"{act:>14} {wts:>12}")
-    print(f"measured within 5 points of simulated (stage means): {within} of {len(schedules)}; of the replay of the "
+    print(f"measured within 5 points of simulated (stage means, message latency, send and post times): {within} of "
+          f"{len(schedules)}; of the replay of the "
           f"run's own durations: {within_rep} of {len(schedules)}")
     print("\nwith a wait for a message that has already arrived costing the measured mean (ready wait):")
     print(f"{'schedule':<12} {'ready ms':>9} {'measured':>9} {'sim+ready':>10} {'diff pp':>8} {'replay+ready':>13} "

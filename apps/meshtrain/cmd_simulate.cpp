@@ -63,6 +63,8 @@ void load_summary(SimulateArgs& a) {
     a.cost.stage_forward = p.at("stage_forward_ms").get<std::vector<double>>();
     a.cost.stage_backward = p.at("stage_backward_ms").get<std::vector<double>>();
     a.cost.comm = p.value("message_latency_ms", 0.0);
+    a.cost.send = p.value("message_send_ms", 0.0);  // absent in older summaries: free
+    a.cost.post = p.value("message_post_ms", 0.0);
     // Each stage's measured weight half (split schedules; absent in older summaries: the share splits then).
     if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())
       a.cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
@@ -182,13 +184,17 @@ void run_simulate(SimulateArgs& a) {
                 : V > 1    ? str("rank (", num(a.cost.forward / V), " per chunk)").c_str()
                            : "stage",
                 num(a.cost.backward_ratio).c_str(), num(a.cost.comm).c_str());
+    if (a.cost.send > 0 || a.cost.post > 0)
+      std::printf("cost of a message on its ranks: send %s, post %s (computing nothing: bubble)\n",
+                  num(a.cost.send).c_str(), num(a.cost.post).c_str());
     if (split)
       std::printf("cost of the split backward: input half (I) %s, weight half (W) %s per %s\n",
                   num((1 - a.cost.weight_share) * a.cost.backward_ratio * a.cost.forward / V).c_str(),
                   num(a.cost.weight_share * a.cost.backward_ratio * a.cost.forward / V).c_str(),
                   V > 1 ? "chunk" : "stage");
   } else {
-    std::printf("cost (measured, ms per micro-batch): message %s\n", num(a.cost.comm).c_str());
+    std::printf("cost (measured, ms per micro-batch): message %s, send %s and post %s on their rank\n",
+                num(a.cost.comm).c_str(), num(a.cost.send).c_str(), num(a.cost.post).c_str());
     for (size_t s = 0; s < a.cost.stage_forward.size(); s++)
       std::printf("  stage %zu (rank %d, chunk %d): forward %s, backward %s%s\n", s,
                   schedule.placement.slot(0, (int)s).rank, schedule.placement.slot(0, (int)s).chunk,
@@ -307,9 +313,14 @@ void add_simulate_command(CLI::App& app) {
   sub->add_option("--comm-cost", a->cost.comm,
                   "time of one activation or gradient message, in units of a rank's forward time (all its chunks)")
       ->capture_default_str()->check(finite_non_negative("message cost"));
+  sub->add_option("--send-cost", a->cost.send,
+                  "time one send takes on its own rank (the copy and the transport call), in the same units")
+      ->capture_default_str()->check(finite_non_negative("send cost"));
+  sub->add_option("--post-cost", a->cost.post, "time one receive post takes on its own rank, in the same units")
+      ->capture_default_str()->check(finite_non_negative("post cost"));
   sub->add_option("--svg", a->svg, "write the swimlane diagram here (SVG)");
   sub->add_option("--from-summary", a->from_summary,
-                  "replay a real run: the schedule, measured stage times and message latency of a "
+                  "replay a real run: the schedule, measured stage times, message latency and send / post times of a "
                   "`meshtrain train --pp P --summary FILE` (replaces the flags above)");
   sub->add_flag("--actions", a->actions, "print every rank's action list");
   sub->add_option("--steps", a->steps,

@@ -7,7 +7,8 @@
 namespace mt::plan {
 
 namespace {
-constexpr int kScalars = 7;  // span, forward, backward, latency, wait (ms), latency samples, lists
+// span, forward, backward, latency (ms), latency samples, lists, wait, send, post (ms), sends, posts
+constexpr int kScalars = 11;
 }
 
 size_t packed_size(int virtual_stages) { return kScalars + 3 * (size_t)virtual_stages; }
@@ -20,6 +21,10 @@ void pack(const pipeline::PipelineStats& st, int V, float* out) {
   out[4] = (float)st.latency_samples;
   out[5] = (float)st.lists;
   out[6] = (float)(st.wait_us / 1000.0);
+  out[7] = (float)(st.send_us / 1000.0);
+  out[8] = (float)(st.post_us / 1000.0);
+  out[9] = (float)st.sends;
+  out[10] = (float)st.posts;
   for (int c = 0; c < V; c++) {
     out[kScalars + c] = c < (int)st.chunk_forward_us.size() ? (float)(st.chunk_forward_us[c] / 1000.0) : 0.0f;
     out[kScalars + V + c] = c < (int)st.chunk_backward_us.size() ? (float)(st.chunk_backward_us[c] / 1000.0) : 0.0f;
@@ -36,6 +41,10 @@ pipeline::PipelineStats unpack(const float* in, int V) {
   st.latency_samples = (int64_t)in[4];
   st.lists = (int64_t)in[5];
   st.wait_us = in[6] * 1000.0;
+  st.send_us = in[7] * 1000.0;
+  st.post_us = in[8] * 1000.0;
+  st.sends = (int64_t)in[9];
+  st.posts = (int64_t)in[10];
   for (int c = 0; c < V; c++) {
     st.chunk_forward_us.push_back(in[kScalars + c] * 1000.0);
     st.chunk_backward_us.push_back(in[kScalars + V + c] * 1000.0);
@@ -52,12 +61,16 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   const int S = pl.stages();
   MT_ASSERT((int)ranks.size() == p, "bubble_report: ", ranks.size(), " ranks' stats for ", p, " stages");
   BubbleReport r;
-  double busy = 0, span = 0, latency = 0, samples = 0;
+  double busy = 0, span = 0, latency = 0, samples = 0, send = 0, sends = 0, post = 0, posts = 0;
   for (const auto& st : ranks) {
     busy += st.forward_us + st.backward_us;
     span = std::max(span, st.span_us);
     latency += st.latency_us;
     samples += (double)st.latency_samples;
+    send += st.send_us;
+    sends += (double)st.sends;
+    post += st.post_us;
+    posts += (double)st.posts;
   }
   const int64_t lists = ranks.front().lists;
   if (lists <= 0 || span <= 0) return r;
@@ -87,6 +100,10 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   }
   r.simulated_free_messages = simulate(spec, schedule, r.cost).bubble_fraction;
   r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
+  r.simulated_free_calls = simulate(spec, schedule, r.cost).bubble_fraction;
+  // Each send and post charged the mean time the ranks spent in one (over all ranks and messages).
+  r.cost.send = sends > 0 ? send / sends / 1000.0 : 0.0;
+  r.cost.post = posts > 0 ? post / posts / 1000.0 : 0.0;
   r.simulated = simulate(spec, schedule, r.cost).bubble_fraction;
   if (split) {  // beside it, the earlier assumption: each measured backward split in halves
     CostModel halves = r.cost;

@@ -19,6 +19,8 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
   MT_CHECK_INPUT(finite_nonneg(cost.backward_ratio), "simulator: backward ratio must be >= 0, got ",
                  cost.backward_ratio);
   MT_CHECK_INPUT(finite_nonneg(cost.comm), "simulator: message cost must be >= 0, got ", cost.comm);
+  MT_CHECK_INPUT(finite_nonneg(cost.send) && finite_nonneg(cost.post),
+                 "simulator: a send's and a post's time must be >= 0, got ", cost.send, " and ", cost.post);
   MT_CHECK_INPUT(finite_nonneg(cost.weight_share) && cost.weight_share <= 1,
                  "simulator: the weight half's share of a split backward must be in [0, 1], got ", cost.weight_share);
   pipeline::check_schedule(spec, schedule);
@@ -95,9 +97,11 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
           r.busy_per_rank[j] += d;
           t += d;
         } else if (pipeline::is_send(a.kind)) {
+          t += cost.send;
           sent_at[slot(pipeline::message_of(a, j, pl))] = t;
         } else if (pipeline::is_post(a.kind)) {
           posted_at[slot(pipeline::message_of(a, j, pl))] = t;
+          t += cost.post;
         } else if (pipeline::is_wait(a.kind)) {
           const size_t s = slot(pipeline::message_of(a, j, pl));
           if (std::isnan(sent_at[s])) break;

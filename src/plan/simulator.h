@@ -13,11 +13,13 @@
 //                          with R = 2, F = B = W = 1 unit, the zero-bubble papers' assumption). Under measured
 //                          stage times, stage_weight (measured too) splits each stage's backward as it ran;
 //                          without it the same share w splits it (an assumption, not a measurement).
-//   send                   0 on the sender, which goes on at once (isend)
+//   send                   `send` on the sender (default 0: it goes on at once), the message issued at its end
+//   post                   `post` on the receiver (default 0), the receive posted at its start
 //   message                arrives C after both its send is issued and its receive posted (a rendezvous:
 //                          what shm and MPI do for large tensors; with C = 0 the posting time does not matter)
 //   wait                   ends at the later of "now" and the arrival
-//   post, optimizer_step   0
+//   optimizer_step         0
+// A send's or post's time is not compute: it counts in the bubble, as in the executor's measured one.
 // Utilization = busy compute time over all ranks / (p * makespan); bubble fraction = 1 - utilization.
 // For gpipe and 1f1b with C = 0 this gives exactly (p - 1) / (m + p - 1) bubble; for interleaved the
 // textbook estimate is (p - 1) / (V m + p - 1) (theoretical_bubble).
@@ -43,6 +45,9 @@ struct CostModel {
   // backward through that stage, a part of stage_backward (the input half I takes the rest); replaces
   // weight_share. Must lie in [0, stage_backward] (a rounding excess of up to 1e-6 relative is clamped).
   std::vector<double> stage_weight;
+  // The time one send (copy and isend) and one receive post (irecv) take on their own rank, computing nothing;
+  // a real run's are the executor's measured means (PipelineStats send_us / sends, post_us / posts).
+  double send = 0.0, post = 0.0;
 };
 
 // One computation as it ran: [start, end) on its rank.
@@ -77,9 +82,9 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const CostModel& cost = {
 // starting the step together: rank p - 1 cannot start before the p - 1 forwards ahead of it (zb-v: p - 1 chunk
 // forwards of F / 2) and then has m (F + B + W) = 3m F to do, so no list ends before (p - 1) F + 3m F
 // (zb-v (p - 1) F / 2 + 3m F): bubble (p - 1) / (3m + p - 1), zb-v (p - 1) / (6m + p - 1), a lower bound.
-// ZB-H1 reaches it for m >= p (its (p - 1)(F + B - W) idle per rank), zb-h2 for m >= 2p - 1, zb-v's greedy order
-// ends within F / 2 of it (p <= 4, m >= p). The "near zero" bubble of ZB-H2 and ZB-V in the zero-bubble paper is
-// the steady state of steps run back to back with no synchronization between them (its optimizer step is
+// ZB-H1 reaches it for m >= p (its (p - 1)(F + B - W) idle per rank), zb-h2 for m >= 2p - 1, zb-v's list (the
+// shortest of three greedy orders) for p <= 4, m >= p. The "near zero" bubble of ZB-H2 and ZB-V in the zero-bubble
+// paper is the steady state of steps run back to back with no synchronization between them (its optimizer step is
 // validated after the fact), where the skew of one step's start overlaps the previous step's end.
 double theoretical_bubble(const pipeline::ScheduleSpec& spec);
 // The formula theoretical_bubble uses, for printing: "ideal (p-1)/(m+p-1)", "Chimera's (p-2)/(2m+p-2), F = B",

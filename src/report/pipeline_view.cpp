@@ -76,6 +76,8 @@ trace::Swimlane simulated_swimlane(const nlohmann::json& p, const std::string& p
   cost.stage_forward = p["stage_forward_ms"].get<std::vector<double>>();
   cost.stage_backward = p["stage_backward_ms"].get<std::vector<double>>();
   cost.comm = p["message_latency_ms"].get<double>();
+  cost.send = p.value("message_send_ms", 0.0);  // the time of one send / post on its rank (older summaries: free)
+  cost.post = p.value("message_post_ms", 0.0);
   if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())  // split schedules' measured weight halves
     cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
   MT_CHECK_INPUT(cost.stage_forward.size() == size_t(spec.stages) * spec.virtual_stages &&
@@ -85,9 +87,11 @@ trace::Swimlane simulated_swimlane(const nlohmann::json& p, const std::string& p
                  " stages");
   const plan::SimResult r = plan::simulate(spec, cost);
   trace::Swimlane d = plan::swimlane_of(spec, cost, r);
-  char sub[160];
-  std::snprintf(sub, sizeof sub, "simulated from the measured stage times; bubble %.1f%%, message latency %.3f ms",
-                100 * r.bubble_fraction, cost.comm);
+  char sub[224];
+  std::snprintf(sub, sizeof sub,
+                "simulated from the measured stage times; bubble %.1f%%, message latency %.3f ms, send %.3f ms, "
+                "post %.3f ms",
+                100 * r.bubble_fraction, cost.comm, cost.send, cost.post);
   d.subtitle = sub;
   d.time_label = "time (ms, simulated)";
   return d;

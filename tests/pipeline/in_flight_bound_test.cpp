@@ -34,8 +34,9 @@ TEST(InFlightBound, EveryRankOfEveryListReachesItsBoundExactly) {
         }
         const Schedule s = make_schedule(spec);
         for (int j = 0; j < p; j++) {
-          // chimera's greedy order holds fewer at small m: the bound is reached on every rank from m = 2p on.
-          if (std::string(c.name) == "chimera" && m < 2 * p)
+          // chimera's greedy order holds fewer at small m: the bound is reached on every rank from m = 2p on;
+          // zb-v's list (the order with the fewest message hops) holds fewer on some ranks at m <= p.
+          if ((std::string(c.name) == "chimera" && m < 2 * p) || (std::string(c.name) == "zb-v" && m <= p))
             EXPECT_LE(peak_in_flight(s[j]), in_flight_bound(spec, j))
                 << c.name << " V=" << c.V << " p=" << p << " m=" << m << " j=" << j;
           else

@@ -180,11 +180,22 @@ TEST(BubbleReport, MeasuredAndSimulatedFromRankStats) {
   r1.chunk_backward_us = {8000};
   r1.latency_us = 1000;
   r1.latency_samples = 2;
+  // Sends and posts: 3 sends of 0.2 ms in all and 2 posts of 0.1 ms; the mean over ranks and messages is charged.
+  r0.send_us = 400;
+  r0.sends = 2;
+  r1.send_us = 200;
+  r1.sends = 1;
+  r1.post_us = 200;
+  r1.posts = 2;
   // Through the float packing the trainer gathers with.
   std::vector<float> buf(mt::plan::packed_size(1));
   mt::plan::pack(r1, 1, buf.data());
   const mt::pipeline::PipelineStats r1b = mt::plan::unpack(buf.data(), 1);
   EXPECT_EQ(r1b.latency_samples, 2);
+  EXPECT_EQ(r1b.sends, 1);
+  EXPECT_EQ(r1b.posts, 2);
+  EXPECT_NEAR(r1b.send_us, 200, 1e-3);
+  EXPECT_NEAR(r1b.post_us, 200, 1e-3);
   EXPECT_DOUBLE_EQ(r1b.chunk_backward_us[0], 8000);
   const mt::pipeline::ScheduleSpec spec{"gpipe", 2, 2, 1};
   const auto rep = mt::plan::bubble_report(spec, {r0, r1b}, true);
@@ -193,8 +204,13 @@ TEST(BubbleReport, MeasuredAndSimulatedFromRankStats) {
   EXPECT_NEAR(rep.cost.stage_forward[0], 2.0, 1e-6);
   EXPECT_NEAR(rep.cost.stage_backward[1], 2.0, 1e-6);
   EXPECT_NEAR(rep.cost.comm, 0.5, 1e-6);
+  EXPECT_NEAR(rep.cost.send, 0.2, 1e-6);
+  EXPECT_NEAR(rep.cost.post, 0.1, 1e-6);
   mt::plan::CostModel c = rep.cost;
   EXPECT_DOUBLE_EQ(rep.simulated, mt::plan::simulate(spec, c).bubble_fraction);
+  c.send = c.post = 0;
+  EXPECT_DOUBLE_EQ(rep.simulated_free_calls, mt::plan::simulate(spec, c).bubble_fraction);
+  EXPECT_GT(rep.simulated, rep.simulated_free_calls);  // sends and posts on the critical path cost time
   c.comm = 0;
   EXPECT_DOUBLE_EQ(rep.simulated_free_messages, mt::plan::simulate(spec, c).bubble_fraction);
   EXPECT_GT(rep.simulated, rep.simulated_free_messages);  // messages on the critical path cost time

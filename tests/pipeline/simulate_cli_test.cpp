@@ -47,9 +47,23 @@ TEST(SimulateCli, ZeroBubbleBoundNotOneFOneBsFormula) {
       << h2.out;
   RunResult v = simulate({"--schedule", "zb-v", "--stages", "4", "--micro-batches", "8", "--virtual-stages", "2"});
   ASSERT_EQ(v.exit_code, 0) << v.err;
-  EXPECT_TRUE(contains(v.out, "bubble fraction 7.7% (zero-bubble bound at F = B = W, ranks starting the step "
+  EXPECT_TRUE(contains(v.out, "bubble fraction 5.9% (zero-bubble bound at F = B = W, ranks starting the step "
                               "together: (p-1)/(6m+p-1) = 3/51 = 5.9%)"))
       << v.out;
+}
+
+TEST(SimulateCli, SendAndPostCostsArePrintedAndCharged) {
+  // 1F1B p = 2, m = 1 with messages 0.5, sends 0.25 and posts 0.125 (Simulator.SendsAndPostsOccupyTheirRank by
+  // hand): makespan 6 + 0.125 + 2 x 0.25 + 2 x 0.5 = 7.625.
+  RunResult r = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "1", "--comm-cost", "0.5",
+                          "--send-cost", "0.25", "--post-cost", "0.125"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "cost of a message on its ranks: send 0.25, post 0.125 (computing nothing: bubble)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "makespan 7.625")) << r.out;
+  RunResult bad = simulate({"--schedule", "1f1b", "--stages", "2", "--micro-batches", "1", "--send-cost", "-1"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(contains(bad.err, "send cost")) << bad.describe();
 }
 
 TEST(SimulateCli, OneFOneBActionsAndInterleaved) {

@@ -135,6 +135,26 @@ TEST(Simulator, ReceivePostedLateDelaysTheTransfer) {
   EXPECT_EQ(late.boxes[1][1].start, 4);
 }
 
+TEST(Simulator, SendsAndPostsOccupyTheirRank) {
+  // 1F1B p = 2, m = 1 with a send taking s = 0.25, a post q = 0.125 and messages C = 0.5 (F 1, B 2), by hand:
+  // rank 0 posts its gradient receive 0..q, runs F0 q..q+1, sends q+1..q+1+s (issued at its end);
+  // rank 1 posts 0..q, the activation arrives q+1+s+C = 1.875: F0 1.875..2.875, B0 ..4.875, sends ..5.125;
+  // the gradient arrives 5.625 and rank 0 runs B0 5.625..7.625: makespan 6 + q + 2s + 2C. Busy time is compute
+  // only (6 of 2 x 7.625): a send's and a post's time is bubble, as in the executor's measured bubble.
+  CostModel c{1.0, 2.0, 0.5};
+  c.send = 0.25;
+  c.post = 0.125;
+  const SimResult r = simulate({"1f1b", 2, 1, 1}, c);
+  constexpr ActionKind F = ActionKind::forward, B = ActionKind::backward;
+  expect_boxes(r, 0, {{0.125, 1.125, F, 0}, {5.625, 7.625, B, 0}});
+  expect_boxes(r, 1, {{1.875, 2.875, F, 0}, {2.875, 4.875, B, 0}});
+  EXPECT_DOUBLE_EQ(r.makespan, 7.625);
+  EXPECT_DOUBLE_EQ(r.finish[1], 5.125);
+  EXPECT_DOUBLE_EQ(r.utilization, 6.0 / (2 * 7.625));
+  c.send = -1;
+  EXPECT_THROW(simulate({"1f1b", 2, 1, 1}, c), mt::InputError);
+}
+
 TEST(Simulator, RejectsBadCostsAndBrokenLists) {
   EXPECT_THROW(simulate({"gpipe", 2, 2, 1}, CostModel{0.0, 2.0, 0.0}), mt::InputError);
   EXPECT_THROW(simulate({"gpipe", 2, 2, 1}, CostModel{1.0, -1.0, 0.0}), mt::InputError);

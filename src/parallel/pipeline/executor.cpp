@@ -173,6 +173,7 @@ void ListRun::reap_sends() {
 }
 
 void ListRun::post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind, const char* what) {
+  const double t0 = Clock::now_us();
   const Key key{a.micro_batch, a.chunk};
   auto& buf = bufs[key];
   buf = take(pool_, nm_);
@@ -181,6 +182,8 @@ void ListRun::post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind
                Clock::now_us(),
                trace_ ? label(what, a, false) : std::string(),
                {}};
+  st_.post_us += Clock::now_us() - t0;
+  st_.posts++;
 }
 
 // Waits for a posted receive. A message sent while this rank was already waiting for it measures the
@@ -201,6 +204,7 @@ void ListRun::wait_recv(Buffers& bufs, Requests& reqs, const Key& key) {
 }
 
 void ListRun::send(const float* data, const Action& a, int kind, int to_stage, const char* what) {
+  const double t_call = Clock::now_us();
   InFlight f;
   f.msg = take(pool_, nm_);
   std::memcpy(f.msg.data(), data, sizeof(float) * n_);
@@ -209,6 +213,8 @@ void ListRun::send(const float* data, const Action& a, int kind, int to_stage, c
   f.req = pp_.isend(f.msg.data(), nm_, comm::DType::f32, a.peer, tag(kind, a.micro_batch, to_stage));
   f.what = trace_ ? label(what, a, true) : std::string();
   sends_.push_back(std::move(f));  // the vector's heap buffer moves with it: the send's pointer stays valid
+  st_.send_us += Clock::now_us() - t_call;
+  st_.sends++;
 }
 
 void ListRun::forward(const Action& a) {

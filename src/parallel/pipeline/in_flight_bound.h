@@ -9,7 +9,8 @@
 //   interleaved (V chunks)    min(2 (p - j - 1) + (V - 1) p + 1, V m)   Megatron's warm-up plus one
 //   zb-h1                     min(p, m)            1F1B's peak (its rank 0's) on every rank
 //   zb-h2                     min(2p - 1, m)
-//   zb-v (2 chunks)           min(2p, 2m)          p whole stages' worth: 1F1B's peak
+//   zb-v (2 chunks)           min(2p, 2m)          p whole stages' worth: 1F1B's peak; reached on every rank
+//                                                  once m > p (its list may hold fewer below)
 //   chimera (2 routes)        min(p, m)            at most p pairs over both routes' chunks; reached on
 //                                                  every rank once m >= 2p (its greedy order holds fewer below)
 #pragma once

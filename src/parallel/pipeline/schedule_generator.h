@@ -89,7 +89,7 @@ class GreedyState {
 
  private:
   friend ActionLists greedy_order(const char*, const Placement&, int, long,
-                                  const std::function<std::optional<Action>(int, const GreedyState&)>&);
+                                  const std::function<std::optional<Action>(int, const GreedyState&)>&, long*);
   GreedyState(int micro_batches, const Placement& placement);
   void apply(int j, const Action& a);
   long t_ = 0;
@@ -101,7 +101,9 @@ class GreedyState {
 };
 using GreedyRule = std::function<std::optional<Action>(int j, const GreedyState& state)>;
 // Runs the greedy until `actions` computations are placed over all ranks (name: for the no-progress assertion).
+// `units`, when given, receives the list's length in units (the end of its last action under the unit costs), or
+// -1 with empty lists when the rule stops making progress (without it, that is an assertion failure).
 ActionLists greedy_order(const char* name, const Placement& placement, int micro_batches, long actions,
-                         const GreedyRule& rule);
+                         const GreedyRule& rule, long* units = nullptr);
 
 }  // namespace mt::pipeline

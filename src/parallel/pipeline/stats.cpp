@@ -11,6 +11,10 @@ void PipelineStats::add(const PipelineStats& o) {
   wait_us += o.wait_us;
   latency_us += o.latency_us;
   latency_samples += o.latency_samples;
+  send_us += o.send_us;
+  post_us += o.post_us;
+  sends += o.sends;
+  posts += o.posts;
   forwards += o.forwards;
   backwards += o.backwards;
   lists += o.lists;

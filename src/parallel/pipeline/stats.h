@@ -16,8 +16,13 @@ namespace mt::pipeline {
 //            chunk_backward, so the planner can split each stage's measured backward as it ran
 //   latency  summed over messages sent while their receiver was already waiting for them: from the send to
 //            the receiver running again (transfer plus wake-up), and how many such messages
+//   send, post  the rank's own time inside its sends (the copy into the message buffer and the transport's
+//            isend) and inside its receive posts (irecv), summed, and how many of each: time the rank computes
+//            nothing, which the simulator charges per message (plan::CostModel::send, post)
 struct PipelineStats {
   double span_us = 0, forward_us = 0, backward_us = 0, wait_us = 0, latency_us = 0;
+  double send_us = 0, post_us = 0;
+  int64_t sends = 0, posts = 0;
   int64_t latency_samples = 0;
   int64_t forwards = 0, backwards = 0, lists = 0;
   std::vector<double> chunk_forward_us, chunk_backward_us;  // per chunk of this rank (V entries)

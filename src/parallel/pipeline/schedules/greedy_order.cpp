@@ -51,21 +51,29 @@ void GreedyState::apply(int j, const Action& a) {
 }
 
 ActionLists greedy_order(const char* name, const Placement& placement, int micro_batches, long actions,
-                         const GreedyRule& rule) {
+                         const GreedyRule& rule, long* units) {
   const int p = placement.ranks();
   GreedyState st(micro_batches, placement);
   ActionLists out((size_t)p);
-  long done = 0;
+  long done = 0, end = 0;
   for (st.t_ = 0; done < actions; st.t_++) {
-    MT_ASSERT(st.t_ <= actions * 4, name, ": the greedy order made no progress");
+    if (st.t_ > actions * 4) {  // the rule left every rank idle for good
+      if (units) {
+        *units = -1;
+        return {};
+      }
+      MT_ASSERT(false, name, ": the greedy order made no progress");
+    }
     for (int j = 0; j < p; j++) {
       const std::optional<Action> a = rule(j, st);
       if (!a) continue;
       st.apply(j, *a);
       out[j].push_back(*a);
       done++;
+      end = st.t_ + 1;
     }
   }
+  if (units) *units = end;
   return out;
 }
 
