@@ -1,0 +1,178 @@
+"""Offloading never changes the math (issue 28's matrix; docs/offload.md), on a small GPT (L=2, C=32, V=64, B=8,
+T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets, so a rank's shards are several):
+  1. Each kind alone and all combined -- --offload optimizer, params, grads, --offload-activations, and every
+     one of them at once -- for each layout: nproc 1 with ZeRO 0 and 2; dp 2 with ZeRO 0, 1, 2, 3; dp 2 ZeRO 2
+     with 2 micro-batches (gradient shards accumulate through the file); dp 2 ZeRO 1 with bf16 products; tp 2
+     and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates (every
+     metrics row) and the same final weights (--save bytes) as the same layout in memory. grads needs ZeRO 2 or
+     3: below that it is refused at start (part 4), so "all" there is optimizer,params + activations.
+  2. Resume across the tiers: a run offloaded (every kind the stage takes) to step 2, resumed in memory to step
+     4, resumed offloaded to step 6, ends byte-equal to the uninterrupted in-memory run (dp 2 at ZeRO 0, 1, 2).
+  3. --summary at the new stages: params alone at ZeRO 1 (dp 2) offloads the full parameters (4 bytes per
+     parameter), keeps no float32 parameter buffer and keeps the optimizer state resident (nothing of it
+     offloaded); grads at ZeRO 2 offloads the rank's gradient shard and keeps no resident gradient; the
+     summary's offload section lists the files; nothing is left in --offload-dir after any run.
+  4. Refused with both flags named: --offload grads with --zero 0 and with --zero 1.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_offload import Env, check, rows, FAILS  # noqa: E402
+
+SMALL_BUCKETS = ["--bucket-mb", 0.004]
+
+
+def layouts():
+    z = lambda k: ["--zero", k] + SMALL_BUCKETS  # noqa: E731
+    return {
+        "dp1_z0": ["--nproc", 1] + z(0),
+        "dp1_z2": ["--nproc", 1] + z(2),
+        "dp2_z0": ["--nproc", 2] + z(0),
+        "dp2_z1": ["--nproc", 2] + z(1),
+        "dp2_z2": ["--nproc", 2] + z(2),
+        "dp2_z3": ["--nproc", 2] + z(3),
+        "dp2_z2_mb2": ["--nproc", 2, "--micro-batch-size", 2] + z(2),
+        "dp2_z1_bf16": ["--nproc", 2, "--precision", "bf16"] + z(1),
+        "tp2_z0": ["--nproc", 2, "--tp", 2] + z(0),
+        "tp2_z2": ["--nproc", 2, "--tp", 2] + z(2),
+        "pp2_z0": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2] + z(0),
+        "pp2_z2": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2] + z(2),
+    }
+
+
+def zero_of(flags) -> int:
+    return int(flags[flags.index("--zero") + 1])
+
+
+def kinds_for(zero: int):
+    """name -> (--offload kinds or None, --offload-activations)"""
+    every = "optimizer,params,grads" if zero >= 2 else "optimizer,params"
+    k = {"optimizer": ("optimizer", False), "params": ("params", False), "activations": (None, True),
+         "all": (every, True)}
+    if zero >= 2:
+        k["grads"] = ("grads", False)
+    return k
+
+
+def off(e: Env, kinds, acts: bool):
+    f = ["--offload", kinds] if kinds else []
+    if acts:
+        f.append("--offload-activations")
+    return f + ["--offload-dir", e.odir, "--offload-tile", "4096"]
+
+
+def equality(e: Env, only) -> None:
+    for name, flags in layouts().items():
+        if only and name not in only:
+            continue
+        m = os.path.join(e.wd, f"{name}.memory.jsonl")
+        w = os.path.join(e.wd, f"{name}.memory.safetensors")
+        r = e.run(flags + ["--metrics", m, "--save", w])
+        check(r.returncode == 0, f"{name} in memory: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+        if r.returncode != 0:
+            continue
+        a = rows(m)
+        for kind, (kinds, acts) in kinds_for(zero_of(flags)).items():
+            m2 = os.path.join(e.wd, f"{name}.{kind}.jsonl")
+            w2 = os.path.join(e.wd, f"{name}.{kind}.safetensors")
+            r = e.run(flags + off(e, kinds, acts) + ["--metrics", m2, "--save", w2])
+            check(r.returncode == 0, f"{name} {kind}: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+            check(os.listdir(e.odir) == [], f"{name} {kind}: nothing left in --offload-dir")
+            if r.returncode != 0:
+                continue
+            b = rows(m2)
+            check(len(a) == 6 and a == b, f"{name} {kind}: every row's loss, grad norm and lr equal bit for bit "
+                                          f"({len(a)} steps)")
+            check(filecmp.cmp(w, w2, shallow=False), f"{name} {kind}: final weights byte-equal")
+
+
+def resume(e: Env) -> None:
+    for zero in (0, 1, 2):
+        flags = ["--nproc", 2, "--zero", zero] + SMALL_BUCKETS
+        every = "optimizer,params,grads" if zero >= 2 else "optimizer,params"
+        full = os.path.join(e.wd, f"chain_z{zero}.full.safetensors")
+        check(e.run(flags + ["--save", full]).returncode == 0, f"z{zero}: uninterrupted in-memory run")
+        ck = os.path.join(e.wd, f"ck_chain_z{zero}")
+        shutil.rmtree(ck, ignore_errors=True)
+        o = off(e, every, False)
+        legs = ((o, [], 2, "offloaded to step 2"), ([], ["--resume", ck], 4, "in memory to step 4"),
+                (o, ["--resume", ck], None, "offloaded to the end"))
+        w = os.path.join(e.wd, f"chain_z{zero}.safetensors")
+        ok = True
+        for tier, res, stop, tag in legs:
+            extra = flags + tier + res + ["--checkpoint-dir", ck, "--save-every", 2]
+            extra += ["--stop-at-step", stop] if stop else ["--save", w]
+            r = e.run(extra)
+            ok = ok and r.returncode == 0
+            check(r.returncode == 0, f"z{zero} chain, {tag}: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+            check(os.listdir(e.odir) == [], f"z{zero} chain, {tag}: nothing left in --offload-dir")
+        check(ok and os.path.exists(w) and filecmp.cmp(full, w, shallow=False),
+              f"z{zero}: offloaded -> in memory -> offloaded ends byte-equal to the uninterrupted run")
+
+
+def summaries(e: Env) -> None:
+    s = os.path.join(e.wd, "params_z1.summary.json")
+    r = e.run(["--nproc", 2, "--zero", 1] + SMALL_BUCKETS + off(e, "params", False) + ["--summary", s])
+    check(r.returncode == 0, f"params at ZeRO 1: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode == 0:
+        j = json.load(open(s))
+        for rank in j["ranks"]:
+            check(rank["params_offloaded_bytes"] == 4 * j["params"] and rank["param_bytes"] == 0,
+                  f"params at ZeRO 1, rank {rank['rank']}: {rank['params_offloaded_bytes']} bytes of parameters "
+                  f"offloaded (= 4 x {j['params']}), {rank['param_bytes']} resident")
+            check(rank.get("optimizer_offloaded_bytes", 0) == 0 and rank.get("grads_offloaded_bytes", 0) == 0,
+                  f"params at ZeRO 1, rank {rank['rank']}: optimizer state and gradients resident")
+        kinds = [x["kind"] for x in j["offload"]["shards"]]
+        check(kinds == ["parameters"], f"params at ZeRO 1: summary offload section lists {kinds}")
+    s = os.path.join(e.wd, "grads_z2.summary.json")
+    r = e.run(["--nproc", 2, "--zero", 2] + SMALL_BUCKETS + off(e, "grads", False) + ["--summary", s])
+    check(r.returncode == 0, f"grads at ZeRO 2: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode == 0:
+        j = json.load(open(s))
+        total = sum(rank["grads_offloaded_bytes"] for rank in j["ranks"])
+        for rank in j["ranks"]:
+            check(rank["grad_bytes"] == 0 and rank["grads_offloaded_bytes"] > 0,
+                  f"grads at ZeRO 2, rank {rank['rank']}: {rank['grads_offloaded_bytes']} bytes of its gradient shard "
+                  f"offloaded, {rank['grad_bytes']} resident")
+            check(rank.get("params_offloaded_bytes", 0) == 0 and rank["param_bytes"] == 4 * j["params"],
+                  f"grads at ZeRO 2, rank {rank['rank']}: parameters resident ({rank['param_bytes']} bytes)")
+        check(total == 4 * j["params"], f"grads at ZeRO 2: the ranks' shards add up to every parameter ({total} bytes)")
+    check(os.listdir(e.odir) == [], "summaries: nothing left in --offload-dir")
+
+
+def refused(e: Env) -> None:
+    for zero in (0, 1):
+        r = e.run(["--zero", zero] + off(e, "optimizer,grads", False), 2, expect_ok=False)
+        want = f"--offload grads with --zero {zero}"
+        check(r.returncode != 0 and want in r.stderr, f"grads at ZeRO {zero}: refused naming '{want}' "
+                                                      f"(exit {r.returncode}: {r.stderr.strip()[-200:]})")
+    check(os.listdir(e.odir) == [], "refused: nothing left in --offload-dir")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meshtrain", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--only", default="", help="comma-separated parts: equality,resume,summaries,refused")
+    ap.add_argument("--layouts", default="", help="comma-separated layouts of the equality part (default: all)")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    e = Env(a.meshtrain, a.workdir)
+    lay = [x for x in a.layouts.split(",") if x]
+    parts = {"equality": lambda e: equality(e, lay), "resume": resume, "summaries": summaries, "refused": refused}
+    for name, fn in parts.items():
+        if not a.only or name in a.only.split(","):
+            fn(e)
+    print(f"{len(FAILS)} failed")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
