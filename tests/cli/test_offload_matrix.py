@@ -13,6 +13,10 @@ T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets
      offloaded); grads at ZeRO 2 offloads the rank's gradient shard and keeps no resident gradient; the
      summary's offload section lists the files; nothing is left in --offload-dir after any run.
   4. Refused with both flags named: --offload grads with --zero 0 and with --zero 1.
+  5. The budget at ZeRO 0 (nproc 1, L=8, C=384: 54.6 MiB of float32 parameters): the --memory-limit plan (read
+     from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 30 MiB
+     below optimizer alone's; with the limit 1 MiB below optimizer alone's plan, that run is refused at start
+     and the optimizer,params run trains with its measured peak RSS under the limit.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import filecmp
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -156,17 +161,47 @@ def refused(e: Env) -> None:
     check(os.listdir(e.odir) == [], "refused: nothing left in --offload-dir")
 
 
+def budget(e: Env) -> None:
+    wide = ["--nproc", 1, "--zero", 0, "--n-layer", 8, "--n-embd", 384]
+    plans = {}
+    for kinds in ("optimizer", "optimizer,params"):
+        r = e.run(wide + ["--offload", kinds, "--offload-dir", e.odir, "--memory-limit", "1K"], 2, expect_ok=False)
+        m = re.search(r"parameters ([0-9.]+) MiB.* = ([0-9.]+) MiB", r.stderr)
+        check(r.returncode != 0 and m is not None, f"budget {kinds}: the 1K limit names the plan ({r.stderr.strip()[-200:]})")
+        if m:
+            plans[kinds] = (float(m.group(1)), float(m.group(2)))
+    check(os.listdir(e.odir) == [], "budget: nothing left in --offload-dir")
+    if len(plans) != 2:
+        return
+    (p_opt, t_opt), (p_par, t_par) = plans["optimizer"], plans["optimizer,params"]
+    check(p_opt > 50 and p_par == 0 and t_opt - t_par >= 30,
+          f"budget: plan {t_opt} MiB (parameters {p_opt} resident) -> {t_par} MiB with params offloaded (parameters {p_par})")
+    limit = f"{int(t_opt - 1)}M"
+    r = e.run(wide + ["--offload", "optimizer", "--offload-dir", e.odir, "--memory-limit", limit], 2, expect_ok=False)
+    check(r.returncode != 0 and "--memory-limit" in r.stderr, f"budget: optimizer alone refused under {limit}")
+    s = os.path.join(e.wd, "budget.summary.json")
+    r = e.run(wide + ["--offload", "optimizer,params", "--offload-dir", e.odir, "--memory-limit", limit,
+                      "--summary", s], 2)
+    check(r.returncode == 0, f"budget: optimizer,params under {limit}: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode == 0:
+        rank = json.load(open(s))["ranks"][0]
+        check(rank.get("within_memory_limit") is True,
+              f"budget: measured peak RSS {rank['peak_rss_bytes'] / 2**20:.1f} MiB under {limit}")
+    check(os.listdir(e.odir) == [], "budget: nothing left in --offload-dir")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--only", default="", help="comma-separated parts: equality,resume,summaries,refused")
+    ap.add_argument("--only", default="", help="comma-separated parts: equality,resume,summaries,refused,budget")
     ap.add_argument("--layouts", default="", help="comma-separated layouts of the equality part (default: all)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
     lay = [x for x in a.layouts.split(",") if x]
-    parts = {"equality": lambda e: equality(e, lay), "resume": resume, "summaries": summaries, "refused": refused}
+    parts = {"equality": lambda e: equality(e, lay), "resume": resume, "summaries": summaries, "refused": refused,
+             "budget": budget}
     for name, fn in parts.items():
         if not a.only or name in a.only.split(","):
             fn(e)

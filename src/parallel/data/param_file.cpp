@@ -109,6 +109,7 @@ FullParamFile::FullParamFile(BucketSet& b) : b_(b) {
     }
     g.count = std::max(g.count, p.offset + p.numel - g.begin);
   }
+  for (const Group& g : groups_) slot_ = std::max(slot_, g.count);
   f_ = make_shard_file(b_.opt, "parameters", std::max<size_t>(reg.size(), 1));
 }
 
@@ -126,22 +127,37 @@ void FullParamFile::bind(int g, float* base) {
     if (p.group == g) p.data = base ? base + (p.offset - gr.begin) : nullptr;
 }
 
+AlignedBuffer FullParamFile::take() {
+  if (free_.empty()) return AlignedBuffer(std::max<size_t>(slot_, 1));
+  AlignedBuffer b = std::move(free_.back());
+  free_.pop_back();
+  return b;
+}
+
+void FullParamFile::give(AlignedBuffer& buf) {
+  if (buf.size() == 0) return;
+  free_.push_back(std::move(buf));
+  buf = AlignedBuffer();
+}
+
 void FullParamFile::initialize(const std::function<void(nn::Param&)>& fill) {
+  AlignedBuffer tmp = take();
   for (int g = 0; g < (int)groups_.size(); g++) {
     Group& gr = groups_[g];
     if (gr.count == 0) continue;
-    AlignedBuffer tmp(gr.count);
+    std::fill(tmp.data(), tmp.data() + gr.count, 0.0f);  // as a fresh buffer: a fill may leave parts alone
     bind(g, tmp.data());
     for (nn::Param& p : b_.params.params())
       if (p.group == g) fill(p);
     bind(g, nullptr);
     f_->write(gr.begin, gr.count, tmp.data());
   }
+  give(tmp);
 }
 
 void FullParamFile::queue(Group& gr) {
   if (gr.queued || gr.bound || gr.count == 0) return;
-  gr.buf = b_.acquire(gr.count);
+  gr.buf = take();
   gr.ticket = f_->read_async(gr.begin, gr.count, gr.buf.data());
   gr.queued = true;
 }
@@ -162,7 +178,7 @@ void FullParamFile::done(int g) {
   Group& gr = groups_[g];
   if (!gr.bound) return;
   bind(g, nullptr);
-  b_.give_back(gr.buf);
+  give(gr.buf);
   gr.bound = false;
 }
 
@@ -171,7 +187,7 @@ void FullParamFile::release_all() {
     Group& gr = groups_[g];
     if (gr.queued) {
       f_->wait(gr.ticket);
-      b_.give_back(gr.buf);
+      give(gr.buf);
       gr.queued = false;
     }
     done(g);
@@ -182,15 +198,16 @@ void FullParamFile::refresh_mirror() {
   nn::ParamRegistry& reg = b_.params;
   if (!reg.mirrored()) return;
   release_all();
+  AlignedBuffer tmp = take();
   for (int g = 0; g < (int)groups_.size(); g++) {
     Group& gr = groups_[g];
     if (gr.count == 0) continue;
-    AlignedBuffer tmp(gr.count);
     f_->read(gr.begin, gr.count, tmp.data());
     bind(g, tmp.data());
     reg.refresh_mirror(gr.begin, gr.count);
     bind(g, nullptr);
   }
+  give(tmp);
 }
 
 void FullParamFile::read_all(float* out) {

@@ -6,8 +6,10 @@
 //   memory  a group's parameters while the model uses it (bound to its tensors' data), the next group's read
 //           ahead in flight; under --precision bf16 the mirror stays whole in memory (2 bytes per element of the
 //           product tensors), refreshed from the file after every change of the parameters
-// Forward of group g: g waited for and bound, g + 1 read ahead; backward: g, then g - 1 ahead. A group's
-// buffer goes back to the bucket pool after its use. The values a layer reads are the file's, which are the
+// Forward of group g: g waited for and bound, g + 1 read ahead; backward: g, then g - 1 ahead. Buffers are
+// slots of the largest group's size, allocated once and reused (at most 3: GPT's tied embedding stays bound
+// through the whole backward beside the group in use and the one read ahead); initialization and the mirror's
+// refresh use them too, so no buffer of the parameters' size is ever allocated. The values a layer reads are the file's, which are the
 // values the resident buffer would hold: the same bits as in memory.
 //
 // StreamedTiles is the tiled update's source (optim/tiled_optimizer.h) for a stage whose state is laid out
@@ -91,8 +93,12 @@ class FullParamFile {
   };
   void queue(Group& gr);
   void bind(int g, float* base);
+  AlignedBuffer take();               // a free slot (allocated when none is)
+  void give(AlignedBuffer& buf);      // back to the free slots
   BucketSet& b_;
   std::vector<Group> groups_;
+  size_t slot_ = 0;                   // the largest group's elements
+  std::vector<AlignedBuffer> free_;
   std::unique_ptr<offload::ShardFile> f_;
 };
 
