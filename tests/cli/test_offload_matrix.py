@@ -1,18 +1,18 @@
 """Offloading never changes the math (issue 28's matrix; docs/offload.md), on a small GPT (L=2, C=32, V=64, B=8,
 T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets, so a rank's shards are several):
   1. Each kind alone and all combined -- --offload optimizer, params, grads, --offload-activations, and every
-     one of them at once -- for each layout: nproc 1 with ZeRO 0 and 2; dp 2 with ZeRO 0, 1, 2, 3; dp 2 ZeRO 2
-     with 2 micro-batches (gradient shards accumulate through the file); dp 2 ZeRO 1 with bf16 products; tp 2
-     and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates (every
-     metrics row) and the same final weights (--save bytes) as the same layout in memory. grads needs ZeRO 2 or
-     3: below that it is refused at start (part 4), so "all" there is optimizer,params + activations.
-  2. Resume across the tiers: a run offloaded (every kind the stage takes) to step 2, resumed in memory to step
+     one of them at once -- for each layout: nproc 1 with ZeRO 0 and 2; dp 2 with ZeRO 0, 1, 2, 3; dp 2 with 2
+     micro-batches at ZeRO 0, 1, 2 (gradients accumulate through the file); dp 2 ZeRO 1 with bf16 products;
+     tp 2 and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates
+     (every metrics row) and the same final weights (--save bytes) as the same layout in memory. grads at ZeRO
+     0/1 with a pipeline is refused at start (part 4), so there "all" is optimizer,params + activations.
+  2. Resume across the tiers: a run with optimizer,params,grads offloaded to step 2, resumed in memory to step
      4, resumed offloaded to step 6, ends byte-equal to the uninterrupted in-memory run (dp 2 at ZeRO 0, 1, 2).
   3. --summary at the new stages: params alone at ZeRO 1 (dp 2) offloads the full parameters (4 bytes per
      parameter), keeps no float32 parameter buffer and keeps the optimizer state resident (nothing of it
-     offloaded); grads at ZeRO 2 offloads the rank's gradient shard and keeps no resident gradient; the
-     summary's offload section lists the files; nothing is left in --offload-dir after any run.
-  4. Refused with both flags named: --offload grads with --zero 0 and with --zero 1.
+     offloaded); grads at ZeRO 2 offloads the rank's gradient shard, at ZeRO 0 the full gradient, and keeps no
+     resident gradient; the summary's offload section lists the files; nothing is left in --offload-dir.
+  4. Refused with both flags named: --offload grads with --zero 0 or 1 and --pp 2.
   5. The budget at ZeRO 0 (nproc 1, L=8, C=384: 54.6 MiB of float32 parameters): the --memory-limit plan (read
      from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 30 MiB
      below optimizer alone's; with the limit 1 MiB below optimizer alone's plan, that run is refused at start
@@ -44,6 +44,8 @@ def layouts():
         "dp2_z2": ["--nproc", 2] + z(2),
         "dp2_z3": ["--nproc", 2] + z(3),
         "dp2_z2_mb2": ["--nproc", 2, "--micro-batch-size", 2] + z(2),
+        "dp2_z0_mb2": ["--nproc", 2, "--micro-batch-size", 2] + z(0),
+        "dp2_z1_mb2": ["--nproc", 2, "--micro-batch-size", 2] + z(1),
         "dp2_z1_bf16": ["--nproc", 2, "--precision", "bf16"] + z(1),
         "tp2_z0": ["--nproc", 2, "--tp", 2] + z(0),
         "tp2_z2": ["--nproc", 2, "--tp", 2] + z(2),
@@ -56,12 +58,13 @@ def zero_of(flags) -> int:
     return int(flags[flags.index("--zero") + 1])
 
 
-def kinds_for(zero: int):
-    """name -> (--offload kinds or None, --offload-activations)"""
-    every = "optimizer,params,grads" if zero >= 2 else "optimizer,params"
+def kinds_for(flags):
+    """name -> (--offload kinds or None, --offload-activations). grads at ZeRO 0/1 is refused with a pipeline."""
+    grads = zero_of(flags) >= 2 or "--pp" not in flags
+    every = "optimizer,params,grads" if grads else "optimizer,params"
     k = {"optimizer": ("optimizer", False), "params": ("params", False), "activations": (None, True),
          "all": (every, True)}
-    if zero >= 2:
+    if grads:
         k["grads"] = ("grads", False)
     return k
 
@@ -84,7 +87,7 @@ def equality(e: Env, only) -> None:
         if r.returncode != 0:
             continue
         a = rows(m)
-        for kind, (kinds, acts) in kinds_for(zero_of(flags)).items():
+        for kind, (kinds, acts) in kinds_for(flags).items():
             m2 = os.path.join(e.wd, f"{name}.{kind}.jsonl")
             w2 = os.path.join(e.wd, f"{name}.{kind}.safetensors")
             r = e.run(flags + off(e, kinds, acts) + ["--metrics", m2, "--save", w2])
@@ -101,7 +104,7 @@ def equality(e: Env, only) -> None:
 def resume(e: Env) -> None:
     for zero in (0, 1, 2):
         flags = ["--nproc", 2, "--zero", zero] + SMALL_BUCKETS
-        every = "optimizer,params,grads" if zero >= 2 else "optimizer,params"
+        every = "optimizer,params,grads"
         full = os.path.join(e.wd, f"chain_z{zero}.full.safetensors")
         check(e.run(flags + ["--save", full]).returncode == 0, f"z{zero}: uninterrupted in-memory run")
         ck = os.path.join(e.wd, f"ck_chain_z{zero}")
@@ -149,13 +152,22 @@ def summaries(e: Env) -> None:
             check(rank.get("params_offloaded_bytes", 0) == 0 and rank["param_bytes"] == 4 * j["params"],
                   f"grads at ZeRO 2, rank {rank['rank']}: parameters resident ({rank['param_bytes']} bytes)")
         check(total == 4 * j["params"], f"grads at ZeRO 2: the ranks' shards add up to every parameter ({total} bytes)")
+    s = os.path.join(e.wd, "grads_z0.summary.json")
+    r = e.run(["--nproc", 2, "--zero", 0] + SMALL_BUCKETS + off(e, "grads", False) + ["--summary", s])
+    check(r.returncode == 0, f"grads at ZeRO 0: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode == 0:
+        j = json.load(open(s))
+        for rank in j["ranks"]:
+            check(rank["grad_bytes"] == 0 and rank["grads_offloaded_bytes"] == 4 * j["params"],
+                  f"grads at ZeRO 0, rank {rank['rank']}: the full gradient offloaded "
+                  f"({rank['grads_offloaded_bytes']} bytes), {rank['grad_bytes']} resident")
     check(os.listdir(e.odir) == [], "summaries: nothing left in --offload-dir")
 
 
 def refused(e: Env) -> None:
     for zero in (0, 1):
-        r = e.run(["--zero", zero] + off(e, "optimizer,grads", False), 2, expect_ok=False)
-        want = f"--offload grads with --zero {zero}"
+        r = e.run(["--nproc", 2, "--pp", 2, "--zero", zero] + off(e, "optimizer,grads", False), 2, expect_ok=False)
+        want = f"--offload grads with --zero {zero} and --pp 2"
         check(r.returncode != 0 and want in r.stderr, f"grads at ZeRO {zero}: refused naming '{want}' "
                                                       f"(exit {r.returncode}: {r.stderr.strip()[-200:]})")
     check(os.listdir(e.odir) == [], "refused: nothing left in --offload-dir")

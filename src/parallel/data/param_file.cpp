@@ -20,10 +20,25 @@ std::unique_ptr<offload::ShardFile> make_shard_file(const DataParallelOptions& o
 
 // ---- StreamedTiles ----
 
-StreamedTiles::StreamedTiles(offload::ShardFile* pf, offload::ShardFile* gf, const float* gmem,
+StreamedTiles::StreamedTiles(offload::ShardFile* pf, float* pmem, offload::ShardFile* gf, const float* gmem,
                              const std::vector<optim::Segment>& segments)
-    : pf_(pf), gf_(gf), gmem_(gmem), prun_(runs(segments, true)), grun_(runs(segments, false)) {
-  MT_ASSERT(pf_, "a streamed tile source without a parameter file");
+    : pf_(pf), pmem_(pmem), gf_(gf), gmem_(gmem), prun_(runs(segments, true)), grun_(runs(segments, false)) {
+  MT_ASSERT(pf_ || pmem_, "a streamed tile source without parameters");
+  MT_ASSERT(gf_ || gmem_, "a streamed tile source without gradients");
+}
+
+std::vector<FlatRange> group_ranges(const nn::ParamRegistry& reg) {
+  std::vector<FlatRange> out(reg.num_groups());
+  std::vector<bool> seen(out.size(), false);
+  for (const nn::Param& p : reg.params()) {
+    FlatRange& g = out[p.group];
+    if (!seen[p.group]) {
+      g.begin = p.offset;
+      seen[p.group] = true;
+    }
+    g.count = std::max(g.count, p.offset + p.numel - g.begin);
+  }
+  return out;
 }
 
 std::vector<StreamedTiles::Run> StreamedTiles::runs(const std::vector<optim::Segment>& segs, bool params) {
@@ -55,7 +70,7 @@ void StreamedTiles::begin(size_t T, size_t n) {
   T_ = T;
   n_ = n;
   for (int k = 0; k < 2; k++) {
-    p_[k].resize(T);
+    if (pf_) p_[k].resize(T);
     g_[k].resize(T);
   }
   queue(0);
@@ -65,28 +80,29 @@ void StreamedTiles::queue(size_t t) {
   const size_t lo = t * T_, hi = std::min(n_, lo + T_);
   float* p = p_[t % 2].data();
   float* g = g_[t % 2].data();
-  pieces(prun_, lo, hi, [&](size_t at, size_t c, size_t k) { pt_[t % 2] = pf_->read_async(at, c, p + k); });
+  if (pf_) pieces(prun_, lo, hi, [&](size_t at, size_t c, size_t k) { pt_[t % 2] = pf_->read_async(at, c, p + k); });
   if (gf_) pieces(grun_, lo, hi, [&](size_t at, size_t c, size_t k) { gt_[t % 2] = gf_->read_async(at, c, g + k); });
 }
 
 std::pair<float*, const float*> StreamedTiles::open(size_t t, size_t lo, size_t hi) {
-  if (pt_[t % 2]) pf_->wait(pt_[t % 2]);  // and every job queued before it
+  if (pf_ && pt_[t % 2]) pf_->wait(pt_[t % 2]);  // and every job queued before it
   if (gf_ && gt_[t % 2]) gf_->wait(gt_[t % 2]);
   if ((t + 1) * T_ < n_) queue(t + 1);
   float* g = g_[t % 2].data();
   if (!gf_) pieces(grun_, lo, hi, [&](size_t at, size_t c, size_t k) { std::memcpy(g + k, gmem_ + at, sizeof(float) * c); });
-  return {p_[t % 2].data(), g};
+  return {pf_ ? p_[t % 2].data() : pmem_, g};
 }
 
 void StreamedTiles::close(size_t t, size_t lo, size_t hi) {
   // Borrowed until the file's queue reaches them: the next read into this buffer (tile t + 2's) is queued
   // after these writes, and the single I/O thread runs them in order.
+  if (!pf_) return;  // updated in place
   const float* p = p_[t % 2].data();
   pieces(prun_, lo, hi, [&](size_t at, size_t c, size_t k) { pf_->write_async(at, c, p + k); });
 }
 
 void StreamedTiles::end() {
-  pf_->drain();
+  if (pf_) pf_->drain();
   if (gf_) gf_->drain();
   for (int k = 0; k < 2; k++) {
     p_[k] = AlignedBuffer();
@@ -99,17 +115,13 @@ void StreamedTiles::end() {
 
 FullParamFile::FullParamFile(BucketSet& b) : b_(b) {
   nn::ParamRegistry& reg = b_.params;
-  groups_.resize(reg.num_groups());
-  std::vector<bool> seen(groups_.size(), false);
-  for (const nn::Param& p : reg.params()) {  // groups are contiguous in the flat buffer
-    Group& g = groups_[p.group];
-    if (!seen[p.group]) {
-      g.begin = p.offset;
-      seen[p.group] = true;
-    }
-    g.count = std::max(g.count, p.offset + p.numel - g.begin);
+  const std::vector<FlatRange> ranges = group_ranges(reg);
+  groups_.resize(ranges.size());
+  for (size_t g = 0; g < ranges.size(); g++) {
+    groups_[g].begin = ranges[g].begin;
+    groups_[g].count = ranges[g].count;
+    slot_ = std::max(slot_, ranges[g].count);
   }
-  for (const Group& g : groups_) slot_ = std::max(slot_, g.count);
   f_ = make_shard_file(b_.opt, "parameters", std::max<size_t>(reg.size(), 1));
 }
 

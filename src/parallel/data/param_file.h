@@ -34,10 +34,13 @@ std::unique_ptr<offload::ShardFile> make_shard_file(const DataParallelOptions& o
 
 class StreamedTiles final : public optim::TileSource {
  public:
-  // Parameters from pf (file offsets seg.param); gradients from gf (file offsets seg.grad) or, when gf is null,
-  // from gmem (memory at seg.grad). The segments cover state elements [0, n) of the update.
-  StreamedTiles(offload::ShardFile* pf, offload::ShardFile* gf, const float* gmem,
+  // Parameters from pf (file offsets seg.param) or, when pf is null, left in memory at pmem (the update reaches
+  // them at the segments' own param offsets: params_as_state() false); gradients from gf (file offsets
+  // seg.grad) or, when gf is null, copied from gmem (memory at seg.grad). The segments cover state elements
+  // [0, n) of the update.
+  StreamedTiles(offload::ShardFile* pf, float* pmem, offload::ShardFile* gf, const float* gmem,
                 const std::vector<optim::Segment>& segments);
+  bool params_as_state() const override { return pf_ != nullptr; }
   void begin(size_t tile_elems, size_t n) override;
   std::pair<float*, const float*> open(size_t t, size_t lo, size_t hi) override;
   void close(size_t t, size_t lo, size_t hi) override;
@@ -53,6 +56,7 @@ class StreamedTiles final : public optim::TileSource {
                      const std::function<void(size_t, size_t, size_t)>& fn);
   void queue(size_t t);
   offload::ShardFile* pf_;
+  float* pmem_;
   offload::ShardFile* gf_;
   const float* gmem_;
   std::vector<Run> prun_, grun_;
@@ -60,6 +64,9 @@ class StreamedTiles final : public optim::TileSource {
   AlignedBuffer p_[2], g_[2];
   offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
 };
+
+// Each group's flat range (groups are contiguous in the registry's flat buffers; an empty group: count 0).
+std::vector<FlatRange> group_ranges(const nn::ParamRegistry& reg);
 
 class FullParamFile {
  public:

@@ -83,7 +83,7 @@ class Stage0 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(!b_.opt.offload_params, true);
+    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads);
     b_.build(false);
     segments_ = optim::segments_of(b_.params);
   }
@@ -123,7 +123,7 @@ class Stage1 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(!b_.opt.offload_params, true);
+    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads);
     shard_total_ = b_.build(false);
     segments_ = b_.shard_segments(false, false);
   }
@@ -726,6 +726,156 @@ class Stage3 : public Stage2 {
   std::unique_ptr<offload::ShardFile> pf_;
 };
 
+// A stage whose reduced gradient is in a file laid out as its grad offsets (GradsInFile below), for the update
+// of a stage that also streams its parameters (ParamsInFile).
+struct GradFileSource {
+  virtual ~GradFileSource() = default;
+  virtual offload::ShardFile* grad_file() = 0;
+  virtual void settle_grad_file() = 0;
+};
+
+// ---- --offload grads at stages 0 and 1: the full gradient in a file (the registry keeps no flat gradient
+// buffer). Around each group's backward the group's gradient is bound to a slot of the largest group's size:
+// at the step's first micro-batch marked fresh (the first writes overwrite, as in memory), later read back from
+// the file so the kernels add to the sum so far, exactly as they add to the resident buffer; after the group's
+// backward the slot is written back. After the last micro-batch each bucket is read, reduced in place as the
+// stage does in memory (all-reduce; ZeRO 1: reduce-scatter into this rank's slice) and written back; the norm
+// and the clipping read it bucket by bucket (each piece at the same address modulo 64 bytes as in memory), the
+// update tile by tile. Needs the hooks: a pipeline (which calls none at ZeRO 0/1) is refused at config time. ----
+template <class Base>
+class GradsInFile : public Base, public GradFileSource {
+ public:
+  using Base::Base;
+  ~GradsInFile() override {
+    try {
+      this->b_.quiesce();  // no reduction left filling a bucket buffer
+      if (gf_) gf_->drain();
+    } catch (...) {
+    }
+  }
+  void allocate() override {
+    Base::allocate();
+    nn::ParamRegistry& reg = this->b_.params;
+    groups_ = group_ranges(reg);
+    for (const FlatRange& g : groups_) slot_ = std::max(slot_, g.count);
+    fresh_.assign(groups_.size(), 1);
+    slots_.resize(groups_.size());
+    bucket_bufs_.resize(this->b_.buckets.size());
+    gf_ = make_shard_file(this->b_.opt, "gradients", std::max<size_t>(reg.size(), 1));
+    grad_segments_ = this->segments_;
+    for (optim::Segment& s : grad_segments_) s.grad = s.state;
+  }
+  offload::ShardFile* grad_file() override { return gf_.get(); }
+  void settle_grad_file() override { this->b_.finish(); }
+  void begin_step() override { std::fill(fresh_.begin(), fresh_.end(), 1); }  // nothing bound: no begin_grads
+  void before_backward(int g) override {
+    Base::before_backward(g);
+    const FlatRange& r = groups_[g];
+    if (r.count == 0 || slots_[g].size() != 0) return;
+    slots_[g] = take();
+    bind_grads(g, slots_[g].data());
+    if (fresh_[g])
+      this->b_.params.begin_grads(r.begin, r.count);
+    else
+      gf_->read(r.begin, r.count, slots_[g].data());
+  }
+  void after_backward(int g) override {
+    Base::after_backward(g);
+    const FlatRange& r = groups_[g];
+    if (r.count == 0 || slots_[g].size() == 0) return;
+    gf_->write(r.begin, r.count, slots_[g].data());  // before the bucket's reduction reads it (queue order)
+    fresh_[g] = 0;
+    bind_grads(g, nullptr);
+    give(slots_[g]);
+  }
+  void bucket_ready(Bucket& b) override {
+    if (!this->b_.last_micro || b.alone()) return;
+    AlignedBuffer& buf = bucket_bufs_[b.index];
+    buf = this->b_.acquire(b.count);
+    gf_->read(b.begin, b.count, buf.data());
+    Bucket* bp = &b;
+    const bool scatter = this->sharded();
+    float* recv = scatter ? buf.data() + b.so : buf.data();
+    this->b_.reduce(b, buf.data(), recv, scatter, [this, bp, scatter](const float*) {
+      AlignedBuffer& done = bucket_bufs_[bp->index];
+      if (scatter)
+        gf_->write(bp->begin + bp->so, bp->sc, done.data() + bp->so);
+      else
+        gf_->write(bp->begin, bp->count, done.data());
+      this->b_.give_back(done);
+    });
+  }
+  void reduce_all() override { MT_ASSERT(false, "--offload grads at ZeRO 0/1 runs with the hooks"); }
+  void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
+    this->b_.finish();
+    each_owned([&](const FlatRange& r, float* g) {
+      fn(g, r.count);
+      gf_->write(r.begin, r.count, g);
+    });
+  }
+  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
+    this->b_.finish();
+    each_owned([&](const FlatRange& r, float* g) {
+      for (size_t i = 0; i < this->segments_.size(); i++) {
+        const optim::Segment& s = this->segments_[i];
+        if (s.grad < r.begin || s.grad >= r.begin + r.count) continue;
+        MT_ASSERT(s.grad + s.count <= r.begin + r.count, "a gradient segment crosses a bucket's owned range");
+        fn(i, g + (s.grad - r.begin));
+      }
+    });
+  }
+  const float* grad_base() override { return nullptr; }
+  void update(optim::Optimizer& opt, float lr, int64_t step) override {
+    this->b_.finish();
+    StreamedTiles src(nullptr, this->b_.params.data(), gf_.get(), nullptr, this->segments_);
+    tiled(opt).step_from(src, grad_segments_, lr, step);
+    if (this->sharded()) this->all_gather_params();
+  }
+  size_t grad_bytes() const override { return 0; }
+  size_t offloaded_grad_bytes() const override { return this->b_.params.size() * sizeof(float); }
+  std::vector<offload::ShardFile*> shard_files() override {
+    std::vector<offload::ShardFile*> v = Base::shard_files();
+    v.push_back(gf_.get());
+    return v;
+  }
+
+ private:
+  void bind_grads(int g, float* base) {
+    for (nn::Param& p : this->b_.params.params())
+      if (p.group == g) p.grad = base ? base + (p.offset - groups_[g].begin) : nullptr;
+  }
+  AlignedBuffer take() {
+    if (free_.empty()) return AlignedBuffer(std::max<size_t>(slot_, 1));
+    AlignedBuffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void give(AlignedBuffer& buf) {
+    free_.push_back(std::move(buf));
+    buf = AlignedBuffer();
+  }
+  // fn(range, values) for each bucket's owned range (the whole bucket at ZeRO 0, this rank's slice at ZeRO 1),
+  // the values read from the file and placed at the same address modulo 64 bytes as in the resident buffer.
+  template <class Fn>
+  void each_owned(Fn fn) {
+    for (Bucket* b : this->b_.buckets) {
+      const FlatRange r = this->sharded() && !b->alone() ? FlatRange{b->begin + b->so, b->sc} : FlatRange{b->begin, b->count};
+      if (r.count == 0) continue;
+      const size_t pad = r.begin % 16;
+      AlignedBuffer buf(pad + r.count);
+      gf_->read(r.begin, r.count, buf.data() + pad);
+      fn(r, buf.data() + pad);
+    }
+  }
+  std::vector<FlatRange> groups_;
+  size_t slot_ = 0;
+  std::vector<char> fresh_;                 // per group: no gradient in the file yet this step
+  std::vector<AlignedBuffer> slots_, free_;  // per group: its bound slot; the free slots
+  std::vector<AlignedBuffer> bucket_bufs_;   // per bucket: the buffer of its reduction in flight
+  std::vector<optim::Segment> grad_segments_;  // segments_ with grad laid out as the state
+  std::unique_ptr<offload::ShardFile> gf_;
+};
+
 // ---- --offload params at stages 0-2: the full parameters in a file (param_file.h), the stage's own reductions
 // and shards unchanged. Each group is read and bound around its forward and backward (the next one read ahead),
 // the update streams each state tile's parameters (and gradients) through StreamedTiles, and stages 1 and 2
@@ -770,7 +920,11 @@ class ParamsInFile final : public Base {
       this->settle_grads();
       gf = this->gf_.get();
     }
-    StreamedTiles src(&pf_->file(), gf, gf ? nullptr : this->grad_base(), this->segments_);
+    if (auto* gs = dynamic_cast<GradFileSource*>(this)) {
+      gs->settle_grad_file();
+      gf = gs->grad_file();
+    }
+    StreamedTiles src(&pf_->file(), nullptr, gf, gf ? nullptr : this->grad_base(), this->segments_);
     tiled(opt).step_from(src, state_segments_, lr, step);
     if (this->sharded()) pf_->all_gather_buckets();
   }
@@ -801,10 +955,17 @@ class ParamsInFile final : public Base {
 }  // namespace
 
 std::unique_ptr<ZeroStage> make_zero_stage(int stage, BucketSet& buckets) {
-  const bool pf = buckets.opt.offload_params;
+  const bool pf = buckets.opt.offload_params, gf = buckets.opt.offload_grads;
+  auto low = [&](auto stage_tag) -> std::unique_ptr<ZeroStage> {  // stages 0 and 1: each file a part of its own
+    using S = typename decltype(stage_tag)::type;
+    if (pf && gf) return std::make_unique<ParamsInFile<GradsInFile<S>>>(buckets);
+    if (pf) return std::make_unique<ParamsInFile<S>>(buckets);
+    if (gf) return std::make_unique<GradsInFile<S>>(buckets);
+    return std::make_unique<S>(buckets);
+  };
   switch (stage) {
-    case 0: return pf ? std::unique_ptr<ZeroStage>(std::make_unique<ParamsInFile<Stage0>>(buckets)) : std::make_unique<Stage0>(buckets);
-    case 1: return pf ? std::unique_ptr<ZeroStage>(std::make_unique<ParamsInFile<Stage1>>(buckets)) : std::make_unique<Stage1>(buckets);
+    case 0: return low(std::type_identity<Stage0>{});
+    case 1: return low(std::type_identity<Stage1>{});
     case 2: return pf ? std::unique_ptr<ZeroStage>(std::make_unique<ParamsInFile<Stage2>>(buckets)) : std::make_unique<Stage2>(buckets);
     case 3: return std::make_unique<Stage3>(buckets);
   }
