@@ -1,7 +1,7 @@
 """Offloading never changes the math (issue 28's matrix; docs/offload.md), on a small GPT (L=2, C=32, V=64, B=8,
 T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets, so a rank's shards are several):
   1. Each kind alone and all combined -- --offload optimizer, params, grads, --offload-activations, and every
-     one of them at once -- for each layout: nproc 1 with ZeRO 0 and 2; dp 2 with ZeRO 0, 1, 2, 3; dp 2 with 2
+     one of them at once -- for each layout: nproc 1 with ZeRO 0, 1, 2 and 3; dp 2 with ZeRO 0, 1, 2, 3; dp 2 with 2
      micro-batches at ZeRO 0, 1, 2 (gradients accumulate through the file); dp 2 ZeRO 1 with bf16 products;
      tp 2 and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates
      (every metrics row) and the same final weights (--save bytes) as the same layout in memory. grads at ZeRO
@@ -38,7 +38,9 @@ def layouts():
     z = lambda k: ["--zero", k] + SMALL_BUCKETS  # noqa: E731
     return {
         "dp1_z0": ["--nproc", 1] + z(0),
+        "dp1_z1": ["--nproc", 1] + z(1),
         "dp1_z2": ["--nproc", 1] + z(2),
+        "dp1_z3": ["--nproc", 1] + z(3),
         "dp2_z0": ["--nproc", 2] + z(0),
         "dp2_z1": ["--nproc", 2] + z(1),
         "dp2_z2": ["--nproc", 2] + z(2),
