@@ -130,7 +130,7 @@ class DataParallel : public nn::ParamHooks {
   // buffers excluded).
   size_t param_bytes() const { return stage_->param_bytes() + (versions_ ? versions_->bytes() : 0); }
   size_t grad_bytes() const { return stage_->grad_bytes(); }
-  // --offload params / grads (stage 3): bytes in files instead of memory, and the files themselves.
+  // --offload params / grads: bytes in files instead of memory, and the files themselves.
   size_t offloaded_param_bytes() const { return stage_->offloaded_param_bytes(); }
   size_t offloaded_grad_bytes() const { return stage_->offloaded_grad_bytes(); }
   std::vector<offload::ShardFile*> shard_files() { return stage_->shard_files(); }

@@ -27,6 +27,15 @@ StreamedTiles::StreamedTiles(offload::ShardFile* pf, float* pmem, offload::Shard
   MT_ASSERT(gf_ || gmem_, "a streamed tile source without gradients");
 }
 
+StreamedTiles::~StreamedTiles() {
+  for (offload::ShardFile* f : {pf_, gf_}) {
+    try {
+      if (f) f->drain();
+    } catch (...) {  // the error was thrown on the update's path already
+    }
+  }
+}
+
 std::vector<FlatRange> group_ranges(const nn::ParamRegistry& reg) {
   std::vector<FlatRange> out(reg.num_groups());
   std::vector<bool> seen(out.size(), false);

@@ -40,6 +40,8 @@ class StreamedTiles final : public optim::TileSource {
   // [0, n) of the update.
   StreamedTiles(offload::ShardFile* pf, float* pmem, offload::ShardFile* gf, const float* gmem,
                 const std::vector<optim::Segment>& segments);
+  // Waits for the reads and writes still queued into or from its buffers (an update that threw leaves some).
+  ~StreamedTiles() override;
   bool params_as_state() const override { return pf_ != nullptr; }
   void begin(size_t tile_elems, size_t n) override;
   std::pair<float*, const float*> open(size_t t, size_t lo, size_t hi) override;
