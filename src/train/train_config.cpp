@@ -491,11 +491,6 @@ const RefusedCombination kRefused[] = {
      "--offload and --delayed-update are not built or checked with the neighbour exchange; a checkpoint holds one "
      "replica (the writing rank's) and not the neighbour copies of decentralized-lowprec, so --resume could "
      "not continue the run"},
-    {[](const TrainConfig& c) { return c.offload.grads && c.zero < 2 && c.pp > 1; },
-     [](const TrainConfig& c) { return str("--offload grads with --zero ", c.zero, " and --pp ", c.pp); },
-     "at ZeRO 0 and 1 the offloaded gradient is bound group by group around each backward through the store's "
-     "hooks, which a pipeline schedule does not call there (it reduces the whole resident gradient after its "
-     "list, and sums the tied embedding's copies in memory first): use --zero 2 or 3 with --pp"},
     {[](const TrainConfig& c) { return shards_offloaded(c) && (c.delayed_update || async_schedule(c)); },
      [](const TrainConfig& c) {
        return shards_flag(c) + " with " + (c.delayed_update ? "--delayed-update" : "--schedule " + c.schedule);

@@ -4,15 +4,14 @@ T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets
      one of them at once -- for each layout: nproc 1 with ZeRO 0, 1, 2 and 3; dp 2 with ZeRO 0, 1, 2, 3; dp 2 with 2
      micro-batches at ZeRO 0, 1, 2 (gradients accumulate through the file); dp 2 ZeRO 1 with bf16 products;
      tp 2 and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates
-     (every metrics row) and the same final weights (--save bytes) as the same layout in memory. grads at ZeRO
-     0/1 with a pipeline is refused at start (part 4), so there "all" is optimizer,params + activations.
+     (every metrics row) and the same final weights (--save bytes) as the same layout in memory.
   2. Resume across the tiers: a run with optimizer,params,grads offloaded to step 2, resumed in memory to step
      4, resumed offloaded to step 6, ends byte-equal to the uninterrupted in-memory run (dp 2 at ZeRO 0, 1, 2).
   3. --summary at the new stages: params alone at ZeRO 1 (dp 2) offloads the full parameters (4 bytes per
      parameter), keeps no float32 parameter buffer and keeps the optimizer state resident (nothing of it
      offloaded); grads at ZeRO 2 offloads the rank's gradient shard, at ZeRO 0 the full gradient, and keeps no
      resident gradient; the summary's offload section lists the files; nothing is left in --offload-dir.
-  4. Refused with both flags named: --offload grads with --zero 0 or 1 and --pp 2.
+  4. Refused with both flags named: --offload grads with --delayed-update (two resident versions).
   5. The budget at ZeRO 0 (nproc 1, L=8, C=384: 54.6 MiB of float32 parameters): the --memory-limit plan (read
      from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 30 MiB
      below optimizer alone's; with the limit 1 MiB below optimizer alone's plan, that run is refused at start
@@ -61,14 +60,9 @@ def zero_of(flags) -> int:
 
 
 def kinds_for(flags):
-    """name -> (--offload kinds or None, --offload-activations). grads at ZeRO 0/1 is refused with a pipeline."""
-    grads = zero_of(flags) >= 2 or "--pp" not in flags
-    every = "optimizer,params,grads" if grads else "optimizer,params"
-    k = {"optimizer": ("optimizer", False), "params": ("params", False), "activations": (None, True),
-         "all": (every, True)}
-    if grads:
-        k["grads"] = ("grads", False)
-    return k
+    """name -> (--offload kinds or None, --offload-activations)"""
+    return {"optimizer": ("optimizer", False), "params": ("params", False), "grads": ("grads", False),
+            "activations": (None, True), "all": ("optimizer,params,grads", True)}
 
 
 def off(e: Env, kinds, acts: bool):
@@ -168,10 +162,10 @@ def summaries(e: Env) -> None:
 
 def refused(e: Env) -> None:
     for zero in (0, 1):
-        r = e.run(["--nproc", 2, "--pp", 2, "--zero", zero] + off(e, "optimizer,grads", False), 2, expect_ok=False)
-        want = f"--offload grads with --zero {zero} and --pp 2"
-        check(r.returncode != 0 and want in r.stderr, f"grads at ZeRO {zero}: refused naming '{want}' "
-                                                      f"(exit {r.returncode}: {r.stderr.strip()[-200:]})")
+        r = e.run(["--zero", zero] + off(e, "optimizer,grads", False) + ["--delayed-update"], 2, expect_ok=False)
+        want = "--offload grads with --delayed-update"
+        check(r.returncode != 0 and want in r.stderr, f"grads at ZeRO {zero} with --delayed-update: refused naming "
+                                                      f"'{want}' (exit {r.returncode}: {r.stderr.strip()[-200:]})")
     check(os.listdir(e.odir) == [], "refused: nothing left in --offload-dir")
 
 

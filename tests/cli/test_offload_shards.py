@@ -19,7 +19,7 @@ ZeRO 3 with small buckets, so a rank's shards are several buckets and the update
      everything offloaded, tp 2, pp 2 1F1B, pp 2 zb-h1 (split backward), MoE ep 2) gives the same losses, norms
      and --save bytes as in memory; on a 6-layer model the measured activation peak (--summary
      activation_peak_bytes) falls, activations are read and written on the io track, nothing is left in DIR.
-  6. Refused with a message naming both flags: grads at ZeRO 0 with --pp, params with --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty; an
+  6. Refused with a message naming both flags: params with --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty; an
      activation file that fills its directory (a 16 KiB tmpfs) during the run stops it with an error naming the
      directory, leaving it empty.
 """
@@ -196,8 +196,6 @@ def bad_input(e: Env) -> None:
         ok = r.returncode != 0 and all(w in r.stderr for w in want)
         check(ok, f"{what}: refused naming {want} (exit {r.returncode}: {r.stderr.strip()[-300:]})")
 
-    refused(["--nproc", 2, "--pp", 2, "--zero", 0, "--offload", "optimizer,grads", "--offload-dir", e.odir],
-            ["--offload grads with --zero 0 and --pp 2"], "grads at ZeRO 0 with a pipeline")
     refused(["--zero", 3, "--offload", "optimizer,params", "--offload-dir", e.odir, "--delayed-update"],
             ["--offload params with --delayed-update"], "params with --delayed-update")
     refused(["--offload", "disk", "--offload-dir", e.odir], ["--offload", "'disk'"], "an unknown kind")

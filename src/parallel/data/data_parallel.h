@@ -30,9 +30,11 @@ namespace mt::parallel {
 // and 3 bind a group's full gradients (and parameters) only around its use; 0 and 1 can instead reduce the
 // whole gradient after a backward that called none (reduce_all).
 inline bool needs_hooks(int zero) { return zero >= 2; }
-// The same for the store's options: --offload params binds a group's parameters only around its use at every
-// stage.
-inline bool needs_hooks(const DataParallelOptions& o) { return needs_hooks(o.zero) || o.offload_params; }
+// The same for the store's options: --offload params and grads bind a group's parameters and gradient only
+// around its use at every stage.
+inline bool needs_hooks(const DataParallelOptions& o) {
+  return needs_hooks(o.zero) || o.offload_params || o.offload_grads;
+}
 
 class DataParallel : public nn::ParamHooks {
  public:

@@ -741,7 +741,10 @@ struct GradFileSource {
 // backward the slot is written back. After the last micro-batch each bucket is read, reduced in place as the
 // stage does in memory (all-reduce; ZeRO 1: reduce-scatter into this rank's slice) and written back; the norm
 // and the clipping read it bucket by bucket (each piece at the same address modulo 64 bytes as in memory), the
-// update tile by tile. Needs the hooks: a pipeline (which calls none at ZeRO 0/1) is refused at config time. ----
+// update tile by tile. A group holding a tensor whose copies are summed over the tie group after the backward
+// (nn::Replicas::summed: GPT's tied embedding under a pipeline) stays bound through the step, so that sum
+// reaches it in memory; it is written to the file when its bucket is reduced, or before the gradient is read.
+// Needs the hooks at every stage (parallel::needs_hooks). ----
 template <class Base>
 class GradsInFile : public Base, public GradFileSource {
  public:
@@ -759,6 +762,9 @@ class GradsInFile : public Base, public GradFileSource {
     groups_ = group_ranges(reg);
     for (const FlatRange& g : groups_) slot_ = std::max(slot_, g.count);
     fresh_.assign(groups_.size(), 1);
+    pinned_.assign(groups_.size(), 0);
+    for (const nn::Param& p : reg.params())
+      if (p.replicas.summed) pinned_[p.group] = 1;
     slots_.resize(groups_.size());
     bucket_bufs_.resize(this->b_.buckets.size());
     gf_ = make_shard_file(this->b_.opt, "gradients", std::max<size_t>(reg.size(), 1));
@@ -766,7 +772,10 @@ class GradsInFile : public Base, public GradFileSource {
     for (optim::Segment& s : grad_segments_) s.grad = s.state;
   }
   offload::ShardFile* grad_file() override { return gf_.get(); }
-  void settle_grad_file() override { this->b_.finish(); }
+  void settle_grad_file() override {
+    this->b_.finish();
+    flush_pinned(0, SIZE_MAX);
+  }
   void begin_step() override { std::fill(fresh_.begin(), fresh_.end(), 1); }  // nothing bound: no begin_grads
   void before_backward(int g) override {
     Base::before_backward(g);
@@ -780,16 +789,21 @@ class GradsInFile : public Base, public GradFileSource {
       gf_->read(r.begin, r.count, slots_[g].data());
   }
   void after_backward(int g) override {
-    Base::after_backward(g);
     const FlatRange& r = groups_[g];
-    if (r.count == 0 || slots_[g].size() == 0) return;
-    gf_->write(r.begin, r.count, slots_[g].data());  // before the bucket's reduction reads it (queue order)
-    fresh_[g] = 0;
-    bind_grads(g, nullptr);
-    give(slots_[g]);
+    if (r.count > 0 && slots_[g].size() != 0) {
+      fresh_[g] = 0;
+      if (!pinned_[g]) {
+        gf_->write(r.begin, r.count, slots_[g].data());  // before the bucket's reduction reads it (queue order)
+        bind_grads(g, nullptr);
+        give(slots_[g]);
+      }
+    }
+    Base::after_backward(g);
   }
   void bucket_ready(Bucket& b) override {
-    if (!this->b_.last_micro || b.alone()) return;
+    if (!this->b_.last_micro) return;
+    flush_pinned(b.begin, b.count);
+    if (b.alone()) return;
     AlignedBuffer& buf = bucket_bufs_[b.index];
     buf = this->b_.acquire(b.count);
     gf_->read(b.begin, b.count, buf.data());
@@ -807,14 +821,14 @@ class GradsInFile : public Base, public GradFileSource {
   }
   void reduce_all() override { MT_ASSERT(false, "--offload grads at ZeRO 0/1 runs with the hooks"); }
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
-    this->b_.finish();
+    settle_grad_file();
     each_owned([&](const FlatRange& r, float* g) {
       fn(g, r.count);
       gf_->write(r.begin, r.count, g);
     });
   }
   void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
-    this->b_.finish();
+    settle_grad_file();
     each_owned([&](const FlatRange& r, float* g) {
       for (size_t i = 0; i < this->segments_.size(); i++) {
         const optim::Segment& s = this->segments_[i];
@@ -826,7 +840,7 @@ class GradsInFile : public Base, public GradFileSource {
   }
   const float* grad_base() override { return nullptr; }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
-    this->b_.finish();
+    settle_grad_file();
     StreamedTiles src(nullptr, this->b_.params.data(), gf_.get(), nullptr, this->segments_);
     tiled(opt).step_from(src, grad_segments_, lr, step);
     if (this->sharded()) this->all_gather_params();
@@ -840,6 +854,17 @@ class GradsInFile : public Base, public GradFileSource {
   }
 
  private:
+  // Writes the still-bound pinned groups overlapping flat range [lo, lo + n) to the file and unbinds them.
+  void flush_pinned(size_t lo, size_t n) {
+    for (size_t g = 0; g < groups_.size(); g++) {
+      const FlatRange& r = groups_[g];
+      if (!pinned_[g] || slots_[g].size() == 0 || r.begin + r.count <= lo || (n != SIZE_MAX && r.begin >= lo + n))
+        continue;
+      gf_->write(r.begin, r.count, slots_[g].data());
+      bind_grads((int)g, nullptr);
+      give(slots_[g]);
+    }
+  }
   void bind_grads(int g, float* base) {
     for (nn::Param& p : this->b_.params.params())
       if (p.group == g) p.grad = base ? base + (p.offset - groups_[g].begin) : nullptr;
@@ -870,6 +895,7 @@ class GradsInFile : public Base, public GradFileSource {
   std::vector<FlatRange> groups_;
   size_t slot_ = 0;
   std::vector<char> fresh_;                 // per group: no gradient in the file yet this step
+  std::vector<char> pinned_;                // per group: holds a tensor summed over the tie group
   std::vector<AlignedBuffer> slots_, free_;  // per group: its bound slot; the free slots
   std::vector<AlignedBuffer> bucket_bufs_;   // per bucket: the buffer of its reduction in flight
   std::vector<optim::Segment> grad_segments_;  // segments_ with grad laid out as the state
