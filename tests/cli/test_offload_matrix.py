@@ -3,7 +3,7 @@ T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets
   1. Each kind alone and all combined -- --offload optimizer, params, grads, --offload-activations, and every
      one of them at once -- for each layout: nproc 1 with ZeRO 0, 1, 2 and 3; dp 2 with ZeRO 0, 1, 2, 3; dp 2 with 2
      micro-batches at ZeRO 0, 1, 2 (gradients accumulate through the file); dp 2 ZeRO 1 with bf16 products;
-     tp 2 and pp 2 at ZeRO 0 and at ZeRO 2. Each run gives the same losses, gradient norms and learning rates
+     tp 2 and pp 2 at ZeRO 0 and at ZeRO 2; an MoE model with 4 experts over ep 2 at ZeRO 0 and 1. Each run gives the same losses, gradient norms and learning rates
      (every metrics row) and the same final weights (--save bytes) as the same layout in memory.
   2. Resume across the tiers: a run with optimizer,params,grads offloaded to step 2, resumed in memory to step
      4, resumed offloaded to step 6, ends byte-equal to the uninterrupted in-memory run (dp 2 at ZeRO 0, 1, 2).
@@ -52,6 +52,9 @@ def layouts():
         "tp2_z2": ["--nproc", 2, "--tp", 2] + z(2),
         "pp2_z0": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2] + z(0),
         "pp2_z2": ["--nproc", 2, "--pp", 2, "--micro-batch-size", 2] + z(2),
+        # Experts over ep 2 (their buckets reduced over the expert-replica group, here the rank alone).
+        "moe_ep2_z0": ["--nproc", 2, "--moe-every", 1, "--experts", 4, "--ep", 2] + z(0),
+        "moe_ep2_z1": ["--nproc", 2, "--moe-every", 1, "--experts", 4, "--ep", 2] + z(1),
     }
 
 
