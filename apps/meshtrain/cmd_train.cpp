@@ -290,9 +290,10 @@ void add_offload_flags(CLI::App* s, train::TrainConfig& c) {
       "--offload", [&c](const std::string& v) { c.offload.parse_kinds(v); },
       "optimizer: each rank's optimizer state (its ZeRO shard) lives in a file under --offload-dir and streams "
       "through a few tile buffers, read ahead of the update and written behind it on an I/O thread; the math is "
-      "unchanged (same bits as in memory). params, grads (with optimizer, under --zero 3): the float32 parameter and "
-      "gradient shards live there too, each bucket's shard read ahead of its gather and the update streaming "
-      "them tile by tile; comma-separated, e.g. optimizer,params,grads");
+      "unchanged (same bits as in memory). params: the float32 parameters (ZeRO 3: the rank's shard, read ahead "
+      "of each bucket's gather; ZeRO 0-2: the full parameters, read group by group around each use); grads: the "
+      "gradients (ZeRO 2/3: the reduced shard; ZeRO 0/1: the full gradient, around each group's backward); the "
+      "update streams them tile by tile. Any of the three alone or comma-separated, e.g. optimizer,params,grads");
   s->add_flag("--offload-activations", c.offload.activations,
               "each transformer block's saved activations (with --recompute, its input) are written to a file "
               "under --offload-dir after the next block's forward and read back ahead of the block's backward; "

@@ -69,11 +69,11 @@ void ParamRegistry::finalize(bool allocate_data, bool allocate_grad) {
 }
 
 void ParamRegistry::enable_mirror() {
-  MT_ASSERT(finalized_ && data_.size() == total_, "enable_mirror needs the finalized flat parameter buffer");
+  MT_ASSERT(finalized_, "enable_mirror needs the finalized registry");
   if (std::none_of(params_.begin(), params_.end(), [](const Param& p) { return p.products; })) return;
   mirror_.assign(total_, 0);
   for (Param& p : params_) p.data16 = p.products ? mirror_.data() + p.offset : nullptr;
-  refresh_mirror();
+  if (data_.size() == total_) refresh_mirror();  // else the parameters' owner fills it (parallel/data/param_file.h)
 }
 
 void ParamRegistry::refresh_mirror(size_t begin, size_t count) {

@@ -122,8 +122,9 @@ class ParamRegistry {
   void set_check_grad_writes(bool on) { check_ = on; }
 
   // The bf16 mirror of the tensors products read (Param::products), for --precision bf16. enable_mirror (after
-  // finalize, with the flat parameter buffer allocated) adds a bf16 buffer beside it and points each such
-  // tensor's data16 into it; refresh_mirror(begin, count) rounds the parameters of those tensors lying in flat
+  // finalize) adds a bf16 buffer beside the flat parameters and points each such tensor's data16 into it (filled
+  // at once when the flat parameter buffer is allocated; else by the owner of the parameters, through
+  // refresh_mirror over ranges whose tensors' data it has bound); refresh_mirror(begin, count) rounds the parameters of those tensors lying in flat
   // range [begin, begin + count) (all by default; a range may not cut a tensor) into it. Keeping it current is
   // its owner's job: the parameter store refreshes it after every change of the parameters (parallel/data).
   // Cost: 2 bytes per element of those tensors, one rounding pass over them per refresh.

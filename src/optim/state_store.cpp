@@ -37,7 +37,7 @@ size_t StateStore::bytes() const {
 
 size_t StateStore::offloaded_bytes() const {
   size_t b = 0;
-  if (tier_)
+  if (tier_ && !tier_->in_memory())
     for (const Buffer& x : buffers_)
       if (x.flat) b += x.n * sizeof(float);
   return b;

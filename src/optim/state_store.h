@@ -49,6 +49,8 @@ class StateTier {
   virtual void end_update() = 0;
 
   virtual size_t resident_bytes() const = 0;  // the tier's own buffers in memory
+  // The flat buffers stay in memory behind the tier (optim/resident_tier.h): none of them is offloaded.
+  virtual bool in_memory() const { return false; }
 };
 
 class StateStore {
@@ -76,7 +78,7 @@ class StateStore {
   // Bytes in memory: the buffers not under a tier (as declared; allocated at their first data()) and the
   // tier's own buffers.
   size_t bytes() const;
-  // Bytes held by the tier (0 without one).
+  // Bytes held by the tier outside memory (0 without one, or with a tier that keeps them in memory).
   size_t offloaded_bytes() const;
   // The flat buffers' indices in declaration order (what checkpoints hold, and their order in files).
   std::vector<size_t> flat() const;

@@ -33,11 +33,16 @@ void TiledOptimizer::step(float* params, const float* grads, const std::vector<S
 }
 
 void TiledOptimizer::step_from(TileSource& src, const std::vector<Segment>& segments, float lr, int64_t step) {
+  const bool params_as_state = src.params_as_state();
   for (const Segment& s : segments)
-    MT_ASSERT(s.param == s.state && s.grad == s.state, "a tile source needs segments laid out as the state");
+    MT_ASSERT((!params_as_state || s.param == s.state) && s.grad == s.state,
+              "a tile source needs segments laid out as the state");
   run(segments, &src, [&](size_t t, size_t lo, size_t hi) {
     const auto [p, g] = src.open(t, lo, hi);
-    for (Segment& s : tile_) s.param = s.grad = s.state;  // cut made the state offsets relative to lo
+    for (Segment& s : tile_) {  // cut made the state offsets relative to lo (and moved param by as much)
+      s.grad = s.state;
+      if (params_as_state) s.param = s.state;
+    }
     inner_->step(p, g, tile_, lr, step);
     src.close(t, lo, hi);
   });

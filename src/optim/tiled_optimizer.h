@@ -28,6 +28,9 @@ class TileSource {
   virtual std::pair<float*, const float*> open(size_t t, size_t lo, size_t hi) = 0;
   virtual void close(size_t t, size_t lo, size_t hi) = 0;
   virtual void end() = 0;
+  // False when the source brings the gradients alone (ZeRO 2's gradient shard from a file): open() then returns
+  // the caller's whole parameter buffer, reached at the segments' own param offsets.
+  virtual bool params_as_state() const { return true; }
 };
 
 class TiledOptimizer final : public Optimizer {
@@ -36,7 +39,8 @@ class TiledOptimizer final : public Optimizer {
   explicit TiledOptimizer(std::unique_ptr<Optimizer> inner);
   void step(float* params, const float* grads, const std::vector<Segment>& segments, float lr,
             int64_t step) override;
-  // The same update with each tile's parameters and gradients from src (segments laid out as the state).
+  // The same update with each tile's parameters and gradients from src (segments' grads laid out as the state,
+  // and their params too unless src says otherwise).
   void step_from(TileSource& src, const std::vector<Segment>& segments, float lr, int64_t step);
   StateStore& state() override { return inner_->state(); }
   const StateStore& state() const override { return inner_->state(); }

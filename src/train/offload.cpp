@@ -5,16 +5,25 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "optim/resident_tier.h"
 #include "optim/tiled_optimizer.h"
 
 namespace mt::train {
 
 std::unique_ptr<optim::Optimizer> OffloadTiers::wrap(const TrainConfig& cfg, int rank,
                                                      std::unique_ptr<optim::Optimizer> opt, bool trace) {
-  if (!cfg.offload.optimizer) return opt;
+  if (!cfg.offload.any()) return opt;
   optim::StateStore& st = opt->state();
   const std::vector<size_t> flat = st.flat();
   if (flat.empty() || st.size(flat[0]) == 0) return opt;
+  if (!cfg.offload.optimizer) {
+    // --offload params and/or grads alone: the state stays in memory, and the update still walks it tile by
+    // tile, so that the store can bring each tile's parameters and gradients from its files (TileSource).
+    if (!cfg.offload.params && !cfg.offload.grads) return opt;
+    st.attach(std::make_unique<optim::ResidentTier>(flat.size(), st.size(flat[0]),
+                                                    cfg.offload.tile_bytes / sizeof(float)));
+    return std::make_unique<optim::TiledOptimizer>(std::move(opt));
+  }
   offload::StateSwapper::Options o;
   o.dir = cfg.offload.dir;
   o.buffers = flat.size();
@@ -71,8 +80,7 @@ offload::IoCounters OffloadTiers::counters() const {
 }
 
 nlohmann::json OffloadTiers::report() const {
-  if (!state_) return nullptr;
-  const offload::IoCounters c = state_->counters();
+  if (!state_ && shards_.empty()) return nullptr;
   auto rate = [](double bytes, double s) { return s > 0 ? bytes / s : 0.0; };
   nlohmann::json shards = nlohmann::json::array();
   for (const offload::ShardFile* f : shards_) {
@@ -90,6 +98,8 @@ nlohmann::json OffloadTiers::report() const {
                       {"read_bytes_per_s", rate((double)s.bytes_read, s.read_s)},
                       {"write_bytes_per_s", rate((double)s.bytes_written, s.write_s)}});
   }
+  if (!state_) return {{"kind", "shards"}, {"shards", shards}};  // the optimizer state in memory
+  const offload::IoCounters c = state_->counters();
   return {{"kind", "optimizer"},
           {"shards", shards},
           {"file_bytes", state_->file_bytes()},

@@ -121,7 +121,7 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   executor = mesh.server() ? make_server_executor()
                             : make_step_executor(*task, g.pp() > 1 ? &pipeline : nullptr,
                                                  cfg.trace.empty() ? nullptr : &tracer,
-                                                 parallel::needs_hooks(sync_options.engine.zero));
+                                                 parallel::needs_hooks(sync_options.engine));
   // pipedream-2bw without a flush between steps where the run allows it (train/no_flush_steps.h).
   if (!mesh.server() && g.pp() > 1 && no_flush_applies(cfg, layout.schedule().micro_batches)) {
     NoFlushParts parts;

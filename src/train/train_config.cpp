@@ -171,7 +171,7 @@ bool whole_tensor_optimizer(const TrainConfig& c) {
 std::string optimizer_flag(const TrainConfig& c) { return str("--optimizer ", flag_name(c.optimizer)); }
 bool decentralized(const TrainConfig& c) { return c.sync != SyncKind::exact; }
 std::string sync_flag(const TrainConfig& c) { return str("--sync ", flag_name(c.sync)); }
-// --offload params and/or grads: the ZeRO 3 shards in files (offload/shard_file.h).
+// --offload params and/or grads: parameters and gradient shards in files (offload/shard_file.h).
 bool shards_offloaded(const TrainConfig& c) { return c.offload.params || c.offload.grads; }
 std::string shards_flag(const TrainConfig& c) {
   return str("--offload ", c.offload.params ? "params" : "", c.offload.params && c.offload.grads ? "," : "",
@@ -491,15 +491,6 @@ const RefusedCombination kRefused[] = {
      "--offload and --delayed-update are not built or checked with the neighbour exchange; a checkpoint holds one "
      "replica (the writing rank's) and not the neighbour copies of decentralized-lowprec, so --resume could "
      "not continue the run"},
-    {[](const TrainConfig& c) { return shards_offloaded(c) && c.zero != 3; },
-     [](const TrainConfig& c) { return shards_flag(c) + str(" with --zero ", c.zero); },
-     "the parameter and gradient shards that go to --offload-dir are ZeRO 3's (gathered bucket by bucket around "
-     "each use, reduce-scattered after it); below stage 3 every rank holds them whole in memory for the model; "
-     "use --zero 3"},
-    {[](const TrainConfig& c) { return shards_offloaded(c) && !c.offload.optimizer; },
-     [](const TrainConfig& c) { return shards_flag(c) + " without --offload optimizer"; },
-     "the offloaded shards are updated inside the tiled update that streams the optimizer state from "
-     "--offload-dir; a resident optimizer state has no such update: use --offload optimizer,params (and grads)"},
     {[](const TrainConfig& c) { return shards_offloaded(c) && (c.delayed_update || async_schedule(c)); },
      [](const TrainConfig& c) {
        return shards_flag(c) + " with " + (c.delayed_update ? "--delayed-update" : "--schedule " + c.schedule);
@@ -656,7 +647,7 @@ void check_decentralized(const TrainConfig& c, int d) {
 void check_offload(const TrainConfig& c) {
   const OffloadFlags& o = c.offload;
   MT_CHECK_INPUT(!o.any() || !o.dir.empty(), "--offload needs --offload-dir DIR (where each rank's files go)");
-  MT_CHECK_INPUT(o.any() || o.dir.empty(), "--offload-dir ", o.dir, " needs --offload optimizer (with params and grads if wanted)");
+  MT_CHECK_INPUT(o.any() || o.dir.empty(), "--offload-dir ", o.dir, " needs --offload optimizer, params and/or grads, or --offload-activations");
   MT_CHECK_INPUT(o.tile_bytes >= 4096 && o.tile_bytes % 4096 == 0,
                  "--offload-tile must be a positive multiple of 4096 bytes, got ", o.tile_bytes);
 }

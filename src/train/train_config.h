@@ -100,7 +100,7 @@ struct MoeFlags {
 // Offload tiers and the memory budget (docs/offload.md; train/offload.h assembles them).
 struct OffloadFlags {
   bool optimizer = false;                // --offload optimizer: each rank's optimizer state in a file under dir
-  bool params = false, grads = false;    // --offload params / grads: the ZeRO 3 parameter / gradient shards too
+  bool params = false, grads = false;    // --offload params / grads: the parameters / reduced gradients too
   bool activations = false;              // --offload-activations: each block's saved activations too
   std::string dir;                       // --offload-dir
   uint64_t tile_bytes = uint64_t(1) << 20;  // --offload-tile: bytes per state buffer per tile (multiple of 4096)

@@ -16,7 +16,7 @@
   5. A killed run (SIGTERM to a 2-rank job, SIGKILL to a single process) leaves nothing in --offload-dir: its
      space on a tmpfs (seen taken while the run trains) is given back.
   6. Bad input: a missing directory, a file, a read-only mount, a full one (a 1 MiB tmpfs), --offload without
-     --offload-dir, --offload params without optimizer, a --memory-limit below the plan: each exits non-zero naming the problem,
+     --offload-dir, --offload grads with --delayed-update, a --memory-limit below the plan: each exits non-zero naming the problem,
      and leaves the directory empty.
 """
 from __future__ import annotations
@@ -172,9 +172,8 @@ def bad_input(e: Env) -> None:
     refused(["--offload", "optimizer", "--offload-dir", plain], [plain, "not a directory"], "a file as dir")
     refused(["--offload", "optimizer"], ["--offload-dir"], "--offload without --offload-dir")
     refused(["--offload-dir", e.odir], ["--offload optimizer"], "--offload-dir without --offload")
-    refused(["--zero", 3, "--offload", "params", "--offload-dir", e.odir],
-            ["--offload params without --offload optimizer"],
-            "--offload params alone")
+    refused(["--zero", 1, "--offload", "grads", "--offload-dir", e.odir, "--delayed-update"],
+            ["--offload grads with --delayed-update"], "--offload grads with --delayed-update")
     refused(["--offload", "optimizer", "--offload-dir", e.odir, "--offload-tile", "1000"], ["--offload-tile"],
             "tile not a multiple of 4096")
     refused(["--memory-limit", "1M"], ["--memory-limit", "needs", "parameters", "--offload optimizer"],

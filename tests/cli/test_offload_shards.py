@@ -19,8 +19,7 @@ ZeRO 3 with small buckets, so a rank's shards are several buckets and the update
      everything offloaded, tp 2, pp 2 1F1B, pp 2 zb-h1 (split backward), MoE ep 2) gives the same losses, norms
      and --save bytes as in memory; on a 6-layer model the measured activation peak (--summary
      activation_peak_bytes) falls, activations are read and written on the io track, nothing is left in DIR.
-  6. Refused with a message naming both flags: params below ZeRO 3, params without optimizer, params with
-     --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty; an
+  6. Refused with a message naming both flags: params with --delayed-update; a full directory (a 64 KiB tmpfs) is refused at start naming it, leaving it empty; an
      activation file that fills its directory (a 16 KiB tmpfs) during the run stops it with an error naming the
      directory, leaving it empty.
 """
@@ -197,10 +196,6 @@ def bad_input(e: Env) -> None:
         ok = r.returncode != 0 and all(w in r.stderr for w in want)
         check(ok, f"{what}: refused naming {want} (exit {r.returncode}: {r.stderr.strip()[-300:]})")
 
-    refused(["--zero", 2, "--offload", "optimizer,params", "--offload-dir", e.odir],
-            ["--offload params with --zero 2"], "params under ZeRO 2")
-    refused(["--zero", 3, "--offload", "grads", "--offload-dir", e.odir],
-            ["--offload grads without --offload optimizer"], "grads without optimizer")
     refused(["--zero", 3, "--offload", "optimizer,params", "--offload-dir", e.odir, "--delayed-update"],
             ["--offload params with --delayed-update"], "params with --delayed-update")
     refused(["--offload", "disk", "--offload-dir", e.odir], ["--offload", "'disk'"], "an unknown kind")

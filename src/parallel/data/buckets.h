@@ -36,8 +36,9 @@ struct DataParallelOptions {
   // --precision bf16: keep the bf16 mirror of the weights products read (nn::ParamRegistry::enable_mirror),
   // made after every change of the parameters; changes no value (the products round the same way).
   bool bf16_mirror = false;
-  // --offload params / grads (stage 3): this rank's parameter and gradient shards in files under offload_dir
-  // (offload/shard_file.h); every wait for their I/O has offload_timeout_s as its deadline.
+  // --offload params / grads: the parameters (ZeRO 3: this rank's shard; 0-2: all of them) and the reduced
+  // gradient (ZeRO 2, 3: the shard; 0, 1: the full gradient) in files under offload_dir (offload/shard_file.h);
+  // every wait for their I/O has offload_timeout_s as its deadline.
   bool offload_params = false, offload_grads = false;
   std::string offload_dir;
   double offload_timeout_s = 600;

@@ -30,6 +30,11 @@ namespace mt::parallel {
 // and 3 bind a group's full gradients (and parameters) only around its use; 0 and 1 can instead reduce the
 // whole gradient after a backward that called none (reduce_all).
 inline bool needs_hooks(int zero) { return zero >= 2; }
+// The same for the store's options: --offload params and grads bind a group's parameters and gradient only
+// around its use at every stage.
+inline bool needs_hooks(const DataParallelOptions& o) {
+  return needs_hooks(o.zero) || o.offload_params || o.offload_grads;
+}
 
 class DataParallel : public nn::ParamHooks {
  public:
@@ -127,7 +132,7 @@ class DataParallel : public nn::ParamHooks {
   // buffers excluded).
   size_t param_bytes() const { return stage_->param_bytes() + (versions_ ? versions_->bytes() : 0); }
   size_t grad_bytes() const { return stage_->grad_bytes(); }
-  // --offload params / grads (stage 3): bytes in files instead of memory, and the files themselves.
+  // --offload params / grads: bytes in files instead of memory, and the files themselves.
   size_t offloaded_param_bytes() const { return stage_->offloaded_param_bytes(); }
   size_t offloaded_grad_bytes() const { return stage_->offloaded_grad_bytes(); }
   std::vector<offload::ShardFile*> shard_files() { return stage_->shard_files(); }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "offload/shard_file.h"
+#include "parallel/data/param_file.h"
 #include "optim/tiled_optimizer.h"
 #include "tensor/bf16.h"
 
@@ -68,12 +70,20 @@ void ZeroStage::all_gather_params(float* params) {
 
 namespace {
 
+// The tiled update (optim/tiled_optimizer.h), which --offload params / grads stream their tiles through.
+optim::TiledOptimizer& tiled(optim::Optimizer& opt) {
+  auto* t = dynamic_cast<optim::TiledOptimizer*>(&opt);
+  MT_CHECK_INPUT(t, "--offload params/grads streams the update tile by tile beside the optimizer state, which "
+                    "needs an optimizer with state (adamw, or sgd with --momentum > 0)");
+  return *t;
+}
+
 // ---- Stage 0: everything replicated; all-reduce each bucket after the last micro-batch. ----
 class Stage0 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(true, true);
+    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads);
     b_.build(false);
     segments_ = optim::segments_of(b_.params);
   }
@@ -113,7 +123,7 @@ class Stage1 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(true, true);
+    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads);
     shard_total_ = b_.build(false);
     segments_ = b_.shard_segments(false, false);
   }
@@ -141,16 +151,22 @@ class Stage1 : public ZeroStage {
 };
 
 // ---- Stage 2: gradients sharded too; every micro-batch reduce-scatters its buckets and frees them. ----
+// --offload grads (here and in stage 3): the rank's reduced gradient shard lives in a file instead of gshard_
+// (same layout); a bucket's reduce-scatter result is added to what the file holds, the norm and the clipping
+// read it bucket by bucket, the update tile by tile.
 class Stage2 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(true, false);
+    b_.params.finalize(!b_.opt.offload_params, false);
     shard_total_ = b_.build(true);
-    gshard_.resize(shard_total_);
     segments_ = b_.shard_segments(false, true);
+    open_grad_file();
   }
-  void begin_step() override { gshard_.zero(); }
+  void begin_step() override {
+    gshard_.zero();
+    std::fill(touched_.begin(), touched_.end(), 0);
+  }
   // The previous micro-batch's buckets must be reduced and freed before they are rewritten.
   void begin_micro_batch() override { b_.finish(); }
   void before_backward(int g) override {
@@ -181,22 +197,162 @@ class Stage2 : public ZeroStage {
     while (b_.in_flight() > 1) b_.complete_oldest();
   }
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
-    fn(gshard_.data(), shard_total_);
+    if (!gf_) return fn(gshard_.data(), shard_total_);
+    settle_grads();
+    for (Bucket* b : b_.buckets) {
+      const size_t n = held(*b), pad = b->pos % kLane;
+      AlignedBuffer buf(pad + n);
+      gf_->read(b->pos, n, buf.data() + pad);
+      fn(buf.data() + pad, n);
+      gf_->write(b->pos, n, buf.data() + pad);
+    }
+  }
+  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
+    if (!gf_) return ZeroStage::visit_grad_segments(fn);
+    // Bucket i + 1 read while the segments of bucket i are visited (same order, same bits).
+    grad_buckets_read_ahead([&](Bucket& b, const float* g) {
+      for (size_t i : seg_of_bucket_[b.index]) fn(i, g + (segments_[i].grad - b.pos));
+    });
   }
   const float* grad_base() override { return gshard_.data(); }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
-    opt.step(b_.params.data(), gshard_.data(), segments_, lr, step);
+    if (!gf_) {
+      opt.step(b_.params.data(), gshard_.data(), segments_, lr, step);
+    } else {
+      settle_grads();
+      tiled(opt).step_from(grad_tiles_, segments_, lr, step);
+    }
     all_gather_params();
   }
-  size_t grad_bytes() const override { return shard_total_ * sizeof(float); }
+  size_t grad_bytes() const override { return gf_ ? 0 : shard_total_ * sizeof(float); }
+  size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
+  std::vector<offload::ShardFile*> shard_files() override {
+    if (gf_) return {gf_.get()};
+    return {};
+  }
 
  protected:
   // Adds bucket b's reduced shard g[0, n) to what this rank keeps of it.
   virtual void accumulate_shard(Bucket& b, const float* g, size_t n) {
+    if (gf_) {
+      std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
+      if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
+      for (size_t i = 0; i < n; i++) acc[i] += g[i];
+      write_grad(b.pos, std::move(acc));
+      touched_[b.index] = 1;
+      return;
+    }
     float* acc = gshard_.data() + b.pos;
     for (size_t i = 0; i < n; i++) acc[i] += g[i];
   }
-  AlignedBuffer gshard_;  // this rank's reduced gradient shard
+  static constexpr size_t kLane = 16;  // floats per 64 bytes (AlignedBuffer's alignment)
+  static size_t held(const Bucket& b) { return b.alone() ? b.count : b.sc; }
+
+  // ---- --offload grads. ----
+  // The gradient file (or gshard_ without one), and what the file's users need: per bucket whether it received
+  // a gradient this step, its segments.
+  void open_grad_file() {
+    const DataParallelOptions& o = b_.opt;
+    if (!o.offload_grads || shard_total_ == 0) {
+      gshard_.resize(shard_total_);
+      return;
+    }
+    gf_ = make_shard_file(o, "gradients", shard_total_);
+    touched_.assign(b_.buckets.size(), 0);
+    seg_of_bucket_.assign(b_.buckets.size(), {});
+    for (size_t i = 0; i < segments_.size(); i++) {
+      for (const Bucket* b : b_.buckets)
+        if (segments_[i].state >= b->pos && segments_[i].state < b->pos + held(*b)) {
+          seg_of_bucket_[b->index].push_back(i);
+          break;
+        }
+    }
+  }
+  // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
+  // far the disk lags.
+  void write_grad(size_t pos, std::vector<float> v) {
+    if (last_grad_write_) gf_->wait(last_grad_write_);
+    last_grad_write_ = gf_->write_owned(pos, std::move(v));
+  }
+  // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
+  // while fn reads this one. Each bucket lies at the same place modulo 64 bytes as in gshard_ (vectorized sums
+  // split a piece alike).
+  template <class Fn>
+  void grad_buckets_read_ahead(Fn fn) {
+    settle_grads();
+    const std::vector<Bucket*>& bs = b_.buckets;
+    size_t cap = 0;
+    for (Bucket* b : bs) cap = std::max(cap, b->pos % kLane + held(*b));
+    AlignedBuffer buf[2] = {AlignedBuffer(cap), AlignedBuffer(cap)};
+    struct Drain {  // no read left filling buf when it goes (an exception from fn included)
+      offload::ShardFile* f;
+      ~Drain() {
+        try {
+          f->drain();
+        } catch (...) {  // the error was or will be thrown on the caller's path
+        }
+      }
+    } drain{gf_.get()};
+    offload::ShardFile::Ticket t[2] = {0, 0};
+    auto slice = [&](size_t i) { return buf[i % 2].data() + bs[i]->pos % kLane; };
+    auto queue = [&](size_t i) { t[i % 2] = gf_->read_async(bs[i]->pos, held(*bs[i]), slice(i)); };
+    if (!bs.empty()) queue(0);
+    for (size_t i = 0; i < bs.size(); i++) {
+      if (i + 1 < bs.size()) queue(i + 1);
+      gf_->wait(t[i % 2]);
+      fn(*bs[i], slice(i));
+    }
+  }
+  // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
+  void settle_grads() {
+    if (!gf_) return;
+    for (Bucket* b : b_.buckets) {
+      if (touched_[b->index]) continue;
+      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
+      touched_[b->index] = 1;
+    }
+  }
+  // The update's gradients from the file, the parameters resident (ZeRO 2: the full buffer, at the segments'
+  // param offsets): tile t in buffer t % 2, the next tile read while this one is updated.
+  class GradTiles final : public optim::TileSource {
+   public:
+    explicit GradTiles(Stage2& s) : s_(s) {}
+    bool params_as_state() const override { return false; }
+    void begin(size_t T, size_t n) override {
+      T_ = T;
+      n_ = n;
+      for (AlignedBuffer& g : g_) g.resize(T);
+      queue(0);
+    }
+    std::pair<float*, const float*> open(size_t t, size_t, size_t) override {
+      s_.gf_->wait(gt_[t % 2]);
+      if ((t + 1) * T_ < n_) queue(t + 1);
+      return {s_.b_.params.data(), g_[t % 2].data()};
+    }
+    void close(size_t, size_t, size_t) override {}
+    void end() override {
+      s_.gf_->drain();
+      for (AlignedBuffer& g : g_) g = AlignedBuffer();
+    }
+
+   private:
+    void queue(size_t t) {
+      const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
+      gt_[t % 2] = s_.gf_->read_async(lo, c, g_[t % 2].data());
+    }
+    Stage2& s_;
+    size_t T_ = 0, n_ = 0;
+    AlignedBuffer g_[2];
+    offload::ShardFile::Ticket gt_[2] = {0, 0};
+  };
+
+  AlignedBuffer gshard_;  // this rank's reduced gradient shard (empty under --offload grads)
+  std::vector<char> touched_;
+  std::vector<std::vector<size_t>> seg_of_bucket_;
+  offload::ShardFile::Ticket last_grad_write_ = 0;
+  GradTiles grad_tiles_{*this};
+  // Last, so destroyed first: its I/O thread stops before the buffers above go.
+  std::unique_ptr<offload::ShardFile> gf_;
 };
 
 // ---- Stage 3: parameters sharded too; a group's full parameters exist only around its use. ----
@@ -204,6 +360,8 @@ class Stage3 : public Stage2 {
  public:
   using Stage2::Stage2;
   ~Stage3() override {
+    pf_.reset();  // the files' I/O threads stop before any buffer they may fill goes
+    gf_.reset();
     for (Gathered& g : gat_) {
       try {
         g.req16.wait();
@@ -216,31 +374,10 @@ class Stage3 : public Stage2 {
     shard_total_ = b_.build(true);
     segments_ = b_.shard_segments(true, true);
     const DataParallelOptions& o = b_.opt;
-    if (!o.offload_grads || shard_total_ == 0) gshard_.resize(shard_total_);
     if (!o.offload_params || shard_total_ == 0) pshard_.resize(shard_total_);
-    if (shard_total_ == 0 || !(o.offload_params || o.offload_grads)) return;
-    auto file = [&](const char* kind) {
-      offload::ShardFile::Options fo;
-      fo.dir = o.offload_dir;
-      fo.kind = kind;
-      fo.n = shard_total_;
-      fo.timeout_s = o.offload_timeout_s;
-      fo.record_events = o.offload_events;
-      fo.io_block = o.offload_io_block;
-      return std::make_unique<offload::ShardFile>(fo);
-    };
-    if (o.offload_params) pf_ = file("parameters");
-    if (o.offload_grads) gf_ = file("gradients");
+    if (o.offload_params && shard_total_ > 0) pf_ = make_shard_file(o, "parameters", shard_total_);
+    open_grad_file();
     reads_.resize(b_.buckets.size());
-    touched_.assign(b_.buckets.size(), 0);
-    seg_of_bucket_.assign(b_.buckets.size(), {});
-    for (size_t i = 0; i < segments_.size(); i++) {
-      for (const Bucket* b : b_.buckets)
-        if (segments_[i].state >= b->pos && segments_[i].state < b->pos + held(*b)) {
-          seg_of_bucket_[b->index].push_back(i);
-          break;
-        }
-    }
   }
   void enable_mirror() override {
     pshard16_.assign(shard_total_, 0);
@@ -327,10 +464,7 @@ class Stage3 : public Stage2 {
     release_params();
     if (!pf_ && !gf_) return opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
     settle_grads();
-    auto* tiled = dynamic_cast<optim::TiledOptimizer*>(&opt);
-    MT_CHECK_INPUT(tiled, "--offload params/grads streams the update tile by tile with the optimizer state, which "
-                          "needs an optimizer with state (adamw, or sgd with --momentum > 0) under --offload optimizer");
-    tiled->step_from(tiles_, segments_, lr, step);
+    tiled(opt).step_from(tiles_, segments_, lr, step);
     mirror_fresh_ = pf_ && !pshard16_.empty();
   }
   void full_params_of(const float* resident, std::vector<float>& out) override {
@@ -352,9 +486,7 @@ class Stage3 : public Stage2 {
   size_t param_bytes() const override {
     return shard_total_ * ((pf_ ? 0 : sizeof(float)) + (pshard16_.empty() ? 0 : 2));
   }
-  size_t grad_bytes() const override { return gf_ ? 0 : shard_total_ * sizeof(float); }
   size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
-  size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offload_buffer_bytes(size_t tile_bytes) const override {
     if (!pf_ && !gf_) return 0;
     // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
@@ -374,38 +506,6 @@ class Stage3 : public Stage2 {
     if (pf_) v.push_back(pf_.get());
     if (gf_) v.push_back(gf_.get());
     return v;
-  }
-  void begin_step() override {
-    Stage2::begin_step();
-    std::fill(touched_.begin(), touched_.end(), 0);
-  }
-  void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
-    if (!gf_) return Stage2::for_each_owned_grad(fn);
-    settle_grads();
-    for (Bucket* b : b_.buckets) {
-      const size_t n = held(*b), pad = b->pos % kLane;
-      AlignedBuffer buf(pad + n);
-      gf_->read(b->pos, n, buf.data() + pad);
-      fn(buf.data() + pad, n);
-      gf_->write(b->pos, n, buf.data() + pad);
-    }
-  }
-  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
-    if (!gf_) return Stage2::visit_grad_segments(fn);
-    // Bucket i + 1 read while the segments of bucket i are visited (same order, same bits).
-    grad_buckets_read_ahead([&](Bucket& b, const float* g) {
-      for (size_t i : seg_of_bucket_[b.index]) fn(i, g + (segments_[i].grad - b.pos));
-    });
-  }
-
- protected:
-  void accumulate_shard(Bucket& b, const float* g, size_t n) override {
-    if (!gf_) return Stage2::accumulate_shard(b, g, n);
-    std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
-    if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
-    for (size_t i = 0; i < n; i++) acc[i] += g[i];
-    write_grad(b.pos, std::move(acc));
-    touched_[b.index] = 1;
   }
 
  private:
@@ -463,8 +563,6 @@ class Stage3 : public Stage2 {
     }
   }
   bool in_bf16(const Bucket& b) const { return !plans_.empty() && plans_[b.index].bf16; }
-  static constexpr size_t kLane = 16;  // floats per 64 bytes (AlignedBuffer's alignment)
-  static size_t held(const Bucket& b) { return b.alone() ? b.count : b.sc; }
 
   // ---- --offload params / grads. ----
   // Whether gathering b reads this rank's float32 shard (not under the mirror when b holds only products).
@@ -491,51 +589,6 @@ class Stage3 : public Stage2 {
     start_read(b);
     pf_->wait(reads_[b.index].ticket);
     return reads_[b.index].buf.data();
-  }
-  // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
-  // far the disk lags.
-  void write_grad(size_t pos, std::vector<float> v) {
-    if (last_grad_write_) gf_->wait(last_grad_write_);
-    last_grad_write_ = gf_->write_owned(pos, std::move(v));
-  }
-  offload::ShardFile::Ticket last_grad_write_ = 0;
-  // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
-  // while fn reads this one. Each bucket lies at the same place modulo 64 bytes as in gshard_ (vectorized sums
-  // split a piece alike).
-  template <class Fn>
-  void grad_buckets_read_ahead(Fn fn) {
-    settle_grads();
-    const std::vector<Bucket*>& bs = b_.buckets;
-    size_t cap = 0;
-    for (Bucket* b : bs) cap = std::max(cap, b->pos % kLane + held(*b));
-    AlignedBuffer buf[2] = {AlignedBuffer(cap), AlignedBuffer(cap)};
-    struct Drain {  // no read left filling buf when it goes (an exception from fn included)
-      offload::ShardFile* f;
-      ~Drain() {
-        try {
-          f->drain();
-        } catch (...) {  // the error was or will be thrown on the caller's path
-        }
-      }
-    } drain{gf_.get()};
-    offload::ShardFile::Ticket t[2] = {0, 0};
-    auto slice = [&](size_t i) { return buf[i % 2].data() + bs[i]->pos % kLane; };
-    auto queue = [&](size_t i) { t[i % 2] = gf_->read_async(bs[i]->pos, held(*bs[i]), slice(i)); };
-    if (!bs.empty()) queue(0);
-    for (size_t i = 0; i < bs.size(); i++) {
-      if (i + 1 < bs.size()) queue(i + 1);
-      gf_->wait(t[i % 2]);
-      fn(*bs[i], slice(i));
-    }
-  }
-  // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
-  void settle_grads() {
-    if (!gf_) return;
-    for (Bucket* b : b_.buckets) {
-      if (touched_[b->index]) continue;
-      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
-      touched_[b->index] = 1;
-    }
   }
   // The tiled update's parameters and gradients from the files: tile t in buffer t % 2, the next tile read
   // while this one is updated, each tile's parameters written back (and rounded into the mirror) behind it.
@@ -691,25 +744,283 @@ class Stage3 : public Stage2 {
   std::vector<uint16_t> pshard16_;
   std::vector<MirrorPlan> plans_;
   std::vector<Gathered> gat_;
-  // --offload params / grads: per bucket its shard read in flight, whether it received a gradient this step,
-  // its segments; the update's tile source; whether the update already rounded the mirror.
+  // --offload params / grads: per bucket its shard read in flight; the update's tile source; whether the
+  // update already rounded the mirror.
   std::vector<ShardRead> reads_;
-  std::vector<char> touched_;
-  std::vector<std::vector<size_t>> seg_of_bucket_;
   Tiles tiles_{*this};
   bool mirror_fresh_ = false;
   bool forward_tail_ = false;  // the forward's last group has closed, the backward has not begun
-  // Last, so destroyed first: their I/O threads stop before the buffers above go.
-  std::unique_ptr<offload::ShardFile> pf_, gf_;
+  // Stopped first (~Stage3): its I/O thread before the buffers above go.
+  std::unique_ptr<offload::ShardFile> pf_;
+};
+
+// A stage whose reduced gradient is in a file laid out as its grad offsets (GradsInFile below), for the update
+// of a stage that also streams its parameters (ParamsInFile).
+struct GradFileSource {
+  virtual ~GradFileSource() = default;
+  virtual offload::ShardFile* grad_file() = 0;
+  virtual void settle_grad_file() = 0;
+};
+
+// ---- --offload grads at stages 0 and 1: the full gradient in a file (the registry keeps no flat gradient
+// buffer). Around each group's backward the group's gradient is bound to a slot of the largest group's size:
+// at the step's first micro-batch marked fresh (the first writes overwrite, as in memory), later read back from
+// the file so the kernels add to the sum so far, exactly as they add to the resident buffer; after the group's
+// backward the slot is written back. After the last micro-batch each bucket is read, reduced in place as the
+// stage does in memory (all-reduce; ZeRO 1: reduce-scatter into this rank's slice) and written back; the norm
+// and the clipping read it bucket by bucket (each piece at the same address modulo 64 bytes as in memory), the
+// update tile by tile. A group holding a tensor whose copies are summed over the tie group after the backward
+// (nn::Replicas::summed: GPT's tied embedding under a pipeline) stays bound through the step, so that sum
+// reaches it in memory; it is written to the file when its bucket is reduced, or before the gradient is read.
+// Needs the hooks at every stage (parallel::needs_hooks). ----
+template <class Base>
+class GradsInFile : public Base, public GradFileSource {
+ public:
+  using Base::Base;
+  ~GradsInFile() override {
+    try {
+      this->b_.quiesce();  // no reduction left filling a bucket buffer
+      if (gf_) gf_->drain();
+    } catch (...) {
+    }
+  }
+  void allocate() override {
+    Base::allocate();
+    nn::ParamRegistry& reg = this->b_.params;
+    groups_ = group_ranges(reg);
+    for (const FlatRange& g : groups_) slot_ = std::max(slot_, g.count);
+    fresh_.assign(groups_.size(), 1);
+    pinned_.assign(groups_.size(), 0);
+    for (const nn::Param& p : reg.params())
+      if (p.replicas.summed) pinned_[p.group] = 1;
+    slots_.resize(groups_.size());
+    bucket_bufs_.resize(this->b_.buckets.size());
+    gf_ = make_shard_file(this->b_.opt, "gradients", std::max<size_t>(reg.size(), 1));
+    grad_segments_ = this->segments_;
+    for (optim::Segment& s : grad_segments_) s.grad = s.state;
+  }
+  offload::ShardFile* grad_file() override { return gf_.get(); }
+  void settle_grad_file() override {
+    this->b_.finish();
+    flush_pinned(0, SIZE_MAX);
+  }
+  void begin_step() override { std::fill(fresh_.begin(), fresh_.end(), 1); }  // nothing bound: no begin_grads
+  void before_backward(int g) override {
+    Base::before_backward(g);
+    const FlatRange& r = groups_[g];
+    if (r.count == 0 || slots_[g].size() != 0) return;
+    slots_[g] = take();
+    bind_grads(g, slots_[g].data());
+    if (fresh_[g])
+      this->b_.params.begin_grads(r.begin, r.count);
+    else
+      gf_->read(r.begin, r.count, slots_[g].data());
+  }
+  void after_backward(int g) override {
+    const FlatRange& r = groups_[g];
+    if (r.count > 0 && slots_[g].size() != 0) {
+      fresh_[g] = 0;
+      if (!pinned_[g]) {
+        gf_->write(r.begin, r.count, slots_[g].data());  // before the bucket's reduction reads it (queue order)
+        bind_grads(g, nullptr);
+        give(slots_[g]);
+      }
+    }
+    Base::after_backward(g);
+  }
+  void bucket_ready(Bucket& b) override {
+    if (!this->b_.last_micro) return;
+    flush_pinned(b.begin, b.count);
+    if (b.alone()) return;
+    AlignedBuffer& buf = bucket_bufs_[b.index];
+    buf = this->b_.acquire(b.count);
+    gf_->read(b.begin, b.count, buf.data());
+    Bucket* bp = &b;
+    const bool scatter = this->sharded();
+    float* recv = scatter ? buf.data() + b.so : buf.data();
+    this->b_.reduce(b, buf.data(), recv, scatter, [this, bp, scatter](const float*) {
+      AlignedBuffer& done = bucket_bufs_[bp->index];
+      if (scatter)
+        gf_->write(bp->begin + bp->so, bp->sc, done.data() + bp->so);
+      else
+        gf_->write(bp->begin, bp->count, done.data());
+      this->b_.give_back(done);
+    });
+  }
+  void reduce_all() override { MT_ASSERT(false, "--offload grads at ZeRO 0/1 runs with the hooks"); }
+  void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
+    settle_grad_file();
+    each_owned([&](const FlatRange& r, float* g) {
+      fn(g, r.count);
+      gf_->write(r.begin, r.count, g);
+    });
+  }
+  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
+    settle_grad_file();
+    each_owned([&](const FlatRange& r, float* g) {
+      for (size_t i = 0; i < this->segments_.size(); i++) {
+        const optim::Segment& s = this->segments_[i];
+        if (s.grad < r.begin || s.grad >= r.begin + r.count) continue;
+        MT_ASSERT(s.grad + s.count <= r.begin + r.count, "a gradient segment crosses a bucket's owned range");
+        fn(i, g + (s.grad - r.begin));
+      }
+    });
+  }
+  const float* grad_base() override { return nullptr; }
+  void update(optim::Optimizer& opt, float lr, int64_t step) override {
+    settle_grad_file();
+    StreamedTiles src(nullptr, this->b_.params.data(), gf_.get(), nullptr, this->segments_);
+    tiled(opt).step_from(src, grad_segments_, lr, step);
+    if (this->sharded()) this->all_gather_params();
+  }
+  size_t grad_bytes() const override { return 0; }
+  size_t offloaded_grad_bytes() const override { return this->b_.params.size() * sizeof(float); }
+  std::vector<offload::ShardFile*> shard_files() override {
+    std::vector<offload::ShardFile*> v = Base::shard_files();
+    v.push_back(gf_.get());
+    return v;
+  }
+
+ private:
+  // Writes the still-bound pinned groups overlapping flat range [lo, lo + n) to the file and unbinds them.
+  void flush_pinned(size_t lo, size_t n) {
+    for (size_t g = 0; g < groups_.size(); g++) {
+      const FlatRange& r = groups_[g];
+      if (!pinned_[g] || slots_[g].size() == 0 || r.begin + r.count <= lo || (n != SIZE_MAX && r.begin >= lo + n))
+        continue;
+      gf_->write(r.begin, r.count, slots_[g].data());
+      bind_grads((int)g, nullptr);
+      give(slots_[g]);
+    }
+  }
+  void bind_grads(int g, float* base) {
+    for (nn::Param& p : this->b_.params.params())
+      if (p.group == g) p.grad = base ? base + (p.offset - groups_[g].begin) : nullptr;
+  }
+  AlignedBuffer take() {
+    if (free_.empty()) return AlignedBuffer(std::max<size_t>(slot_, 1));
+    AlignedBuffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void give(AlignedBuffer& buf) {
+    free_.push_back(std::move(buf));
+    buf = AlignedBuffer();
+  }
+  // fn(range, values) for each bucket's owned range (the whole bucket at ZeRO 0, this rank's slice at ZeRO 1),
+  // the values read from the file and placed at the same address modulo 64 bytes as in the resident buffer.
+  template <class Fn>
+  void each_owned(Fn fn) {
+    for (Bucket* b : this->b_.buckets) {
+      const FlatRange r = this->sharded() && !b->alone() ? FlatRange{b->begin + b->so, b->sc} : FlatRange{b->begin, b->count};
+      if (r.count == 0) continue;
+      const size_t pad = r.begin % 16;
+      AlignedBuffer buf(pad + r.count);
+      gf_->read(r.begin, r.count, buf.data() + pad);
+      fn(r, buf.data() + pad);
+    }
+  }
+  std::vector<FlatRange> groups_;
+  size_t slot_ = 0;
+  std::vector<char> fresh_;                 // per group: no gradient in the file yet this step
+  std::vector<char> pinned_;                // per group: holds a tensor summed over the tie group
+  std::vector<AlignedBuffer> slots_, free_;  // per group: its bound slot; the free slots
+  std::vector<AlignedBuffer> bucket_bufs_;   // per bucket: the buffer of its reduction in flight
+  std::vector<optim::Segment> grad_segments_;  // segments_ with grad laid out as the state
+  std::unique_ptr<offload::ShardFile> gf_;
+};
+
+// ---- --offload params at stages 0-2: the full parameters in a file (param_file.h), the stage's own reductions
+// and shards unchanged. Each group is read and bound around its forward and backward (the next one read ahead),
+// the update streams each state tile's parameters (and gradients) through StreamedTiles, and stages 1 and 2
+// all-gather each bucket from this rank's updated slice in the file back into it. ----
+template <class Base>
+class ParamsInFile final : public Base {
+ public:
+  using Base::Base;
+  void allocate() override {
+    Base::allocate();
+    pf_ = std::make_unique<FullParamFile>(this->b_);
+    state_segments_ = this->segments_;
+    for (optim::Segment& s : state_segments_) s.param = s.grad = s.state;
+  }
+  void enable_mirror() override { this->b_.params.enable_mirror(); }  // filled by refresh_mirror
+  void refresh_mirror() override { pf_->refresh_mirror(); }
+  void initialize(const std::function<void(nn::Param&)>& fill) override { pf_->initialize(fill); }
+  void before_forward(int g) override {
+    pf_->use(g, g + 1);
+    Base::before_forward(g);
+  }
+  void after_forward(int g) override {
+    Base::after_forward(g);
+    pf_->done(g);
+  }
+  void before_backward(int g) override {
+    pf_->use(g, g - 1);
+    Base::before_backward(g);
+  }
+  void after_backward(int g) override {
+    Base::after_backward(g);
+    pf_->done(g);
+  }
+  void release_params() override {
+    Base::release_params();
+    pf_->release_all();
+  }
+  void update(optim::Optimizer& opt, float lr, int64_t step) override {
+    pf_->release_all();
+    offload::ShardFile* gf = nullptr;
+    if constexpr (std::is_base_of_v<Stage2, Base>) {
+      this->settle_grads();
+      gf = this->gf_.get();
+    }
+    if (auto* gs = dynamic_cast<GradFileSource*>(this)) {
+      gs->settle_grad_file();
+      gf = gs->grad_file();
+    }
+    StreamedTiles src(&pf_->file(), nullptr, gf, gf ? nullptr : this->grad_base(), this->segments_);
+    tiled(opt).step_from(src, state_segments_, lr, step);
+    if (this->sharded()) pf_->all_gather_buckets();
+  }
+  void full_params_of(const float* resident, std::vector<float>& out) override {
+    if (resident) return Base::full_params_of(resident, out);
+    out.resize(this->b_.params.size());
+    pf_->read_all(out.data());
+  }
+  void load_full_params_into(const float* full, float* resident) override {
+    if (resident) return Base::load_full_params_into(full, resident);
+    pf_->write_all(full);
+  }
+  size_t param_bytes() const override {
+    return this->b_.params.mirrored() ? this->b_.params.size() * sizeof(uint16_t) : 0;
+  }
+  size_t offloaded_param_bytes() const override { return this->b_.params.size() * sizeof(float); }
+  std::vector<offload::ShardFile*> shard_files() override {
+    std::vector<offload::ShardFile*> v{&pf_->file()};
+    for (offload::ShardFile* f : Base::shard_files()) v.push_back(f);
+    return v;
+  }
+
+ private:
+  std::vector<optim::Segment> state_segments_;  // segments_ with param and grad laid out as the state
+  std::unique_ptr<FullParamFile> pf_;
 };
 
 }  // namespace
 
 std::unique_ptr<ZeroStage> make_zero_stage(int stage, BucketSet& buckets) {
+  const bool pf = buckets.opt.offload_params, gf = buckets.opt.offload_grads;
+  auto low = [&](auto stage_tag) -> std::unique_ptr<ZeroStage> {  // stages 0 and 1: each file a part of its own
+    using S = typename decltype(stage_tag)::type;
+    if (pf && gf) return std::make_unique<ParamsInFile<GradsInFile<S>>>(buckets);
+    if (pf) return std::make_unique<ParamsInFile<S>>(buckets);
+    if (gf) return std::make_unique<GradsInFile<S>>(buckets);
+    return std::make_unique<S>(buckets);
+  };
   switch (stage) {
-    case 0: return std::make_unique<Stage0>(buckets);
-    case 1: return std::make_unique<Stage1>(buckets);
-    case 2: return std::make_unique<Stage2>(buckets);
+    case 0: return low(std::type_identity<Stage0>{});
+    case 1: return low(std::type_identity<Stage1>{});
+    case 2: return pf ? std::unique_ptr<ZeroStage>(std::make_unique<ParamsInFile<Stage2>>(buckets)) : std::make_unique<Stage2>(buckets);
     case 3: return std::make_unique<Stage3>(buckets);
   }
   MT_ASSERT(false, "ZeRO stage ", stage);

@@ -106,7 +106,8 @@ class ZeroStage {
     return b_.params.size() * (sizeof(float) + (b_.params.mirrored() ? sizeof(uint16_t) : 0));
   }
   virtual size_t grad_bytes() const { return b_.params.size() * sizeof(float); }
-  // --offload params / grads: the bytes in files instead of memory, and the files (stage 3 alone).
+  // --offload params / grads: the bytes in files instead of memory, and the files (zero_stage.cpp: ZeRO 3's
+  // shards, ZeRO 2's gradient shard, and at stages 0-2 the full parameters and at 0-1 the full gradient).
   virtual size_t offloaded_param_bytes() const { return 0; }
   virtual size_t offloaded_grad_bytes() const { return 0; }
   virtual std::vector<offload::ShardFile*> shard_files() { return {}; }
