@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -122,8 +123,15 @@ void GradSync::step(int64_t s, double loss_sum, double items, const StepTail& ta
 // with the learning rate of step s as the optimizer's update number s m + i (AdamW's bias correction
 // t = s m + i + 1). The step's row gets the mean of the m losses (the global batch's mean loss) and the mean of
 // the m pre-clip norms, with the update of micro-batch m - 1.
-void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int m, const StepTail& tail,
+void GradSync::update_part(int64_t s, double loss_sum, double items, const UpdatePart& part, const StepTail& tail,
                            optim::Optimizer& opt) {
+  if (part.outcome_later) {
+    MT_ASSERT(part.micro_batch < 0, "a window of steps updates once per step");
+    window_step(s, loss_sum, items, tail, opt);
+    if (part.window_end) settle_window(tail);
+    return;
+  }
+  const int i = part.micro_batch, m = part.micro_batches;
   if (i < 0) return step(s, loss_sum, items, tail, opt);
   MT_ASSERT(i < m, "the update of micro-batch ", i, " of ", m);
   reduce(s);
@@ -145,6 +153,14 @@ void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int 
   out.lr = lr;
   last_ = out;
   if (sink_) sink_(s, out);
+}
+
+void GradSync::tie_ready(int64_t) { throw Error("a window of steps run back to back needs the exact exchange"); }
+void GradSync::window_step(int64_t, double, double, const StepTail&, optim::Optimizer&) {
+  throw Error("a window of steps run back to back needs the exact exchange");
+}
+void GradSync::settle_window(const StepTail&) {
+  throw Error("a window of steps run back to back needs the exact exchange");
 }
 
 double GradSync::grad_norm() {
@@ -288,6 +304,74 @@ class ExactSync : public GradSync {
   void average_k() {
     if (k_now() > 1) engine_.scale_grads(1.0f / (float)k_now());
   }
+  // ---- A window of steps run back to back (train/sync_window_steps.h). ----
+  // The last stage: its copies' gradients are final (its last input half of step s has run); they leave now, a
+  // copy of them, so the stage's later work of the step does not wait for the first stage.
+  void tie_ready(int64_t s) override {
+    comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
+    if (tied_.empty() || !tie) return;
+    MT_ASSERT(tie->size() == 2 && tie->rank() == 1, "the tied copies' early send is the last stage's");
+    tie_send_req_.wait();  // the previous step's copy has left
+    pack_tied(tie_send_);
+    tie_send_req_ = tie->isend(tie_send_.data(), tie_send_.size(), comm::DType::f32, 0, kTieTag);
+    tie_sent_ = s;
+  }
+  // step() without what needs other stages first: the tie sum point to point (the first stage sends its copy and
+  // receives the last stage's, sent at tie_ready; the last stage receives the first's), each end adding a + b as
+  // the all-reduce does (the same bits either way round); the dp reduction; the norm's local part; the update at
+  // the schedule's rate. The loss and the norm wait for settle_window. (No noise probe: its sums span stages.)
+  void window_step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
+    MT_ASSERT(!grow_opts_.enabled && mesh_.replica(), "a window of steps without the adaptive batch, at pp > 1");
+    engine_.finish_backward();
+    comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
+    if (!tied_.empty() && tie) {
+      const double t0 = trace::ChromeTrace::now_us();
+      MT_ASSERT(tie->size() == 2, "a tie group of ", tie->size(), " ranks");
+      if (tie->rank() == 0) {
+        tie_send_req_.wait();
+        pack_tied(tie_send_);
+        tie_send_req_ = tie->isend(tie_send_.data(), tie_send_.size(), comm::DType::f32, 1, kTieTag);
+      } else {
+        MT_ASSERT(tie_sent_ == s, "the last stage reached the update of step ", s, " without sending its tied copies");
+      }
+      tie_recv_.resize(tie_send_.size());
+      tie->recv(tie_recv_.data(), tie_recv_.size(), comm::DType::f32, 1 - tie->rank(), kTieTag);
+      size_t k = 0;
+      for (nn::Param* x : tied_)
+        for (size_t e = 0; e < x->numel; e++, k++) x->grad[e] = x->grad[e] + tie_recv_[k];
+      if (tracer_->enabled())
+        tracer_->add(trace::Track::comm, "tied tensors (first + last stage, point to point)", "comm", t0,
+                     trace::ChromeTrace::now_us());
+    }
+    engine_.reduce_all();
+    noise_valid_ = false;
+    auto [all, skip] = engine_.grad_sq(not_counted_);
+    Deferred d{s, loss_sum, items, all - skip, tail.lr(s)};
+    {
+      trace::TraceScope ts(tracer_, "optimizer step", "compute");
+      update(opt, d.lr, s);
+    }
+    deferred_.push_back(d);
+  }
+  // Step by step as step() reduces them: the loss over pp then dp, the norm's parts over the replica.
+  void settle_window(const StepTail& tail) override {
+    tie_send_req_.wait();
+    std::vector<Deferred> ds;
+    ds.swap(deferred_);
+    for (const Deferred& d : ds) {
+      StepOutcome out;
+      out.loss = global_loss(d.loss_sum) / d.items;
+      double sq[1] = {d.sq};
+      parallel::sum_across(mesh_.replica(), sq, 1);
+      out.norm = std::sqrt(std::max(0.0, sq[0]));
+      tail.check(d.s, out.loss, out.norm);
+      out.lr = d.lr;
+      last_ = out;
+      if (sink_) sink_(d.s, out);
+    }
+  }
+  void end_run() override { tie_send_req_.wait(); }
+
   void reduce(int64_t) override {
     engine_.finish_backward();
     if (overlapped_ && tied_.empty()) return average_k();
@@ -318,6 +402,27 @@ class ExactSync : public GradSync {
   bool overlapped_;
   int windows_;
   std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
+  // A window of steps: what settle_window reduces per step; the tied copies on their way.
+  struct Deferred {
+    int64_t s;
+    double loss_sum, items, sq;
+    float lr;
+  };
+  std::vector<Deferred> deferred_;
+  static constexpr int kTieTag = 0x7e1;
+  std::vector<float> tie_send_, tie_recv_;
+  comm::Request tie_send_req_;
+  int64_t tie_sent_ = -1;
+  void pack_tied(std::vector<float>& buf) const {
+    size_t n = 0;
+    for (const nn::Param* x : tied_) n += x->numel;
+    buf.resize(n);
+    size_t k = 0;
+    for (const nn::Param* x : tied_) {
+      std::memcpy(buf.data() + k, x->grad, sizeof(float) * x->numel);
+      k += x->numel;
+    }
+  }
   NoiseProbe probe_;
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;

@@ -19,6 +19,7 @@
 #include "train/elastic.h"
 #include "train/model_registry.h"
 #include "train/no_flush_steps.h"
+#include "train/sync_window_steps.h"
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
@@ -46,7 +47,7 @@ void run_steps(Run& r) {
     sync.begin_step(s);
     r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum, UpdatePart part) {
       r.straggler.pause(r.mesh.world_rank());
-      sync.update_part(s, loss_sum, items, part.micro_batch, part.micro_batches, r.tail, *r.opt);
+      sync.update_part(s, loss_sum, items, part, r.tail, *r.opt);
     });
     nlohmann::json row = {{"step", s}};
     meter.finish(s, row);
@@ -87,6 +88,9 @@ TrainSummary finish_run(Run& r) {
   // simulated figures are still the flushed one-step list's.
   if (sections["pipeline"].is_object())
     sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches);
+  // 1f1b / zb-h1 / zb-h2 without clipping (train/sync_window_steps.h): no barrier between steps.
+  if (sections["pipeline"].is_object())
+    sections["pipeline"]["back_to_back"] = sync_window_applies(r.cfg, SyncOptions::from(r.cfg));
   if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
     const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
     if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;
