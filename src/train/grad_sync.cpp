@@ -276,16 +276,7 @@ class ExactSync : public GradSync {
     else
       accumulate_only(s, loss_sum, items, tail);
     noise_valid_ = false;
-    if (probing_ && last) {
-      // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2. The big batch
-      // is the optimizer step's k global batches.
-      double sum[1] = {probe_.local_sum()};
-      parallel::sum_across(mesh_.dp(), sum, 1);
-      if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
-      const int M = probe_.small_batches() * mesh_.grid().dp();
-      noise_valid_ = windows_ % (M / k) == 0;  // an even split of the windows (the small batches are equal)
-      if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, k * items / M, k * items});
-    }
+    if (last) measure_noise(probe_.local_sum(), items, k);
     if (grow_) {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
@@ -293,12 +284,27 @@ class ExactSync : public GradSync {
       grow_->observe(s, t_batch_, t_update_, b);
     }
   }
-  void annotate(nlohmann::json& row) const override {
-    if (grow_) grow_->annotate(row);
+  // After the optimizer step (last_ holds its norm): one scalar over dp and the replica's other parts, the sum
+  // over every small batch of |c|^2 (local: this rank's). The big batch is the optimizer step's k global batches.
+  void measure_noise(double local, double items, int k) {
+    noise_valid_ = false;
+    if (!probing_) return;
+    double sum[1] = {local};
+    parallel::sum_across(mesh_.dp(), sum, 1);
+    if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
+    const int M = probe_.small_batches() * mesh_.grid().dp();
+    noise_valid_ = windows_ % (M / k) == 0;  // an even split of the windows (the small batches are equal)
+    if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, k * items / M, k * items});
+  }
+  void noise_fields(nlohmann::json& row) const {
     if (!probing_ || !noise_valid_ || !noise_.last().valid) return;
     row["noise_scale"] = noise_.b_simple();  // moving-average B_simple (noise_scale.h)
     row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
     row["noise_trace"] = noise_.last().trace;
+  }
+  void annotate(nlohmann::json& row) const override {
+    if (grow_) grow_->annotate(row);
+    noise_fields(row);
   }
   // The adaptive batch's k data steps: their summed mean gradients, divided by k (a power of 2: exact).
   void average_k() {
@@ -319,7 +325,7 @@ class ExactSync : public GradSync {
   // step() without what needs other stages first: the tie sum point to point (the first stage sends its copy and
   // receives the last stage's, sent at tie_ready; the last stage receives the first's), each end adding a + b as
   // the all-reduce does (the same bits either way round); the dp reduction; the norm's local part; the update at
-  // the schedule's rate. The loss and the norm wait for settle_window. (No noise probe: its sums span stages.)
+  // the schedule's rate. The loss, the norm and the noise probe's sums wait for settle_window.
   void window_step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
     MT_ASSERT(!grow_opts_.enabled && mesh_.replica(), "a window of steps without the adaptive batch, at pp > 1");
     engine_.finish_backward();
@@ -343,10 +349,14 @@ class ExactSync : public GradSync {
         tracer_->add(trace::Track::comm, "tied tensors (first + last stage, point to point)", "comm", t0,
                      trace::ChromeTrace::now_us());
     }
+    if (probing_) {  // as reduce() measures (noise_probe.h): the local gradient, tied copies after their sum
+      if (probe_.mode() == NoiseProbe::Mode::whole) probe_.add_whole();
+      probe_.add_tensors_summed();
+    }
     engine_.reduce_all();
-    noise_valid_ = false;
+    noise_valid_ = false;  // the loop's row of this step gets its noise fields with the outcome (settle_window)
     auto [all, skip] = engine_.grad_sq(not_counted_);
-    Deferred d{s, loss_sum, items, all - skip, tail.lr(s)};
+    Deferred d{s, loss_sum, items, all - skip, tail.lr(s), probing_ ? probe_.local_sum() : 0.0};
     {
       trace::TraceScope ts(tracer_, "optimizer step", "compute");
       update(opt, d.lr, s);
@@ -367,6 +377,9 @@ class ExactSync : public GradSync {
       tail.check(d.s, out.loss, out.norm);
       out.lr = d.lr;
       last_ = out;
+      measure_noise(d.probe, d.items, 1);
+      out.fields = nlohmann::json::object();
+      noise_fields(out.fields);
       if (sink_) sink_(d.s, out);
     }
   }
@@ -407,6 +420,7 @@ class ExactSync : public GradSync {
     int64_t s;
     double loss_sum, items, sq;
     float lr;
+    double probe;  // the noise probe's local sum (probing_)
   };
   std::vector<Deferred> deferred_;
   static constexpr int kTieTag = 0x7e1;

@@ -115,6 +115,8 @@ StoreGroups store_groups(const SyncOptions& o, const parallel::Mesh& mesh);
 struct StepOutcome {
   double loss = 0, norm = 0;
   float lr = 0;
+  // Method fields of the step's row known only with the outcome (a window's steps: train/sync_window_steps.h).
+  nlohmann::json fields;
 };
 // Where an exchange hands a step's outcome: at once (synchronous methods) or when it learns it (a
 // parameter-server worker, when the step's version arrives).

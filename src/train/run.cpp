@@ -214,7 +214,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
   rows = std::make_unique<RowQueue>(*log, sum);
-  sync->set_outcome_sink([this](int64_t s, const StepOutcome& o) { rows->outcome(s, o.loss, o.norm, o.lr); });
+  sync->set_outcome_sink([this](int64_t s, const StepOutcome& o) {
+    if (o.fields.is_object() && !o.fields.empty()) rows->local(s, o.fields);  // before the outcome completes the row
+    rows->outcome(s, o.loss, o.norm, o.lr);
+  });
   evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, store.get(), *log);
   cadence = Cadence::from(cfg, task->has_eval() && !mesh.server());  // a server holds no model to evaluate
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are

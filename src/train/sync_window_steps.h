@@ -5,9 +5,10 @@
 // back to back is what U(s) waits for: nothing from another pipeline stage but the tied wte's other copy, which
 // the last stage sends right after its last input half of the step (the GPT takes that copy's gradient in its
 // input half: model/gpt.h) and the first stage when it reaches U(s). The reductions inside a stage (dp, and the
-// tp collectives of its computations) stay where they are. The step's loss and gradient norm, which need every
-// stage, are reduced when the window ends, each as the per-step update reduces it, so every row holds the same
-// bits; the non-finite stop then fires at the window's end, naming the step (the window's later updates ran).
+// tp collectives of its computations) stay where they are. The step's loss and gradient norm (and the noise
+// scale's sums), which need every stage, are reduced when the window ends, each as the per-step update reduces
+// it, so every row holds the same bits; the non-finite stop then fires at the window's end, naming the step (the
+// window's later updates ran).
 //
 // A window ends, with every outcome settled, after each step where the loop evaluates, saves, stops or ends
 // (and at least every kMaxWindowSteps steps).
