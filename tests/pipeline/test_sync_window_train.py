@@ -14,6 +14,7 @@ Checked:
   - the log and --summary (pipeline.back_to_back) say which path ran;
   - every metrics row's fields but the timings (loss, grad_norm, lr, comm bytes, val_loss, and at dp 2 the noise
     scale's noise_*), the final weights, and (--save-every) the step-4 checkpoint are the same bits in both runs;
+  - zb-h2 at pp 2 stopped after step 3 (--stop-at-step, a checkpoint) and resumed equals the uninterrupted run;
   - a diverging run (lr 1e4) stops with the same message, naming the same step, on both paths;
   - the barrier is gone (zb cases at pp 2 with the heavy last stage): in the back-to-back run, for some step t,
     rank 0's first forward of step t+1 started before the last rank's last computation of step t (a deferred W)
@@ -157,6 +158,37 @@ def main():
             check(oa is not None and ob is not None and len(oa) >= 1 and ob == [],
                   f"{tag}: rank 0 started step t+1 before rank {P - 1} ended step t at steps {oa} back to back, "
                   f"at {ob} per step")
+    # Stopped and resumed: --stop-at-step 3 ends the window there (with a checkpoint), --resume continues in a new
+    # window; rows and final weights equal the uninterrupted back-to-back run's.
+    base = [args.meshtrain, "train", "--data", data, "--seq-len", str(T), "--batch-size", str(B), "--steps", str(STEPS),
+            "--threads", "1", "--n-layer", "4", "--n-head", "2", "--n-embd", "32", "--vocab-size", "64",
+            "--n-positions", "32", "--nproc", "2", "--pp", "2", "--micro-batch-size", "2", "--lr", "3e-3",
+            "--grad-clip", "0", "--schedule", "zb-h2", "--quiet"]
+    rdir = os.path.join(args.workdir, "resume")
+    ck = os.path.join(rdir, "ck")
+    os.makedirs(rdir, exist_ok=True)
+    legs = [("full", []), ("part", ["--stop-at-step", "3", "--checkpoint-dir", ck, "--save-every", "2",
+                                    "--overwrite-checkpoints"]),
+            ("rest", ["--checkpoint-dir", ck, "--save-every", "2", "--resume", ck])]
+    ok_runs = same = w_same = True
+    for leg, extra in legs:
+        out = os.path.join(rdir, leg)
+        r = subprocess.run(base + extra + ["--metrics", out + ".jsonl", "--save", out + ".safetensors"],
+                           env=single_thread_env(), timeout=300, capture_output=True, text=True)
+        ok_runs = ok_runs and r.returncode == 0
+        if r.returncode != 0:
+            print(r.stderr[-2000:])
+    if ok_runs:
+        rows = {}
+        for leg in ("full", "part", "rest"):
+            with open(os.path.join(rdir, leg + ".jsonl")) as f:
+                rows[leg] = [json.loads(x) for x in f if x.strip()]
+        got = rows["part"] + rows["rest"]
+        same = [x["step"] for x in got] == list(range(STEPS)) and all(
+            (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]) for a, b in zip(got, rows["full"]))
+        w_same = tensors(os.path.join(rdir, "full.safetensors")) == tensors(os.path.join(rdir, "rest.safetensors"))
+    check(ok_runs and same and w_same, "stopped after step 3 and resumed: rows and final weights equal the "
+                                       "uninterrupted back-to-back run's")
     # A step that diverges: both paths stop naming the same step (the window at its end, after its later updates).
     stops = {}
     for kind, clip in (("b2b", "0"), ("step", "1e9")):
