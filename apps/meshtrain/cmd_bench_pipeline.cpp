@@ -21,18 +21,18 @@
 // the same lists run --steps times in a row with no barrier between them (each rank starts its next step's list
 // when it has finished its own), the time per step from the end of the first to the end of the last on the
 // slowest rank, against 1F1B's measured the same way in the same job; "b2b sim" is the simulator's nominal figure
-// for the same thing (three steps' lists joined, minus two). meshtrain's trainer synchronizes every step (the
-// loss, the gradient norm, the data-parallel reduction), so its figure is the step column, not b2b.
+// for the same thing (three steps' lists joined, minus two). The b2b runs have no update at all between steps; a
+// trained step's figure is the step column with clipping and the exact column without.
 //
 // The "exact" columns (1f1b, zb-h1, zb-h2: parallel/pipeline/sync_window.h) run the back-to-back window a trained
-// exact step would run: --steps steps in one list per rank, each step's update U(t) inside it after the rank's
-// last computation of the step and before its first of the next, and U(t) a one-float all-reduce over the ranks
-// (the global gradient norm that clipping needs; the tied embedding's sum of the first and last stage's copies
-// waits the same way). Time per step: from the end of U(0) to the end of U(K-1) over K - 1, slowest rank; "/1f1b"
-// against 1F1B's window run the same way; "exact sim" the replay of the window under the norm rule
-// (plan/sync_window_sim.h) against 1F1B's. Under that rule no one-chunk list steps faster than
-// (p - 1) F + m (F + B + W), the synchronized step's bound: the b2b columns' gain needs updates that wait for no
-// other stage.
+// exact step runs without clipping (train/sync_window_steps.h): --steps steps in one list per rank, each step's
+// update U(t) inside it after the rank's last computation of the step and before its first of the next, and U(t)
+// waiting only for the tied embedding's other copy (the last rank sends its copy, one float here, after its last
+// input half of the step; rank 0 sends its own back at U(t)). Time per step: from the end of U(0) to the end of
+// U(K-1) over K - 1, slowest rank; "/1f1b" against 1F1B's window run the same way; "exact sim" the replay of the
+// window under that rule (plan/sync_window_sim.h, tied_wte_early) against 1F1B's. With clipping (the global norm
+// before any update) no one-chunk list steps faster than (p - 1) F + m (F + B + W), the synchronized step's
+// bound: the step column.
 //
 // pipedream-2bw runs without a flush (parallel/pipeline/no_flush.h): its --steps - 1 timed steps are one window
 // (one list spanning them, the updates inside it costing nothing here; a first window of the same steps is not
@@ -117,6 +117,55 @@ class SleepRunner : public pipeline::StageRunner {
   std::vector<float> out_, grad_;
 };
 
+// The trained window's tie (train/sync_window_steps.h): the last rank sends its copy of the tied embedding's
+// gradient (one float here) to rank 0 after its last input half (or whole backward) of each step; rank 0 sends
+// its own back at its update. The runner wraps the sleeping one on every rank and sends on the last.
+class TieSender : public pipeline::StageRunner {
+ public:
+  static constexpr int kTag = 1 << 30;  // beyond the executor's tags (kind, micro-batch, stage)
+  TieSender(pipeline::StageRunner& r, comm::Communicator& world, int m)
+      : r_(r), world_(world), m_(m), last_(world.size() > 1 && world.rank() == world.size() - 1) {}
+  ~TieSender() override { req_.wait(); }
+  size_t activation_count() const override { return r_.activation_count(); }
+  const float* forward(int c, int i, const float* in) override { return r_.forward(c, i, in); }
+  const float* backward(int c, int i, const float* d) override {
+    const float* g = r_.backward(c, i, d);
+    sent(i);
+    return g;
+  }
+  const float* backward_input(int c, int i, const float* d) override {
+    const float* g = r_.backward_input(c, i, d);
+    sent(i);
+    return g;
+  }
+  void backward_weight(int c, int i) override { r_.backward_weight(c, i); }
+  // U(t): rank 0 sends its copy and receives the last rank's; the last rank receives rank 0's; others nothing.
+  void update() {
+    const int p = world_.size();
+    if (p == 1) return;
+    if (world_.rank() == 0) {
+      req_.wait();
+      req_ = world_.isend(&mine_, 1, comm::DType::f32, p - 1, kTag);
+      world_.recv(&got_, 1, comm::DType::f32, p - 1, kTag);
+    } else if (last_) {
+      world_.recv(&got_, 1, comm::DType::f32, 0, kTag);
+    }
+  }
+
+ private:
+  void sent(int i) {
+    if (!last_ || i % m_ != m_ - 1) return;
+    req_.wait();
+    req_ = world_.isend(&mine_, 1, comm::DType::f32, 0, kTag);
+  }
+  pipeline::StageRunner& r_;
+  comm::Communicator& world_;
+  int m_;
+  bool last_;
+  float mine_ = 1, got_ = 0;
+  comm::Request req_;
+};
+
 // k copies of a step's lists run back to back as one list per rank: copy c's micro-batches numbered c m .. c m + m - 1,
 // the step-end optimizer_step only after the last copy (for the simulator: the steps without a barrier between).
 pipeline::Schedule back_to_back(const pipeline::Schedule& one, int m, int k) {
@@ -142,11 +191,12 @@ double simulated_back_to_back(const pipeline::ScheduleSpec& spec, const plan::Co
   return run(3) - run(2);
 }
 
-// The simulated time per step of the exact back-to-back window (updates waiting for the global norm), K = 4.
+// The simulated time per step of the exact back-to-back window as trained (no clipping: updates waiting for the
+// tied embedding's other copy, sent after the last stage's last input half), K = 4.
 double simulated_exact_window(const pipeline::ScheduleSpec& spec, const plan::CostModel& cost) {
   const int K = 4;
   return plan::simulate_sync_window(spec, K, pipeline::sync_window_schedule(spec, K), cost,
-                                    plan::StepUpdateWait::norm_chain)
+                                    plan::StepUpdateWait::tied_wte_early)
       .step();
 }
 
@@ -261,17 +311,18 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
         };
         const float b2b_peer = with_peer ? back_to_back_ms(peer, peer_lists, peer_runner, peer_ex) : 0.0f;
         const float b2b = back_to_back_ms(spec, lists, runner, ex);
-        // The exact window (sync_window.h): one list of --steps steps, each U(t) a one-float all-reduce (the norm).
+        // The exact window as trained without clipping (train/sync_window_steps.h): one list of --steps steps,
+        // each U(t) the tied copies' exchange between rank 0 and the last rank (TieSender).
         const bool exact = pipeline::sync_window_applies(spec);
-        auto exact_window_ms = [&](const pipeline::ScheduleSpec& sp, pipeline::StageRunner& r,
+        auto exact_window_ms = [&](const pipeline::ScheduleSpec& sp, pipeline::StageRunner& inner,
                                    pipeline::PipelineExecutor& e) {
           const pipeline::Schedule w = pipeline::sync_window_schedule(sp, a.steps);
           pipeline::check_sync_window(sp, a.steps, w);
           std::vector<double> ends;
-          float norm = 1;
+          TieSender r(inner, world, sp.micro_batches);
           world.barrier();
           e.run(pipeline::window_spec(sp, a.steps), w, world, r, nullptr, nullptr, [&] {
-            world.all_reduce(&norm, &norm, 1, comm::DType::f32, comm::ReduceOp::max);
+            r.update();
             ends.push_back(trace::ChromeTrace::now_us());
           });
           MT_ASSERT((int)ends.size() == a.steps, "an exact window of ", a.steps, " steps ran ", ends.size(), " updates");

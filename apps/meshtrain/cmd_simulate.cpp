@@ -123,15 +123,15 @@ void run_sync_window_replay(const SimulateArgs& a) {
       {plan::StepUpdateWait::local, "local updates (each stage's own gradient: no clipping, no tied copies)"},
       {plan::StepUpdateWait::norm_chain, "global norm passed up the pipeline (clipping, non-finite checks)"},
       {plan::StepUpdateWait::blocking, "blocking collective over the ranks (the trainer's reductions today)"},
-      {plan::StepUpdateWait::tied_ends, "tied embedding only (first and last stage wait for each other)"},
-      {plan::StepUpdateWait::tied_wte_early, "the same, wte's gradient computed with the last stage's I (not built)"}};
+      {plan::StepUpdateWait::tied_ends, "tied embedding only, wte's gradient in the last stage's W (before)"},
+      {plan::StepUpdateWait::tied_wte_early, "tied embedding, wte's gradient in the last stage's I (as trained)"}};
   for (const auto& [rule, what] : rules) {
     const double t = plan::simulate_sync_window(spec, a.steps, w, a.cost, rule).step();
     std::printf("  %-74s %s (%sx)\n", what, num(t).c_str(), num(t / one).c_str());
   }
   const double F = a.cost.forward, C = a.cost.comm;
   const double bound = (p - 1) * (F + C) + m * F * (1 + a.cost.backward_ratio);
-  std::printf("one-chunk bound under the norm and the tie as built: (p-1)(F+C) + m(F+B) = %s (%sx): rank p-1's step "
+  std::printf("one-chunk bound under the norm (clipping): (p-1)(F+C) + m(F+B) = %s (%sx): rank p-1's step "
               "work starts p-1 forwards after rank 0's update, which waits for rank p-1's last computation\n",
               num(bound).c_str(), num(bound / one).c_str());
 }

@@ -90,6 +90,7 @@ Gpt::Gpt(const GptConfig& cfg, nn::ParamRegistry& params, nn::TensorParallelOps*
       wte_ = held ? held : &params.add("wte.weight", {cfg.vocab_size, C}, wte_shard, cfg.n_layer + 1);
     wte_->products = true;                      // the tied logits
     if (!held) wte_->read_f32 = first_stage();  // the lookup (a copy shared with the first stage keeps it)
+    tie_grad_in_input_ = !first_stage() && !held;
   }
 }
 
@@ -388,12 +389,14 @@ void Gpt::backward_pass(nn::ActivationStore& store, int mb, int B, int T, nn::Pa
   const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
   const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
   if (!first_stage()) open(L + 1);  // this stage's wte copy is in group L+1
+  // The last stage's own wte copy takes its gradient here even in the input half (tie_grad_in_input_).
+  const nn::GradOut dwte = tie_grad_in_input_ ? wte_->grad_out() : grad(wte_);
   if (prec_ == Precision::bf16)  // lnf kept in bf16 (forward)
     nn::vocab_parallel_logits_backward(rows_, sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr,
-                                       dfull, dln, grad(wte_), dlogits, store.get_bf16(mb, "lnf16", (size_t)Nr * C),
+                                       dfull, dln, dwte, dlogits, store.get_bf16(mb, "lnf16", (size_t)Nr * C),
                                        wte_->weight(), N, C, Vl);
   else
-    nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, grad(wte_), dlogits,
+    nn::vocab_parallel_logits_backward(rows_, gathered, dfull, dln, dwte, dlogits,
                                        store.get(mb, "lnf", (size_t)Nr * C), wte_->weight(), N, C, Vl, prec_);
   std::memset(dres, 0, sizeof(float) * Nr * C);
   if (first_stage()) open(L + 1);
@@ -551,7 +554,9 @@ void Gpt::backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::
     const float* dlogits = store.get(mb, "logits", (size_t)N * Vl);
     const float* xL = store.get(mb, end_ > begin_ ? key(end_ - 1, "res3") : std::string("x0"), (size_t)Nr * C);
     if (!first_stage()) hk.before_backward(L + 1);
-    if (prec_ == Precision::bf16)  // lnf kept in bf16 (forward)
+    if (tie_grad_in_input_) {
+      // wte's gradient was taken by the input half
+    } else if (prec_ == Precision::bf16)  // lnf kept in bf16 (forward)
       nn::vocab_parallel_logits_backward(rows_,
                                          sp_ ? store.get_bf16(kScratchMb, "sp_gather16", (size_t)N * C) : nullptr,
                                          dfull, nullptr, wte_->grad_out(), dlogits,

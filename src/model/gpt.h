@@ -122,7 +122,8 @@ class Gpt {
   // after_forward: its parameters were used, its gradients are not final).
   // Together they give every parameter gradient the bits backward gives, when the weight halves of a step run
   // in the order of the micro-batches. Release mb only after backward_weight. An MoE block's experts and router
-  // take their gradients in backward_input (not split).
+  // take their gradients in backward_input (not split), and so does the last stage's own copy of the tied wte
+  // (tie_grad_in_input_).
   void backward_input(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr,
                       const float* dout = nullptr);
   void backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::ParamHooks* hooks = nullptr);
@@ -200,6 +201,11 @@ class Gpt {
   StageRange stage_;
   int64_t v0_ = 0, v1_ = 0;  // this rank's vocabulary rows of wte
   nn::Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
+  // The last stage holds its own copy of the tied wte (pp > 1, not a V placement): a split backward takes that
+  // copy's gradient (the logits' part) in its input half, so the tie sum can start once the last stage's last
+  // input half is over, not after its deferred weight halves. The copy's contributions still arrive one per
+  // micro-batch in ascending order, so the sum is the same bits as the whole backward's.
+  bool tie_grad_in_input_ = false;
   std::vector<LayerParams> layers_;
   MoeOptions moe_opt_;
   std::vector<std::unique_ptr<nn::MoeMlp>> moe_;

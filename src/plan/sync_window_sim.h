@@ -11,10 +11,11 @@
 //               rank has reached it, + update;
 //   tied_ends   the GPT's tied embedding at p > 1 without any global norm: the first and the last stage each hold
 //               a copy of wte whose gradients are summed (a collective of the two) before either updates, so U(t)
-//               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally. (This is
-//               the tie as the backward is split today: the last stage's wte gradient is in its W, the last
-//               computation of its step in zb-h1 / zb-h2 lists.)
-//   tied_wte_early  the same tie if the last stage computed wte's gradient with its input half (not built): U(t)
+//               on ranks 0 and p - 1 ends once both have reached it; the ranks between update locally. (This was
+//               the tie while the last stage took wte's gradient in its W, the last computation of its step in
+//               zb-h1 / zb-h2 lists.)
+//   tied_wte_early  the tie as trained without clipping (train/sync_window_steps.h: the last stage takes wte's
+//               gradient with its input half and sends it then): U(t)
 //               on rank 0 ends once rank p - 1's last input half (or whole backward) of step t has ended, on rank
 //               p - 1 once rank 0 has reached U(t); the ranks between update locally.
 // With C = 0 norm_chain and blocking give the same times: in either, U(t) waits for every rank's last computation

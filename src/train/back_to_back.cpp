@@ -6,13 +6,11 @@
 namespace mt::train {
 
 std::string back_to_back_note(const TrainConfig& cfg) {
-  if (cfg.pp <= 1 || cfg.schedule != "zb-h2") return "";
-  const std::string norm = cfg.grad_clip > 0 ? str("the global gradient norm (--grad-clip ", cfg.grad_clip, ") and ")
-                                             : std::string();
-  return str("zb-h2: the first stage's update waits for ", norm,
-             "the tied wte's gradient from the last stage, so a step costs at least (p-1)F + m(F+B+W) however the "
-             "steps are joined (the synchronized step's bound, which zb-h2 reaches for m >= 2p-1); the zero-bubble paper's "
-             "back-to-back m(F+B+W) needs updates that wait for no other stage (docs/parallelism.md, \"Back to back "
+  if (cfg.pp <= 1 || cfg.schedule != "zb-h2" || cfg.grad_clip <= 0) return "";
+  return str("zb-h2: the first stage's update waits for the global gradient norm (--grad-clip ", cfg.grad_clip,
+             "), so for the last stage's last W: a step costs at least (p-1)F + m(F+B+W) however the steps are "
+             "joined (the synchronized step's bound, which zb-h2 reaches for m >= 2p-1); with --grad-clip 0 the "
+             "steps run back to back at the zero-bubble paper's m(F+B+W) (docs/parallelism.md, \"Back to back "
              "and exact\")");
 }
 

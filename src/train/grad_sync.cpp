@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -137,12 +138,19 @@ void GradSync::step_presummed(int64_t s, const PresummedStep& pre, double items,
 // with the learning rate of step s as the optimizer's update number s m + i (AdamW's bias correction
 // t = s m + i + 1). The step's row gets the mean of the m losses (the global batch's mean loss) and the mean of
 // the m pre-clip norms, with the update of micro-batch m - 1.
-void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int m, const StepTail& tail,
-                           optim::Optimizer& opt, const PresummedStep* pre) {
-  if (pre) {
-    MT_ASSERT(i < 0, "a presummed update of one micro-batch");
-    return step_presummed(s, *pre, items, tail, opt);
+void GradSync::update_part(int64_t s, double loss_sum, double items, const UpdatePart& part, const StepTail& tail,
+                           optim::Optimizer& opt) {
+  if (part.outcome_later) {
+    MT_ASSERT(part.micro_batch < 0, "a window of steps updates once per step");
+    window_step(s, loss_sum, items, tail, opt);
+    if (part.window_end) settle_window(tail);
+    return;
   }
+  if (part.presummed) {
+    MT_ASSERT(part.micro_batch < 0, "a presummed update of one micro-batch");
+    return step_presummed(s, *part.presummed, items, tail, opt);
+  }
+  const int i = part.micro_batch, m = part.micro_batches;
   if (i < 0) return step(s, loss_sum, items, tail, opt);
   MT_ASSERT(i < m, "the update of micro-batch ", i, " of ", m);
   reduce(s);
@@ -164,6 +172,14 @@ void GradSync::update_part(int64_t s, double loss_sum, double items, int i, int 
   out.lr = lr;
   last_ = out;
   if (sink_) sink_(s, out);
+}
+
+void GradSync::tie_ready(int64_t) { throw Error("a window of steps run back to back needs the exact exchange"); }
+void GradSync::window_step(int64_t, double, double, const StepTail&, optim::Optimizer&) {
+  throw Error("a window of steps run back to back needs the exact exchange");
+}
+void GradSync::settle_window(const StepTail&) {
+  throw Error("a window of steps run back to back needs the exact exchange");
 }
 
 double GradSync::grad_norm() {
@@ -279,16 +295,7 @@ class ExactSync : public GradSync {
     else
       accumulate_only(s, loss_sum, items, tail);
     noise_valid_ = false;
-    if (probing_ && last) {
-      // One scalar over dp and the replica's other parts: sum over every small batch of |c|^2. The big batch
-      // is the optimizer step's k global batches.
-      double sum[1] = {probe_.local_sum()};
-      parallel::sum_across(mesh_.dp(), sum, 1);
-      if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
-      const int M = probe_.small_batches() * mesh_.grid().dp();
-      noise_valid_ = windows_ % (M / k) == 0;  // an even split of the windows (the small batches are equal)
-      if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, k * items / M, k * items});
-    }
+    if (last) measure_noise(probe_.local_sum(), items, k);
     if (grow_) {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
@@ -296,17 +303,107 @@ class ExactSync : public GradSync {
       grow_->observe(s, t_batch_, t_update_, b);
     }
   }
-  void annotate(nlohmann::json& row) const override {
-    if (grow_) grow_->annotate(row);
+  // After the optimizer step (last_ holds its norm): one scalar over dp and the replica's other parts, the sum
+  // over every small batch of |c|^2 (local: this rank's). The big batch is the optimizer step's k global batches.
+  void measure_noise(double local, double items, int k) {
+    noise_valid_ = false;
+    if (!probing_) return;
+    double sum[1] = {local};
+    parallel::sum_across(mesh_.dp(), sum, 1);
+    if (mesh_.replica()) parallel::sum_across(mesh_.replica(), sum, 1);
+    const int M = probe_.small_batches() * mesh_.grid().dp();
+    noise_valid_ = windows_ % (M / k) == 0;  // an even split of the windows (the small batches are equal)
+    if (noise_valid_) noise_.add({sum[0] * M, last_.norm * last_.norm, k * items / M, k * items});
+  }
+  void noise_fields(nlohmann::json& row) const {
     if (!probing_ || !noise_valid_ || !noise_.last().valid) return;
     row["noise_scale"] = noise_.b_simple();  // moving-average B_simple (noise_scale.h)
     row["noise_g2"] = noise_.last().g2;       // this step's |G|^2 and tr(Sigma) estimates
     row["noise_trace"] = noise_.last().trace;
   }
+  void annotate(nlohmann::json& row) const override {
+    if (grow_) grow_->annotate(row);
+    noise_fields(row);
+  }
   // The adaptive batch's k data steps: their summed mean gradients, divided by k (a power of 2: exact).
   void average_k() {
     if (k_now() > 1) engine_.scale_grads(1.0f / (float)k_now());
   }
+  // ---- A window of steps run back to back (train/sync_window_steps.h). ----
+  // The last stage: its copies' gradients are final (its last input half of step s has run); they leave now, a
+  // copy of them, so the stage's later work of the step does not wait for the first stage.
+  void tie_ready(int64_t s) override {
+    comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
+    if (tied_.empty() || !tie) return;
+    MT_ASSERT(tie->size() == 2 && tie->rank() == 1, "the tied copies' early send is the last stage's");
+    tie_send_req_.wait();  // the previous step's copy has left
+    pack_tied(tie_send_);
+    tie_send_req_ = tie->isend(tie_send_.data(), tie_send_.size(), comm::DType::f32, 0, kTieTag);
+    tie_sent_ = s;
+  }
+  // step() without what needs other stages first: the tie sum point to point (the first stage sends its copy and
+  // receives the last stage's, sent at tie_ready; the last stage receives the first's), each end adding a + b as
+  // the all-reduce does (the same bits either way round); the dp reduction; the norm's local part; the update at
+  // the schedule's rate. The loss, the norm and the noise probe's sums wait for settle_window.
+  void window_step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt) override {
+    MT_ASSERT(!grow_opts_.enabled && mesh_.replica(), "a window of steps without the adaptive batch, at pp > 1");
+    engine_.finish_backward();
+    comm::Communicator* tie = mesh_.group(parallel::MeshGroup::tie);
+    if (!tied_.empty() && tie) {
+      const double t0 = trace::ChromeTrace::now_us();
+      MT_ASSERT(tie->size() == 2, "a tie group of ", tie->size(), " ranks");
+      if (tie->rank() == 0) {
+        tie_send_req_.wait();
+        pack_tied(tie_send_);
+        tie_send_req_ = tie->isend(tie_send_.data(), tie_send_.size(), comm::DType::f32, 1, kTieTag);
+      } else {
+        MT_ASSERT(tie_sent_ == s, "the last stage reached the update of step ", s, " without sending its tied copies");
+      }
+      tie_recv_.resize(tie_send_.size());
+      tie->recv(tie_recv_.data(), tie_recv_.size(), comm::DType::f32, 1 - tie->rank(), kTieTag);
+      size_t k = 0;
+      for (nn::Param* x : tied_)
+        for (size_t e = 0; e < x->numel; e++, k++) x->grad[e] = x->grad[e] + tie_recv_[k];
+      if (tracer_->enabled())
+        tracer_->add(trace::Track::comm, "tied tensors (first + last stage, point to point)", "comm", t0,
+                     trace::ChromeTrace::now_us());
+    }
+    if (probing_) {  // as reduce() measures (noise_probe.h): the local gradient, tied copies after their sum
+      if (probe_.mode() == NoiseProbe::Mode::whole) probe_.add_whole();
+      probe_.add_tensors_summed();
+    }
+    engine_.reduce_all();
+    noise_valid_ = false;  // the loop's row of this step gets its noise fields with the outcome (settle_window)
+    auto [all, skip] = engine_.grad_sq(not_counted_);
+    Deferred d{s, loss_sum, items, all - skip, tail.lr(s), probing_ ? probe_.local_sum() : 0.0};
+    {
+      trace::TraceScope ts(tracer_, "optimizer step", "compute");
+      update(opt, d.lr, s);
+    }
+    deferred_.push_back(d);
+  }
+  // Step by step as step() reduces them: the loss over pp then dp, the norm's parts over the replica.
+  void settle_window(const StepTail& tail) override {
+    tie_send_req_.wait();
+    std::vector<Deferred> ds;
+    ds.swap(deferred_);
+    for (const Deferred& d : ds) {
+      StepOutcome out;
+      out.loss = global_loss(d.loss_sum) / d.items;
+      double sq[1] = {d.sq};
+      parallel::sum_across(mesh_.replica(), sq, 1);
+      out.norm = std::sqrt(std::max(0.0, sq[0]));
+      tail.check(d.s, out.loss, out.norm);
+      out.lr = d.lr;
+      last_ = out;
+      measure_noise(d.probe, d.items, 1);
+      out.fields = nlohmann::json::object();
+      noise_fields(out.fields);
+      if (sink_) sink_(d.s, out);
+    }
+  }
+  void end_run() override { tie_send_req_.wait(); }
+
   void reduce(int64_t) override {
     engine_.finish_backward();
     if (overlapped_ && tied_.empty()) return average_k();
@@ -337,6 +434,28 @@ class ExactSync : public GradSync {
   bool overlapped_;
   int windows_;
   std::vector<nn::Param*> tied_;  // copies summed over the tie group (the tied embedding on both ends)
+  // A window of steps: what settle_window reduces per step; the tied copies on their way.
+  struct Deferred {
+    int64_t s;
+    double loss_sum, items, sq;
+    float lr;
+    double probe;  // the noise probe's local sum (probing_)
+  };
+  std::vector<Deferred> deferred_;
+  static constexpr int kTieTag = 0x7e1;
+  std::vector<float> tie_send_, tie_recv_;
+  comm::Request tie_send_req_;
+  int64_t tie_sent_ = -1;
+  void pack_tied(std::vector<float>& buf) const {
+    size_t n = 0;
+    for (const nn::Param* x : tied_) n += x->numel;
+    buf.resize(n);
+    size_t k = 0;
+    for (const nn::Param* x : tied_) {
+      std::memcpy(buf.data() + k, x->grad, sizeof(float) * x->numel);
+      k += x->numel;
+    }
+  }
   NoiseProbe probe_;
   NoiseScale noise_;
   bool probing_ = false, noise_valid_ = false;

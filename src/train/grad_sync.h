@@ -63,6 +63,7 @@
 #include "train/adaptive_batch.h"
 #include "train/step_tail.h"
 #include "train/task.h"
+#include "train/update_part.h"
 
 namespace mt::train {
 
@@ -114,6 +115,8 @@ StoreGroups store_groups(const SyncOptions& o, const parallel::Mesh& mesh);
 struct StepOutcome {
   double loss = 0, norm = 0;
   float lr = 0;
+  // Method fields of the step's row known only with the outcome (a window's steps: train/sync_window_steps.h).
+  nlohmann::json fields;
 };
 // A step whose exchange ran apart from its update (train/split_exchange.h): the global batch's loss sum and the
 // pre-clip global norm of the reduced gradient the registry holds.
@@ -151,12 +154,24 @@ class GradSync {
   virtual void step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt);
   // The update the step executor asks for: step() for the step's one update; under schedules that update after
   // every micro-batch (pipedream, pipemare) micro_step(). The exact exchange only (other methods are refused).
-  // pre non-null: the step's reductions already ran (step_presummed).
-  void update_part(int64_t s, double loss_sum, double items, int micro_batch, int micro_batches,
-                   const StepTail& tail, optim::Optimizer& opt, const PresummedStep* pre = nullptr);
+  // part.presummed non-null: the step's reductions already ran (step_presummed).
+  // In a window of steps run back to back (part.outcome_later, train/sync_window_steps.h) window_step() instead,
+  // and part.window_end then settles the window's outcomes.
+  void update_part(int64_t s, double loss_sum, double items, const UpdatePart& part, const StepTail& tail,
+                   optim::Optimizer& opt);
   // The update of step s after a split exchange (train/split_exchange.h; the exact exchange at ZeRO 0): the
   // registry holds the reduced gradient, pre the global loss sum and norm. The tail and the update as step().
   void step_presummed(int64_t s, const PresummedStep& pre, double items, const StepTail& tail, optim::Optimizer& opt);
+  // Windows of steps run back to back (the exact exchange only; others throw mt::Error): window_step is step()
+  // with nothing that needs another pipeline stage before the update: the tied copies' sum arrives point to
+  // point (the last stage sends its copy at tie_ready(s), after its last input half of step s), the update takes
+  // the schedule's learning rate (no clipping: the caller ensures --grad-clip 0), and the loss and the norm's
+  // parts are kept; settle_window() reduces them step by step as step() would have (the same bits), runs the
+  // tail's checks (a non-finite step stops the run there, after the window's later updates) and gives each
+  // step's outcome to the sink. Collective over the world at settle_window only.
+  virtual void tie_ready(int64_t s);
+  virtual void window_step(int64_t s, double loss_sum, double items, const StepTail& tail, optim::Optimizer& opt);
+  virtual void settle_window(const StepTail& tail);
   void set_outcome_sink(OutcomeSink sink) { sink_ = std::move(sink); }
   // Before evaluation, a checkpoint or the end after step s: the parameters after step s are here.
   virtual void settle(int64_t s) { engine_.settle_versions(); }  // an update on its own thread ends here

@@ -24,6 +24,7 @@
 #include "train/back_to_back.h"
 #include "train/micro_window_steps.h"
 #include "train/no_flush_steps.h"
+#include "train/sync_window_steps.h"
 #include "train/weight_versions.h"
 
 namespace mt::train {
@@ -151,6 +152,17 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
     };
     executor = make_micro_window_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
   }
+  // 1f1b / zb-h1 / zb-h2 without clipping: steps back to back, each stage updating once its own gradient (and the
+  // tied copy) is in (train/sync_window_steps.h).
+  if (!mesh.server() && g.pp() > 1 && sync_window_applies(cfg, sync_options)) {
+    SyncWindowParts parts;
+    parts.share = [this](int64_t s) { return layout.share(mesh.coord().dp, s); };
+    parts.window_ends_after = [this](int64_t s) {
+      return cadence.eval_after(s) || cadence.save_after(s) || cadence.last_after(s);
+    };
+    parts.tie_ready = [this](int64_t s) { sync->tie_ready(s); };
+    executor = make_sync_window_steps(*task, pipeline, cfg.trace.empty() ? nullptr : &tracer, std::move(parts));
+  }
   task->set_trace(cfg.trace.empty() ? nullptr : &tracer);
   sync_options.overlapped = executor->calls_hooks();
   const StoreGroups store_on = store_groups(sync_options, mesh);
@@ -223,7 +235,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   log = std::make_unique<RunLog>(cfg, mesh.lead(), start, task->item_name());
   log->set_checkpointer(ckpt.get());  // a metrics row that cannot be written names the last checkpoint
   rows = std::make_unique<RowQueue>(*log, sum);
-  sync->set_outcome_sink([this](int64_t s, const StepOutcome& o) { rows->outcome(s, o.loss, o.norm, o.lr); });
+  sync->set_outcome_sink([this](int64_t s, const StepOutcome& o) {
+    if (o.fields.is_object() && !o.fields.empty()) rows->local(s, o.fields);  // before the outcome completes the row
+    rows->outcome(s, o.loss, o.norm, o.lr);
+  });
   evaluate = std::make_unique<Evaluator>(*task, mesh, cfg.eval_batches, store.get(), *log);
   cadence = Cadence::from(cfg, task->has_eval() && !mesh.server());  // a server holds no model to evaluate
   // Synchronous runs name the last good checkpoint (and point "latest" at it); parameter-server steps are
@@ -274,6 +289,17 @@ void Run::announce() {
     log->message(str("pipeline stages (blocks): ", pipeline::describe_split(task->stage_layers()),
                      cfg.stage_layers.empty() ? " (balanced by estimated cost)" : " (--stage-layers)"));
   if (const std::string note = back_to_back_note(cfg); !note.empty()) log->message(note);
+  if (g.pp() > 1 && !mesh.server()) {
+    const std::string name = layout.schedule().name;
+    std::string why;
+    if (sync_window_applies(cfg, SyncOptions::from(cfg), &why))
+      log->message(str(name, " back to back: each stage updates once its own gradient and the tied wte's other copy "
+                             "are in, with no barrier between steps (the loss and gradient norm of a row are "
+                             "reduced when its window ends: every evaluation, checkpoint and the last step)"));
+    else if (name == "1f1b" || name == "zb-h1" || name == "zb-h2")
+      log->message(str(name, ": every step ends with the update's reductions over all stages (not back to back: ",
+                       why, ")"));
+  }
   if (store->versions() && !delay_one(cfg)) {
     log->message(str("per-micro-batch updates (changes the math): --schedule ", layout.schedule().name,
                      " updates each stage after every micro-batch's backward; ",

@@ -14,6 +14,7 @@
 #include "trace/chrome_trace.h"
 #include "train/layout.h"
 #include "train/task.h"
+#include "train/update_part.h"
 
 namespace mt::train {
 
@@ -22,15 +23,6 @@ struct PresummedStep;  // train/grad_sync.h
 // The update of a step, the same part whatever the executor: called once this rank's forward and backward
 // work of the step is done (after the last micro-batch, or at the schedule's optimizer_step action) with the
 // loss sum this rank computed (under a pipeline, only the last stage's rank has one).
-// part: which gradient the registry holds (the whole step's, or one micro-batch's under schedules that update
-// after every micro-batch: pipedream, pipemare).
-struct UpdatePart {
-  int micro_batch = -1;    // -1: the step's one update; i >= 0: the update after micro-batch i alone
-  int micro_batches = 1;   // m of the step
-  // Non-null: the step's exchange already ran (train/split_exchange.h): the registry holds the reduced gradient,
-  // and this gives the global loss sum and pre-clip norm.
-  const PresummedStep* presummed = nullptr;
-};
 using StepUpdate = std::function<void(double loss_sum, UpdatePart part)>;
 
 class StepExecutor {

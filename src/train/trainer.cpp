@@ -20,6 +20,7 @@
 #include "train/model_registry.h"
 #include "train/micro_window_steps.h"
 #include "train/no_flush_steps.h"
+#include "train/sync_window_steps.h"
 #include "train/preflight.h"
 #include "train/run.h"
 #include "train/summary.h"
@@ -47,7 +48,7 @@ void run_steps(Run& r) {
     sync.begin_step(s);
     r.executor->run(s, r.layout.share(r.mesh.coord().dp, s), hooks, [&](double loss_sum, UpdatePart part) {
       r.straggler.pause(r.mesh.world_rank());
-      sync.update_part(s, loss_sum, items, part.micro_batch, part.micro_batches, r.tail, *r.opt, part.presummed);
+      sync.update_part(s, loss_sum, items, part, r.tail, *r.opt);
     });
     nlohmann::json row = {{"step", s}};
     meter.finish(s, row);
@@ -97,6 +98,9 @@ TrainSummary finish_run(Run& r) {
         r.layout.schedule(), r.sum.steps_run, pl["stage_forward_ms"].get<std::vector<double>>(),
         pl["stage_backward_ms"].get<std::vector<double>>(), pl["message_latency_ms"].get<double>());
   }
+  // 1f1b / zb-h1 / zb-h2 without clipping (train/sync_window_steps.h): no barrier between steps.
+  if (sections["pipeline"].is_object())
+    sections["pipeline"]["back_to_back"] = sync_window_applies(r.cfg, SyncOptions::from(r.cfg));
   if (micro_updates(r.cfg)) {  // the most weight versions each pipeline rank held (train/weight_stash.h)
     const std::vector<int> peaks = gather_stash_peaks(r.mesh, r.store->versions());
     if (sections["pipeline"].is_object()) sections["pipeline"]["stash_versions"] = peaks;

@@ -72,7 +72,7 @@ TEST(SyncWindowCli, ZbH2BackToBackPerRule) {
   for (size_t at = r.out.find(" 27 (0.8182x)\n"); at != std::string::npos; at = r.out.find(" 27 (0.8182x)\n", at + 1)) n++;
   EXPECT_EQ(n, 3) << r.out;  // norm chain, blocking, tied embedding
   EXPECT_TRUE(contains(r.out, "(p-1)(F+C) + m(F+B) = 27 (0.8182x)")) << r.out;
-  EXPECT_TRUE(contains(r.out, "with the last stage's I (not built)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "in the last stage's I (as trained)")) << r.out;
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // model cut in three pipeline stages with three micro-batches, the weight halves run late and interleaved with
 // the input halves (I0 I1 W0 I2 W1 W2) as a schedule runs them. Cases: float32, bf16 products, recomputation, an
 // MoE block, and tensor parallelism 2 (ranks as threads) with and without sequence parallelism. The hooks show
-// that a group's gradients are announced final (after_backward) only by the weight half.
+// that a group's gradients are announced final (after_backward) only by the weight half, and that the last
+// stage's own copy of the tied wte holds its final gradient once its input halves have run.
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -46,6 +47,8 @@ struct Outcome {
   std::vector<std::vector<float>> grads;    // per stage, the registry's gradient buffer
   std::vector<std::vector<float>> dinputs;  // per (stage > 0, micro-batch): the input's gradient
   int finals_in_inputs = 0, finals_total = 0;  // after_backward calls while only input halves ran; in all
+  // The last stage's copy of the tied wte: its gradient once the stage's last input half has run (before W1, W2).
+  std::vector<float> wte_after_inputs;
 };
 
 // One tp rank of the three-stage model over three micro-batches; split: I0 I1 W0 I2 W1 W2 per stage.
@@ -119,6 +122,10 @@ Outcome run(const Case& k, bool split, mt::nn::TensorParallelOps* tp) {
     out.finals_in_inputs += hooks.total() - before;
     weight_half(0);
     input_half(2);
+    if (s + 1 == stages.size()) {
+      const mt::nn::Param& w = regs[s]->get("wte.weight");
+      out.wte_after_inputs.assign(w.grad, w.grad + w.numel);
+    }
     weight_half(1);
     weight_half(2);
     for (int i = 0; i < m; i++) dout[i] = out.dinputs[s * m + i];
@@ -137,6 +144,12 @@ void expect_same_bits(const Outcome& a, const Outcome& b, const std::string& wha
   }
   for (size_t k = 0; k < a.dinputs.size(); k++)
     EXPECT_TRUE(a.dinputs[k] == b.dinputs[k]) << what << ": input gradient " << k << " differs";
+  // The last stage's wte copy is final after its input halves (the tie sum need not wait for its weight halves).
+  ASSERT_FALSE(a.wte_after_inputs.empty());
+  ASSERT_EQ(a.wte_after_inputs.size(), b.wte_after_inputs.size());
+  EXPECT_EQ(0, std::memcmp(a.wte_after_inputs.data(), b.wte_after_inputs.data(),
+                           sizeof(float) * a.wte_after_inputs.size()))
+      << what << ": the last stage's wte gradient is not final after its input halves";
 }
 
 void check_case(const Case& k) {

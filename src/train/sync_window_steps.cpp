@@ -1,0 +1,140 @@
+#include "train/sync_window_steps.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "parallel/pipeline/no_flush.h"
+#include "parallel/pipeline/sync_window.h"
+#include "train/grad_sync.h"
+#include "train/no_flush_steps.h"
+#include "train/train_config.h"
+
+namespace mt::train {
+
+bool sync_window_applies(const TrainConfig& cfg, const SyncOptions& o, std::string* reason) {
+  auto no = [&](const std::string& why) {
+    if (reason) *reason = why;
+    return false;
+  };
+  const std::string name = cfg.schedule.empty() ? pipeline::kDefaultSchedule : cfg.schedule;
+  if (cfg.pp <= 1 || (name != "1f1b" && name != "zb-h1" && name != "zb-h2"))
+    return no("not --schedule 1f1b, zb-h1 or zb-h2 at --pp > 1");
+  if (cfg.virtual_stages > 1) return no("--virtual-stages > 1");
+  if (cfg.grad_clip > 0)
+    return no(str("--grad-clip ", cfg.grad_clip, ": the clip factor needs the global gradient norm before any "
+                  "stage updates"));
+  if (o.method != SyncMethod::exact || o.grow.enabled)
+    return no("an exchange other than the exact one (or --adaptive-batch)");
+  if (cfg.zero > 1) return no("--zero 2/3 (the store reduces buckets through the executor's hooks)");
+  if (cfg.gpt.moe_every > 0) return no("a mixture-of-experts model (its routing statistics are per step)");
+  if (cfg.model != ModelKind::gpt) return no("a model other than gpt");
+  if (cfg.optimizer != OptimizerKind::adamw && cfg.optimizer != OptimizerKind::sgd)
+    return no("an optimizer other than adamw or sgd");
+  if (cfg.delayed_update || cfg.overlap_update) return no("--delayed-update");
+  if (cfg.offload.optimizer || cfg.offload.params || cfg.offload.grads || cfg.offload.activations)
+    return no("offloaded state");
+  return true;
+}
+
+namespace {
+
+class SyncWindowSteps : public StepExecutor, private pipeline::StageRunner {
+ public:
+  SyncWindowSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace, SyncWindowParts parts)
+      : task_(task), pp_(pp), trace_(trace), parts_(std::move(parts)), m_(pp.spec.micro_batches),
+        last_stage_(pp.group->rank() == pp.spec.stages - 1) {
+    MT_ASSERT(pp_.spec.virtual_stages == 1 && parts_.share && parts_.window_ends_after && parts_.tie_ready,
+              "the back-to-back executor needs one chunk per rank and all its parts");
+  }
+
+  void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
+    MT_ASSERT(share.micro_count() == m_, "a share of ", share.micro_count(), " micro-batches for a schedule of ", m_);
+    cur_ = s;
+    task_.begin_step(s);
+    runner_ = task_.stage_runner(s, share, nullptr);  // (before open: the executor asks it the activation size)
+    if (!ex_.in_window()) open(s);
+    MT_ASSERT(s >= first_ && s <= last_, "step ", s, " outside the window of steps ", first_, "..", last_);
+    const int t = (int)(s - first_);
+    int updates = 0;
+    ex_.run_to(cut_[(size_t)t] + 1, [&] {
+      updates++;
+      UpdatePart part;
+      part.outcome_later = true;
+      part.window_end = s == last_;
+      update(runner_->loss, part);
+    });
+    MT_ASSERT(updates == 1, "step ", s, " ran ", updates, " updates");
+    if (s == last_) ex_.finish(&stats_);
+  }
+  bool calls_hooks() const override { return false; }
+  pipeline::PipelineStats* stats() override { return &stats_; }
+
+ private:
+  // The window from step s to the next step after which the loop needs the settled state.
+  void open(int64_t s) {
+    // At most kMaxWindowSteps, and few enough that the window's K m p (micro-batch, stage) pairs stay within what
+    // a schedule may hold (1,000,000: schedule.cpp's limit, which the one-step list met at config time).
+    const int64_t most = std::clamp<int64_t>(1'000'000 / ((int64_t)pp_.spec.stages * m_), 1, kMaxWindowSteps);
+    first_ = last_ = s;
+    while (!parts_.window_ends_after(last_) && last_ - first_ + 1 < most) last_++;
+    const int K = (int)(last_ - first_ + 1);
+    spec_ = pipeline::window_spec(pp_.spec, K);
+    window_ = pipeline::sync_window_schedule(pp_.spec, K);
+    cut_.assign((size_t)K, 0);
+    const std::vector<pipeline::Action>& list = window_[pp_.group->rank()];
+    for (size_t k = 0; k < list.size(); k++)
+      if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
+    ex_.begin(spec_, window_, *pp_.group, *this, trace_);
+  }
+
+  // Micro-batch i of the window is micro-batch i mod m of step first_ + i / m, which is the step being run: in a
+  // sync window a rank's computations of a step all lie between its updates of the step before and of the step.
+  int local(int i) const {
+    MT_ASSERT(first_ + i / m_ == cur_, "micro-batch ", i, " of step ", first_ + i / m_, " while running step ", cur_);
+    return i % m_;
+  }
+  // The last stage's tied copy is final after its last backward (its input half under zb-h1 / zb-h2).
+  void after_input_half(int i) {
+    if (last_stage_ && i == m_ - 1) parts_.tie_ready(cur_);
+  }
+  size_t activation_count() const override { return runner_->activation_count(); }
+  const float* forward(int c, int i, const float* input) override { return runner_->forward(c, local(i), input); }
+  const float* backward(int c, int i, const float* dout) override {
+    const int k = local(i);
+    const float* d = runner_->backward(c, k, dout);
+    after_input_half(k);
+    return d;
+  }
+  const float* backward_input(int c, int i, const float* dout) override {
+    const int k = local(i);
+    const float* d = runner_->backward_input(c, k, dout);
+    after_input_half(k);
+    return d;
+  }
+  void backward_weight(int c, int i) override { runner_->backward_weight(c, local(i)); }
+
+  TrainTask& task_;
+  PipelineContext pp_;
+  trace::ChromeTrace* trace_;
+  SyncWindowParts parts_;
+  const int m_;
+  const bool last_stage_;
+  pipeline::PipelineExecutor ex_;
+  pipeline::PipelineStats stats_;
+  pipeline::ScheduleSpec spec_;
+  pipeline::Schedule window_;
+  std::vector<size_t> cut_;  // [t]: index of U(t) in this rank's list
+  std::unique_ptr<TaskStageRunner> runner_;
+  int64_t first_ = 0, last_ = -1, cur_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_sync_window_steps(TrainTask& task, const PipelineContext& pp,
+                                                     trace::ChromeTrace* trace, SyncWindowParts parts) {
+  return std::make_unique<SyncWindowSteps>(task, pp, trace, std::move(parts));
+}
+
+}  // namespace mt::train
