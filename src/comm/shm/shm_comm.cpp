@@ -28,15 +28,20 @@ size_t slot_bytes_from_env() {
   return kDefaultSlotBytes;
 }
 
+size_t chan_bytes_from_env() {
+  if (auto kb = env_int("MESHTRAIN_SHM_CHAN_KB", 4, 65536)) return static_cast<size_t>(*kb) * 1024;
+  return kChannelBytes;
+}
+
 uint64_t init_region(Job& job, int n, int group_id) {
-  size_t slot = slot_bytes_from_env();
-  uint64_t off = job.allocate(Layout::bytes_for(n, slot, kChannelBytes));
+  size_t slot = slot_bytes_from_env(), chan = chan_bytes_from_env();
+  uint64_t off = job.allocate(Layout::bytes_for(n, slot, chan));
   auto* h = static_cast<RegionHeader*>(job.at(off));
   h->magic = kRegionMagic;
   h->size = n;
   h->group_id = group_id;
   h->slot_bytes = slot;
-  h->chan_bytes = kChannelBytes;
+  h->chan_bytes = chan;
   return off;
 }
 

@@ -81,9 +81,12 @@ size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHE
 // default: on this work's loaded KVM host (load 8-24 on 2 cores) it won one A/B at 1-8 MB (3 pairs) and lost the
 // next two (3 and 4 pairs): process_vm_readv calls then cost a floor of ~600 us at 32 KB-2 MB, cause not found.
 constexpr size_t kDefaultSlotBytes = 512 * 1024;  // MESHTRAIN_SHM_SLOT_KB overrides (tuning)
-// One directed point-to-point channel: a pipeline activation of up to 1 MB crosses in one write (measured:
-// 256 KB channels made a 1 MB message take ~0.8 ms from send to the waiting receiver, 1-2 MB ~0.3-0.5 ms).
-constexpr size_t kChannelBytes = 1024 * 1024;
+// One directed point-to-point channel. A message crosses in one write only if its 16-byte header and payload fit
+// the ring whole: then the send ends in the sender's own call and the receiver's own call reads it, with no
+// progress thread on either side (p2p.h). 2 MB + 4 KB holds two 1 MB pipeline activations with their headers;
+// a 1 MB ring (the earlier size) missed a 1 MB activation by its header, so every such message woke the
+// progress threads of both ranks. MESHTRAIN_SHM_CHAN_KB overrides (tuning, A/B in one build).
+constexpr size_t kChannelBytes = 2 * 1024 * 1024 + 4096;
 
 class ShmCommunicator : public Communicator {
  public:
