@@ -75,6 +75,8 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
   cma_min_ = cma_gather_min_bytes();
   cma_spin_ = SpinPolicy{0, spin_.spin_us + spin_.yield_us};
+  // MESHTRAIN_SHM_CMA_SPIN="spin_us,yield_us" overrides the single-copy waits' policy (A/B experiments only).
+  if (auto v = env_int_pair("MESHTRAIN_SHM_CMA_SPIN")) cma_spin_ = SpinPolicy{v->first, v->second, false};
   const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));
   cma_mid_ = std::min(cma_min_, size_t(slow_kb) * 1024);
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
