@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -84,11 +85,8 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
   // MESHTRAIN_SHM_BIND=1 (opt-in, see bind.h): the first communicator of a process binds it once, by world rank.
-  static bool bound_once = false;
-  if (!bound_once && size() == job->nranks()) {
-    bound_once = true;
-    bind_rank_if_asked(world_ranks_[rank], job->nranks());
-  }
+  static std::atomic<bool> bound_once{false};
+  if (size() == job->nranks() && !bound_once.exchange(true)) bind_rank_if_asked(world_ranks_[rank], job->nranks());
   p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until,
                                                       const std::function<bool()>& arrived) {
     poll_failure(peer, what, until, timeout(), arrived);
