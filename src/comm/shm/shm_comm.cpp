@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <optional>
 
 #include "comm/copy.h"
+#include "comm/shm/bind.h"
 #include "comm/deadline.h"
 #include "comm/reduce.h"
 #include "core/env.h"
@@ -80,11 +82,16 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
   cma_min_ = cma_gather_min_bytes();
   cma_spin_ = SpinPolicy{0, spin_.spin_us + spin_.yield_us};
+  // MESHTRAIN_SHM_CMA_SPIN="spin_us,yield_us" overrides the single-copy waits' policy (A/B experiments only).
+  if (auto v = env_int_pair("MESHTRAIN_SHM_CMA_SPIN")) cma_spin_ = SpinPolicy{v->first, v->second, false};
   const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));
   cma_mid_ = std::min(cma_min_, size_t(slow_kb) * 1024);
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
+  // MESHTRAIN_SHM_BIND=1 (opt-in, see bind.h): the first communicator of a process binds it once, by world rank.
+  static std::atomic<bool> bound_once{false};
+  if (size() == job->nranks() && !bound_once.exchange(true)) bind_rank_if_asked(world_ranks_[rank], job->nranks());
   p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until,
                                                       const std::function<bool()>& arrived) {
     poll_failure(peer, what, until, timeout(), arrived);
