@@ -17,7 +17,8 @@ GPT of test_offload.py at nproc 1 with ZeRO 3 (one rank: its shards are the whol
      the largest group (a block: 12 C^2 + 13 C floats), the update's 4 tiles (parameters and gradients, two
      each, of the 1 MiB tile), and the norm's one buffer of the bucket (every parameter); a --memory-limit half
      way between the plan without those buffers and with them is refused, one 8 MiB above the plan trains.
-     (Mutation: ParamsInFile's term left out fails both.)
+     (Mutation: ParamsInFile's term left out fails both.) With grads alone, io_buffers at ZeRO 0 (2 slots, the
+     bucket's buffer, 2 gradient tiles) and at ZeRO 2 (the norm's 2 read-ahead buffers of a block, 2 gradient tiles) too.
 The figures the refusal compares come from a first run's --summary (the process's size before the first step
 moves by well under a MiB between runs of one binary with the same flags; the margin either side is 4 MiB or
 more).
@@ -128,6 +129,23 @@ def zero0(e: Env) -> None:
           f"{buffers / 2 / MiB:.1f} MiB below it with them, is refused (exit {r.returncode}: {r.stderr.strip()[-400:]})")
     r = e.run(flags + extra + ["--memory-limit", int(base + buffers + 8 * MiB)], steps=2)
     check(r.returncode == 0, f"a limit of the plan + 8 MiB trains (exit {r.returncode})")
+    check(os.listdir(e.odir) == [], "nothing left in --offload-dir")
+    # grads alone: ZeRO 0 (2 slots, the bucket's buffer, the update's 2 gradient tiles) and ZeRO 2 (the norm's
+    # two read-ahead buffers of the largest bucket shard and the 2 gradient tiles; ZeRO 2's buckets never span
+    # two groups, so at nproc 1 the largest is a block, at a multiple of 16 floats: 40960 + k block).
+    for zero, floats in ((0, 2 * block + n + 2 * (tile // 4)), (2, 2 * block + 2 * (tile // 4))):
+        s = os.path.join(e.wd, f"grads{zero}.summary.json")
+        g = ["--nproc", 1, "--zero", zero, "--bucket-mb", 64, "--n-embd", C]
+        r = e.run(g + ["--offload", "grads", "--offload-dir", e.odir, "--summary", s, "--memory-limit", "4G"], steps=2)
+        check(r.returncode == 0, f"grads at ZeRO {zero}: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+        if r.returncode != 0:
+            continue
+        j = json.load(open(s))
+        (f,) = j["offload"]["shards"]
+        staging = (8 if f["engine"] == "io_uring" else 1) * min(tile, MiB) + 2 * 4096 if f["direct_io"] else 0
+        want = staging + 4 * floats
+        check(j["memory_plan"]["io_buffers"] == want,
+              f"grads at ZeRO {zero}: io_buffers {j['memory_plan']['io_buffers']} = staging {staging} + {4 * floats} = {want}")
     check(os.listdir(e.odir) == [], "nothing left in --offload-dir")
 
 
