@@ -223,10 +223,13 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
   ckpt = std::make_unique<Checkpointer>(cfg, *state, mesh, task->metadata(), items_per_step);
   // The budget, before any optimizer state exists (allocated by resume's load or the first update) and before
   // the first step's activations.
+  // The tile the update streams (the tier's: the swapper's is never larger than the state it holds).
+  const optim::StateTier* tier = opt->state().tier();
+  const size_t tile_bytes = tier ? tier->tile_elems() * sizeof(float) : (size_t)cfg.offload.tile_bytes;
   plan = MemoryPlan{(double)current_rss_bytes(),   (double)store->param_bytes(),
                         (double)store->grad_bytes(),   (double)opt->state().bytes(),
                         (double)opt->state().offloaded_bytes(), (double)task->activation_bytes(),
-                        (double)(offload.staging_bytes() + store->offload_buffer_bytes(cfg.offload.tile_bytes)),
+                        (double)(offload.staging_bytes() + store->offload_buffer_bytes(tile_bytes)),
                         (double)offload.staging_held()};
   check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   sync->attach_optimizer(*opt);

@@ -13,8 +13,9 @@ T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets
      resident gradient; the summary's offload section lists the files; nothing is left in --offload-dir.
   4. Refused with both flags named: --offload grads with --delayed-update (two resident versions).
   5. The budget at ZeRO 0 (nproc 1, L=8, C=384: 54.6 MiB of float32 parameters): the --memory-limit plan (read
-     from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 30 MiB
-     below optimizer alone's; with the limit 1 MiB below optimizer alone's plan, that run is refused at start
+     from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 10 MiB
+     below optimizer alone's (the 54.6 MiB of parameters less the parameter file's staging, its 3 group slots of
+     a block's 6.8 MiB and its 4 update tiles, all in the plan); with the limit 1 MiB below optimizer alone's plan, that run is refused at start
      and the optimizer,params run trains with its measured peak RSS under the limit.
 """
 from __future__ import annotations
@@ -185,7 +186,7 @@ def budget(e: Env) -> None:
     if len(plans) != 2:
         return
     (p_opt, t_opt), (p_par, t_par) = plans["optimizer"], plans["optimizer,params"]
-    check(p_opt > 50 and p_par == 0 and t_opt - t_par >= 30,
+    check(p_opt > 50 and p_par == 0 and t_opt - t_par >= 10,
           f"budget: plan {t_opt} MiB (parameters {p_opt} resident) -> {t_par} MiB with params offloaded (parameters {p_par})")
     limit = f"{int(t_opt - 1)}M"
     r = e.run(wide + ["--offload", "optimizer", "--offload-dir", e.odir, "--memory-limit", limit], 2, expect_ok=False)

@@ -148,6 +148,12 @@ void FullParamFile::bind(int g, float* base) {
     if (p.group == g) p.data = base ? base + (p.offset - gr.begin) : nullptr;
 }
 
+size_t FullParamFile::slot_bytes() const {
+  size_t nonempty = 0;
+  for (const Group& gr : groups_) nonempty += gr.count > 0;
+  return std::max<size_t>(1, std::min<size_t>(3, nonempty)) * std::max<size_t>(slot_, 1) * sizeof(float);
+}
+
 AlignedBuffer FullParamFile::take() {
   if (free_.empty()) return AlignedBuffer(std::max<size_t>(slot_, 1));
   AlignedBuffer b = std::move(free_.back());

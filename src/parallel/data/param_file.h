@@ -92,6 +92,10 @@ class FullParamFile {
   void all_gather_buckets();
 
   offload::ShardFile& file() { return *f_; }
+  // The slots' bytes once all are allocated: 3 of the largest group's size (fewer when fewer groups hold
+  // parameters; at least the one initialization takes). 3 is reached by GPT (its embeddings bound through the
+  // forward beside the layer in use and the next one read ahead); a model that keeps no group open needs 2.
+  size_t slot_bytes() const;
 
  private:
   struct Group {

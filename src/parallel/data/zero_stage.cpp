@@ -230,6 +230,11 @@ class Stage2 : public ZeroStage {
     if (gf_) return {gf_.get()};
     return {};
   }
+  // --offload grads: the norm's read-ahead (two buffers of the largest held bucket, placed as in gshard_) and
+  // GradTiles' two tiles of T = tile_bytes / 4 floats.
+  size_t offload_buffer_bytes(size_t tile_bytes) const override {
+    return gf_ ? read_ahead_bytes() + 2 * (tile_bytes / sizeof(float)) * sizeof(float) : 0;
+  }
 
  protected:
   // Adds bucket b's reduced shard g[0, n) to what this rank keeps of it.
@@ -302,6 +307,13 @@ class Stage2 : public ZeroStage {
       gf_->wait(t[i % 2]);
       fn(*bs[i], slice(i));
     }
+  }
+  // grad_buckets_read_ahead's two buffers (0 without a gradient file).
+  size_t read_ahead_bytes() const {
+    if (!gf_) return 0;
+    size_t cap = 0;
+    for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
+    return 2 * cap * sizeof(float);
   }
   // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
   void settle_grads() {
@@ -489,10 +501,9 @@ class Stage3 : public Stage2 {
   size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offload_buffer_bytes(size_t tile_bytes) const override {
     if (!pf_ && !gf_) return 0;
-    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
-    // the tile, or the shard's bytes rounded up to 4096 when smaller).
-    const size_t need = (shard_total_ * sizeof(float) + offload::kAlign - 1) / offload::kAlign * offload::kAlign;
-    const size_t T = std::min(tile_bytes, need) / sizeof(float);
+    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (tile_bytes / 4: run.cpp
+    // passes the tier's own).
+    const size_t T = tile_bytes / sizeof(float);
     size_t bytes = 2 * T * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
     if (gf_) {  // grad_buckets_read_ahead's two buffers
       size_t cap = 0;
@@ -880,6 +891,29 @@ class GradsInFile : public Base, public GradFileSource {
     v.push_back(gf_.get());
     return v;
   }
+  // The buffers besides the update's tiles: the slots (kept once allocated), each bucket's reduction buffer
+  // (pooled: with dp > 1 every bucket's may be in flight at the last micro-batch), each_owned's one buffer.
+  size_t grad_file_buffer_bytes() const {
+    size_t nonempty = 0, pinned = 0, pooled = 0, owned = 0;
+    for (size_t g = 0; g < groups_.size(); g++) {
+      nonempty += groups_[g].count > 0;
+      pinned += groups_[g].count > 0 && pinned_[g];
+    }
+    // Bound at once: the group in use, one kept open through the backward (GPT's embeddings, bound first and
+    // given back last), and every pinned group.
+    const size_t slots = std::min(nonempty, 2 + pinned);
+    for (const Bucket* b : this->b_.buckets) {
+      if (!b->alone()) pooled += b->count;
+      const bool part = this->sharded() && !b->alone();
+      const size_t begin = part ? b->begin + b->so : b->begin, n = part ? b->sc : b->count;
+      if (n > 0) owned = std::max(owned, begin % 16 + n);
+    }
+    return (slots * std::max<size_t>(slot_, 1) + pooled + owned) * sizeof(float);
+  }
+  // Those and StreamedTiles' two gradient tiles of T = tile_bytes / 4 floats.
+  size_t offload_buffer_bytes(size_t tile_bytes) const override {
+    return grad_file_buffer_bytes() + 2 * (tile_bytes / sizeof(float)) * sizeof(float);
+  }
 
  private:
   // Writes the still-bound pinned groups overlapping flat range [lo, lo + n) to the file and unbinds them.
@@ -995,6 +1029,24 @@ class ParamsInFile final : public Base {
     return this->b_.params.mirrored() ? this->b_.params.size() * sizeof(uint16_t) : 0;
   }
   size_t offloaded_param_bytes() const override { return this->b_.params.size() * sizeof(float); }
+  // The parameter slots (param_file.h), StreamedTiles' four tiles (parameters and gradients, two each, of
+  // T = tile_bytes / 4 floats), the gradient file's own buffers when grads are offloaded too (GradsInFile's
+  // slots and buckets; ZeRO 2's read-ahead), and at ZeRO 1 without a gradient file the all-gather's pooled
+  // buffers (one per distinct bucket size; at ZeRO 2 the stage's own pooled bucket buffers serve it).
+  size_t offload_buffer_bytes(size_t tile_bytes) const override {
+    size_t bytes = pf_->slot_bytes() + 4 * (tile_bytes / sizeof(float)) * sizeof(float);
+    if constexpr (requires { this->grad_file_buffer_bytes(); }) {
+      bytes += this->grad_file_buffer_bytes();
+    } else if constexpr (std::is_base_of_v<Stage2, Base>) {
+      bytes += this->read_ahead_bytes();
+    } else if (this->sharded()) {
+      std::vector<size_t> sizes;
+      for (const Bucket* b : this->b_.buckets)
+        if (!b->alone() && std::find(sizes.begin(), sizes.end(), b->count) == sizes.end()) sizes.push_back(b->count);
+      for (size_t n : sizes) bytes += n * sizeof(float);
+    }
+    return bytes;
+  }
   std::vector<offload::ShardFile*> shard_files() override {
     std::vector<offload::ShardFile*> v{&pf_->file()};
     for (offload::ShardFile* f : Base::shard_files()) v.push_back(f);
