@@ -2,8 +2,8 @@
 """Replays a pipeline run's own steps: each timed step's action lists (from `meshtrain simulate --actions`, the
 generator the run used) with every computation taking the duration the run's --trace recorded for it, and every
 message the run's mean latency (the simulator's rendezvous rule: it arrives that long after both its send and
-its receive's post). The bubble of that replay, beside the run's measured one and the simulated one (each stage
-at its mean time), separates what the schedule and the cost means explain from what the variation of the
+its receive's post). The bubble of that replay, beside the run's measured one and the simulated one (each rank's
+chunk at its mean time), separates what the schedule and the cost means explain from what the variation of the
 individual durations adds (on a loaded machine a rank is descheduled at random: the same forward takes 35 to 350
 ms). Analysis only; the simulator proper is plan::simulate.
 
@@ -170,13 +170,20 @@ def main():
             total_busy += busy
         replayed_overheads = 1 - total_busy / (p * total_ms)
         overhead_ms = over / (steps - 1) / p  # per rank and step
-    # Self-check: the same replay with each stage's mean times gives the run's simulated bubble (plan::simulate).
-    fw, bw, ww = spec["stage_forward_ms"], spec["stage_backward_ms"], spec.get("stage_weight_ms") or []
+    # Self-check: the same replay with each (rank, chunk)'s mean times (index rank * V + chunk; older summaries:
+    # each stage's mean over the ranks holding it) gives the run's simulated bubble (plan::simulate).
+    V = spec["virtual_stages"]
+    if spec.get("rank_chunk_forward_ms"):
+        fw, bw = spec["rank_chunk_forward_ms"], spec["rank_chunk_backward_ms"]
+        ww = spec.get("rank_chunk_weight_ms") or []
+        key = lambda j, c: j * V + c
+    else:
+        fw, bw, ww = spec["stage_forward_ms"], spec["stage_backward_ms"], spec.get("stage_weight_ms") or []
+        key = lambda j, c: stage_of(spec["schedule"], p, j, c)
     mean = {"forward": lambda s: fw[s], "backward": lambda s: bw[s],
-            "backward_input": lambda s: bw[s] - (ww[s] if ww else bw[s] / 2),
-            "backward_weight": lambda s: ww[s] if ww else bw[s] / 2}
-    means = [[mean[a[0]](stage_of(spec["schedule"], p, j, a[2])) for a in lists[j] if a[0] in COMPUTE]
-             for j in range(p)]
+            "backward_input": lambda s: bw[s] - (min(ww[s], bw[s]) if ww else bw[s] / 2),
+            "backward_weight": lambda s: min(ww[s], bw[s]) if ww else bw[s] / 2}
+    means = [[mean[a[0]](key(j, a[2])) for a in lists[j] if a[0] in COMPUTE] for j in range(p)]
     ms, busy = replay(lists, means, spec["schedule"], p, spec.get("message_latency_ms", 0.0))
     check = 1 - busy / (p * ms)
     # This replay charges sends and posts nothing: it matches plan::simulate with them free (the summary's

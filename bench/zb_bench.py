@@ -6,8 +6,9 @@ tokens/s beside 1F1B's, measured and simulated bubble, the activation peak and t
 Shape as bench/pp_bench.py: L=8, H=8, C=256, V=2048, T=128, a global batch of 16 sequences, M micro-batches,
 1 thread per rank on the 2 cores of this machine. The schedules run in turn, `--rounds` times, so a busy
 spell of the shared machine falls on all of them; the table gives each schedule's median tokens/s and its ratio
-to 1F1B's median. The simulated bubble replays the schedule with the run's measured stage times: forward, and for
-a split backward its input and weight halves each as measured (`stage_weight_ms`), with the measured message
+to 1F1B's median. The simulated bubble replays the schedule with what each rank measured for each of its chunks
+(`rank_chunk_*_ms`; "sim stage" is the same with one mean per stage for both of chimera's holders, the earlier
+figure): forward, and for a split backward its input and weight halves each as measured, with the measured message
 latency and each send and receive post taking its rank the measured mean time of one (`message_send_ms`,
 `message_post_ms`; "sim free s/p" is the same with sends and posts free, the figure before they were
 measured); beside it the simulation that splits each measured backward in halves by assumption (the earlier
@@ -94,7 +95,7 @@ def main():
     base = statistics.median(got["1f1b"])
     print(f"\nP = 2, M = {args.m}, {args.steps} steps, median of {args.rounds} rounds")
     print(f"{'schedule':<12} {'tokens/s':>9} {'/1f1b':>6} {'bubble meas':>12} {'simulated':>10} {'diff pp':>8} "
-          f"{'send ms':>8} {'post ms':>8} {'sim free s/p':>13} {'sim 1/2 split':>14} {'replayed':>9} {'diff pp':>8} {'in flight':>10} {'bound':>8} {'act peak MiB':>14} "
+          f"{'send ms':>8} {'post ms':>8} {'sim stage':>10} {'sim free s/p':>13} {'sim 1/2 split':>14} {'replayed':>9} {'diff pp':>8} {'in flight':>10} {'bound':>8} {'act peak MiB':>14} "
           f"{'weights MiB':>12}")
     within = within_rep = 0
     for sched in schedules:
@@ -110,12 +111,13 @@ def main():
         within_rep += abs(p["bubble_measured"] - rep) <= 0.05
         print(f"{sched:<12} {med:>9.0f} {med / base:>6.3f} {100 * p['bubble_measured']:>11.1f}% "
               f"{100 * p['bubble_simulated']:>9.1f}% {d:>+8.1f} {p.get('message_send_ms', 0):>8.2f} "
-              f"{p.get('message_post_ms', 0):>8.2f} {100 * p.get('bubble_simulated_with_free_sends_and_posts', -1):>12.1f}% "
+              f"{p.get('message_post_ms', 0):>8.2f} {100 * p.get('bubble_simulated_per_stage_means', -1):>9.1f}% "
+              f"{100 * p.get('bubble_simulated_with_free_sends_and_posts', -1):>12.1f}% "
               f"{'-' if half < 0 else f'{100 * half:.1f}%':>14} "
               f"{100 * rep:>8.1f}% {100 * (p['bubble_measured'] - rep):>+8.1f} "
               f"{'/'.join(str(r['peak_micro_batches']) for r in fl):>10} {'/'.join(str(r['bound']) for r in fl):>8} "
               f"{act:>14} {wts:>12}")
-    print(f"measured within 5 points of simulated (stage means, message latency, send and post times): {within} of "
+    print(f"measured within 5 points of simulated (per-(rank, chunk) means, message latency, send and post times): {within} of "
           f"{len(schedules)}; of the replay of the "
           f"run's own durations: {within_rep} of {len(schedules)}")
     print("\nwith a wait for a message that has already arrived costing the measured mean (ready wait):")
@@ -141,7 +143,9 @@ def main():
         p = last[sched]["pipeline"]
         print(f"  {sched}: stage forward ms {[round(x, 2) for x in p['stage_forward_ms']]}, backward "
               f"{[round(x, 2) for x in p['stage_backward_ms']]}, weight half "
-              f"{[round(x, 2) for x in p.get('stage_weight_ms', [])]}, message {p['message_latency_ms']:.2f} ms")
+              f"{[round(x, 2) for x in p.get('stage_weight_ms', [])]}, message {p['message_latency_ms']:.2f} ms; "
+              f"per (rank, chunk) forward {[round(x, 2) for x in p.get('rank_chunk_forward_ms', [])]}, backward "
+              f"{[round(x, 2) for x in p.get('rank_chunk_backward_ms', [])]}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,13 @@ void load_summary(SimulateArgs& a) {
     // Each stage's measured weight half (split schedules; absent in older summaries: the share splits then).
     if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())
       a.cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
+    // What each rank took for each of its chunks (absent in older summaries: each stage's mean stands then).
+    if (p.contains("rank_chunk_forward_ms") && !p["rank_chunk_forward_ms"].empty()) {
+      a.cost.rank_chunk_forward = p["rank_chunk_forward_ms"].get<std::vector<double>>();
+      a.cost.rank_chunk_backward = p.at("rank_chunk_backward_ms").get<std::vector<double>>();
+      if (p.contains("rank_chunk_weight_ms") && !p["rank_chunk_weight_ms"].empty())
+        a.cost.rank_chunk_weight = p["rank_chunk_weight_ms"].get<std::vector<double>>();
+    }
     a.measured_bubble = p.at("bubble_measured").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw InputError(str(a.from_summary, ": the pipeline section is incomplete: ", e.what()));
@@ -77,13 +84,23 @@ void load_summary(SimulateArgs& a) {
       {"stages", a.spec.stages}, {"micro_batches", a.spec.micro_batches}, {"virtual_stages", a.spec.virtual_stages}};
   for (const auto& [key, v] : counts)
     MT_CHECK_INPUT(v >= 1, a.from_summary, ": pipeline.", key, " is ", v, "; it must be >= 1");
-  const size_t stages = size_t(a.spec.stages) * size_t(a.spec.virtual_stages);
+  // One entry per stage of the placement: p V, but p under chimera (each stage held twice, one per route).
+  const size_t boxes = size_t(a.spec.stages) * size_t(a.spec.virtual_stages);
+  const size_t stages = size_t(pipeline::placement_of(a.spec).stages());
+  const char* what = stages == boxes ? "stages x virtual_stages" : "stages (chimera: each stage held twice)";
   MT_CHECK_INPUT(a.cost.stage_forward.size() == stages && a.cost.stage_backward.size() == stages, a.from_summary,
-                 ": pipeline.stage_forward_ms and stage_backward_ms must have stages x virtual_stages = ", stages,
+                 ": pipeline.stage_forward_ms and stage_backward_ms must have ", what, " = ", stages,
                  " entries, got ", a.cost.stage_forward.size(), " and ", a.cost.stage_backward.size());
   MT_CHECK_INPUT(a.cost.stage_weight.empty() || a.cost.stage_weight.size() == stages, a.from_summary,
-                 ": pipeline.stage_weight_ms must have stages x virtual_stages = ", stages, " entries, got ",
+                 ": pipeline.stage_weight_ms must have ", what, " = ", stages, " entries, got ",
                  a.cost.stage_weight.size());
+  MT_CHECK_INPUT(a.cost.rank_chunk_forward.empty() ||
+                     (a.cost.rank_chunk_forward.size() == boxes && a.cost.rank_chunk_backward.size() == boxes &&
+                      (a.cost.rank_chunk_weight.empty() || a.cost.rank_chunk_weight.size() == boxes)),
+                 a.from_summary, ": pipeline.rank_chunk_forward_ms, rank_chunk_backward_ms and rank_chunk_weight_ms ",
+                 "must have stages x virtual_stages = ", boxes, " entries (rank_chunk_weight_ms may be empty), got ",
+                 a.cost.rank_chunk_forward.size(), ", ", a.cost.rank_chunk_backward.size(), " and ",
+                 a.cost.rank_chunk_weight.size());
 }
 
 std::string num(double x) {
@@ -207,6 +224,20 @@ void run_simulate(SimulateArgs& a) {
       std::printf("  the split backward: input half (I) %s, weight half (W) %s of each stage's backward (assumed, "
                   "not measured)\n",
                   num(1 - a.cost.weight_share).c_str(), num(a.cost.weight_share).c_str());
+    if (!a.cost.rank_chunk_forward.empty()) {  // these replace the stage means above in the replay
+      std::printf("  replayed per (rank, chunk) as each rank took them:\n");
+      for (int j = 0; j < p; j++)
+        for (int c = 0; c < V; c++) {
+          const size_t k = (size_t)j * V + c;
+          const double bw = a.cost.rank_chunk_backward[k];
+          std::printf("  rank %d chunk %d (stage %d): forward %s, backward %s%s\n", j, c,
+                      schedule.placement.stage_of(j, c), num(a.cost.rank_chunk_forward[k]).c_str(), num(bw).c_str(),
+                      split && !a.cost.rank_chunk_weight.empty()
+                          ? str(" (input half ", num(bw - a.cost.rank_chunk_weight[k]), ", weight half ",
+                                num(a.cost.rank_chunk_weight[k]), ", measured)").c_str()
+                          : "");
+        }
+    }
   }
   if (a.actions) {
     for (int j = 0; j < p; j++) {

@@ -98,6 +98,24 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
         r.cost.stage_weight[s] = std::min(ranks[j].chunk_weight_us[c] / per, r.cost.stage_backward[s]);
       }
   }
+  // What each rank took for each of its chunks (the simulated figures use these): under chimera the two ranks
+  // holding a stage may run at different speeds, which the per-stage mean above hides. Only when every rank
+  // measured every chunk; otherwise the per-stage times stand.
+  bool all_chunks = true;
+  for (const auto& st : ranks)
+    all_chunks = all_chunks && (int)st.chunk_forward_us.size() >= V && (int)st.chunk_backward_us.size() >= V &&
+                 (!split || (int)st.chunk_weight_us.size() >= V);
+  if (all_chunks) {
+    const double per_chunk = (double)lists * (spec.micro_batches / R) * 1000.0;
+    for (int j = 0; j < p; j++)
+      for (int c = 0; c < V; c++) {
+        r.cost.rank_chunk_forward.push_back(ranks[j].chunk_forward_us[c] / per_chunk);
+        r.cost.rank_chunk_backward.push_back(ranks[j].chunk_backward_us[c] / per_chunk);
+        if (split)
+          r.cost.rank_chunk_weight.push_back(
+              std::min(ranks[j].chunk_weight_us[c] / per_chunk, r.cost.rank_chunk_backward.back()));
+      }
+  }
   r.simulated_free_messages = simulate(spec, schedule, r.cost).bubble_fraction;
   r.cost.comm = same_clock && samples > 0 ? latency / samples / 1000.0 : 0.0;
   r.simulated_free_calls = simulate(spec, schedule, r.cost).bubble_fraction;
@@ -105,9 +123,17 @@ BubbleReport bubble_report(const pipeline::ScheduleSpec& spec, const std::vector
   r.cost.send = sends > 0 ? send / sends / 1000.0 : 0.0;
   r.cost.post = posts > 0 ? post / posts / 1000.0 : 0.0;
   r.simulated = simulate(spec, schedule, r.cost).bubble_fraction;
+  if (!r.cost.rank_chunk_forward.empty()) {  // beside it, the earlier figure: one mean per stage for every holder
+    CostModel means = r.cost;
+    means.rank_chunk_forward.clear();
+    means.rank_chunk_backward.clear();
+    means.rank_chunk_weight.clear();
+    r.simulated_stage_means = simulate(spec, schedule, means).bubble_fraction;
+  }
   if (split) {  // beside it, the earlier assumption: each measured backward split in halves
     CostModel halves = r.cost;
     halves.stage_weight.clear();
+    halves.rank_chunk_weight.clear();
     halves.weight_share = 0.5;
     r.simulated_half_split = simulate(spec, schedule, halves).bubble_fraction;
   }

@@ -43,26 +43,54 @@ SimResult simulate(const pipeline::ScheduleSpec& spec, const pipeline::Schedule&
                        cost.stage_weight[s] <= cost.stage_backward[s] * (1 + 1e-6) + 1e-12,
                    "simulator: stage ", s, "'s weight half ", cost.stage_weight[s],
                    " is negative, non-finite or longer than its whole backward ", cost.stage_backward[s]);
+  const size_t boxes = (size_t)p * V;
+  MT_CHECK_INPUT(cost.rank_chunk_forward.empty() || cost.rank_chunk_forward.size() == boxes,
+                 "simulator: rank_chunk_forward has ", cost.rank_chunk_forward.size(), " entries for ", p,
+                 " ranks x ", V, " chunks");
+  MT_CHECK_INPUT(cost.rank_chunk_backward.size() == cost.rank_chunk_forward.size(),
+                 "simulator: rank_chunk_backward has ", cost.rank_chunk_backward.size(), " entries, rank_chunk_forward ",
+                 cost.rank_chunk_forward.size());
+  MT_CHECK_INPUT(cost.rank_chunk_weight.empty() || cost.rank_chunk_weight.size() == cost.rank_chunk_forward.size(),
+                 "simulator: rank_chunk_weight has ", cost.rank_chunk_weight.size(), " entries, rank_chunk_forward ",
+                 cost.rank_chunk_forward.size(), " (per-(rank, chunk) weight halves need per-(rank, chunk) times)");
+  for (size_t k = 0; k < cost.rank_chunk_forward.size(); k++) {
+    MT_CHECK_INPUT(finite_nonneg(cost.rank_chunk_forward[k]) && finite_nonneg(cost.rank_chunk_backward[k]),
+                   "simulator: rank ", k / V, " chunk ", k % V, " has a negative or non-finite forward or backward time");
+    if (!cost.rank_chunk_weight.empty())
+      MT_CHECK_INPUT(finite_nonneg(cost.rank_chunk_weight[k]) &&
+                         cost.rank_chunk_weight[k] <= cost.rank_chunk_backward[k] * (1 + 1e-6) + 1e-12,
+                     "simulator: rank ", k / V, " chunk ", k % V, "'s weight half ", cost.rank_chunk_weight[k],
+                     " is negative, non-finite or longer than its whole backward ", cost.rank_chunk_backward[k]);
+  }
+  const bool per_box = !cost.rank_chunk_forward.empty();
+  auto box = [&](int rank, int chunk) { return (size_t)rank * V + chunk; };
   // A rank's share of one model is V / R chunks (R routes: chimera holds each stage twice, so its chunk is a
   // whole stage and F the forward of one stage, as under 1F1B).
   const double per_chunk = (double)pl.routes() / V;
+  // Per (rank, chunk) when given, else per stage when given, else the nominal model.
   auto t_fwd_of = [&](int rank, int chunk) {
+    if (per_box) return cost.rank_chunk_forward[box(rank, chunk)];
     return cost.stage_forward.empty() ? cost.forward * per_chunk : cost.stage_forward[pl.stage_of(rank, chunk)];
   };
   auto t_bwd_of = [&](int rank, int chunk) {
+    if (per_box) return cost.rank_chunk_backward[box(rank, chunk)];
     return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward * per_chunk
                                       : cost.stage_backward[pl.stage_of(rank, chunk)];
   };
 
-  // The halves of a split backward: measured per stage when given, else the share w of the whole.
+  // The halves of a split backward: measured per (rank, chunk) or per stage when given, else the share w of the
+  // whole.
+  const bool measured_weight = (per_box && !cost.rank_chunk_weight.empty()) || !cost.stage_weight.empty();
   auto t_weight_of = [&](int rank, int chunk) {
+    if (per_box && !cost.rank_chunk_weight.empty())
+      return std::min(cost.rank_chunk_weight[box(rank, chunk)], t_bwd_of(rank, chunk));
     return cost.stage_weight.empty() ? cost.weight_share * t_bwd_of(rank, chunk)
                                      : std::min(cost.stage_weight[pl.stage_of(rank, chunk)], t_bwd_of(rank, chunk));
   };
 
   auto t_input_of = [&](int rank, int chunk) {
-    return cost.stage_weight.empty() ? (1 - cost.weight_share) * t_bwd_of(rank, chunk)
-                                     : t_bwd_of(rank, chunk) - t_weight_of(rank, chunk);
+    return !measured_weight ? (1 - cost.weight_share) * t_bwd_of(rank, chunk)
+                            : t_bwd_of(rank, chunk) - t_weight_of(rank, chunk);
   };
 
   // When each message was sent and when its receive was posted; indexed by message, NaN until it happens.

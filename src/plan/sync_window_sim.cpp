@@ -29,7 +29,9 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
                      finite_nonneg(update),
                  "simulate_sync_window: forward must be > 0; backward ratio, message and update costs >= 0; the "
                  "weight share in [0, 1]");
-  MT_CHECK_INPUT(cost.stage_forward.empty() && cost.stage_backward.empty() && cost.stage_weight.empty(),
+  MT_CHECK_INPUT(cost.stage_forward.empty() && cost.stage_backward.empty() && cost.stage_weight.empty() &&
+                     cost.rank_chunk_forward.empty() && cost.rank_chunk_backward.empty() &&
+                     cost.rank_chunk_weight.empty(),
                  "simulate_sync_window takes the nominal cost model only (no per-stage times)");
   const int p = spec.stages, m = spec.micro_batches;
   const double F = cost.forward, B = cost.backward_ratio * F, w = cost.weight_share, C = cost.comm;

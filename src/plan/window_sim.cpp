@@ -31,6 +31,8 @@ SimResult replay(const pipeline::ScheduleSpec& spec, int steps, const pipeline::
                  "simulate_window: stage_forward has ", cost.stage_forward.size(), " entries for ", p, " stages");
   MT_CHECK_INPUT(cost.stage_backward.size() == cost.stage_forward.size(), "simulate_window: stage_backward has ",
                  cost.stage_backward.size(), " entries, stage_forward ", cost.stage_forward.size());
+  MT_CHECK_INPUT(cost.rank_chunk_forward.empty() && cost.rank_chunk_backward.empty() && cost.rank_chunk_weight.empty(),
+                 "simulate_window takes per-stage times only (no per-(rank, chunk) times)");
   auto fwd = [&](int j) { return cost.stage_forward.empty() ? cost.forward : cost.stage_forward[j]; };
   auto bwd = [&](int j) { return cost.stage_forward.empty() ? cost.backward_ratio * cost.forward : cost.stage_backward[j]; };
 

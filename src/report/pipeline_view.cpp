@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/sim_swimlane.h"
 #include "plan/simulator.h"
 
@@ -80,18 +81,29 @@ trace::Swimlane simulated_swimlane(const nlohmann::json& p, const std::string& p
   cost.post = p.value("message_post_ms", 0.0);
   if (p.contains("stage_weight_ms") && !p["stage_weight_ms"].empty())  // split schedules' measured weight halves
     cost.stage_weight = p["stage_weight_ms"].get<std::vector<double>>();
-  MT_CHECK_INPUT(cost.stage_forward.size() == size_t(spec.stages) * spec.virtual_stages &&
-                     cost.stage_backward.size() == cost.stage_forward.size(),
+  // Per (rank, chunk) where the run measured them (older summaries: per stage only).
+  if (p.contains("rank_chunk_forward_ms") && !p["rank_chunk_forward_ms"].empty()) {
+    cost.rank_chunk_forward = p["rank_chunk_forward_ms"].get<std::vector<double>>();
+    cost.rank_chunk_backward = p.value("rank_chunk_backward_ms", std::vector<double>{});
+    cost.rank_chunk_weight = p.value("rank_chunk_weight_ms", std::vector<double>{});
+    MT_CHECK_INPUT(cost.rank_chunk_forward.size() == size_t(spec.stages) * spec.virtual_stages &&
+                       cost.rank_chunk_backward.size() == cost.rank_chunk_forward.size() &&
+                       (cost.rank_chunk_weight.empty() || cost.rank_chunk_weight.size() == cost.rank_chunk_forward.size()),
+                   path, ": the \"pipeline\" section has ", cost.rank_chunk_forward.size(), " forward, ",
+                   cost.rank_chunk_backward.size(), " backward and ", cost.rank_chunk_weight.size(),
+                   " weight (rank, chunk) times for ", spec.stages, " ranks x ", spec.virtual_stages, " chunks");
+  }
+  const int stages = pipeline::placement_of(spec).stages();  // p V; p under chimera (each stage held twice)
+  MT_CHECK_INPUT(cost.stage_forward.size() == size_t(stages) && cost.stage_backward.size() == cost.stage_forward.size(),
                  path, ": the \"pipeline\" section has ", cost.stage_forward.size(), " forward and ",
-                 cost.stage_backward.size(), " backward stage times for ", spec.stages * spec.virtual_stages,
-                 " stages");
+                 cost.stage_backward.size(), " backward stage times for ", stages, " stages");
   const plan::SimResult r = plan::simulate(spec, cost);
   trace::Swimlane d = plan::swimlane_of(spec, cost, r);
   char sub[224];
   std::snprintf(sub, sizeof sub,
-                "simulated from the measured stage times; bubble %.1f%%, message latency %.3f ms, send %.3f ms, "
+                "simulated from the measured %s times; bubble %.1f%%, message latency %.3f ms, send %.3f ms, "
                 "post %.3f ms",
-                100 * r.bubble_fraction, cost.comm, cost.send, cost.post);
+                cost.rank_chunk_forward.empty() ? "stage" : "(rank, chunk)", 100 * r.bubble_fraction, cost.comm, cost.send, cost.post);
   d.subtitle = sub;
   d.time_label = "time (ms, simulated)";
   return d;

@@ -79,6 +79,11 @@ nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& la
           {"stage_forward_ms", b.cost.stage_forward},
           {"stage_backward_ms", b.cost.stage_backward},
           {"stage_weight_ms", b.cost.stage_weight},
+          // [rank * V + chunk]: what each rank took per micro-batch for each chunk (bubble_simulated uses these)
+          {"bubble_simulated_per_stage_means", b.simulated_stage_means},
+          {"rank_chunk_forward_ms", b.cost.rank_chunk_forward},
+          {"rank_chunk_backward_ms", b.cost.rank_chunk_backward},
+          {"rank_chunk_weight_ms", b.cost.rank_chunk_weight},
           {"bubble_simulated_half_split", b.simulated_half_split},
           {"activation_in_flight", in_flight}};
 }

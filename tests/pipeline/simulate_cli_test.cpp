@@ -215,4 +215,35 @@ TEST(SimulateCli, ChimeraClosedFormAndSwimlane) {
   EXPECT_TRUE(contains(one.out, "bubble fraction 42.9%")) << one.out;
 }
 
+// Chimera p = 2, m = 2 with rank 0 twice as slow as rank 1 (RankChunkCosts' timeline): replayed per (rank,
+// chunk) the makespan is 12 (bubble 25.0%); from the per-stage means alone (an older summary) 9 (bubble 0.0%).
+// Per-(rank, chunk) lists of the wrong length are refused, naming the keys.
+TEST(SimulateCli, ReplaysEachRanksOwnChunkTimes) {
+  TempDir dir;
+  auto write = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream f(path);
+    f << R"({"pipeline": {"schedule": "chimera", "stages": 2, "micro_batches": 2, "virtual_stages": 2,
+             "stage_forward_ms": [1.5, 1.5], "stage_backward_ms": [3, 3], "message_latency_ms": 0,
+             "bubble_measured": 0.25)" << extra << "}}";
+    return path;
+  };
+  RunResult r = simulate({"--from-summary", write("r.json", R"(, "rank_chunk_forward_ms": [2, 2, 1, 1],
+             "rank_chunk_backward_ms": [4, 4, 2, 2], "rank_chunk_weight_ms": [])")});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "rank 1 chunk 1 (stage 0): forward 1, backward 2\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "makespan 12\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "measured bubble of the run: 25.0% (+0.0 percentage points from the simulation)"))
+      << r.out;
+  RunResult old = simulate({"--from-summary", write("old.json", "")});
+  ASSERT_EQ(old.exit_code, 0) << old.describe();
+  EXPECT_TRUE(contains(old.out, "makespan 9\n")) << old.out;
+  RunResult bad = simulate({"--from-summary", write("bad.json", R"(, "rank_chunk_forward_ms": [2, 2, 1],
+             "rank_chunk_backward_ms": [4, 4, 2, 2])")});
+  EXPECT_EQ(bad.exit_code, 1) << bad.describe();
+  EXPECT_TRUE(contains(bad.err, "pipeline.rank_chunk_forward_ms, rank_chunk_backward_ms and rank_chunk_weight_ms "
+                                "must have stages x virtual_stages = 4 entries"))
+      << bad.err;
+}
+
 }  // namespace
