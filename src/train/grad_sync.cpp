@@ -218,7 +218,8 @@ class ExactSync : public GradSync {
     if (!grow_opts_.enabled) return GradSync::update(opt, lr, s);
     MT_ASSERT(grow_, "the adaptive batch starts at the first step");
     const double t0 = trace::ChromeTrace::now_us();
-    t_batch_ = (t0 - t_step0_) * 1e-6;
+    t_compute_ = (t_exchange0_ - t_step0_) * 1e-6;  // to the end of the last backward (reduce's start)
+    t_exchange_ = (t0 - t_exchange0_) * 1e-6;       // the reduction's rest, the loss and norm all-reduces
     MT_ASSERT(grow_->count_data_step(), "the optimizer steps at the k-th data step only");
     engine_.update(opt, lr * grow_->lr_scale(), updates_++);
     t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
@@ -228,8 +229,8 @@ class ExactSync : public GradSync {
   // norm (no norm exists for it; `updated` false says so).
   void accumulate_only(int64_t s, double loss_sum, double items, const StepTail& tail) {
     engine_.finish_backward();  // nothing is in flight: the buckets wait for the k-th data step
-    t_batch_ = (trace::ChromeTrace::now_us() - t_step0_) * 1e-6;
-    t_update_ = -1;
+    t_compute_ = (trace::ChromeTrace::now_us() - t_step0_) * 1e-6;
+    t_exchange_ = t_update_ = -1;
     MT_ASSERT(!grow_->count_data_step(), "a data step before the k-th");
     StepOutcome out;
     out.loss = global_loss(loss_sum) / items;
@@ -293,7 +294,7 @@ class ExactSync : public GradSync {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
                                                               : std::numeric_limits<double>::infinity();
-      grow_->observe(s, t_batch_, t_update_, b);
+      grow_->observe(s, t_compute_, t_exchange_, t_update_, b);
     }
   }
   void annotate(nlohmann::json& row) const override {
@@ -308,6 +309,7 @@ class ExactSync : public GradSync {
     if (k_now() > 1) engine_.scale_grads(1.0f / (float)k_now());
   }
   void reduce(int64_t) override {
+    t_exchange0_ = trace::ChromeTrace::now_us();  // the adaptive batch's t_compute ends, t_exchange starts
     engine_.finish_backward();
     if (overlapped_ && tied_.empty()) return average_k();
     const double t0 = trace::ChromeTrace::now_us();
@@ -344,7 +346,7 @@ class ExactSync : public GradSync {
   bool probe_off_;  // --offload grads: the shards' gradients pass through files (not measured)
   std::unique_ptr<AdaptiveBatch> grow_;
   int64_t updates_ = 0;
-  double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;
+  double t_step0_ = 0, t_exchange0_ = 0, t_compute_ = 0, t_exchange_ = -1, t_update_ = -1;
 };
 
 // The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
