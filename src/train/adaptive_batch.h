@@ -65,6 +65,10 @@ class AdaptiveBatch {
   // optimizer did not step; b_noise NaN: no estimate this step, no decision): may change k, only when no
   // batches are pending.
   void observe(int64_t s, double t_compute, double t_exchange, double t_update, double b_noise);
+  // Whether observe(s, ..., t_update, b_noise) with t_update >= 0 exactly when `stepped` and a finite or infinite
+  // b_noise decides: the same on every rank, so that the ranks can agree on the times first (each rank measures
+  // its own; they must all choose the same k).
+  bool decides(int64_t s, bool stepped) const;
   int k() const { return k_; }
   void annotate(nlohmann::json& row) const;
 

@@ -294,7 +294,16 @@ class ExactSync : public GradSync {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
                                                               : std::numeric_limits<double>::infinity();
-      grow_->observe(s, t_compute_, t_exchange_, t_update_, b);
+      // Each rank measured its own times; a decision uses the largest over all ranks (the slowest rank sets a
+      // synchronous step's pace), so that every rank chooses the same k (one 3-element all-reduce per decision).
+      double t[3] = {t_compute_, t_exchange_, t_update_};
+      comm::Communicator* world = mesh_.world();
+      if (world && world->size() > 1 && grow_->decides(s, t_update_ >= 0)) {
+        float in[3] = {(float)t[0], (float)t[1], (float)t[2]}, out[3];
+        world->all_reduce(in, out, 3, comm::DType::f32, comm::ReduceOp::max);
+        for (int i = 0; i < 3; i++) t[i] = out[i];
+      }
+      grow_->observe(s, t[0], t[1], t[2], b);
     }
   }
   void annotate(nlohmann::json& row) const override {

@@ -73,3 +73,29 @@ TEST(AdaptiveBatch, CountsKDataStepsThenSteps) {
 }
 
 }  // namespace
+
+namespace {
+
+// decides(s, stepped) says beforehand whether observe will decide (the ranks agree on the times only then):
+// every 2 optimizer steps, not before data step warmup - 1 = 2.
+TEST(AdaptiveBatch, DecidesExactlyWhenObserveDecides) {
+  using namespace mt::train;
+  AdaptiveBatch ab({true, 8, 2, 3}, 1.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int> said, did;
+  for (int s = 0; s < 8; s++) {
+    ab.count_data_step();
+    const int before = ab.k();
+    if (ab.decides(s, true)) said.push_back(s);
+    ab.observe(s, 1.0, 0.0, 1.0, s < 4 ? 0.0 : inf);  // B_noise 0 (stays) then infinite (doubles)
+    nlohmann::json row;
+    ab.annotate(row);
+    if (row.contains("goodput_gain")) did.push_back(s);
+    if (ab.k() != before) break;  // (k = 2: the next data step is pending)
+  }
+  EXPECT_EQ(said, (std::vector<int>{3, 5}));
+  EXPECT_EQ(did, said);
+  EXPECT_FALSE(ab.decides(6, false));
+}
+
+}  // namespace
