@@ -79,7 +79,7 @@ void AdaptiveBatch::observe(int64_t s, double t_compute, double t_exchange, doub
   }
   gain_ = 0;
   if (std::isnan(b_noise) || pending_ != 0 || !stepped || s + 1 < o_.warmup || updates_ % o_.every != 0) return;
-  // (decides() below is this condition before updates_ counts this step)
+  // (decides() is this condition, asked before updates_ counts this step and without b_noise)
   b_used_ = b_noise;
   gain_ = goodput(b_noise, b0_, 2 * k_, t_) / goodput(b_noise, b0_, k_, t_);
   k_ = choose_batches(b_noise, b0_, k_, o_.max_k, t_);

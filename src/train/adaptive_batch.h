@@ -25,7 +25,8 @@
 // G(2k) > G(k) reads (1 + a)(1 - b) > 1 with a = f / (2k c + f) and b = k B0 / (B_noise + 2k B0): the larger the
 // exchange and update against the compute, the smaller the B_noise at which a bigger batch pays. The times are
 // those of one optimizer step (measured, noisy on a shared host): the part of the exchange that overlaps the
-// backward is counted in t_compute, not in t_exchange.
+// backward is counted in t_compute, not in t_exchange. Each rank measures its own; a decision takes the largest
+// of each time over all ranks (grad_sync.cpp, one all-reduce per decision), so that every rank chooses the same k.
 #pragma once
 
 #include <cstddef>
