@@ -7,32 +7,35 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
 namespace mt::train {
 
-namespace {
 
-// MESHTRAIN_ADAPTIVE_BATCH_TIMES="t_compute_us,t_exchange_us,t_update_us" replaces the measured times in the
-// decisions (and in the rows) by these, so that a test's decisions depend on the noise scale alone; unset:
-// measured.
-std::optional<StepTimes> pinned_times() {
-  static const std::optional<StepTimes> t = []() -> std::optional<StepTimes> {
+std::optional<StepTimes> pinned_step_times(int rank) {
+  static const std::vector<StepTimes> pins = [] {
+    std::vector<StepTimes> out;
     const char* name = "MESHTRAIN_ADAPTIVE_BATCH_TIMES";
     const char* v = std::getenv(name);
-    if (!v || !*v) return std::nullopt;
-    int c = -1, x = -1, u = -1, used = 0;
-    const bool ok = std::sscanf(v, "%d,%d,%d%n", &c, &x, &u, &used) == 3 && v[used] == '\0' && c > 0 && x >= 0 &&
-                    u >= 0;
-    MT_CHECK_INPUT(ok, name, "=", v, " is not valid: it takes t_compute_us,t_exchange_us,t_update_us (integers, "
-                   "t_compute_us > 0, the others >= 0), e.g. \"1000,3000,0\"");
-    return StepTimes{c * 1e-6, x * 1e-6, u * 1e-6};
+    if (!v || !*v) return out;
+    for (const char* p = v;;) {
+      int c = -1, x = -1, u = -1, used = 0;
+      const bool ok = std::sscanf(p, "%d,%d,%d%n", &c, &x, &u, &used) == 3 && (p[used] == '\0' || p[used] == ';') &&
+                      c > 0 && x >= 0 && u >= 0;
+      MT_CHECK_INPUT(ok, name, "=", v, " is not valid: it takes t_compute_us,t_exchange_us,t_update_us (integers, "
+                     "t_compute_us > 0, the others >= 0), e.g. \"1000,3000,0\", or one such triple per rank "
+                     "separated by ';'");
+      out.push_back({c * 1e-6, x * 1e-6, u * 1e-6});
+      if (p[used] == '\0') break;
+      p += used + 1;
+    }
+    return out;
   }();
-  return t;
+  if (pins.empty()) return std::nullopt;
+  return pins[(size_t)rank % pins.size()];
 }
-
-}  // namespace
 
 double statistical_efficiency(double b_noise, double b0, double b) {
   if (std::isinf(b_noise)) return 1.0;  // no resolvable signal: the noise dominates at every batch
@@ -66,11 +69,6 @@ float AdaptiveBatch::lr_scale() const { return (float)std::sqrt((double)k_used_)
 
 void AdaptiveBatch::observe(int64_t s, double t_compute, double t_exchange, double t_update, double b_noise) {
   const bool stepped = t_update >= 0;
-  if (const auto pinned = pinned_times()) {
-    t_compute = pinned->compute;
-    t_exchange = pinned->exchange;
-    t_update = pinned->update;
-  }
   t_.compute = t_compute;
   if (stepped) {  // the exchange and the update of the optimizer step this data step completed
     t_.exchange = t_exchange;

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -48,6 +49,10 @@ double statistical_efficiency(double b_noise, double b0, double b);
 struct StepTimes {
   double compute = 0, exchange = 0, update = 0;
 };
+// MESHTRAIN_ADAPTIVE_BATCH_TIMES="t_compute_us,t_exchange_us,t_update_us" (or one triple per rank, separated by
+// ';', rank r taking triple r mod their count): the times `rank` reports instead of its measured ones (tests:
+// decisions that depend on the noise scale alone); nullopt when unset. The ranks still agree on the largest.
+std::optional<StepTimes> pinned_step_times(int rank);
 double goodput(double b_noise, double b0, int k, const StepTimes& t);
 // The next k from k (the rule above).
 int choose_batches(double b_noise, double b0, int k, int max_k, const StepTimes& t);

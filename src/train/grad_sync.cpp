@@ -297,6 +297,10 @@ class ExactSync : public GradSync {
       // Each rank measured its own times; a decision uses the largest over all ranks (the slowest rank sets a
       // synchronous step's pace), so that every rank chooses the same k (one 3-element all-reduce per decision).
       double t[3] = {t_compute_, t_exchange_, t_update_};
+      if (const auto pin = pinned_step_times(mesh_.world_rank())) {
+        t[0] = pin->compute;
+        if (t_update_ >= 0) t[1] = pin->exchange, t[2] = pin->update;
+      }
       comm::Communicator* world = mesh_.world();
       if (world && world->size() > 1 && grow_->decides(s, t_update_ >= 0)) {
         float in[3] = {(float)t[0], (float)t[1], (float)t[2]}, out[3];

@@ -34,6 +34,10 @@ Checks:
      t_exchange) + t_update) = B0 / 4 ms for every k) never grows (its gain is E(2k B0) / E(k B0) < 1); the
      rule charging it once per update grows when B_noise > 2/3 B0: the run's batch must grow, and at least one
      decision must be one the old rule decides the other way.
+  6. The ranks agree on the times: dp 2, noisy data, rank 0 pinned to 1000,0,0 (alone it never grows: T(2) =
+     T(1)) and rank 1 to 1000,3000,0 (alone it grows). Each decision takes the largest of each time over the
+     ranks, so both grow together: the run ends (exit 0, no mismatched collectives), its batch grows, and rank 0's
+     decision rows log rank 1's 3 ms exchange.
 """
 from __future__ import annotations
 
@@ -199,6 +203,16 @@ def main():
             ok = r["comm_bytes"] >= 4 * n_params if r["updated"] else r["comm_bytes"] < 64
             checks.check(ok, f"step {r['step']}: comm_bytes {r['comm_bytes']} with updated {r['updated']} "
                          f"(the gradient ({4 * n_params} bytes) is exchanged on updated rows only)")
+    # 6. the ranks decide with the same (largest) times
+    rows = run(args, checks, "noisy_dp2_ranks", noisy, 16,
+               ["--nproc", 2, "--adaptive-batch", "--adaptive-batch-every", 2, "--adaptive-batch-max", 4],
+               pinned="1000,0,0;1000,3000,0")
+    if rows:
+        ks = follows_rule(rows, checks, "noisy_dp2_ranks", 4)
+        checks.check(max(ks) >= 2, f"noisy dp2 ranks: the batch should grow (k reached {max(ks)})")
+        ex = [r["t_exchange_s"] for r in rows if "goodput_gain" in r]
+        checks.check(ex and all(abs(x - 3e-3) < 1e-9 for x in ex),
+                     f"noisy dp2 ranks: decisions should use rank 1's exchange time 3 ms; got {ex}")
     checks.finish()
 
 
