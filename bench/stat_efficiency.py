@@ -15,6 +15,12 @@ Per run: the first evaluated step whose validation loss is <= --target, its toke
 time (the sum of the metrics' step_time_s up to that step: evaluation excluded), the median noise scale over
 the run's second half, and the final validation loss. The adaptive run's x is also tokens (data steps x 8 x 64).
 
+--only adaptive_dp2 runs one more adaptive run, at dp 2 (--nproc 2, one thread per rank: the same global batch
+of 8 windows, 4 per rank, and the same data order), and appends its row to an existing table.md and results.json
+(the plot is left as it is). Below the table, each adaptive run's decisions: the median measured times of an
+optimizer step (t_compute: one batch's forward and backward; t_exchange: the exchange's part not hidden by the
+backward; t_update: the optimizer step) and the range of goodput gains G(2k) / G(k).
+
 Writes --out (default bench/results/stat_efficiency): table.md, results.json, loss_vs_tokens.svg, metrics/.
 Timings come from a shared, loaded 2-core machine: compare the step and token columns first.
 Usage: /usr/bin/python3 bench/stat_efficiency.py [--meshtrain build/meshtrain] [--data DIR] [--target 2.5]
@@ -86,6 +92,73 @@ def summarize(res, target):
                            if "batches_per_update" in r and r["batches_per_update"] != a.get("batches_per_update")])
 
 
+ADAPTIVE = ["--adaptive-batch", "--adaptive-batch-max", "8", "--adaptive-batch-every", "10"]
+
+
+def host():
+    kernel, isa = platform.release(), ""
+    try:
+        flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0]
+        isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags)
+    except (OSError, IndexError):
+        pass
+    return kernel, isa
+
+
+def row_line(res, s):
+    hit = s["hit"]
+    batch = str(res["batch"]) if "adaptive" not in res["tag"] else \
+        f"8 x k (k: {' '.join(f'{k} from step {st}' for st, k in s['k_changes']) or 'stayed 1'})"
+    if "dp2" in res["tag"]:
+        batch += ", dp 2"
+    hit_time = f"{hit['time_s']:.1f}" if hit else "—"
+    if s["noise_median"] is None or s["final_val"] is None:
+        return f"| {res['tag']} | {batch} | failed (exit {res['exit']}) | | | | | |"
+    return (f"| {res['tag']} | {batch} | {hit['step'] if hit else 'not reached'} | {hit['tokens'] if hit else '—'} | "
+            f"{hit_time} | {s['noise_median']:.0f} | {s['final_val']:.4f} | {res['wall_s']:.0f} |")
+
+
+def decisions_line(res):
+    """The adaptive run's decisions: median times and the gains' range."""
+    d = [r for r in res["rows"] if "goodput_gain" in r]
+    if not d:
+        return f"{res['tag']}: no decision logged"
+    med = {k: float(np.median([r[k] for r in d])) for k in ("t_compute_s", "t_exchange_s", "t_update_s")}
+    noise = [r["goodput_noise"] for r in d if r.get("goodput_noise") is not None]
+    gains = [r["goodput_gain"] for r in d]
+    return (f"{res['tag']}: {len(d)} decisions; median t_compute {med['t_compute_s'] * 1e3:.1f} ms, t_exchange "
+            f"{med['t_exchange_s'] * 1e3:.1f} ms, t_update {med['t_update_s'] * 1e3:.1f} ms; B_noise median "
+            f"{np.median(noise) if noise else float('nan'):.0f} tokens; goodput gains {min(gains):.3f}-{max(gains):.3f}"
+            f" ({sum(g > 1 for g in gains)} above 1)")
+
+
+def append_dp2(a, work):
+    res = run(a.meshtrain, work, a.out, "adaptive_dp2_from8", 8, 20 if a.quick else STEPS[8],
+              ["--nproc", "2", *ADAPTIVE], a.quick)
+    s = summarize(res, a.target)
+    res.update(summary=s)
+    kernel, isa = host()
+    load = os.getloadavg()
+    line, dec = row_line(res, s), decisions_line(res)
+    print(line)
+    print(dec)
+    table = os.path.join(a.out, "table.md")
+    text = open(table).read().rstrip("\n").split("\n") if os.path.exists(table) else []
+    text = [t for t in text if not t.startswith(f"| {res['tag']} |") and not t.startswith(res["tag"] + ":")]
+    end = max(i for i, t in enumerate(text) if t.startswith("|")) + 1 if any(t.startswith("|") for t in text) else 0
+    text[end:end] = [line]
+    text += ["", f"{dec} (host kernel {kernel}, ISA {isa}, load average {load[0]:.1f} at its end: shared machine)"]
+    with open(table, "w") as f:
+        f.write("\n".join(text) + "\n")
+    path = os.path.join(a.out, "results.json")
+    rec = json.load(open(path)) if os.path.exists(path) else dict(target=a.target, runs=[])
+    rec["runs"] = [r for r in rec["runs"] if r.get("tag") != res["tag"]]
+    rec["runs"].append({**{k: v for k, v in res.items() if k != "rows"}, "kernel": kernel, "isa": isa,
+                        "load": load[0]})
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshtrain", default=os.path.join(ROOT, "build", "meshtrain"))
@@ -93,23 +166,21 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "stat_efficiency"))
     ap.add_argument("--target", type=float, default=2.5)
     ap.add_argument("--quick", action="store_true", help="a few steps per run (a smoke test, not a measurement)")
+    ap.add_argument("--only", choices=["adaptive_dp2"], help="run this one and append it to the recorded table")
     a = ap.parse_args()
     if not os.path.isdir(a.data):
         a.data = "/work/shared/data"
     os.makedirs(os.path.join(a.out, "metrics"), exist_ok=True)
     work = tempfile.mkdtemp(prefix="stat_eff_")
     prepare_text(a.meshtrain, work, a.data)
+    if a.only:
+        return append_dp2(a, work)
     results = []
     for b, steps in STEPS.items():
         results.append(run(a.meshtrain, work, a.out, f"batch{b}", b, 20 if a.quick else steps, [], a.quick))
-    results.append(run(a.meshtrain, work, a.out, "adaptive_from8", 8, 20 if a.quick else STEPS[8],
-                       ["--adaptive-batch", "--adaptive-batch-max", "8", "--adaptive-batch-every", "10"], a.quick))
-    kernel, isa = platform.release(), ""
-    try:
-        flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0]
-        isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags)
-    except (OSError, IndexError):
-        pass
+    results.append(run(a.meshtrain, work, a.out, "adaptive_from8", 8, 20 if a.quick else STEPS[8], ADAPTIVE,
+                       a.quick))
+    kernel, isa = host()
     lines = [f"Character GPT (2 layers, width 256, context 64) on tinyshakespeare, AdamW lr 1e-3 x sqrt(B / 16), "
              f"target validation loss {a.target}. Host kernel {kernel}, ISA {isa}; shared, loaded 2-core machine "
              f"(other engineers building): wall times are noisy, steps and tokens are not.", "",
@@ -120,17 +191,10 @@ def main():
     for res in results:
         s = summarize(res, a.target)
         res.update(summary=s)
-        hit = s["hit"]
-        batch = str(res["batch"]) if "adaptive" not in res["tag"] else \
-            f"8 x k (k: {' '.join(f'{k} from step {st}' for st, k in s['k_changes']) or 'stayed 1'})"
-        hit_time = f"{hit['time_s']:.1f}" if hit else "—"
-        lines.append(f"| {res['tag']} | {batch} | {hit['step'] if hit else 'not reached'} | "
-                     f"{hit['tokens'] if hit else '—'} | {hit_time} | "
-                     f"{s['noise_median']:.0f} | {s['final_val']:.4f} | {res['wall_s']:.0f} |"
-                     if s["noise_median"] is not None and s["final_val"] is not None else
-                     f"| {res['tag']} | {batch} | failed (exit {res['exit']}) | | | | | |")
+        lines.append(row_line(res, s))
         if s["curve"]:
             groups[res["tag"]] = [(res["metrics"], s["curve"])]
+    lines += [""] + [decisions_line(r) for r in results if "adaptive" in r["tag"]]
     table = "\n".join(lines) + "\n"
     print(table)
     with open(os.path.join(a.out, "table.md"), "w") as f:

@@ -8,25 +8,30 @@
 // data step times sqrt(k) (the square-root rule, the one suited to Adam; k = 1 is the plain run, bit for bit).
 //
 // The choice of k, every `every` optimizer steps after `warmup` data steps, from the measured noise scale
-// B_noise (noise_scale.h, items) and the measured times of the last data step (t_batch: forward, backward and
-// exchange of one global batch; t_update: the optimizer step):
+// B_noise (noise_scale.h, items) and three measured times of the last optimizer step: t_compute (the forward and
+// backward passes of one global batch: its k-th data step, from its start to the end of its last backward),
+// t_exchange (from there to the optimizer step: waiting for the bucket reductions still in flight, the rest of
+// the gradient's reduction, the loss and norm all-reduces; the exchange's part the backward did not hide) and
+// t_update (the optimizer step). The exchange runs once per optimizer step (once for all k batches):
 //
 //   E(B)      = (B_noise + B0) / (B_noise + B)                      statistical efficiency of batch B against B0
-//   T(k)      = k B0 / (k t_batch + t_update)                       items per second at k batches per update
+//   T(k)      = k B0 / (k t_compute + t_exchange + t_update)        items per second at k batches per update
 //   G(k)      = T(k) E(k B0)                                        goodput
 //   k        <- 2k when 2k <= max_k and G(2k) > G(k); else k         (one doubling at a time; never shrinks)
 //
 // The exchange passes B_noise = infinity (E = 1) when the averaged |G|^2 estimate is not positive (the true
 // gradient is below what the estimator resolves); a negative B_noise counts as 0. The noise scale is measured
-// once per optimizer step (its big batch is the k B0 batch). The rule's times are still those of one data step
-// (t_batch, which includes the exchange when that data step ran it) and of the optimizer step alone: the
-// exchange now shared by the k batches is not yet credited in T(k), so growth is predicted to pay only where
-// B_noise is large against B0 (G(2k) > G(k) reads (1 + a)(1 - b) > 1 with a = t_update / (2k t_batch +
-// t_update) and b = k B0 / (B_noise + 2k B0)).
+// once per optimizer step (its big batch is the k B0 batch). With c = t_compute, f = t_exchange + t_update,
+// G(2k) > G(k) reads (1 + a)(1 - b) > 1 with a = f / (2k c + f) and b = k B0 / (B_noise + 2k B0): the larger the
+// exchange and update against the compute, the smaller the B_noise at which a bigger batch pays. The times are
+// those of one optimizer step (measured, noisy on a shared host): the part of the exchange that overlaps the
+// backward is counted in t_compute, not in t_exchange. Each rank measures its own; a decision takes the largest
+// of each time over all ranks (grad_sync.cpp, one all-reduce per decision), so that every rank chooses the same k.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -40,9 +45,17 @@ struct AdaptiveBatchOptions {
 };
 
 double statistical_efficiency(double b_noise, double b0, double b);
-double goodput(double b_noise, double b0, int k, double t_batch, double t_update);
+// The times of one optimizer step (seconds): see above.
+struct StepTimes {
+  double compute = 0, exchange = 0, update = 0;
+};
+// MESHTRAIN_ADAPTIVE_BATCH_TIMES="t_compute_us,t_exchange_us,t_update_us" (or one triple per rank, separated by
+// ';', rank r taking triple r mod their count): the times `rank` reports instead of its measured ones (tests:
+// decisions that depend on the noise scale alone); nullopt when unset. The ranks still agree on the largest.
+std::optional<StepTimes> pinned_step_times(int rank);
+double goodput(double b_noise, double b0, int k, const StepTimes& t);
 // The next k from k (the rule above).
-int choose_batches(double b_noise, double b0, int k, int max_k, double t_batch, double t_update);
+int choose_batches(double b_noise, double b0, int k, int max_k, const StepTimes& t);
 
 // The count of data steps per optimizer step and the controller of one run (the gradient accumulates in the
 // parameter store, train/grad_sync.cpp).
@@ -54,9 +67,14 @@ class AdaptiveBatch {
   // At data step s's end: true when it completes k of them (the optimizer steps now), and the count starts over.
   bool count_data_step();
   float lr_scale() const;
-  // After data step s (times in seconds; t_update < 0 when the optimizer did not step; b_noise NaN: no
-  // estimate this step, no decision): may change k, only when no batches are pending.
-  void observe(int64_t s, double t_batch, double t_update, double b_noise);
+  // After data step s (times in seconds: t_compute of this data step; t_exchange and t_update < 0 when the
+  // optimizer did not step; b_noise NaN: no estimate this step, no decision): may change k, only when no
+  // batches are pending.
+  void observe(int64_t s, double t_compute, double t_exchange, double t_update, double b_noise);
+  // Whether observe(s, ..., t_update, b_noise) with t_update >= 0 exactly when `stepped` and a finite or infinite
+  // b_noise decides: the same on every rank, so that the ranks can agree on the times first (each rank measures
+  // its own; they must all choose the same k).
+  bool decides(int64_t s, bool stepped) const;
   int k() const { return k_; }
   void annotate(nlohmann::json& row) const;
 
@@ -66,7 +84,8 @@ class AdaptiveBatch {
   int k_ = 1, pending_ = 0, k_used_ = 1;
   int64_t updates_ = 0;
   bool updated_ = false;
-  double t_batch_ = 0, t_update_ = 0, gain_ = 0, b_used_ = 0;
+  StepTimes t_;
+  double gain_ = 0, b_used_ = 0;
 };
 
 }  // namespace mt::train

@@ -234,7 +234,8 @@ class ExactSync : public GradSync {
     if (!grow_opts_.enabled) return GradSync::update(opt, lr, s);
     MT_ASSERT(grow_, "the adaptive batch starts at the first step");
     const double t0 = trace::ChromeTrace::now_us();
-    t_batch_ = (t0 - t_step0_) * 1e-6;
+    t_compute_ = (t_exchange0_ - t_step0_) * 1e-6;  // to the end of the last backward (reduce's start)
+    t_exchange_ = (t0 - t_exchange0_) * 1e-6;       // the reduction's rest, the loss and norm all-reduces
     MT_ASSERT(grow_->count_data_step(), "the optimizer steps at the k-th data step only");
     engine_.update(opt, lr * grow_->lr_scale(), updates_++);
     t_update_ = (trace::ChromeTrace::now_us() - t0) * 1e-6;
@@ -244,8 +245,8 @@ class ExactSync : public GradSync {
   // norm (no norm exists for it; `updated` false says so).
   void accumulate_only(int64_t s, double loss_sum, double items, const StepTail& tail) {
     engine_.finish_backward();  // nothing is in flight: the buckets wait for the k-th data step
-    t_batch_ = (trace::ChromeTrace::now_us() - t_step0_) * 1e-6;
-    t_update_ = -1;
+    t_compute_ = (trace::ChromeTrace::now_us() - t_step0_) * 1e-6;
+    t_exchange_ = t_update_ = -1;
     MT_ASSERT(!grow_->count_data_step(), "a data step before the k-th");
     StepOutcome out;
     out.loss = global_loss(loss_sum) / items;
@@ -300,7 +301,20 @@ class ExactSync : public GradSync {
       const double b = !noise_valid_ || !noise_.last().valid ? std::nan("")
                        : noise_.g2() > 0                      ? noise_.b_simple()
                                                               : std::numeric_limits<double>::infinity();
-      grow_->observe(s, t_batch_, t_update_, b);
+      // Each rank measured its own times; a decision uses the largest over all ranks (the slowest rank sets a
+      // synchronous step's pace), so that every rank chooses the same k (one 3-element all-reduce per decision).
+      double t[3] = {t_compute_, t_exchange_, t_update_};
+      if (const auto pin = pinned_step_times(mesh_.world_rank())) {
+        t[0] = pin->compute;
+        if (t_update_ >= 0) t[1] = pin->exchange, t[2] = pin->update;
+      }
+      comm::Communicator* world = mesh_.world();
+      if (world && world->size() > 1 && grow_->decides(s, t_update_ >= 0)) {
+        float in[3] = {(float)t[0], (float)t[1], (float)t[2]}, out[3];
+        world->all_reduce(in, out, 3, comm::DType::f32, comm::ReduceOp::max);
+        for (int i = 0; i < 3; i++) t[i] = out[i];
+      }
+      grow_->observe(s, t[0], t[1], t[2], b);
     }
   }
   // After the optimizer step (last_ holds its norm): one scalar over dp and the replica's other parts, the sum
@@ -405,6 +419,7 @@ class ExactSync : public GradSync {
   void end_run() override { tie_send_req_.wait(); }
 
   void reduce(int64_t) override {
+    t_exchange0_ = trace::ChromeTrace::now_us();  // the adaptive batch's t_compute ends, t_exchange starts
     engine_.finish_backward();
     if (overlapped_ && tied_.empty()) return average_k();
     const double t0 = trace::ChromeTrace::now_us();
@@ -463,7 +478,7 @@ class ExactSync : public GradSync {
   bool probe_off_;  // --offload grads: the shards' gradients pass through files (not measured)
   std::unique_ptr<AdaptiveBatch> grow_;
   int64_t updates_ = 0;
-  double t_step0_ = 0, t_batch_ = 0, t_update_ = -1;
+  double t_step0_ = 0, t_exchange0_ = 0, t_compute_ = 0, t_exchange_ = -1, t_update_ = -1;
 };
 
 // The tensors whose copies hold parts of one gradient (the tied embedding on the first and last stage), and
