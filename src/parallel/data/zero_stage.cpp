@@ -357,14 +357,14 @@ class Stage3 : public Stage2 {
   size_t offloaded_grad_bytes() const override { return gf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offload_buffer_bytes(size_t tile_bytes) const override {
     if (!pf_ && !gf_) return 0;
-    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
+    // Tiles: two buffers of T floats (and the congruent slack) per offloaded kind, T the optimizer tier's tile (offload/state_swapper.cpp:
     // the tile, or the shard's bytes rounded up to 4096 when smaller).
     const size_t need = (shard_total_ * sizeof(float) + offload::kAlign - 1) / offload::kAlign * offload::kAlign;
     const size_t T = std::min(tile_bytes, need) / sizeof(float);
-    size_t bytes = 2 * T * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
     if (gf_) {  // grad_buckets_read_ahead's two buffers
       size_t cap = 0;
-      for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
+      for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
       bytes += 2 * cap * sizeof(float);
     }
     return bytes;
@@ -383,8 +383,9 @@ class Stage3 : public Stage2 {
     if (!gf_) return Stage2::for_each_owned_grad(fn);
     settle_grads();
     for (Bucket* b : b_.buckets) {
-      const size_t n = held(*b), pad = b->pos % kLane;
-      AlignedBuffer buf(pad + n);
+      const size_t n = held(*b);
+      AlignedBuffer buf(n + offload::kCongruentSlack);
+      const size_t pad = offload::congruent_pad(buf.data(), b->pos);
       gf_->read(b->pos, n, buf.data() + pad);
       fn(buf.data() + pad, n);
       gf_->write(b->pos, n, buf.data() + pad);
@@ -401,10 +402,13 @@ class Stage3 : public Stage2 {
  protected:
   void accumulate_shard(Bucket& b, const float* g, size_t n) override {
     if (!gf_) return Stage2::accumulate_shard(b, g, n);
-    std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
-    if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
+    // What gshard_ holds at the step's first accumulation: zeros. Placed congruent with the file (no staging).
+    AlignedBuffer buf(n + offload::kCongruentSlack);
+    const size_t pad = offload::congruent_pad(buf.data(), b.pos);
+    float* acc = buf.data() + pad;
+    if (touched_[b.index]) gf_->read(b.pos, n, acc);
     for (size_t i = 0; i < n; i++) acc[i] += g[i];
-    write_grad(b.pos, std::move(acc));
+    write_grad(b.pos, n, std::move(buf), pad);
     touched_[b.index] = 1;
   }
 
@@ -463,7 +467,6 @@ class Stage3 : public Stage2 {
     }
   }
   bool in_bf16(const Bucket& b) const { return !plans_.empty() && plans_[b.index].bf16; }
-  static constexpr size_t kLane = 16;  // floats per 64 bytes (AlignedBuffer's alignment)
   static size_t held(const Bucket& b) { return b.alone() ? b.count : b.sc; }
 
   // ---- --offload params / grads. ----
@@ -474,8 +477,9 @@ class Stage3 : public Stage2 {
     if (!pf_ || !reads_shard(b)) return;
     ShardRead& r = reads_[b.index];
     if (r.queued) return;
-    r.buf = b_.acquire(std::max<size_t>(held(b), 1));
-    r.ticket = pf_->read_async(b.pos, held(b), r.buf.data());
+    r.buf = b_.acquire(held(b) + offload::kCongruentSlack);
+    r.pad = offload::congruent_pad(r.buf.data(), b.pos);
+    r.ticket = pf_->read_async(b.pos, held(b), r.buf.data() + r.pad);
     r.queued = true;
   }
   void drop_read(Bucket& b) {
@@ -490,13 +494,13 @@ class Stage3 : public Stage2 {
     if (!pf_) return pshard_.data() + b.pos;
     start_read(b);
     pf_->wait(reads_[b.index].ticket);
-    return reads_[b.index].buf.data();
+    return reads_[b.index].buf.data() + reads_[b.index].pad;
   }
   // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
   // far the disk lags.
-  void write_grad(size_t pos, std::vector<float> v) {
+  void write_grad(size_t pos, size_t n, AlignedBuffer v, size_t pad) {
     if (last_grad_write_) gf_->wait(last_grad_write_);
-    last_grad_write_ = gf_->write_owned(pos, std::move(v));
+    last_grad_write_ = gf_->write_owned(pos, n, std::move(v), pad);
   }
   offload::ShardFile::Ticket last_grad_write_ = 0;
   // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
@@ -507,7 +511,7 @@ class Stage3 : public Stage2 {
     settle_grads();
     const std::vector<Bucket*>& bs = b_.buckets;
     size_t cap = 0;
-    for (Bucket* b : bs) cap = std::max(cap, b->pos % kLane + held(*b));
+    for (Bucket* b : bs) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
     AlignedBuffer buf[2] = {AlignedBuffer(cap), AlignedBuffer(cap)};
     struct Drain {  // no read left filling buf when it goes (an exception from fn included)
       offload::ShardFile* f;
@@ -519,7 +523,7 @@ class Stage3 : public Stage2 {
       }
     } drain{gf_.get()};
     offload::ShardFile::Ticket t[2] = {0, 0};
-    auto slice = [&](size_t i) { return buf[i % 2].data() + bs[i]->pos % kLane; };
+    auto slice = [&](size_t i) { return buf[i % 2].data() + offload::congruent_pad(buf[i % 2].data(), bs[i]->pos); };
     auto queue = [&](size_t i) { t[i % 2] = gf_->read_async(bs[i]->pos, held(*bs[i]), slice(i)); };
     if (!bs.empty()) queue(0);
     for (size_t i = 0; i < bs.size(); i++) {
@@ -533,7 +537,9 @@ class Stage3 : public Stage2 {
     if (!gf_) return;
     for (Bucket* b : b_.buckets) {
       if (touched_[b->index]) continue;
-      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
+      AlignedBuffer zeros(held(*b) + offload::kCongruentSlack);
+      const size_t pad = offload::congruent_pad(zeros.data(), b->pos);
+      write_grad(b->pos, held(*b), std::move(zeros), pad);
       touched_[b->index] = 1;
     }
   }
@@ -547,9 +553,9 @@ class Stage3 : public Stage2 {
     void begin(size_t T, size_t n) override {
       T_ = T;
       n_ = n;
-      for (int k = 0; k < 2; k++) {
-        if (s_.pf_) p_[k].resize(T);
-        if (s_.gf_) g_[k].resize(T);
+      for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
+        if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
+        if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
       queue(0);
     }
@@ -557,13 +563,13 @@ class Stage3 : public Stage2 {
       if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
       if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
       if ((t + 1) * T_ < n_) queue(t + 1);
-      float* p = s_.pf_ ? p_[t % 2].data() : s_.pshard_.data() + lo;
-      const float* g = s_.gf_ ? g_[t % 2].data() : s_.gshard_.data() + lo;
+      float* p = s_.pf_ ? at(p_[t % 2], lo) : s_.pshard_.data() + lo;
+      const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
     void close(size_t t, size_t lo, size_t hi) override {
       if (!s_.pf_) return;
-      const float* p = p_[t % 2].data();
+      const float* p = at(p_[t % 2], lo);
       s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
     }
@@ -579,9 +585,10 @@ class Stage3 : public Stage2 {
    private:
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, p_[t % 2].data());
-      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, g_[t % 2].data());
+      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
+      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
     }
+    static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
     Stage3& s_;
     size_t T_ = 0, n_ = 0;
     AlignedBuffer p_[2], g_[2];
@@ -589,6 +596,7 @@ class Stage3 : public Stage2 {
   };
   struct ShardRead {
     AlignedBuffer buf;
+    size_t pad = 0;  // the shard at buf.data() + pad (offload::congruent_pad)
     offload::ShardFile::Ticket ticket = 0;
     bool queued = false;
   };
