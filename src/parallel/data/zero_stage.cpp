@@ -5,7 +5,9 @@
 
 #include "core/error.h"
 #include "offload/shard_file.h"
+#include "optim/optimizer.h"
 #include "optim/tiled_optimizer.h"
+#include "parallel/data/segment_norms.h"
 #include "tensor/bf16.h"
 
 namespace mt::parallel {
@@ -200,7 +202,7 @@ class Stage2 : public ZeroStage {
 };
 
 // ---- Stage 3: parameters sharded too; a group's full parameters exist only around its use. ----
-class Stage3 : public Stage2 {
+class Stage3 : public Stage2, public SegmentNorms {
  public:
   using Stage2::Stage2;
   ~Stage3() override {
@@ -233,6 +235,8 @@ class Stage3 : public Stage2 {
     if (o.offload_grads) gf_ = file("gradients");
     reads_.resize(b_.buckets.size());
     touched_.assign(b_.buckets.size(), 0);
+    normed_.assign(b_.buckets.size(), 0);
+    seg_norms_.assign(segments_.size(), 0.0);
     seg_of_bucket_.assign(b_.buckets.size(), {});
     for (size_t i = 0; i < segments_.size(); i++) {
       for (const Bucket* b : b_.buckets)
@@ -378,10 +382,12 @@ class Stage3 : public Stage2 {
   void begin_step() override {
     Stage2::begin_step();
     std::fill(touched_.begin(), touched_.end(), 0);
+    std::fill(normed_.begin(), normed_.end(), 0);
   }
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
     if (!gf_) return Stage2::for_each_owned_grad(fn);
     settle_grads();
+    std::fill(normed_.begin(), normed_.end(), 0);  // fn may change them
     for (Bucket* b : b_.buckets) {
       const size_t n = held(*b);
       AlignedBuffer buf(n + offload::kCongruentSlack);
@@ -390,6 +396,13 @@ class Stage3 : public Stage2 {
       fn(buf.data() + pad, n);
       gf_->write(b->pos, n, buf.data() + pad);
     }
+  }
+  bool grad_segment_norms(std::vector<double>& norms) override {
+    if (!gf_) return false;  // in memory: the norm reads gshard_ itself
+    settle_grads();
+    if (std::find(normed_.begin(), normed_.end(), 0) != normed_.end()) return false;
+    norms = seg_norms_;
+    return true;
   }
   void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
     if (!gf_) return Stage2::visit_grad_segments(fn);
@@ -408,6 +421,7 @@ class Stage3 : public Stage2 {
     float* acc = buf.data() + pad;
     if (touched_[b.index]) gf_->read(b.pos, n, acc);
     for (size_t i = 0; i < n; i++) acc[i] += g[i];
+    norm_segments(b, acc);
     write_grad(b.pos, n, std::move(buf), pad);
     touched_[b.index] = 1;
   }
@@ -503,6 +517,15 @@ class Stage3 : public Stage2 {
     last_grad_write_ = gf_->write_owned(pos, n, std::move(v), pad);
   }
   offload::ShardFile::Ticket last_grad_write_ = 0;
+  // The norms of bucket b's segments from its gradient shard g as it is written (congruent_pad: at the place
+  // modulo 64 bytes the file's read-ahead puts it), so that the global norm need not read the shard back. Valid
+  // until the bucket's next write (a later accumulation recomputes them) or for_each_owned_grad.
+  void norm_segments(const Bucket& b, const float* g) {
+    for (size_t i : seg_of_bucket_[b.index]) seg_norms_[i] = optim::global_norm(g + (segments_[i].grad - b.pos), segments_[i].count);
+    normed_[b.index] = 1;
+  }
+  std::vector<double> seg_norms_;  // per segment
+  std::vector<char> normed_;       // per bucket: seg_norms_ holds the norms of what its file holds
   // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
   // while fn reads this one. Each bucket lies at the same place modulo 64 bytes as in gshard_ (vectorized sums
   // split a piece alike).
@@ -539,6 +562,7 @@ class Stage3 : public Stage2 {
       if (touched_[b->index]) continue;
       AlignedBuffer zeros(held(*b) + offload::kCongruentSlack);
       const size_t pad = offload::congruent_pad(zeros.data(), b->pos);
+      norm_segments(*b, zeros.data() + pad);
       write_grad(b->pos, held(*b), std::move(zeros), pad);
       touched_[b->index] = 1;
     }
