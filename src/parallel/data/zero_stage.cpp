@@ -336,6 +336,9 @@ class Stage3 : public Stage2, public SegmentNorms {
                           "needs an optimizer with state (adamw, or sgd with --momentum > 0) under --offload optimizer");
     tiled->step_from(tiles_, segments_, lr, step);
     mirror_fresh_ = pf_ && !pshard16_.empty();
+    // The next forward opens group 0 and gathers group 1 at once: queue their shard reads now (queued after the
+    // update's writes, so they return the updated values), not on demand there.
+    for (int g = 0; g < std::min<int>(2, (int)b_.group_buckets.size()); g++) each(g, [&](Bucket& b) { start_read(b); });
   }
   void full_params_of(const float* resident, std::vector<float>& out) override {
     out.resize(b_.params.size());
