@@ -196,7 +196,21 @@ void BlockIo::transfer_any(bool write, size_t off, size_t bytes, void* buf) {
     transfer(write, off, bytes, buf);  // the caller's memory itself
     return;
   }
+  // The buffer lies at the file's place modulo kAlign: its whole aligned blocks are the caller's memory itself,
+  // only the partly covered edge blocks go through staging (each within one block: no block moved twice).
+  const size_t i0 = (off + kAlign - 1) / kAlign * kAlign, i1 = (off + bytes) / kAlign * kAlign;
+  if (((uintptr_t)p - off) % kAlign == 0 && i0 < i1) {
+    if (off < i0) staged(write, off, i0 - off, p);
+    transfer(write, i0, i1 - i0, p + (i0 - off));
+    if (i1 < off + bytes) staged(write, i1, off + bytes - i1, p + (i1 - off));
+    return;
+  }
+  staged(write, off, bytes, p);
+}
+
+void BlockIo::staged(bool write, size_t off, size_t bytes, char* p) {
   const size_t a0 = off / kAlign * kAlign, a1 = (off + bytes + kAlign - 1) / kAlign * kAlign;
+  staged_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   const size_t head = a0, tail = a1 - kAlign;  // the edge blocks a write may cover only in part
   const bool rmw_head = write && off != a0, rmw_tail = write && off + bytes != a1 && !(rmw_head && tail == head);
   if (rmw_head || rmw_tail) {

@@ -5,8 +5,11 @@
 //
 // Direct I/O (O_DIRECT) needs the file offset, the length and the memory address aligned (kAlign = 4096
 // bytes covers every logical block size and DMA alignment Linux uses). transfer() is for aligned ranges and
-// buffers and moves the caller's memory itself; transfer_any() takes any byte range and any buffer and goes
-// through `depth` staging blocks of its own (aligned): a read copies each block out as it arrives, a write
+// buffers and moves the caller's memory itself; transfer_any() takes any byte range and any buffer. When the
+// buffer lies at the range's place modulo kAlign ((buf - off) % kAlign == 0: "congruent", what
+// offload::congruent_pad arranges), its whole aligned blocks move the caller's memory itself and only the
+// partly covered edge blocks (at most two, each under kAlign bytes of the caller's) are staged; otherwise the
+// whole range goes through `depth` staging blocks of its own (aligned): a read copies each block out as it arrives, a write
 // fills a block before submitting it, so the copies overlap the other blocks in flight; a write whose range
 // starts or ends inside a 4096-byte block first reads that block (read-modify-write). The file must extend
 // to the range's ends rounded up to kAlign (the callers size their files so). Without direct I/O (a
@@ -59,6 +62,8 @@ class BlockIo {
   // What the staging takes once used: depth() blocks and two kAlign edge blocks with direct I/O; 0 without
   // (transfer_any then moves the caller's memory).
   size_t staging_need() const { return o_.direct ? (size_t)depth() * o_.block + 2 * kAlign : 0; }
+  // The caller's bytes transfer_any has copied through the staging blocks so far (safe from another thread).
+  uint64_t staged_bytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Req {
@@ -72,6 +77,7 @@ class BlockIo {
   void pipeline(size_t n, Ready ready, After after);
   void submit(int slot);
   int complete();  // the slot of a finished request (resubmits short transfers); throws only via error_
+  void staged(bool write, size_t off, size_t bytes, char* p);  // transfer_any through the staging blocks
   void sync_io(Req& r);
   void fail(const Req& r, int err);  // keeps the first failure in error_
   char* staging(int slot);
@@ -84,6 +90,7 @@ class BlockIo {
   std::vector<int> finished_;  // psync: slots done, in order
   char* stage_ = nullptr;
   std::atomic<size_t> staging_bytes_{0};
+  std::atomic<uint64_t> staged_bytes_{0};
   std::string error_;  // the first failure of a pipeline (thrown once every block in flight is back)
 };
 

@@ -111,21 +111,28 @@ ShardFile::Ticket ShardFile::queue(Job j) {
 }
 
 ShardFile::Ticket ShardFile::read_async(size_t off, size_t count, float* out) {
-  return queue({0, false, off, count, out, {}});
+  return queue({0, false, off, count, out, {}, {}});
 }
 
 ShardFile::Ticket ShardFile::write_async(size_t off, size_t count, const float* in) {
-  return queue({0, true, off, count, const_cast<float*>(in), {}});
+  return queue({0, true, off, count, const_cast<float*>(in), {}, {}});
 }
 
 ShardFile::Ticket ShardFile::write_copy(size_t off, size_t count, const float* in) {
   return write_owned(off, std::vector<float>(in, in + count));
 }
 
+ShardFile::Ticket ShardFile::write_owned(size_t off, size_t count, AlignedBuffer data, size_t pad) {
+  MT_ASSERT(pad + count <= data.size(), "write_owned of ", count, " floats at ", pad, " of ", data.size());
+  Job j{0, true, off, count, data.data() + pad, {}, {}};
+  j.owned = std::move(data);  // the pointer stays: a move keeps the allocation
+  return queue(std::move(j));
+}
+
 ShardFile::Ticket ShardFile::write_owned(size_t off, std::vector<float> data) {
   const size_t count = data.size();
   if (count == 0) return write_async(off, 0, nullptr);
-  return queue({0, true, off, count, nullptr, std::move(data)});
+  return queue({0, true, off, count, nullptr, std::move(data), {}});
 }
 
 template <class Pred>

@@ -29,8 +29,18 @@
 
 #include "offload/block_io.h"
 #include "offload/state_swapper.h"
+#include "tensor/buffer.h"
 
 namespace mt::offload {
+
+// Floats to skip at the start of a 64-byte aligned buffer `base` so that element `off` of a shard file placed
+// there is congruent with its file offset (block_io.h: the address modulo 4096 equals the byte offset modulo
+// 4096), so its whole 4096-byte blocks move without staging. Under kCongruentSlack; equal to off modulo 16, so
+// the element keeps its place modulo 64 bytes as in a 64-byte aligned shard.
+constexpr size_t kCongruentSlack = kAlign / sizeof(float);
+inline size_t congruent_pad(const float* base, size_t off) {
+  return (size_t)((off * sizeof(float) - (uintptr_t)base) % kAlign) / sizeof(float);
+}
 
 // Opens an unnamed file in dir (O_TMPFILE, with O_DIRECT where the filesystem takes it and direct is asked
 // for; else a named file removed at once). Throws InputError naming dir when it is missing, not a directory
@@ -64,6 +74,8 @@ class ShardFile {
   // Queue a write of a copy of in[0, count), or of data itself: nothing to keep alive.
   Ticket write_copy(size_t off, size_t count, const float* in);
   Ticket write_owned(size_t off, std::vector<float> data);
+  // data's [pad, pad + count) (placed by congruent_pad: no staging); data is freed once written.
+  Ticket write_owned(size_t off, size_t count, AlignedBuffer data, size_t pad);
   void wait(Ticket t);
   void read(size_t off, size_t count, float* out) { wait(read_async(off, count, out)); }
   void write(size_t off, size_t count, const float* in) { wait(write_async(off, count, in)); }
@@ -86,6 +98,7 @@ class ShardFile {
   // held now (0 until the first unaligned direct transfer; resident from then on).
   size_t staging_bytes() const { return io_->staging_need(); }
   size_t staging_held() const { return io_->staging_bytes(); }
+  uint64_t staged_bytes() const { return io_->staged_bytes(); }  // bytes copied through staging so far
 
  private:
   struct Job {
@@ -94,6 +107,7 @@ class ShardFile {
     size_t off, count;
     float* buf;
     std::vector<float> copy;  // write_copy's data
+    AlignedBuffer owned;      // or write_owned's, from owned.data() + buf offset
   };
   Ticket queue(Job j);
   void io_loop();

@@ -96,7 +96,8 @@ nlohmann::json OffloadTiers::report() const {
                       {"read_s", s.read_s},
                       {"write_s", s.write_s},
                       {"read_bytes_per_s", rate((double)s.bytes_read, s.read_s)},
-                      {"write_bytes_per_s", rate((double)s.bytes_written, s.write_s)}});
+                      {"write_bytes_per_s", rate((double)s.bytes_written, s.write_s)},
+                      {"staged_bytes", f->staged_bytes()}});
   }
   if (!state_) return {{"kind", "shards"}, {"shards", shards}};  // the optimizer state in memory
   const offload::IoCounters c = state_->counters();

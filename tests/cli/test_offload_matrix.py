@@ -10,7 +10,8 @@ T=16; 4 KiB offload tiles, so segments are cut at tile boundaries; small buckets
   3. --summary at the new stages: params alone at ZeRO 1 (dp 2) offloads the full parameters (4 bytes per
      parameter), keeps no float32 parameter buffer and keeps the optimizer state resident (nothing of it
      offloaded); grads at ZeRO 2 offloads the rank's gradient shard, at ZeRO 0 the full gradient, and keeps no
-     resident gradient; the summary's offload section lists the files; nothing is left in --offload-dir.
+     resident gradient, and at ZeRO 2 the gradient file is read once per step (the norm does not read it back);
+     the summary's offload section lists the files; nothing is left in --offload-dir.
   4. Refused with both flags named: --offload grads with --delayed-update (two resident versions).
   5. The budget at ZeRO 0 (nproc 1, L=8, C=384: 54.6 MiB of float32 parameters): the --memory-limit plan (read
      from the refusal a 1K limit gives) of optimizer,params counts no resident parameters and is at least 10 MiB
@@ -152,6 +153,13 @@ def summaries(e: Env) -> None:
             check(rank.get("params_offloaded_bytes", 0) == 0 and rank["param_bytes"] == 4 * j["params"],
                   f"grads at ZeRO 2, rank {rank['rank']}: parameters resident ({rank['param_bytes']} bytes)")
         check(total == 4 * j["params"], f"grads at ZeRO 2: the ranks' shards add up to every parameter ({total} bytes)")
+        # The gradient file is read once per step, by the update: the global norm uses the segments' norms taken
+        # as each bucket's shard was written (parallel/data/segment_norms.h), not a second read of the shard.
+        for x in j["offload"]["shards"]:
+            if x["kind"] == "gradients":
+                check(x["read_bytes"] == 6 * x["file_bytes"],
+                      f"grads at ZeRO 2: gradient file read {x['read_bytes']} bytes in 6 steps = 6 x its "
+                      f"{x['file_bytes']} bytes")
     s = os.path.join(e.wd, "grads_z0.summary.json")
     r = e.run(["--nproc", 2, "--zero", 0] + SMALL_BUCKETS + off(e, "grads", False) + ["--summary", s])
     check(r.returncode == 0, f"grads at ZeRO 0: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")

@@ -3,7 +3,7 @@ GPT of test_offload.py at nproc 1 with ZeRO 3 (one rank: its shards are the whol
   1. With optimizer,params offloaded and 64 KiB tiles, --summary's memory_plan.io_buffers is, byte for byte, the
      parameter file's staging (8 blocks of the 64 KiB I/O block and two 4096-byte edge blocks, with direct I/O;
      none through the page cache) plus the update's two tile buffers of parameters (64 KiB each, or the shard's
-     bytes rounded up to 4096 when smaller), computed here from the flags and the model's size; the staging the
+     bytes rounded up to 4096 when smaller, each with 4096 bytes of slack to place the tile congruent with the file), computed here from the flags and the model's size; the staging the
      initial write already used is reported as held (io_buffers_in_now), and the plan's total is the process
      now + the optimizer's resident part + the buffers not held yet + one micro-batch's activations.
   2. With optimizer,params,grads and activations offloaded (default 1 MiB tiles): a --memory-limit half way
@@ -59,10 +59,11 @@ def exact_figure(e: Env) -> None:
     staging = depth * block + 2 * 4096 if f["direct_io"] else 0
     shard_bytes = 4 * j["params"]  # one rank: the whole model
     T_bytes = min(tile, (shard_bytes + 4095) // 4096 * 4096)
-    want = staging + 2 * T_bytes
+    # Each tile buffer has 4096 bytes of slack to place the tile at its file offset modulo 4096 (congruent_pad).
+    want = staging + 2 * (T_bytes + 4096)
     check(plan["io_buffers"] == want,
           f"io_buffers {plan['io_buffers']} = staging {staging} (direct {f['direct_io']}, {f['engine']}) + 2 tiles of "
-          f"{T_bytes} = {want}")
+          f"{T_bytes} + 4096 = {want}")
     check(plan["io_buffers_in_now"] == staging,
           f"the staging used by the initial write is held at plan time: {plan['io_buffers_in_now']} = {staging}")
     total = plan["now"] + plan["optimizer"] + plan["io_buffers"] - plan["io_buffers_in_now"] + plan["activations"]
@@ -133,7 +134,9 @@ def zero0(e: Env) -> None:
     # grads alone: ZeRO 0 (2 slots, the bucket's buffer, the update's 2 gradient tiles) and ZeRO 2 (the norm's
     # two read-ahead buffers of the largest bucket shard and the 2 gradient tiles; ZeRO 2's buckets never span
     # two groups, so at nproc 1 the largest is a block, at a multiple of 16 floats: 40960 + k block).
-    for zero, floats in ((0, 2 * block + n + 2 * (tile // 4)), (2, 2 * block + 2 * (tile // 4))):
+    # At ZeRO 2 each of those buffers also has 4096 bytes of slack to sit congruent with the file (congruent_pad).
+    slack = 4096 // 4
+    for zero, floats in ((0, 2 * block + n + 2 * (tile // 4)), (2, 2 * (block + slack) + 2 * (tile // 4 + slack))):
         s = os.path.join(e.wd, f"grads{zero}.summary.json")
         g = ["--nproc", 1, "--zero", zero, "--bucket-mb", 64, "--n-embd", C]
         r = e.run(g + ["--offload", "grads", "--offload-dir", e.odir, "--summary", s, "--memory-limit", "4G"], steps=2)

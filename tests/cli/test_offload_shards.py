@@ -8,8 +8,8 @@ ZeRO 3 with small buckets, so a rank's shards are several buckets and the update
      each ending byte-equal to the uninterrupted in-memory run.
   3. --summary reports the parameter and gradient bytes offloaded (4 bytes per element of the rank's shard), no
      resident float32 parameter or gradient shard, and bytes read and written per step at least the shards'
-     size; --trace has parameter and gradient reads and writes on the io track; nothing is left in
-     --offload-dir.
+     size, and the gradient file read once per step (the norm does not read it back); --trace has parameter
+     and gradient reads and writes on the io track; nothing is left in --offload-dir.
   4. The budget: a GPT of 22.2M parameters (28 layers of width 256; 16 bytes per parameter of float32 weights,
      gradients and AdamW state = 338 MiB) trains 3 steps with optimizer,params,grads offloaded (--recompute,
      256 KiB tiles) under --memory-limit 80M, at least 4x below its training state: measured peak RSS under the
@@ -110,6 +110,12 @@ def reports(e: Env) -> None:
               f"{rank['offload_written_bytes_per_step']} per step >= {o + p + g}")
     kinds = {x["kind"] for x in j["offload"]["shards"]}
     check(kinds == {"parameters", "gradients"}, f"summary offload section lists the shard files {sorted(kinds)}")
+    # The gradient file is read once per step, by the update: the global norm uses the segments' norms taken as
+    # each bucket's gradient shard was written (not a second read of the shard).
+    for x in j["offload"]["shards"]:
+        if x["kind"] == "gradients":
+            check(x["read_bytes"] == 6 * x["file_bytes"],
+                  f"gradient file read {x['read_bytes']} bytes in 6 steps = 6 x its {x['file_bytes']} bytes")
     ev = json.load(open(t))["traceEvents"]
     io_tid = [x["tid"] for x in ev if x.get("ph") == "M" and x.get("args", {}).get("name") == "io"]
     io = [x["name"] for x in ev if x.get("ph") == "X" and io_tid and x["tid"] == io_tid[0]]

@@ -17,6 +17,7 @@
 
 #include "offload/shard_file.h"
 #include "offload/state_swapper.h"
+#include "tensor/buffer.h"
 
 namespace {
 
@@ -178,6 +179,43 @@ TEST(BlockIo, StagingIsHeldFromItsFirstUseAndIsWhatItsNeedSays) {
     EXPECT_EQ(io.staging_bytes(), want);
     std::free(buf);
   }
+}
+
+// A buffer congruent with its range (offload::congruent_pad): the whole 4096-byte blocks move the caller's memory
+// and only the two partly covered edge blocks are staged (staged_bytes() counts the caller's bytes copied); the
+// data comes back as written, and the bytes around the range in the file and in the buffer are left alone.
+TEST(BlockIo, ACongruentBufferStagesOnlyItsEdgeBlocks) {
+  TempFile f(64 * kAlign);
+  BlockIo io(f.fd, options(f.direct, true, 2 * kAlign));
+  if (!f.direct) GTEST_SKIP() << "the temporary directory does not take O_DIRECT";
+  mt::AlignedBuffer ones(16 * kAlign), base(16 * kAlign);
+  for (size_t i = 0; i < ones.size(); i++) ones[i] = 1.0f;
+  io.transfer_any(true, 0, ones.bytes(), ones.data());
+  const size_t off = 3 * 1024 + 5;  // floats: not on a 4096-byte boundary
+  const size_t n = 5 * 1024 + 9;    // over four whole blocks between two partial ones
+  const size_t pad = mt::offload::congruent_pad(base.data(), off);
+  EXPECT_LT(pad, mt::offload::kCongruentSlack);
+  EXPECT_EQ(((uintptr_t)(base.data() + pad) - off * sizeof(float)) % kAlign, 0u);
+  EXPECT_EQ(pad % 16, off % 16);  // the element's place modulo 64 bytes, as in a 64-byte aligned shard
+  float* p = base.data() + pad;
+  for (size_t i = 0; i < n; i++) p[i] = 2.0f + (float)i;
+  const uint64_t before = io.staged_bytes();
+  io.transfer_any(true, off * sizeof(float), n * sizeof(float), p);
+  const uint64_t wrote = io.staged_bytes() - before;
+  EXPECT_GT(wrote, 0u);
+  EXPECT_LT(wrote, 2 * kAlign);
+  mt::AlignedBuffer back(16 * kAlign);
+  float* q = back.data() + mt::offload::congruent_pad(back.data(), off);
+  io.transfer_any(false, off * sizeof(float), n * sizeof(float), q);
+  EXPECT_EQ(io.staged_bytes() - before - wrote, wrote);  // the read stages the same edge bytes
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(q[i], 2.0f + (float)i) << i;
+  mt::AlignedBuffer all(16 * kAlign);
+  io.transfer_any(false, 0, all.bytes(), all.data());
+  for (size_t i = 0; i < all.size(); i++) ASSERT_EQ(all[i], i >= off && i < off + n ? 2.0f + (float)(i - off) : 1.0f) << i;
+  // Not congruent (one float further on): all of it staged.
+  const uint64_t b2 = io.staged_bytes();
+  io.transfer_any(false, off * sizeof(float), n * sizeof(float), q + 1);
+  EXPECT_EQ(io.staged_bytes() - b2, n * sizeof(float));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "optim/optimizer.h"
+#include "parallel/data/segment_norms.h"
 
 namespace mt::parallel {
 
@@ -81,9 +82,11 @@ std::pair<double, double> DataParallel::grad_sq(const std::vector<bool>& flagged
   // Each segment's norm (in the stage's order: an offloaded gradient comes in bucket by bucket), then added up
   // in segment order.
   std::vector<double> norms(segs.size(), 0.0);
-  stage_->visit_grad_segments([&](size_t i, const float* g) {
-    if (counted(segs[i])) norms[i] = optim::global_norm(g, segs[i].count);
-  });
+  auto* kept = dynamic_cast<SegmentNorms*>(stage_.get());
+  if (!kept || !kept->grad_segment_norms(norms))
+    stage_->visit_grad_segments([&](size_t i, const float* g) {
+      if (counted(segs[i])) norms[i] = optim::global_norm(g, segs[i].count);
+    });
   for (size_t i = 0; i < segs.size(); i++) {
     const optim::Segment& sg = segs[i];
     if (!counted(sg)) continue;

@@ -6,8 +6,10 @@
 
 #include "core/error.h"
 #include "offload/shard_file.h"
-#include "parallel/data/param_file.h"
+#include "optim/optimizer.h"
 #include "optim/tiled_optimizer.h"
+#include "parallel/data/param_file.h"
+#include "parallel/data/segment_norms.h"
 #include "tensor/bf16.h"
 
 namespace mt::parallel {
@@ -154,7 +156,7 @@ class Stage1 : public ZeroStage {
 // --offload grads (here and in stage 3): the rank's reduced gradient shard lives in a file instead of gshard_
 // (same layout); a bucket's reduce-scatter result is added to what the file holds, the norm and the clipping
 // read it bucket by bucket, the update tile by tile.
-class Stage2 : public ZeroStage {
+class Stage2 : public ZeroStage, public SegmentNorms {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
@@ -166,6 +168,7 @@ class Stage2 : public ZeroStage {
   void begin_step() override {
     gshard_.zero();
     std::fill(touched_.begin(), touched_.end(), 0);
+    std::fill(normed_.begin(), normed_.end(), 0);
   }
   // The previous micro-batch's buckets must be reduced and freed before they are rewritten.
   void begin_micro_batch() override { b_.finish(); }
@@ -199,9 +202,11 @@ class Stage2 : public ZeroStage {
   void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
     if (!gf_) return fn(gshard_.data(), shard_total_);
     settle_grads();
+    std::fill(normed_.begin(), normed_.end(), 0);  // fn may change them
     for (Bucket* b : b_.buckets) {
-      const size_t n = held(*b), pad = b->pos % kLane;
-      AlignedBuffer buf(pad + n);
+      const size_t n = held(*b);
+      AlignedBuffer buf(n + offload::kCongruentSlack);
+      const size_t pad = offload::congruent_pad(buf.data(), b->pos);
       gf_->read(b->pos, n, buf.data() + pad);
       fn(buf.data() + pad, n);
       gf_->write(b->pos, n, buf.data() + pad);
@@ -213,6 +218,13 @@ class Stage2 : public ZeroStage {
     grad_buckets_read_ahead([&](Bucket& b, const float* g) {
       for (size_t i : seg_of_bucket_[b.index]) fn(i, g + (segments_[i].grad - b.pos));
     });
+  }
+  bool grad_segment_norms(std::vector<double>& norms) override {
+    if (!gf_) return false;  // in memory: the norm reads gshard_ itself
+    settle_grads();
+    if (std::find(normed_.begin(), normed_.end(), 0) != normed_.end()) return false;
+    norms = seg_norms_;
+    return true;
   }
   const float* grad_base() override { return gshard_.data(); }
   void update(optim::Optimizer& opt, float lr, int64_t step) override {
@@ -233,24 +245,27 @@ class Stage2 : public ZeroStage {
   // --offload grads: the norm's read-ahead (two buffers of the largest held bucket, placed as in gshard_) and
   // GradTiles' two tiles of T = tile_bytes / 4 floats.
   size_t offload_buffer_bytes(size_t tile_bytes) const override {
-    return gf_ ? read_ahead_bytes() + 2 * (tile_bytes / sizeof(float)) * sizeof(float) : 0;
+    return gf_ ? read_ahead_bytes() + 2 * (tile_bytes / sizeof(float) + offload::kCongruentSlack) * sizeof(float) : 0;
   }
 
  protected:
   // Adds bucket b's reduced shard g[0, n) to what this rank keeps of it.
   virtual void accumulate_shard(Bucket& b, const float* g, size_t n) {
     if (gf_) {
-      std::vector<float> acc(n, 0.0f);  // what gshard_ holds at the step's first accumulation: zeros
-      if (touched_[b.index]) gf_->read(b.pos, n, acc.data());
+      // What gshard_ holds at the step's first accumulation: zeros. Placed congruent with the file (no staging).
+      AlignedBuffer buf(n + offload::kCongruentSlack);
+      const size_t pad = offload::congruent_pad(buf.data(), b.pos);
+      float* acc = buf.data() + pad;
+      if (touched_[b.index]) gf_->read(b.pos, n, acc);
       for (size_t i = 0; i < n; i++) acc[i] += g[i];
-      write_grad(b.pos, std::move(acc));
+      norm_segments(b, acc);
+      write_grad(b.pos, n, std::move(buf), pad);
       touched_[b.index] = 1;
       return;
     }
     float* acc = gshard_.data() + b.pos;
     for (size_t i = 0; i < n; i++) acc[i] += g[i];
   }
-  static constexpr size_t kLane = 16;  // floats per 64 bytes (AlignedBuffer's alignment)
   static size_t held(const Bucket& b) { return b.alone() ? b.count : b.sc; }
 
   // ---- --offload grads. ----
@@ -264,6 +279,8 @@ class Stage2 : public ZeroStage {
     }
     gf_ = make_shard_file(o, "gradients", shard_total_);
     touched_.assign(b_.buckets.size(), 0);
+    normed_.assign(b_.buckets.size(), 0);
+    seg_norms_.assign(segments_.size(), 0.0);
     seg_of_bucket_.assign(b_.buckets.size(), {});
     for (size_t i = 0; i < segments_.size(); i++) {
       for (const Bucket* b : b_.buckets)
@@ -275,9 +292,16 @@ class Stage2 : public ZeroStage {
   }
   // A gradient shard's write, after the previous one finished: the copies queued stay one bucket or two, however
   // far the disk lags.
-  void write_grad(size_t pos, std::vector<float> v) {
+  void write_grad(size_t pos, size_t n, AlignedBuffer v, size_t pad) {
     if (last_grad_write_) gf_->wait(last_grad_write_);
-    last_grad_write_ = gf_->write_owned(pos, std::move(v));
+    last_grad_write_ = gf_->write_owned(pos, n, std::move(v), pad);
+  }
+  // The norms of bucket b's segments from its gradient shard g as it is written (congruent_pad: at the place
+  // modulo 64 bytes the file's read-ahead puts it), so that the global norm need not read the shard back. Valid
+  // until the bucket's next write (a later accumulation recomputes them) or for_each_owned_grad.
+  void norm_segments(const Bucket& b, const float* g) {
+    for (size_t i : seg_of_bucket_[b.index]) seg_norms_[i] = optim::global_norm(g + (segments_[i].grad - b.pos), segments_[i].count);
+    normed_[b.index] = 1;
   }
   // Each bucket's gradient shard from the file in turn, the next one read ahead into the other of two buffers
   // while fn reads this one. Each bucket lies at the same place modulo 64 bytes as in gshard_ (vectorized sums
@@ -287,7 +311,7 @@ class Stage2 : public ZeroStage {
     settle_grads();
     const std::vector<Bucket*>& bs = b_.buckets;
     size_t cap = 0;
-    for (Bucket* b : bs) cap = std::max(cap, b->pos % kLane + held(*b));
+    for (Bucket* b : bs) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
     AlignedBuffer buf[2] = {AlignedBuffer(cap), AlignedBuffer(cap)};
     struct Drain {  // no read left filling buf when it goes (an exception from fn included)
       offload::ShardFile* f;
@@ -299,7 +323,7 @@ class Stage2 : public ZeroStage {
       }
     } drain{gf_.get()};
     offload::ShardFile::Ticket t[2] = {0, 0};
-    auto slice = [&](size_t i) { return buf[i % 2].data() + bs[i]->pos % kLane; };
+    auto slice = [&](size_t i) { return buf[i % 2].data() + offload::congruent_pad(buf[i % 2].data(), bs[i]->pos); };
     auto queue = [&](size_t i) { t[i % 2] = gf_->read_async(bs[i]->pos, held(*bs[i]), slice(i)); };
     if (!bs.empty()) queue(0);
     for (size_t i = 0; i < bs.size(); i++) {
@@ -312,7 +336,7 @@ class Stage2 : public ZeroStage {
   size_t read_ahead_bytes() const {
     if (!gf_) return 0;
     size_t cap = 0;
-    for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
+    for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
     return 2 * cap * sizeof(float);
   }
   // Zeros for the buckets that received no gradient this step (gshard_ is zeroed at every step's begin).
@@ -320,7 +344,10 @@ class Stage2 : public ZeroStage {
     if (!gf_) return;
     for (Bucket* b : b_.buckets) {
       if (touched_[b->index]) continue;
-      write_grad(b->pos, std::vector<float>(held(*b), 0.0f));
+      AlignedBuffer zeros(held(*b) + offload::kCongruentSlack);
+      const size_t pad = offload::congruent_pad(zeros.data(), b->pos);
+      norm_segments(*b, zeros.data() + pad);
+      write_grad(b->pos, held(*b), std::move(zeros), pad);
       touched_[b->index] = 1;
     }
   }
@@ -333,13 +360,13 @@ class Stage2 : public ZeroStage {
     void begin(size_t T, size_t n) override {
       T_ = T;
       n_ = n;
-      for (AlignedBuffer& g : g_) g.resize(T);
+      for (AlignedBuffer& g : g_) g.resize(T + offload::kCongruentSlack);  // congruent: no staging
       queue(0);
     }
-    std::pair<float*, const float*> open(size_t t, size_t, size_t) override {
+    std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
       s_.gf_->wait(gt_[t % 2]);
       if ((t + 1) * T_ < n_) queue(t + 1);
-      return {s_.b_.params.data(), g_[t % 2].data()};
+      return {s_.b_.params.data(), at(g_[t % 2], lo)};
     }
     void close(size_t, size_t, size_t) override {}
     void end() override {
@@ -350,8 +377,9 @@ class Stage2 : public ZeroStage {
    private:
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      gt_[t % 2] = s_.gf_->read_async(lo, c, g_[t % 2].data());
+      gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
     }
+    static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
     Stage2& s_;
     size_t T_ = 0, n_ = 0;
     AlignedBuffer g_[2];
@@ -361,6 +389,8 @@ class Stage2 : public ZeroStage {
   AlignedBuffer gshard_;  // this rank's reduced gradient shard (empty under --offload grads)
   std::vector<char> touched_;
   std::vector<std::vector<size_t>> seg_of_bucket_;
+  std::vector<double> seg_norms_;  // per segment
+  std::vector<char> normed_;       // per bucket: seg_norms_ holds the norms of what its file holds
   offload::ShardFile::Ticket last_grad_write_ = 0;
   GradTiles grad_tiles_{*this};
   // Last, so destroyed first: its I/O thread stops before the buffers above go.
@@ -478,6 +508,9 @@ class Stage3 : public Stage2 {
     settle_grads();
     tiled(opt).step_from(tiles_, segments_, lr, step);
     mirror_fresh_ = pf_ && !pshard16_.empty();
+    // The next forward opens group 0 and gathers group 1 at once: queue their shard reads now (queued after the
+    // update's writes, so they return the updated values), not on demand there.
+    for (int g = 0; g < std::min<int>(2, (int)b_.group_buckets.size()); g++) each(g, [&](Bucket& b) { start_read(b); });
   }
   void full_params_of(const float* resident, std::vector<float>& out) override {
     out.resize(b_.params.size());
@@ -501,16 +534,11 @@ class Stage3 : public Stage2 {
   size_t offloaded_param_bytes() const override { return pf_ ? shard_total_ * sizeof(float) : 0; }
   size_t offload_buffer_bytes(size_t tile_bytes) const override {
     if (!pf_ && !gf_) return 0;
-    // Tiles: two buffers of T floats per offloaded kind, T the optimizer tier's tile (tile_bytes / 4: run.cpp
-    // passes the tier's own).
+    // Tiles: two buffers of T floats (and the congruent slack) per offloaded kind, T the optimizer tier's tile
+    // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
-    size_t bytes = 2 * T * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
-    if (gf_) {  // grad_buckets_read_ahead's two buffers
-      size_t cap = 0;
-      for (const Bucket* b : b_.buckets) cap = std::max(cap, b->pos % kLane + held(*b));
-      bytes += 2 * cap * sizeof(float);
-    }
-    return bytes;
+    size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
   }
   std::vector<offload::ShardFile*> shard_files() override {
     std::vector<offload::ShardFile*> v;
@@ -583,8 +611,9 @@ class Stage3 : public Stage2 {
     if (!pf_ || !reads_shard(b)) return;
     ShardRead& r = reads_[b.index];
     if (r.queued) return;
-    r.buf = b_.acquire(std::max<size_t>(held(b), 1));
-    r.ticket = pf_->read_async(b.pos, held(b), r.buf.data());
+    r.buf = b_.acquire(held(b) + offload::kCongruentSlack);
+    r.pad = offload::congruent_pad(r.buf.data(), b.pos);
+    r.ticket = pf_->read_async(b.pos, held(b), r.buf.data() + r.pad);
     r.queued = true;
   }
   void drop_read(Bucket& b) {
@@ -599,7 +628,7 @@ class Stage3 : public Stage2 {
     if (!pf_) return pshard_.data() + b.pos;
     start_read(b);
     pf_->wait(reads_[b.index].ticket);
-    return reads_[b.index].buf.data();
+    return reads_[b.index].buf.data() + reads_[b.index].pad;
   }
   // The tiled update's parameters and gradients from the files: tile t in buffer t % 2, the next tile read
   // while this one is updated, each tile's parameters written back (and rounded into the mirror) behind it.
@@ -611,9 +640,9 @@ class Stage3 : public Stage2 {
     void begin(size_t T, size_t n) override {
       T_ = T;
       n_ = n;
-      for (int k = 0; k < 2; k++) {
-        if (s_.pf_) p_[k].resize(T);
-        if (s_.gf_) g_[k].resize(T);
+      for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
+        if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
+        if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
       queue(0);
     }
@@ -621,13 +650,13 @@ class Stage3 : public Stage2 {
       if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
       if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
       if ((t + 1) * T_ < n_) queue(t + 1);
-      float* p = s_.pf_ ? p_[t % 2].data() : s_.pshard_.data() + lo;
-      const float* g = s_.gf_ ? g_[t % 2].data() : s_.gshard_.data() + lo;
+      float* p = s_.pf_ ? at(p_[t % 2], lo) : s_.pshard_.data() + lo;
+      const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
     void close(size_t t, size_t lo, size_t hi) override {
       if (!s_.pf_) return;
-      const float* p = p_[t % 2].data();
+      const float* p = at(p_[t % 2], lo);
       s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
     }
@@ -643,9 +672,10 @@ class Stage3 : public Stage2 {
    private:
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, p_[t % 2].data());
-      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, g_[t % 2].data());
+      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
+      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
     }
+    static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
     Stage3& s_;
     size_t T_ = 0, n_ = 0;
     AlignedBuffer p_[2], g_[2];
@@ -653,6 +683,7 @@ class Stage3 : public Stage2 {
   };
   struct ShardRead {
     AlignedBuffer buf;
+    size_t pad = 0;  // the shard at buf.data() + pad (offload::congruent_pad)
     offload::ShardFile::Ticket ticket = 0;
     bool queued = false;
   };
