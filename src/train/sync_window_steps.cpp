@@ -74,11 +74,8 @@ class SyncWindowSteps : public StepExecutor, private pipeline::StageRunner {
  private:
   // The window from step s to the next step after which the loop needs the settled state.
   void open(int64_t s) {
-    // At most kMaxWindowSteps, and few enough that the window's K m p (micro-batch, stage) pairs stay within what
-    // a schedule may hold (1,000,000: schedule.cpp's limit, which the one-step list met at config time).
-    const int64_t most = std::clamp<int64_t>(1'000'000 / ((int64_t)pp_.spec.stages * m_), 1, kMaxWindowSteps);
-    first_ = last_ = s;
-    while (!parts_.window_ends_after(last_) && last_ - first_ + 1 < most) last_++;
+    first_ = s;
+    last_ = window_last_step(s, pp_.spec.stages, m_, parts_.window_ends_after);
     const int K = (int)(last_ - first_ + 1);
     spec_ = pipeline::window_spec(pp_.spec, K);
     window_ = pipeline::sync_window_schedule(pp_.spec, K);
