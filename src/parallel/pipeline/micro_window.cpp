@@ -63,41 +63,16 @@ void check_micro_window(const ScheduleSpec& spec, int steps, const Schedule& win
   }
 
   // Replay with U(i) collective: it ends once every rank has reached its U(i).
-  using Msg = std::tuple<bool, int, int, int>;  // grad, micro-batch, from stage, to stage
-  std::set<Msg> sent;
-  auto msg_key = [&](const Action& a, int j) {
-    const Message msg = message_of(a, j, window.placement);
-    return Msg{msg.grad, msg.micro_batch, msg.from_stage, msg.to_stage};
-  };
-  std::vector<size_t> pc((size_t)p, 0);
-  auto blocked = [&](int j) {
-    const Action& a = window[j][pc[j]];
-    if (is_wait(a.kind)) return sent.count(msg_key(a, j)) == 0;
-    if (is_micro_update(a))
-      for (int r = 0; r < p; r++)
-        if (pc[r] < at[r][a.micro_batch]) return true;
-    return false;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int j = 0; j < p; j++) {
-      while (pc[j] < window[j].size() && !blocked(j)) {
-        const Action& a = window[j][pc[j]];
-        if (is_send(a.kind)) sent.insert(msg_key(a, j));
-        pc[j]++;
-        progress = true;
-      }
-    }
-  }
-  std::string stuck;
-  for (int j = 0; j < p; j++) {
-    if (pc[j] == window[j].size()) continue;
-    const Action& a = window[j][pc[j]];
-    stuck += str(stuck.empty() ? "" : "; ", "rank ", j, ", action ", pc[j], " (", to_string(a), ") waits for ",
-                 is_micro_update(a) ? std::string("every rank's update of that micro-batch (the norm)")
-                                    : std::string("its message"));
-  }
-  if (!stuck.empty()) throw ScheduleError("deadlock: " + stuck);
+  replay_window(
+      window, is_micro_update,
+      [&](int j, const std::vector<size_t>& pc) {
+        const int i = window[j][pc[j]].micro_batch;
+        for (int r = 0; r < p; r++)
+          if (pc[r] < at[r][i]) return true;
+        return false;
+      },
+      [](int, const Action&) {},
+      [](const Action&) { return std::string("every rank's update of that micro-batch (the norm)"); });
 }
 
 std::vector<int> stash_depths(const Schedule& window, bool stashed, const std::vector<int>& vsync) {

@@ -144,22 +144,39 @@ void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window)
   }
 
   // Replay with U(t) waiting for every rank's backwards of step t (g_t's global norm).
+  std::vector<std::vector<int>> ran((size_t)p, std::vector<int>((size_t)steps, 0));  // backwards of step t run
+  std::vector<int> pending((size_t)steps, 0);  // ranks not yet done with step t's backwards
+  for (int t = 0; t < steps; t++)
+    for (int j = 0; j < p; j++) pending[t] += step_backwards[j][t] > 0 ? 1 : 0;
+  replay_window(
+      window, is_step_update,
+      [&](int j, const std::vector<size_t>& pc) { return pending[step_of(window[j][pc[j]].micro_batch, m)] > 0; },
+      [&](int j, const Action& a) {
+        if (!is_backward(a.kind)) return;
+        const int t = step_of(a.micro_batch, m);
+        if (++ran[j][t] == step_backwards[j][t]) pending[t]--;
+      },
+      [&](const Action& a) {
+        return str("the norm of step ", step_of(a.micro_batch, m), " (every rank's backwards of that step)");
+      });
+}
+
+void replay_window(const Schedule& window, const std::function<bool(const Action&)>& is_update,
+                   const std::function<bool(int j, const std::vector<size_t>& pc)>& update_held,
+                   const std::function<void(int j, const Action& a)>& ran,
+                   const std::function<std::string(const Action&)>& update_waits_for) {
+  const int p = (int)window.size();
   using Msg = std::tuple<bool, int, int, int>;  // grad, micro-batch, from stage, to stage
   std::set<Msg> sent;
   auto msg_key = [&](const Action& a, int j) {
     const Message msg = message_of(a, j, window.placement);
     return Msg{msg.grad, msg.micro_batch, msg.from_stage, msg.to_stage};
   };
-  std::vector<std::vector<int>> ran((size_t)p, std::vector<int>((size_t)steps, 0));  // backwards of step t run
-  std::vector<int> pending((size_t)steps, 0);  // ranks not yet done with step t's backwards
-  for (int t = 0; t < steps; t++)
-    for (int j = 0; j < p; j++) pending[t] += step_backwards[j][t] > 0 ? 1 : 0;
   std::vector<size_t> pc((size_t)p, 0);
   auto blocked = [&](int j) {
     const Action& a = window[j][pc[j]];
     if (is_wait(a.kind)) return sent.count(msg_key(a, j)) == 0;
-    if (is_step_update(a)) return pending[step_of(a.micro_batch, m)] > 0;
-    return false;
+    return is_update(a) && update_held(j, pc);
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -167,10 +184,7 @@ void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window)
       while (pc[j] < window[j].size() && !blocked(j)) {
         const Action& a = window[j][pc[j]];
         if (is_send(a.kind)) sent.insert(msg_key(a, j));
-        if (is_backward(a.kind)) {
-          const int t = step_of(a.micro_batch, m);
-          if (++ran[j][t] == step_backwards[j][t]) pending[t]--;
-        }
+        ran(j, a);
         pc[j]++;
         progress = true;
       }
@@ -181,9 +195,7 @@ void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window)
     if (pc[j] == window[j].size()) continue;
     const Action& a = window[j][pc[j]];
     stuck += str(stuck.empty() ? "" : "; ", "rank ", j, ", action ", pc[j], " (", to_string(a), ") waits for ",
-                 is_step_update(a) ? str("the norm of step ", step_of(a.micro_batch, m),
-                                         " (every rank's backwards of that step)")
-                                   : std::string("its message"));
+                 is_update(a) ? update_waits_for(a) : std::string("its message"));
   }
   if (!stuck.empty()) throw ScheduleError("deadlock: " + stuck);
 }

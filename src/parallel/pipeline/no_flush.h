@@ -29,6 +29,10 @@
 // Encoding: U(t) is optimizer_step with micro_batch = t m + m - 1 (the step's last micro-batch) and chunk -1.
 #pragma once
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "parallel/pipeline/schedule.h"
 
 namespace mt::pipeline {
@@ -61,5 +65,15 @@ Schedule without_step_updates(const Schedule& window);
 //    matching message has been sent and U(t) ends once every rank has run all its backwards of step t reaches
 //    the end of every list.
 void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window);
+
+// The deadlock replay of a window of steps, shared by check_no_flush, check_sync_window and check_micro_window:
+// every rank runs its list as far as it can, a wait once its message was sent, an update (is_update) once
+// update_held(j, pc) no longer holds it (the window's rule: pc is every rank's next action); ran(j, a) sees each
+// action run. Throws ScheduleError("deadlock: ...") naming each stuck rank, its action and what it waits for
+// (update_waits_for(a) for an update, its message otherwise).
+void replay_window(const Schedule& window, const std::function<bool(const Action&)>& is_update,
+                   const std::function<bool(int j, const std::vector<size_t>& pc)>& update_held,
+                   const std::function<void(int j, const Action& a)>& ran,
+                   const std::function<std::string(const Action&)>& update_waits_for);
 
 }  // namespace mt::pipeline

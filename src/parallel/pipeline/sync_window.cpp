@@ -106,47 +106,21 @@ void check_sync_window(const ScheduleSpec& spec, int steps, const Schedule& wind
   }
 
   // Replay under the norm rule: U(t) ends once every rank has run all its computations of step t.
-  using Msg = std::tuple<bool, int, int, int>;  // grad, micro-batch, from stage, to stage
-  std::set<Msg> sent;
-  auto msg_key = [&](const Action& a, int j) {
-    const Message msg = message_of(a, j, window.placement);
-    return Msg{msg.grad, msg.micro_batch, msg.from_stage, msg.to_stage};
-  };
   std::vector<std::vector<int>> ran((size_t)p, std::vector<int>((size_t)steps, 0));
   std::vector<int> pending((size_t)steps, 0);  // ranks not yet done with step t's computations
   for (int t = 0; t < steps; t++)
     for (int j = 0; j < p; j++) pending[t] += computations[j][t] > 0 ? 1 : 0;
-  std::vector<size_t> pc((size_t)p, 0);
-  auto blocked = [&](int j) {
-    const Action& a = window[j][pc[j]];
-    if (is_wait(a.kind)) return sent.count(msg_key(a, j)) == 0;
-    if (is_step_update(a)) return pending[a.micro_batch / m] > 0;
-    return false;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int j = 0; j < p; j++) {
-      while (pc[j] < window[j].size() && !blocked(j)) {
-        const Action& a = window[j][pc[j]];
-        if (is_send(a.kind)) sent.insert(msg_key(a, j));
-        if (is_compute(a.kind)) {
-          const int t = a.micro_batch / m;
-          if (++ran[j][t] == computations[j][t]) pending[t]--;
-        }
-        pc[j]++;
-        progress = true;
-      }
-    }
-  }
-  std::string stuck;
-  for (int j = 0; j < p; j++) {
-    if (pc[j] == window[j].size()) continue;
-    const Action& a = window[j][pc[j]];
-    stuck += str(stuck.empty() ? "" : "; ", "rank ", j, ", action ", pc[j], " (", to_string(a), ") waits for ",
-                 is_step_update(a) ? str("the norm of step ", a.micro_batch / m, " (every rank's computations of that step)")
-                                   : std::string("its message"));
-  }
-  if (!stuck.empty()) throw ScheduleError("deadlock: " + stuck);
+  replay_window(
+      window, is_step_update,
+      [&](int j, const std::vector<size_t>& pc) { return pending[window[j][pc[j]].micro_batch / m] > 0; },
+      [&](int j, const Action& a) {
+        if (!is_compute(a.kind)) return;
+        const int t = a.micro_batch / m;
+        if (++ran[j][t] == computations[j][t]) pending[t]--;
+      },
+      [&](const Action& a) {
+        return str("the norm of step ", a.micro_batch / m, " (every rank's computations of that step)");
+      });
 }
 
 }  // namespace mt::pipeline
