@@ -87,9 +87,11 @@ TrainSummary finish_run(Run& r) {
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);
   // pipedream-2bw without a flush (train/no_flush_steps.h): its bubble is measured over windows of steps; the
   // simulated figures are still the flushed one-step list's.
+  // 1f1b / zb-h1 / zb-h2 back to back (below) have no flush either.
   if (sections["pipeline"].is_object())
     sections["pipeline"]["flush_between_steps"] = !no_flush_applies(r.cfg, r.layout.schedule().micro_batches) &&
-                                                  !micro_window_applies(r.cfg, r.layout.schedule().micro_batches);
+                                                  !micro_window_applies(r.cfg, r.layout.schedule().micro_batches) &&
+                                                  !sync_window_applies(r.cfg, SyncOptions::from(r.cfg));
   // pipedream/pipemare without a flush: the window simulated with its updates as blocking collectives, at the
   // measured costs (the bubble_simulated above is the flushed one-step list's).
   if (sections["pipeline"].is_object() && micro_window_applies(r.cfg, r.layout.schedule().micro_batches)) {

@@ -11,7 +11,8 @@ Cases: zb-h2 at pp 2 (blocks 1,3: a heavy last stage) and pp 4 (m 4), zb-h1 at p
 dp 2 x pp 2 (ZeRO 0 and 1) and tp 2 x pp 2 (also --sequence-parallel), zb-h1 with --recompute, zb-h2 with
 --precision bf16, and zb-h2 at pp 2 with --save-every 2 (windows of 2 steps) and --eval-every 3.
 Checked:
-  - the log and --summary (pipeline.back_to_back) say which path ran;
+  - the log and --summary (pipeline.back_to_back, and flush_between_steps false only back to back) say which
+    path ran;
   - every metrics row's fields but the timings (loss, grad_norm, lr, comm bytes, val_loss, and at dp 2 the noise
     scale's noise_*), the final weights, and (--save-every) the step-4 checkpoint are the same bits in both runs;
   - zb-h2 at pp 2 stopped after step 3 (--stop-at-step, a checkpoint) and resumed equals the uninterrupted run;
@@ -99,8 +100,9 @@ def main():
             rows = [json.loads(line) for line in f if line.strip()]
         rows = [x for x in rows if "loss" in x and "step" in x]
         with open(out + ".summary.json") as f:
-            b2b = json.load(f)["pipeline"].get("back_to_back")
-        return r.stderr, rows, tensors(out + ".safetensors"), out + ".trace.json", b2b
+            pipe = json.load(f)["pipeline"]
+        b2b, flush = pipe.get("back_to_back"), pipe.get("flush_between_steps")
+        return r.stderr, rows, tensors(out + ".safetensors"), out + ".trace.json", (b2b, flush)
 
     def overtakes(trace, sched, P, m):
         """Steps t at which rank 0's first forward of t+1 started before rank P-1's last computation of t ended."""
@@ -132,11 +134,12 @@ def main():
                 ck[kind] = os.path.join(args.workdir, f"ckpt_{tag}_{kind}")
                 extra += ["--checkpoint-dir", ck[kind], "--overwrite-checkpoints"]
             runs[kind] = train(f"{tag}_{kind}", P, m, clip, extra, layout, wide=overtaking)
-        err_a, rows_a, w_a, trace_a, b2b_a = runs["b2b"]
-        err_b, rows_b, w_b, trace_b, b2b_b = runs["step"]
+        err_a, rows_a, w_a, trace_a, (b2b_a, flush_a) = runs["b2b"]
+        err_b, rows_b, w_b, trace_b, (b2b_b, flush_b) = runs["step"]
         check(f"{sched} back to back" in err_a and b2b_a is True and b2b_b is False
-              and "not back to back: --grad-clip" in err_b,
-              f"{tag}: the log and the summary say which path ran (back_to_back {b2b_a} / {b2b_b})")
+              and "not back to back: --grad-clip" in err_b and flush_a is False and flush_b is True,
+              f"{tag}: the log and the summary say which path ran (back_to_back {b2b_a} / {b2b_b}, "
+              f"flush_between_steps {flush_a} / {flush_b})")
         # Every field but the timings: loss, grad_norm, lr, comm bytes, val_loss, noise_* (dp 2 cases).
         def fields(r):
             return {k: v for k, v in r.items() if k not in ("step_time_s", "tokens_per_s")}
