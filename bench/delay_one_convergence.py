@@ -25,12 +25,11 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_util import prepare_text  # noqa: E402
+from bench_util import char_gpt_train_cmd, isa_flags as isa, prepare_text, run_train, save_table  # noqa: E402
 
 RUNS = [  # label, extra flags
     ("1f1b pp2", ["--nproc", "2", "--pp", "2", "--schedule", "1f1b"]),
@@ -38,19 +37,6 @@ RUNS = [  # label, extra flags
     ("exact 1 process", []),
     ("delayed-update 1 process", ["--delayed-update"]),
 ]
-
-
-def isa():
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    break
-    except OSError:
-        pass
-    return [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
 
 
 def write_outputs(out, host, steps, results):
@@ -72,12 +58,7 @@ def write_outputs(out, host, steps, results):
         ratio = f"{r['step_s'] / by[peer]['step_s']:.3f}" if peer else "-"
         lines.append(f"| {label} | {r['final_val']:.4f} | {gap} | {r['step_s'] * 1e3:.1f} | {ratio} | "
                      f"{', '.join(str(int(b)) for b in r['param_bytes'])} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(dict(host=host, steps=steps, runs=results), f, indent=1)
+    save_table(out, "\n".join(lines) + "\n", host, steps, results)
     svg = [sys.executable, os.path.join(HERE, "convergence_svg.py"), "--out", os.path.join(out, "val_loss.svg"),
            "--title", f"validation loss, delay-1 rule vs exact ({steps} steps)"]
     svg += [f"{r['label']}={os.path.join(out, r['label'].replace(' ', '_') + '.jsonl')}" for r in results]
@@ -124,22 +105,9 @@ def main():
         for p in (metrics,):
             if os.path.exists(p):
                 os.remove(p)
-        cmd = [a.meshtrain, "train", "--data", os.path.join(work, "train.bin"), "--val-data",
-               os.path.join(work, "val.bin"), "--n-layer", "4", "--n-head", "4", "--n-embd", "128",
-               "--vocab-size", "256", "--seq-len", "64", "--batch-size", "16", "--micro-batch-size", "4",
-               "--steps", str(a.steps), "--lr", repr(a.lr), "--min-lr", repr(a.lr / 10), "--warmup-steps", "20",
-               "--grad-clip", "1.0", "--eval-every", "50", "--eval-batches", "8", "--seed", "1337", "--threads", "1",
-               "--quiet", "--metrics", metrics, "--summary", summary] + extra
-        t0 = time.monotonic()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-        wall = time.monotonic() - t0
-        if r.returncode != 0:
-            sys.exit(f"{label}: exit {r.returncode}\n{r.stderr[-2000:]}")
-        rows = [json.loads(l) for l in open(metrics) if l.strip()]
-        val = [(row["step"] + 1, row["val_loss"]) for row in rows if "val_loss" in row]
-        step_s = sum(row["step_time_s"] for row in rows[1:]) / max(1, len(rows) - 1)
-        with open(summary) as f:
-            ranks = json.load(f)["ranks"]
+        cmd = char_gpt_train_cmd(a.meshtrain, work, a.steps, a.lr, metrics, summary) + extra
+        val, step_s, wall, summ = run_train(cmd, metrics, summary, env, 3600, label)
+        ranks = summ["ranks"]
         results.append(dict(label=label, flags=extra, final_val=val[-1][1], val=val, step_s=step_s, wall_s=wall,
                             param_bytes=[rk["param_bytes"] for rk in ranks]))
         print(f"{label:<26} final val {val[-1][1]:.4f}  {step_s * 1e3:7.1f} ms/step  "

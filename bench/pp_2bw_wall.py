@@ -24,8 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_util import prepare_text  # noqa: E402
-from delay_one_convergence import isa  # noqa: E402
+from bench_util import isa_flags as isa, prepare_text  # noqa: E402
 
 
 def loadavg():

@@ -38,13 +38,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_util import prepare_text  # noqa: E402
-from delay_one_convergence import isa  # noqa: E402
+from bench_util import char_gpt_train_cmd, isa_flags as isa, prepare_text, run_train, save_table  # noqa: E402
 
 SCHEDULES = ["1f1b", "zb-h1", "pipedream-2bw", "pipedream", "pipemare", "pipemare+lr", "pipemare+corr",
              "pipemare+both"]
@@ -81,12 +79,7 @@ def write_outputs(out, host, steps, results):
             flush = {True: "yes", False: "no"}.get(r.get("flush"), "-")
             lines.append(f"| {P} | {sched} | {r['final_val']:.4f} | {gap} | {r['step_s'] * 1e3:.1f} | {ratio} | "
                          f"{', '.join(str(int(b)) for b in r['param_bytes'])} | {versions} | {bubble} | {bubble_sim} | {flush} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(dict(host=host, steps=steps, runs=results), f, indent=1)
+    save_table(out, "\n".join(lines) + "\n", host, steps, results)
     for P in sorted({r["P"] for r in results}):
         runs = [r for r in results if r["P"] == P]
         runs.sort(key=lambda r: SCHEDULES.index(r["schedule"]))
@@ -139,23 +132,9 @@ def main():
             metrics, summary = os.path.join(a.out, f"{tag}.jsonl"), os.path.join(work, f"{tag}.summary.json")
             if os.path.exists(metrics):
                 os.remove(metrics)
-            cmd = [a.meshtrain, "train", "--data", os.path.join(work, "train.bin"), "--val-data",
-                   os.path.join(work, "val.bin"), "--n-layer", "4", "--n-head", "4", "--n-embd", "128",
-                   "--vocab-size", "256", "--seq-len", "64", "--batch-size", "16", "--micro-batch-size", "4",
-                   "--steps", str(a.steps), "--lr", repr(a.lr), "--min-lr", repr(a.lr / 10), "--warmup-steps",
-                   "20", "--grad-clip", "1.0", "--eval-every", "50", "--eval-batches", "8", "--seed", "1337",
-                   "--threads", "1", "--quiet", "--metrics", metrics, "--summary", summary,
-                   "--nproc", str(P), "--pp", str(P), "--schedule", sched.split("+")[0]] + VARIANTS.get(sched, [])
-            t0 = time.monotonic()
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400)
-            wall = time.monotonic() - t0
-            if r.returncode != 0:
-                sys.exit(f"{tag}: exit {r.returncode}\n{r.stderr[-2000:]}")
-            rows = [json.loads(l) for l in open(metrics) if l.strip()]
-            val = [(row["step"] + 1, row["val_loss"]) for row in rows if "val_loss" in row]
-            step_s = sum(row["step_time_s"] for row in rows[1:]) / max(1, len(rows) - 1)
-            with open(summary) as f:
-                s = json.load(f)
+            cmd = char_gpt_train_cmd(a.meshtrain, work, a.steps, a.lr, metrics, summary)
+            cmd += ["--nproc", str(P), "--pp", str(P), "--schedule", sched.split("+")[0]] + VARIANTS.get(sched, [])
+            val, step_s, wall, s = run_train(cmd, metrics, summary, env, 5400, tag)
             res = dict(P=P, schedule=sched, tag=tag, final_val=val[-1][1], val=val, step_s=step_s, wall_s=wall,
                        param_bytes=[rk["param_bytes"] for rk in s["ranks"]],
                        stash_versions=s.get("pipeline", {}).get("stash_versions"),

@@ -590,46 +590,35 @@ void Gpt::backward_weight(nn::ActivationStore& store, int mb, int B, int T, nn::
     const nn::GradOut d_ln2_b = sp_ ? nn::GradOut(dlnp + C) : p.ln2_b->grad_out();
     const nn::GradOut d_ln1_w = sp_ ? nn::GradOut(dlnp + 2 * C) : p.ln1_w->grad_out();
     const nn::GradOut d_ln1_b = sp_ ? nn::GradOut(dlnp + 3 * C) : p.ln1_b->grad_out();
+    // The weight halves of the block's two linear pairs, from the kept inputs (bf16 copies under --precision
+    // bf16): a row-parallel one (input `in`, [N, K] on this rank, out [N, C]) and a column-parallel one (input the
+    // layernorm's output `ln`, [Nr, C], out [N, K] on this rank).
+    auto row_weight = [&](nn::Param* w, nn::Param* b, const float* dout, const char* in, const char* in16, int K) {
+      if (bf16)
+        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, w->grad_out(), b->grad_out(), dout,
+                                         store.get_bf16(mb, key(slot, in16), (size_t)N * K), w->weight(), N, K, C);
+      else
+        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, w->grad_out(), b->grad_out(), dout,
+                                         store.get(mb, key(slot, in), (size_t)N * K), w->weight(), N, K, C, prec_);
+    };
+    auto column_weight = [&](nn::Param* w, nn::Param* b, const float* dout, const char* ln, const char* ln16, int K) {
+      if (bf16)
+        nn::column_parallel_linear_backward(rows_, gathered16, nullptr, nullptr, w->grad_out(), b->grad_out(), dout,
+                                            store.get_bf16(mb, key(slot, ln16), (size_t)Nr * C), w->weight(), N, C, K);
+      else
+        nn::column_parallel_linear_backward(rows_, gathered, dfull, nullptr, w->grad_out(), b->grad_out(), dout,
+                                            store.get(mb, key(slot, ln), (size_t)Nr * C), w->weight(), N, C, K, prec_);
+    };
     if (!moe_[l]) {  // an MoE block's experts and router took their gradients in backward_input
       const float* d_res3 = kept(l, "d_res3", (size_t)Nr * C);
       const float* dfch = kept(l, "d_fch", (size_t)N * 4 * Cs);
-      if (bf16)
-        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(),
-                                         d_res3, store.get_bf16(mb, key(slot, "fch_gelu16"), (size_t)N * 4 * Cs),
-                                         p.fcproj_w->weight(), N, 4 * Cs, C);
-      else
-        nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.fcproj_w->grad_out(), p.fcproj_b->grad_out(),
-                                         d_res3, store.get(mb, key(slot, "fch_gelu"), (size_t)N * 4 * Cs),
-                                         p.fcproj_w->weight(), N, 4 * Cs, C, prec_);
-      if (bf16)
-        nn::column_parallel_linear_backward(rows_, gathered16, nullptr, nullptr, p.fc_w->grad_out(), p.fc_b->grad_out(),
-                                            dfch, store.get_bf16(mb, key(slot, "ln2_16"), (size_t)Nr * C),
-                                            p.fc_w->weight(), N, C, 4 * Cs);
-      else
-        nn::column_parallel_linear_backward(rows_, gathered, dfull, nullptr, p.fc_w->grad_out(), p.fc_b->grad_out(),
-                                            dfch, store.get(mb, key(slot, "ln2"), (size_t)Nr * C), p.fc_w->weight(), N, C,
-                                            4 * Cs, prec_);
+      row_weight(p.fcproj_w, p.fcproj_b, d_res3, "fch_gelu", "fch_gelu16", 4 * Cs);
+      column_weight(p.fc_w, p.fc_b, dfch, "ln2", "ln2_16", 4 * Cs);
     }
     nn::layernorm_backward(nullptr, d_ln2_w, d_ln2_b, kept(l, "d_ln2", (size_t)Nr * C), res2, p.ln2_w->data,
                            store.get(mb, key(slot, "ln2_mean"), Nr), store.get(mb, key(slot, "ln2_rstd"), Nr), Nr, C);
-    const float* d_res2 = kept(l, "d_res2", (size_t)Nr * C);
-    if (bf16)
-      nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.attproj_w->grad_out(), p.attproj_b->grad_out(),
-                                       d_res2, store.get_bf16(mb, key(slot, "atty16"), (size_t)N * Cs),
-                                       p.attproj_w->weight(), N, Cs, C);
-    else
-      nn::row_parallel_linear_backward(rows_, dres_full, nullptr, p.attproj_w->grad_out(), p.attproj_b->grad_out(),
-                                       d_res2, store.get(mb, key(slot, "atty"), (size_t)N * Cs), p.attproj_w->weight(), N,
-                                       Cs, C, prec_);
-    const float* dqkv = kept(l, "d_qkv", (size_t)N * 3 * Cs);
-    if (bf16)
-      nn::column_parallel_linear_backward(rows_, gathered16, nullptr, nullptr, p.qkv_w->grad_out(), p.qkv_b->grad_out(),
-                                          dqkv, store.get_bf16(mb, key(slot, "ln1_16"), (size_t)Nr * C),
-                                          p.qkv_w->weight(), N, C, 3 * Cs);
-    else
-      nn::column_parallel_linear_backward(rows_, gathered, dfull, nullptr, p.qkv_w->grad_out(), p.qkv_b->grad_out(),
-                                          dqkv, store.get(mb, key(slot, "ln1"), (size_t)Nr * C), p.qkv_w->weight(), N, C,
-                                          3 * Cs, prec_);
+    row_weight(p.attproj_w, p.attproj_b, kept(l, "d_res2", (size_t)Nr * C), "atty", "atty16", Cs);
+    column_weight(p.qkv_w, p.qkv_b, kept(l, "d_qkv", (size_t)N * 3 * Cs), "ln1", "ln1_16", 3 * Cs);
     nn::layernorm_backward(nullptr, d_ln1_w, d_ln1_b, kept(l, "d_ln1", (size_t)Nr * C), x, p.ln1_w->data,
                            store.get(mb, key(slot, "ln1_mean"), Nr), store.get(mb, key(slot, "ln1_rstd"), Nr), Nr, C);
     if (sp_)

@@ -40,17 +40,17 @@ struct CostModel {
   // Optional, measured: per global stage s (p V entries), the forward and backward time of one micro-batch
   // through that stage; when given they replace forward and backward_ratio (stages of unequal cost, e.g. the
   // last one with the logits, or ranks slowed by others).
-  std::vector<double> stage_forward, stage_backward;
+  std::vector<double> stage_forward{}, stage_backward{};
   // Optional, measured, only with stage_forward: per global stage the weight half (W) of one micro-batch's split
   // backward through that stage, a part of stage_backward (the input half I takes the rest); replaces
   // weight_share. Must lie in [0, stage_backward] (a rounding excess of up to 1e-6 relative is clamped).
-  std::vector<double> stage_weight;
+  std::vector<double> stage_weight{};
   // Optional, measured: per (rank, chunk), index rank * V + chunk (p V entries), the forward, backward and (split
   // schedules) weight half of one micro-batch through that rank's chunk, as that rank took them. When given they
   // replace the per-stage times for that box: under chimera a stage is held by two ranks (one per route) that may
   // run at different speeds, which one mean per stage hides. rank_chunk_weight needs rank_chunk_forward; without
   // it a split backward's weight half comes from stage_weight (clamped to the rank's backward) or the share w.
-  std::vector<double> rank_chunk_forward, rank_chunk_backward, rank_chunk_weight;
+  std::vector<double> rank_chunk_forward{}, rank_chunk_backward{}, rank_chunk_weight{};
   // The time one send (copy and isend) and one receive post (irecv) take on their own rank, computing nothing;
   // a real run's are the executor's measured means (PipelineStats send_us / sends, post_us / posts).
   double send = 0.0, post = 0.0;

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <tuple>
+#include <string>
 
 #include "core/error.h"
 #include "parallel/pipeline/schedule_check.h"
 #include "parallel/pipeline/sync_window.h"
+#include "plan/window_replay.h"
 
 namespace mt::plan {
 
@@ -60,73 +60,33 @@ SyncWindowSim simulate_sync_window(const pipeline::ScheduleSpec& spec, int steps
     return partial + C * j;  // the factor, passed down one stage at a time
   };
 
-  using Msg = std::tuple<bool, int, int>;  // grad, micro-batch, from stage
-  std::map<Msg, double> sent_at, posted_at;
-  auto key = [&](const Action& a, int j) {
-    const pipeline::Message msg = pipeline::message_of(a, j, window.placement);
-    return Msg{msg.grad, msg.micro_batch, msg.from_stage};
-  };
-
   SyncWindowSim out;
-  SimResult& r = out.result;
-  r.placement = window.placement;
-  r.boxes.resize(p);
-  r.finish.assign(p, 0.0);
-  r.busy_per_rank.assign(p, 0.0);
   out.update_end.assign((size_t)steps, 0.0);
-  std::vector<size_t> pc((size_t)p, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int j = 0; j < p; j++) {
-      double& now = r.finish[j];
-      for (; pc[j] < window[j].size(); pc[j]++) {
-        const Action& a = window[j][pc[j]];
-        if (pipeline::is_compute(a.kind)) {
-          const double d = duration(a.kind);
-          r.boxes[j].push_back({now, now + d, a.kind, a.micro_batch, a.chunk});
-          r.busy_per_rank[j] += d;
-          now += d;
-          if (j == p - 1 && pipeline::is_backward(a.kind)) last_input[(size_t)(a.micro_batch / m)] = now;
-        } else if (pipeline::is_send(a.kind)) {
-          sent_at[key(a, j)] = now;
-        } else if (pipeline::is_post(a.kind)) {
-          posted_at[key(a, j)] = now;
-        } else if (pipeline::is_wait(a.kind)) {
-          auto s = sent_at.find(key(a, j));
-          if (s == sent_at.end()) break;
-          now = std::max(now, std::max(s->second, posted_at.at(key(a, j))) + C);
-        } else if (a.kind == ActionKind::optimizer_step) {
-          const int t = a.micro_batch / m;
-          if (reach[(size_t)t][(size_t)j] < 0) {
-            reach[(size_t)t][(size_t)j] = now;
-            arrived[(size_t)t]++;
-          }
-          const bool tied = wait == StepUpdateWait::tied_ends || wait == StepUpdateWait::tied_wte_early;
-          const bool waits = wait == StepUpdateWait::norm_chain || wait == StepUpdateWait::blocking ||
-                             (tied && (j == 0 || j == p - 1));
-          if (waits) {
-            if (tied ? reach[(size_t)t][0] < 0 || reach[(size_t)t][(size_t)p - 1] < 0 : arrived[(size_t)t] < p)
-              break;
-            now = std::max(now, release(t, j));
-          }
-          now += update;
-          out.update_end[(size_t)t] = std::max(out.update_end[(size_t)t], now);
-        }
-        progress = true;
-      }
+  WindowReplayParts parts;
+  parts.computes = pipeline::is_compute;
+  parts.duration = [&](int, const Action& a) { return duration(a.kind); };
+  parts.computed = [&](int j, const Action& a, double end) {
+    if (j == p - 1 && pipeline::is_backward(a.kind)) last_input[(size_t)(a.micro_batch / m)] = end;
+  };
+  parts.update = [&](int j, const Action& a, double& now) {
+    const int t = a.micro_batch / m;
+    if (reach[(size_t)t][(size_t)j] < 0) {
+      reach[(size_t)t][(size_t)j] = now;
+      arrived[(size_t)t]++;
     }
-  }
-  std::string stuck;
-  for (int j = 0; j < p; j++) {
-    if (pc[j] < window[j].size())
-      stuck += str(stuck.empty() ? "" : "; ", "rank ", j, " at action ", pc[j], " (",
-                   pipeline::to_string(window[j][pc[j]]), ")");
-    r.makespan = std::max(r.makespan, r.finish[j]);
-    r.busy += r.busy_per_rank[j];
-  }
+    const bool tied = wait == StepUpdateWait::tied_ends || wait == StepUpdateWait::tied_wte_early;
+    const bool waits =
+        wait == StepUpdateWait::norm_chain || wait == StepUpdateWait::blocking || (tied && (j == 0 || j == p - 1));
+    if (waits) {
+      if (tied ? reach[(size_t)t][0] < 0 || reach[(size_t)t][(size_t)p - 1] < 0 : arrived[(size_t)t] < p) return false;
+      now = std::max(now, release(t, j));
+    }
+    now += update;
+    out.update_end[(size_t)t] = std::max(out.update_end[(size_t)t], now);
+    return true;
+  };
+  const std::string stuck = replay_window_lists(window, C, parts, out.result);
   if (!stuck.empty()) throw pipeline::ScheduleError("simulate_sync_window: deadlock: " + stuck);
-  r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
-  r.bubble_fraction = 1.0 - r.utilization;
   return out;
 }
 

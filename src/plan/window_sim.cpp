@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <tuple>
+#include <string>
 
 #include "core/error.h"
 #include "parallel/pipeline/micro_window.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/schedule_check.h"
+#include "plan/window_replay.h"
 
 namespace mt::plan {
 
@@ -26,7 +26,6 @@ SimResult replay(const pipeline::ScheduleSpec& spec, int steps, const pipeline::
                      update >= 0,
                  "simulate_window: forward must be > 0, backward ratio, message and update costs >= 0");
   const int p = spec.stages, m = spec.micro_batches;
-  const pipeline::Placement& pl = window.placement;
   MT_CHECK_INPUT(cost.stage_forward.empty() || (int)cost.stage_forward.size() == p,
                  "simulate_window: stage_forward has ", cost.stage_forward.size(), " entries for ", p, " stages");
   MT_CHECK_INPUT(cost.stage_backward.size() == cost.stage_forward.size(), "simulate_window: stage_backward has ",
@@ -48,73 +47,34 @@ SimResult replay(const pipeline::ScheduleSpec& spec, int steps, const pipeline::
     for (int j = 0; j < p; j++) pending[t] += wait == UpdateWait::all_reached || left_b[j][t] > 0 ? 1 : 0;
   std::vector<std::vector<bool>> arrived((size_t)p, std::vector<bool>((size_t)steps, false));
 
-  using Msg = std::tuple<bool, int, int>;  // grad, micro-batch, from stage
-  std::map<Msg, double> sent_at, posted_at;
-  auto key = [&](const Action& a, int j) {
-    const pipeline::Message msg = pipeline::message_of(a, j, pl);
-    return Msg{msg.grad, msg.micro_batch, msg.from_stage};
-  };
-
-  SimResult r;
-  r.placement = pl;
-  r.boxes.resize(p);
-  r.finish.assign(p, 0.0);
-  r.busy_per_rank.assign(p, 0.0);
-  std::vector<size_t> pc((size_t)p, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int j = 0; j < p; j++) {
-      double& now = r.finish[j];
-      for (; pc[j] < window[j].size(); pc[j]++) {
-        const Action& a = window[j][pc[j]];
-        if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) {
-          const double d = a.kind == ActionKind::forward ? fwd(j) : bwd(j);
-          r.boxes[j].push_back({now, now + d, a.kind, a.micro_batch, a.chunk});
-          r.busy_per_rank[j] += d;
-          now += d;
-          if (a.kind == ActionKind::backward && wait == UpdateWait::norm_started) {
-            const int t = a.micro_batch / m;
-            if (--left_b[j][t] == 0) {
-              pending[t]--;
-              ready[t] = std::max(ready[t], now);
-            }
-          }
-        } else if (pipeline::is_send(a.kind)) {
-          sent_at[key(a, j)] = now;
-        } else if (pipeline::is_post(a.kind)) {
-          posted_at[key(a, j)] = now;
-        } else if (pipeline::is_wait(a.kind)) {
-          auto s = sent_at.find(key(a, j));
-          if (s == sent_at.end()) break;
-          now = std::max(now, std::max(s->second, posted_at.at(key(a, j))) + cost.comm);
-        } else if (a.kind == ActionKind::optimizer_step) {
-          const int t = a.micro_batch / m;
-          if (wait == UpdateWait::all_reached && !arrived[j][t]) {
-            arrived[j][t] = true;
-            pending[t]--;
-            ready[t] = std::max(ready[t], now);
-          }
-          if (pending[t] > 0) break;
-          now = std::max(now, ready[t]) + update;
-        }
-        progress = true;
-      }
+  WindowReplayParts parts;
+  parts.computes = [](ActionKind k) { return k == ActionKind::forward || k == ActionKind::backward; };
+  parts.duration = [&](int j, const Action& a) { return a.kind == ActionKind::forward ? fwd(j) : bwd(j); };
+  parts.computed = [&](int j, const Action& a, double end) {
+    if (a.kind != ActionKind::backward || wait != UpdateWait::norm_started) return;
+    const int t = a.micro_batch / m;
+    if (--left_b[j][t] == 0) {
+      pending[t]--;
+      ready[t] = std::max(ready[t], end);
     }
-  }
-  std::string stuck;
-  for (int j = 0; j < p; j++) {
-    if (pc[j] < window[j].size())
-      stuck += str(stuck.empty() ? "" : "; ", "rank ", j, " at action ", pc[j], " (",
-                   pipeline::to_string(window[j][pc[j]]), ")");
-    r.makespan = std::max(r.makespan, r.finish[j]);
-    r.busy += r.busy_per_rank[j];
-  }
+  };
+  parts.update = [&](int j, const Action& a, double& now) {
+    const int t = a.micro_batch / m;
+    if (wait == UpdateWait::all_reached && !arrived[j][t]) {
+      arrived[j][t] = true;
+      pending[t]--;
+      ready[t] = std::max(ready[t], now);
+    }
+    if (pending[t] > 0) return false;
+    now = std::max(now, ready[t]) + update;
+    return true;
+  };
+  SimResult r;
+  const std::string stuck = replay_window_lists(window, cost.comm, parts, r);
   if (!stuck.empty())
-    throw pipeline::ScheduleError(str("deadlock with ",
-                                      wait == UpdateWait::all_reached ? "blocking updates" : "updates waiting for the norm",
-                                      ": ", stuck));
-  r.utilization = r.makespan > 0 ? r.busy / (p * r.makespan) : 1.0;
-  r.bubble_fraction = 1.0 - r.utilization;
+    throw pipeline::ScheduleError(
+        str("deadlock with ", wait == UpdateWait::all_reached ? "blocking updates" : "updates waiting for the norm",
+            ": ", stuck));
   return r;
 }
 

@@ -37,31 +37,27 @@ bool no_flush_applies(const TrainConfig& cfg, int micro_batches, std::string* re
 
 namespace {
 
-class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
+class NoFlushSteps : public WindowSteps {
  public:
   NoFlushSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace, NoFlushParts parts)
-      : task_(task), pp_(pp), trace_(trace), parts_(std::move(parts)), m_(pp.spec.micro_batches) {
+      : WindowSteps(task, pp, trace, parts.share, parts.window_ends_after), parts_(std::move(parts)) {
     MT_ASSERT(pp_.spec.virtual_stages == 1 && parts_.params && parts_.share && parts_.window_ends_after &&
                   parts_.swap_versions,
               "the no-flush executor needs one chunk per rank and all its parts");
   }
 
   void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
-    MT_ASSERT(share.micro_count() == m_, "a share of ", share.micro_count(), " micro-batches for a schedule of ", m_);
-    cur_ = s;
+    enter(s, share);
     if (parts_.split && !split_made_) {
       xs_ = parts_.split();
       split_made_ = true;
     }
-    if (!ex_.in_window()) open(s);
-    MT_ASSERT(s >= first_ && s <= last_, "step ", s, " outside the window of steps ", first_, "..", last_);
+    open_at(s);
     swapped_ = false;  // the loop's begin_step has swapped in W(s-1)
     task_.begin_step(s);
     if (diverted_) restore_grads();
     const int t = (int)(s - first_);
-    int updates = 0;
-    ex_.run_to(cut_[(size_t)t] + 1, [&] {
-      updates++;
+    run_step(s, 1, [&] {
       if (swapped_) swap();  // A = W(s-1) again, as the store's update expects
       if (xs_) {  // what later steps' backwards added aside, the reduced g_s into the registry
         nn::ParamRegistry& p = *parts_.params;
@@ -87,41 +83,18 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
       }
       update(runner(t).loss, {});
     });
-    MT_ASSERT(updates == 1, "step ", s, " ran ", updates, " updates");
-    runners_.erase(t);
+    drop_runner(t);
     backwards_.erase(t);
-    if (s == last_) {
-      ex_.finish(&stats_);
-      MT_ASSERT(!diverted_ && runners_.empty() && (!xs_ || xs_->in_flight() == 0),
+    if (leave(s))
+      MT_ASSERT(!diverted_ && runners_empty() && (!xs_ || xs_->in_flight() == 0),
                 "a window ended with work of a later step");
-    }
   }
-  bool calls_hooks() const override { return false; }
-  pipeline::PipelineStats* stats() override { return &stats_; }
 
  private:
-  // The window from step s to the next step after which the loop needs the flushed state.
-  void open(int64_t s) {
-    first_ = s;
-    last_ = window_last_step(s, pp_.spec.stages, m_, parts_.window_ends_after);
-    const int K = (int)(last_ - first_ + 1);
-    spec_ = pipeline::window_spec(pp_.spec, K);
-    window_ = pipeline::no_flush_schedule(pp_.spec, K);
-    cut_.assign((size_t)K, 0);
-    const std::vector<pipeline::Action>& list = window_[pp_.group->rank()];
-    for (size_t k = 0; k < list.size(); k++)
-      if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
-    runners_.clear();
-    backwards_.clear();
-    ex_.begin(spec_, window_, *pp_.group, *this, trace_, xs_ != nullptr);  // (split: the updates are local)
-  }
+  pipeline::Schedule window_list(int K) const override { return pipeline::no_flush_schedule(pp_.spec, K); }
+  void opened(int, const pipeline::Schedule&) override { backwards_.clear(); }
+  bool local_updates() const override { return xs_ != nullptr; }  // (split: the updates are local)
 
-  TaskStageRunner& runner(int t) {
-    auto it = runners_.find(t);
-    if (it == runners_.end())
-      it = runners_.emplace(t, task_.stage_runner(first_ + t, parts_.share(first_ + t), nullptr)).first;
-    return *it->second;
-  }
   void swap() {
     parts_.swap_versions();
     swapped_ = !swapped_;
@@ -134,9 +107,6 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     MT_ASSERT(step == cur_ || step == cur_ + 1, "micro-batch ", i, " of step ", step, " while running step ", cur_);
     if ((step == cur_ + 1) != swapped_) swap();
     return t;
-  }
-  size_t activation_count() const override {
-    return const_cast<NoFlushSteps*>(this)->runner((int)(cur_ - first_)).activation_count();
   }
   const float* forward(int c, int i, const float* input) override {
     if (xs_) xs_->poll();
@@ -180,18 +150,7 @@ class NoFlushSteps : public StepExecutor, private pipeline::StageRunner {
     diverted_ = false;
   }
 
-  TrainTask& task_;
-  PipelineContext pp_;
-  trace::ChromeTrace* trace_;
   NoFlushParts parts_;
-  const int m_;
-  pipeline::PipelineExecutor ex_;
-  pipeline::PipelineStats stats_;
-  pipeline::ScheduleSpec spec_;
-  pipeline::Schedule window_;
-  std::vector<size_t> cut_;  // [t]: index of U(t) in this rank's list
-  std::map<int, std::unique_ptr<TaskStageRunner>> runners_;
-  int64_t first_ = 0, last_ = -1, cur_ = 0;
   bool swapped_ = false, diverted_ = false;
   AlignedBuffer side_;
   // The split exchange (null: blocking updates), its backwards per step of the window, and whether the registry

@@ -17,7 +17,6 @@
 // (p - 1) F: plan/window_sim.h).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,23 +24,11 @@
 #include "nn/params.h"
 #include "train/split_exchange.h"
 #include "train/step_executor.h"
+#include "train/window_steps.h"
 
 namespace mt::train {
 
 struct TrainConfig;
-
-inline constexpr int kMaxWindowSteps = 64;
-
-// The last step of the window that opens at step s: the first step after which the loop needs the settled state
-// (ends_after), at most kMaxWindowSteps steps, and few enough that the window's K m p (micro-batch, stage) pairs
-// stay within what a schedule may hold (1,000,000: schedule.cpp's limit, which the one-step list met at config
-// time). Shared by every window of steps (no_flush_steps, micro_window_steps, sync_window_steps).
-inline int64_t window_last_step(int64_t s, int stages, int m, const std::function<bool(int64_t)>& ends_after) {
-  const int64_t most = std::clamp<int64_t>(1'000'000 / ((int64_t)stages * m), 1, kMaxWindowSteps);
-  int64_t last = s;
-  while (!ends_after(last) && last - s + 1 < most) last++;
-  return last;
-}
 
 struct NoFlushParts {
   std::function<BatchShare(int64_t)> share;          // this rank's share of step s

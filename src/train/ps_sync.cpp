@@ -72,7 +72,12 @@ class PsWorkerSync : public GradSync {
     return [this](const parallel::VersionInfo& v) {
       if (v.version <= start_) return;  // the starting parameters
       tail_.check(v.version - 1, v.loss, v.norm);
-      if (sink_) sink_(v.version - 1, {v.loss, v.norm, (float)v.lr});
+      if (!sink_) return;
+      StepOutcome out;
+      out.loss = v.loss;
+      out.norm = v.norm;
+      out.lr = (float)v.lr;
+      sink_(v.version - 1, out);
     };
   }
   parallel::PsLayout layout_;

@@ -1,14 +1,13 @@
 #include "train/sync_window_steps.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
 
 #include "core/error.h"
 #include "parallel/pipeline/no_flush.h"
 #include "parallel/pipeline/sync_window.h"
 #include "train/grad_sync.h"
-#include "train/no_flush_steps.h"
+#include "train/window_steps.h"
 #include "train/train_config.h"
 
 namespace mt::train {
@@ -40,54 +39,35 @@ bool sync_window_applies(const TrainConfig& cfg, const SyncOptions& o, std::stri
 
 namespace {
 
-class SyncWindowSteps : public StepExecutor, private pipeline::StageRunner {
+class SyncWindowSteps : public WindowSteps {
  public:
   SyncWindowSteps(TrainTask& task, const PipelineContext& pp, trace::ChromeTrace* trace, SyncWindowParts parts)
-      : task_(task), pp_(pp), trace_(trace), parts_(std::move(parts)), m_(pp.spec.micro_batches),
+      : WindowSteps(task, pp, trace, parts.share, parts.window_ends_after), parts_(std::move(parts)),
         last_stage_(pp.group->rank() == pp.spec.stages - 1) {
     MT_ASSERT(pp_.spec.virtual_stages == 1 && parts_.share && parts_.window_ends_after && parts_.tie_ready,
               "the back-to-back executor needs one chunk per rank and all its parts");
   }
 
   void run(int64_t s, const BatchShare& share, const StepHooks&, const StepUpdate& update) override {
-    MT_ASSERT(share.micro_count() == m_, "a share of ", share.micro_count(), " micro-batches for a schedule of ", m_);
-    cur_ = s;
+    enter(s, share);
     task_.begin_step(s);
     runner_ = task_.stage_runner(s, share, nullptr);  // (before open: the executor asks it the activation size)
-    if (!ex_.in_window()) open(s);
-    MT_ASSERT(s >= first_ && s <= last_, "step ", s, " outside the window of steps ", first_, "..", last_);
-    const int t = (int)(s - first_);
-    int updates = 0;
-    ex_.run_to(cut_[(size_t)t] + 1, [&] {
-      updates++;
+    open_at(s);
+    run_step(s, 1, [&] {
       UpdatePart part;
       part.outcome_later = true;
       part.window_end = s == last_;
       update(runner_->loss, part);
     });
-    MT_ASSERT(updates == 1, "step ", s, " ran ", updates, " updates");
-    if (s == last_) ex_.finish(&stats_);
+    leave(s);
   }
-  bool calls_hooks() const override { return false; }
-  pipeline::PipelineStats* stats() override { return &stats_; }
 
  private:
-  // The window from step s to the next step after which the loop needs the settled state.
-  void open(int64_t s) {
-    first_ = s;
-    last_ = window_last_step(s, pp_.spec.stages, m_, parts_.window_ends_after);
-    const int K = (int)(last_ - first_ + 1);
-    spec_ = pipeline::window_spec(pp_.spec, K);
-    window_ = pipeline::sync_window_schedule(pp_.spec, K);
-    cut_.assign((size_t)K, 0);
-    const std::vector<pipeline::Action>& list = window_[pp_.group->rank()];
-    for (size_t k = 0; k < list.size(); k++)
-      if (list[k].kind == pipeline::ActionKind::optimizer_step) cut_[(size_t)(list[k].micro_batch / m_)] = k;
-    ex_.begin(spec_, window_, *pp_.group, *this, trace_);
-  }
+  pipeline::Schedule window_list(int K) const override { return pipeline::sync_window_schedule(pp_.spec, K); }
 
   // Micro-batch i of the window is micro-batch i mod m of step first_ + i / m, which is the step being run: in a
   // sync window a rank's computations of a step all lie between its updates of the step before and of the step.
+  // So one runner, made from the share the loop passes, serves each call.
   int local(int i) const {
     MT_ASSERT(first_ + i / m_ == cur_, "micro-batch ", i, " of step ", first_ + i / m_, " while running step ", cur_);
     return i % m_;
@@ -112,19 +92,9 @@ class SyncWindowSteps : public StepExecutor, private pipeline::StageRunner {
   }
   void backward_weight(int c, int i) override { runner_->backward_weight(c, local(i)); }
 
-  TrainTask& task_;
-  PipelineContext pp_;
-  trace::ChromeTrace* trace_;
   SyncWindowParts parts_;
-  const int m_;
   const bool last_stage_;
-  pipeline::PipelineExecutor ex_;
-  pipeline::PipelineStats stats_;
-  pipeline::ScheduleSpec spec_;
-  pipeline::Schedule window_;
-  std::vector<size_t> cut_;  // [t]: index of U(t) in this rank's list
   std::unique_ptr<TaskStageRunner> runner_;
-  int64_t first_ = 0, last_ = -1, cur_ = 0;
 };
 
 }  // namespace

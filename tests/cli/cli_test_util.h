@@ -359,6 +359,11 @@ inline std::vector<std::string> concat(std::vector<std::string> a, const std::ve
   return a;
 }
 
+// `meshtrain simulate args...`
+inline RunResult run_simulate(const std::vector<std::string>& args, double timeout_s = 30.0) {
+  return run_meshtrain(concat({"simulate"}, args), timeout_s);
+}
+
 // The raw text of the number after "key": in a JSON line (as printed by meshtrain), or "" when absent.
 inline std::string raw_json_number(const std::string& line, const std::string& key) {
   std::string pat = "\"" + key + "\":";

@@ -31,7 +31,8 @@ Trajectory train(mt::comm::Communicator& world, const mt::model::GptConfig& cfg,
   mt::nn::ParamRegistry params;
   mt::model::Gpt gpt(cfg, params);
   gpt.set_precision(mt::Precision::bf16);
-  mt::parallel::DataParallelOptions o{3, 8, mt::comm::DType::f32};
+  mt::parallel::DataParallelOptions o;  // 8 MB buckets, float32 gradients
+  o.zero = 3;
   o.bf16_mirror = mirror;
   mt::parallel::DataParallel dp(params, &world, o);
   dp.initialize([&](mt::nn::Param& p) { gpt.init_param(p, 7); });

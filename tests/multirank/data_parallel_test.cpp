@@ -60,7 +60,10 @@ void run_layout(int nranks, int zero, bool micro_batched, const Reference& ref) 
   auto res = mt::test::run_shm_ranks(nranks, [&](mt::comm::Communicator& world) {
     mt::nn::ParamRegistry params;
     mt::model::Gpt gpt(kCfg, params);
-    mt::parallel::DataParallel dp(params, &world, {zero, 0.004 /* MB: several buckets */, mt::comm::DType::f32});
+    mt::parallel::DataParallelOptions o;
+    o.zero = zero;
+    o.bucket_mb = 0.004;  // MB: several buckets
+    mt::parallel::DataParallel dp(params, &world, o);
     dp.initialize([&](mt::nn::Param& p) { gpt.init_param(p, 3); });
     Batch b = make_batch();
     mt::nn::ActivationStore store;

@@ -42,7 +42,9 @@ void run(int zero) {
     std::unique_ptr<mt::comm::Communicator> edp = world.split(place, r / kEp, "edp");
     mt::nn::ParamRegistry params;
     for (const Layout& l : kTensors) params.add(l.name, {l.numel}, {}, l.group).expert = l.expert;
-    mt::parallel::DataParallel dp(params, &world, {zero, 8, mt::comm::DType::f32}, edp.get());
+    mt::parallel::DataParallelOptions o;  // 8 MB buckets, float32 gradients
+    o.zero = zero;
+    mt::parallel::DataParallel dp(params, &world, o, edp.get());
     dp.initialize([](mt::nn::Param& p) {
       for (size_t i = 0; i < p.numel; i++) p.data[i] = 0;
     });

@@ -13,6 +13,7 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/data/gossip.h"
 #include "parallel/mesh/mesh.h"
+#include "sgd_exchange_rig.h"
 #include "shm_ranks.h"
 #include "train/gossip_sync.h"
 
@@ -148,31 +149,16 @@ TEST(GossipSync, CompleteGraphWithSgdIsExactDataParallelism) {
         o.steps = 100;
         const mt::train::StoreGroups on = store_groups(o, mesh);
         MT_REQUIRE(mt::Error, on.group == nullptr, "the decentralized store must reduce nothing");
-        mt::nn::ParamRegistry params;
-        params.add("a", {3});
-        params.add("b", {2, 2}, {}, 1);
-        mt::parallel::DataParallel store(params, on.group, o.engine, on.experts);
-        mt::trace::ChromeTrace tracer;
-        auto sync = make_grad_sync(o, mesh, store, params, &tracer);
-        mt::optim::Sgd opt(store.state_size(), {0.0f, 0.0f});
-        store.initialize([](mt::nn::Param& p) {
-          for (size_t i = 0; i < p.numel; i++) p.data[i] = 0.0f;
-        });
-        sync->begin_run(0);
-        std::vector<float> want(params.size(), 0.0f);
+        mt::test::SgdExchangeRig rig(o, mesh, on);
+        rig.sync->begin_run(0);
+        std::vector<float> want(rig.params.size(), 0.0f);
         for (int64_t s = 0; s < 3; s++) {
-          sync->begin_step(s);
-          for (mt::nn::Param& p : params.params())
-            for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(r + 1 + (int64_t)i + s);
-          sync->reduce(s);
-          sync->update(opt, 0.5f, s);
-          nlohmann::json row;
-          sync->annotate(row);
+          const nlohmann::json row = rig.step(s, r);
           MT_REQUIRE(mt::Error, row.value("consensus_distance", -1.0) == 0.0, "step ", s, " row ", row.dump());
-          for (const mt::nn::Param& p : params.params())
+          for (const mt::nn::Param& p : rig.params.params())
             for (size_t i = 0; i < p.numel; i++) {
               const float w = -(float)(3 + 2 * (int64_t)i + 2 * s) / 2;
-              const size_t at = (size_t)(p.data - params.data()) + i;
+              const size_t at = (size_t)(p.data - rig.params.data()) + i;
               want[at] += w;
               MT_REQUIRE(mt::Error, p.data[i] == want[at], "rank ", r, " step ", s, " ", p.name, "[", i,
                          "] = ", p.data[i], ", want ", want[at]);

@@ -8,6 +8,7 @@
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/mesh/mesh.h"
+#include "sgd_exchange_rig.h"
 #include "shm_ranks.h"
 #include "train/grad_sync.h"
 
@@ -30,29 +31,13 @@ TEST(LocalSgdExchange, WarmupExactThenLocalStepsThenAveraged) {
         o.method = SyncMethod::local_sgd;
         o.local_every = 2;
         o.local_warmup = 1;
-        const StoreGroups on = store_groups(o, mesh);
-        mt::nn::ParamRegistry params;
-        params.add("a", {3});
-        params.add("b", {2, 2}, {}, 1);
-        mt::parallel::DataParallel store(params, on.group, o.engine, on.experts);
-        mt::trace::ChromeTrace tracer;
-        auto sync = make_grad_sync(o, mesh, store, params, &tracer);
-        mt::optim::Sgd opt(store.state_size(), {0.0f, 0.0f});
-        store.initialize([](mt::nn::Param& p) {
-          for (size_t i = 0; i < p.numel; i++) p.data[i] = 0.0f;
-        });
+        mt::test::SgdExchangeRig rig(o, mesh, store_groups(o, mesh));
         const bool want_synced[3] = {true, false, true};
         for (int64_t s = 0; s < 3; s++) {
-          sync->begin_step(s);
-          for (mt::nn::Param& p : params.params())
-            for (size_t i = 0; i < p.numel; i++) p.grad_acc()[i] = (float)(r + 1 + (int64_t)i + s);
-          sync->reduce(s);
-          sync->update(opt, 0.5f, s);
-          nlohmann::json row;
-          sync->annotate(row);
+          const nlohmann::json row = rig.step(s, r);
           MT_REQUIRE(mt::Error, row.value("synced", !want_synced[s]) == want_synced[s], "step ", s, " synced ",
                      row.dump());
-          for (const mt::nn::Param& p : params.params())
+          for (const mt::nn::Param& p : rig.params.params())
             for (size_t i = 0; i < p.numel; i++) {
               const float fi = (float)i, p0 = -(3 + 2 * fi) / 2;
               const float want = s == 0 ? p0 : s == 1 ? p0 - (r + 2 + fi) : -7.5f - 3 * fi;

@@ -26,28 +26,20 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/no_flush.h"
 #include "shm_ranks.h"
+#include "toy_stages.h"
 
 namespace {
 
-constexpr int kN = 5;
+using mt::toy::init_of;
+using mt::toy::input_of;
+using mt::toy::kN;
+using mt::toy::norm_part;
+using mt::toy::Params;
+using mt::toy::stage_forward;
+
 constexpr float kLr = 0.01f;
 constexpr double kMaxNorm = 1.0;  // small enough that most steps clip
 
-using Params = std::pair<float, float>;  // (a, b)
-
-Params init_of(int s) { return {1.0f + 0.125f * (float)s, 0.0625f * (float)s - 0.25f}; }
-std::vector<float> input_of(int i) {
-  std::vector<float> x(kN);
-  for (int k = 0; k < kN; k++) x[k] = 0.25f * (float)(i % 7 + 1) + 0.125f * (float)k;
-  return x;
-}
-
-// One compiled copy of the arithmetic for the serial run and the runner, so equality can be exact.
-__attribute__((noinline)) std::vector<float> stage_forward(Params w, const std::vector<float>& x) {
-  std::vector<float> y(kN);
-  for (int k = 0; k < kN; k++) y[k] = w.first * x[k] + w.second;
-  return y;
-}
 __attribute__((noinline)) std::vector<float> stage_backward(Params w, const std::vector<float>& x,
                                                             const std::vector<float>& dy, Params& g) {
   float a = 0, b = 0;
@@ -60,9 +52,6 @@ __attribute__((noinline)) std::vector<float> stage_backward(Params w, const std:
   std::vector<float> dx(kN);
   for (int k = 0; k < kN; k++) dx[k] = w.first * dy[k];
   return dx;
-}
-__attribute__((noinline)) double norm_part(Params g) {
-  return (double)g.first * g.first + (double)g.second * g.second;
 }
 // parts: every stage's norm_part in stage order.
 __attribute__((noinline)) Params apply(Params w, Params g, const std::vector<double>& parts) {

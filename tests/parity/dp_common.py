@@ -190,6 +190,34 @@ def check_rejected(cmd: Sequence, metrics: str, log_prefix: str, names: Sequence
                  f"written: {os.path.exists(metrics)}; output: {text.strip()[:200]!r}")
 
 
+def check_all_rejected(meshtrain: str, init_path: str, data_path: str, workdir: str,
+                       bad: Sequence[Tuple[Sequence[str], Sequence[str]]], checks: Checks) -> None:
+    """check_rejected for each (flags, names) of bad: a 2-step train_cmd run with those flags (files
+    workdir/bad{i}.*), labelled by its flags."""
+    for i, (flags, names) in enumerate(bad):
+        metrics = os.path.join(workdir, f"bad{i}.jsonl")
+        check_rejected(train_cmd(meshtrain, init_path, data_path, 2, flags), metrics,
+                       os.path.join(workdir, f"bad{i}"), names, checks, " ".join(flags))
+
+
+def single_process_run(meshtrain: str, wd: str, init_path: str, data_path: str, steps: int, timeout: float,
+                       checks: Checks, what: str) -> Tuple[List[dict], Dict[str, np.ndarray]]:
+    """The single-process run every layout is compared with (--nproc 1; wd/single.*): its metrics rows and final
+    weights. A failed run, or unusable outputs, is fatal (what names the run)."""
+    base_m, base_w = os.path.join(wd, "single.metrics.jsonl"), os.path.join(wd, "single.safetensors")
+    remove_stale(base_m, base_w)
+    r = run_group(train_cmd(meshtrain, init_path, data_path, steps,
+                            ["--nproc", 1, "--metrics", base_m, "--save", base_w]),
+                  timeout, log_prefix=os.path.join(wd, "single"))
+    if not r.ok:
+        checks.fatal(failure_text(r, what))
+    base = read_metrics_range(base_m, 0, steps, checks, "single-process")
+    base_final = load_saved(base_w, checks, "single-process")
+    if base is None or base_final is None:
+        checks.fatal("the single-process run's outputs are unusable; nothing to compare with")
+    return base, base_final
+
+
 def failure_text(r: Run, what: str) -> str:
     """The failure of a run that should have succeeded. The first line (the one the verdict lists) is
     short: the flags, how the run ended and the binary's own error line; a layout that the binary does not

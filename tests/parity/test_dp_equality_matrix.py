@@ -131,17 +131,8 @@ def main() -> None:
     print(f"reference: loss {hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}, clipped steps {clipped}, "
           f"Psi {dc.PSI}, key-bias tolerance sum(lr) = {key_tol:.2e}")
 
-    base_m, base_w = os.path.join(wd, "single.metrics.jsonl"), os.path.join(wd, "single.safetensors")
-    dc.remove_stale(base_m, base_w)
-    r = dc.run_group(dc.train_cmd(args.meshtrain, init_path, data_path, STEPS,
-                         ["--nproc", 1, "--metrics", base_m, "--save", base_w]),
-            RUN_TIMEOUT, log_prefix=os.path.join(wd, "single"))
-    if not r.ok:
-        checks.fatal(dc.failure_text(r, "the single-process run (--nproc 1)"))
-    base = dc.read_metrics_range(base_m, 0, STEPS, checks, "single-process")
-    base_final = dc.load_saved(base_w, checks, "single-process")
-    if base is None or base_final is None:
-        checks.fatal("the single-process run's outputs are unusable; nothing to compare layouts with")
+    base, base_final = dc.single_process_run(args.meshtrain, wd, init_path, data_path, STEPS, RUN_TIMEOUT, checks,
+                                             "the single-process run (--nproc 1)")
     bad = []
     for h, m in zip(hist, base):
         s = h["step"]

@@ -47,17 +47,8 @@ def main() -> None:
     wd, t_start = args.workdir, time.monotonic()
     init_path, data_path, _ = dc.write_inputs(wd)
 
-    base_m, base_w = os.path.join(wd, "single.metrics.jsonl"), os.path.join(wd, "single.safetensors")
-    dc.remove_stale(base_m, base_w)
-    r = dc.run_group(dc.train_cmd(args.meshtrain, init_path, data_path, STEPS,
-                         ["--nproc", 1, "--metrics", base_m, "--save", base_w]),
-            RUN_TIMEOUT, log_prefix=os.path.join(wd, "single"))
-    if not r.ok:
-        checks.fatal(dc.failure_text(r, "the uninterrupted single-process run (--nproc 1)"))
-    base = dc.read_metrics_range(base_m, 0, STEPS, checks, "single-process")
-    base_final = dc.load_saved(base_w, checks, "single-process")
-    if base is None or base_final is None:
-        checks.fatal("the single-process run's outputs are unusable; nothing to compare with")
+    base, base_final = dc.single_process_run(args.meshtrain, wd, init_path, data_path, STEPS, RUN_TIMEOUT, checks,
+                                             "the uninterrupted single-process run (--nproc 1)")
     norms = [m["grad_norm"] for m in base]
     checks.check(max(norms[:STOP]) > dc.HP.grad_clip and min(norms) < dc.HP.grad_clip,
                  f"test setup: clipping must be active before the stop and inactive somewhere; norms {norms}")

@@ -68,6 +68,23 @@ def bytes_per_step(checks: dc.Tally, tag: str, rows, want: int) -> None:
     checks.check(all(g == want for g in got), f"{tag}: comm_bytes per step {sorted(set(got))[:4]} != {want}")
 
 
+def same_as_exact(checks: dc.Tally, tag: str, rows, exact_rows, saved: str, exact_w, payload: int) -> None:
+    """A gossip run that must take exact DP's steps: its losses and (saved) final weights within the SGD
+    tolerances of the exact run's, consensus distance 0 on every row, and payload bytes per step."""
+    dl = float(np.max(np.abs(losses(rows) - losses(exact_rows))))
+    print(f"{tag}: worst |loss - exact| {dl:.2e}")
+    checks.check(dl <= TOL_SGD_LOSS, f"{tag}: loss differs from exact DP by {dl:.2e} > {TOL_SGD_LOSS:g}")
+    wg = dc.load_saved(saved, checks, tag)
+    if exact_w is not None and wg is not None:
+        dw = max(float(np.max(np.abs(wg[k] - exact_w[k]))) for k in exact_w)
+        print(f"{tag}: final weights max |diff| {dw:.2e}")
+        checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact DP by {dw:.2e} > {TOL_SGD_W:g}")
+    xi = [r.get("consensus_distance") for r in rows]
+    checks.check(all(x == 0 for x in xi), f"{tag}: consensus_distance must be 0 on every row, got "
+                 f"{sorted(set(map(str, xi)))[:4]}")
+    bytes_per_step(checks, tag, rows, payload)
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     checks = dc.Tally("test_gossip")
@@ -89,18 +106,7 @@ def main() -> None:
                                        "--consensus-every", 1], save=True)
             if rows is None:
                 continue
-            dl = float(np.max(np.abs(losses(rows) - losses(exact))))
-            print(f"{tag}: worst |loss - exact| {dl:.2e}")
-            checks.check(dl <= TOL_SGD_LOSS, f"{tag}: loss differs from exact DP by {dl:.2e} > {TOL_SGD_LOSS:g}")
-            wg = dc.load_saved(rn.path(name, "safetensors"), checks, tag)
-            if we is not None and wg is not None:
-                dw = max(float(np.max(np.abs(wg[k] - we[k]))) for k in we)
-                print(f"{tag}: final weights max |diff| {dw:.2e}")
-                checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact DP by {dw:.2e} > {TOL_SGD_W:g}")
-            xi = [r.get("consensus_distance") for r in rows]
-            checks.check(all(x == 0 for x in xi), f"{tag}: consensus_distance must be 0 on every row, got "
-                         f"{sorted(set(map(str, xi)))[:4]}")
-            bytes_per_step(checks, tag, rows, 4 * PSI)
+            same_as_exact(checks, tag, rows, exact, rn.path(name, "safetensors"), we, 4 * PSI)
         if momentum == 0:
             # What a broken exchange would give: each replica alone (no mixing) -- --local-sgd 1000 never syncs
             # within 20 steps, the same local steps gossip takes before mixing.
@@ -128,18 +134,8 @@ def main() -> None:
                                                "--consensus-every", 1], save=True)
             if rows is None or ref is None:
                 continue
-            dl = float(np.max(np.abs(losses(rows) - losses(ref))))
-            print(f"{tag}: worst |loss - exact| {dl:.2e}")
-            checks.check(dl <= TOL_SGD_LOSS, f"{tag}: loss differs from exact DP by {dl:.2e} > {TOL_SGD_LOSS:g}")
-            wg = dc.load_saved(rn.path(name, "safetensors"), checks, tag)
-            if wref is not None and wg is not None:
-                dw = max(float(np.max(np.abs(wg[k] - wref[k]))) for k in wref)
-                print(f"{tag}: final weights max |diff| {dw:.2e}")
-                checks.check(dw <= TOL_SGD_W, f"{tag}: final weights differ from exact DP by {dw:.2e} > {TOL_SGD_W:g}")
-            xi = [r.get("consensus_distance") for r in rows]
-            checks.check(all(x == 0 for x in xi), f"{tag}: consensus_distance must be 0 on every row, got "
-                         f"{sorted(set(map(str, xi)))[:4]}")
-            bytes_per_step(checks, tag, rows, (2 if mix == "both" else 1) * 4 * PSI)
+            same_as_exact(checks, tag, rows, ref, rn.path(name, "safetensors"), wref,
+                          (2 if mix == "both" else 1) * 4 * PSI)
     if adam_exact is not None:
         own = rn.run("adam_mix_params", dp2 + ["--sync", "gossip", "--gossip-mix", "params"])
         if own is not None:

@@ -172,10 +172,7 @@ def main():
            (["--nproc", "2", "--optimizer", "onebit-adam", "--freeze-step", "2", "--compress", "topk:0.01"],
             ["onebit-adam", "--compress topk:0.01"]),
            (["--optimizer", "onebit-adam"], ["onebit-adam", "--freeze-step"])]
-    for i, (flags, names) in enumerate(bad):
-        metrics = os.path.join(args.workdir, f"bad{i}.jsonl")
-        dc.check_rejected(dc.train_cmd(args.meshtrain, init_path, data_path, 2, flags), metrics,
-                          os.path.join(args.workdir, f"bad{i}"), names, checks, " ".join(flags))
+    dc.check_all_rejected(args.meshtrain, init_path, data_path, args.workdir, bad, checks)
     checks.finish()
 
 

@@ -55,6 +55,7 @@ import dp_common as dpc  # noqa: E402
 import gpt_reference as ref  # noqa: E402
 import micro_update_reference as mr  # noqa: E402
 from parity_harness import parse_args  # noqa: E402
+from run_files import trace_computations  # noqa: E402
 
 CFG = ref.GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
 STEPS = 12
@@ -63,16 +64,6 @@ SPLITS = {2: [2, 2], 4: [1, 1, 1, 1]}
 # One micro-batch's gradient norm (3.5-8 here) is larger than the step's: dp_common's clip 2.5 would clip
 # every update; 5.0 clips some and not others (asserted).
 HP = dataclasses.replace(dpc.HP, grad_clip=5.0)
-
-
-def rank0_computations(trace_path):
-    """Pipeline rank 0's forwards and backwards in the order it ran them ("F3", "B2": window numbering)."""
-    with open(trace_path) as f:
-        d = json.load(f)
-    ev = d["traceEvents"] if isinstance(d, dict) else d
-    comp = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("pid") == 0]
-    comp.sort(key=lambda e: e["ts"])
-    return [e["name"] for e in comp]
 
 
 def max_weight_diff(a, b) -> float:
@@ -185,7 +176,7 @@ def main() -> None:
         checks.check((sim is None) == flush and (sim is None or 0 <= sim < 1),
                      f"{tag}: summary bubble_simulated_window {sim} (flushed: {flush})")
         if traced:  # the order rank 0 ran its computations in (the trace records it; not their times)
-            seq, m = rank0_computations(out(tag, "trace.json")), key[1]
+            seq, m = [c[0] for c in trace_computations(out(tag, "trace.json"), 0)], key[1]
             if flush:  # every step's 2m computations (numbered 0..m-1) end with its last backward
                 ok = len(seq) == 2 * m * STEPS and all(seq[2 * m * (t + 1) - 1] == f"B{m - 1}" for t in range(STEPS))
                 checks.check(ok, f"{tag}: the flushed run ends every step with its last backward: {seq[:4 * m]}")

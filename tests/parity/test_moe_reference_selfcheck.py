@@ -29,14 +29,11 @@ them). Each check prints its measured error next to its bound; any failure makes
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import subprocess
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 import torch
@@ -45,23 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_reference as ref  # noqa: E402
 import moe_block_check as bc  # noqa: E402
 import moe_reference as mref  # noqa: E402
+from selfcheck import bounded, expect, registry, run_checks  # noqa: E402
 
-CHECKS = []
-
-
-def check(fn):
-    CHECKS.append(fn)
-    return fn
-
-
-def expect(cond: bool, msg: str) -> None:
-    if not cond:
-        raise AssertionError(msg)
-
-
-def bounded(name: str, err: float, bound: float) -> None:
-    print(f"    {name}: {err:.3e} (bound {bound:.0e})")
-    expect(err <= bound, f"{name}: {err:.3e} > {bound:.0e}")
+CHECKS, check = registry()
 
 
 # ---------------------------------------------------------------------------------------------- generator
@@ -595,27 +578,7 @@ def block_check_accepts_and_rejects(tmp):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--meshtrain", help="ignored")
-    ap.add_argument("--workdir", help="ignored")
-    ap.parse_known_args()
-    torch.set_num_threads(1)
-    failed = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for fn in CHECKS:
-            print(f"[{fn.__name__}]", flush=True)
-            try:
-                fn(tmp)
-                print("    ok")
-            except Exception as e:  # report every check, then fail
-                traceback.print_exc(file=sys.stdout)
-                print(f"    FAIL: {e}")
-                failed.append(fn.__name__)
-    if failed:
-        print(f"\nMoE reference self-check: FAILED {len(failed)} of {len(CHECKS)}: {', '.join(failed)}")
-        return 1
-    print(f"\nMoE reference self-check: {len(CHECKS)} passed, 0 failed")
-    return 0
+    return run_checks(__doc__, "MoE reference self-check", CHECKS)
 
 
 if __name__ == "__main__":

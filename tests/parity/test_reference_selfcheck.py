@@ -16,36 +16,19 @@ prints its measured error next to its bound; any failure makes the script exit 1
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_reference as ref  # noqa: E402
+from selfcheck import bounded, expect, registry, run_checks  # noqa: E402
 
 TINY = ref.GPTConfig(n_layer=2, n_head=2, n_embd=8, vocab_size=11, n_positions=6)
-CHECKS = []
-
-
-def check(fn):
-    CHECKS.append(fn)
-    return fn
-
-
-def expect(cond: bool, msg: str) -> None:
-    if not cond:
-        raise AssertionError(msg)
-
-
-def bounded(name: str, err: float, bound: float) -> None:
-    print(f"    {name}: {err:.3e} (bound {bound:.0e})")
-    expect(err <= bound, f"{name}: {err:.3e} > {bound:.0e}")
+CHECKS, check = registry()
 
 
 def tiny_params(cfg: ref.GPTConfig, seed: int, dtype=torch.float64, scale: float = 4.0):
@@ -393,27 +376,7 @@ def load_accepts_hf_prefix_and_buffers(tmp):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--meshtrain", help="ignored")
-    ap.add_argument("--workdir", help="ignored")
-    ap.parse_known_args()
-    torch.set_num_threads(1)
-    failed = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for fn in CHECKS:
-            print(f"[{fn.__name__}]", flush=True)
-            try:
-                fn(tmp)
-                print("    ok")
-            except Exception as e:  # report every check, then fail
-                traceback.print_exc(file=sys.stdout)
-                print(f"    FAIL: {e}")
-                failed.append(fn.__name__)
-    if failed:
-        print(f"\nreference self-check: FAILED {len(failed)} of {len(CHECKS)}: {', '.join(failed)}")
-        return 1
-    print(f"\nreference self-check: all {len(CHECKS)} checks passed")
-    return 0
+    return run_checks(__doc__, "reference self-check", CHECKS)
 
 
 if __name__ == "__main__":

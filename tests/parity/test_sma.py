@@ -89,10 +89,7 @@ def main():
            (["--nproc", "2", "--learners", "2", "--micro-batch-size", "3", "--zero", "1"], ["--learners 2", "--zero 1"]),
            (["--nproc", "2", "--learners", "1", "--local-sgd", "2"], ["--learners 1", "--local-sgd 2"]),
            (["--sma-alpha", "0.5"], ["--sma-alpha", "--learners"])]
-    for i, (flags, names) in enumerate(bad):
-        metrics = os.path.join(args.workdir, f"bad{i}.jsonl")
-        dc.check_rejected(dc.train_cmd(args.meshtrain, init_path, data_path, 2, flags), metrics,
-                          os.path.join(args.workdir, f"bad{i}"), names, checks, " ".join(flags))
+    dc.check_all_rejected(args.meshtrain, init_path, data_path, args.workdir, bad, checks)
     checks.finish()
 
 

@@ -104,11 +104,13 @@ TEST(ChimeraSimulator, ClosedFormWhenMIsAMultipleOfP) {
       const SimResult r = simulate({"chimera", p, m, 2}, CostModel{1.0, 1.0, 0.0});
       const int extra = m % p == 0 ? 0 : p - m % p;
       EXPECT_DOUBLE_EQ(r.makespan, 2.0 * m + p - 2 + extra) << "p=" << p << " m=" << m;
-      if (m % p == 0)
+      if (m % p == 0) {
         EXPECT_NEAR(r.bubble_fraction, (p - 2.0) / (2.0 * m + p - 2), 1e-12) << "p=" << p << " m=" << m;
-      if (m >= p)
+      }
+      if (m >= p) {
         EXPECT_LT(r.bubble_fraction, simulate({"1f1b", p, m, 1}, CostModel{1.0, 1.0, 0.0}).bubble_fraction)
             << "p=" << p << " m=" << m;
+      }
     }
 }
 

@@ -12,18 +12,12 @@
 namespace {
 
 using mt::clitest::contains;
-using mt::clitest::run_meshtrain;
+using mt::clitest::run_simulate;
 using mt::clitest::RunResult;
-
-RunResult simulate(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"simulate"};
-  all.insert(all.end(), args.begin(), args.end());
-  return run_meshtrain(all);
-}
 
 TEST(MicroWindowCli, PipeDreamWindowAgainstFlushedOneFOneB) {
   // p = 4, m = 4, K = 12: (48 + 3) 3 = 153 against 12 (4 + 3) 3 = 252 (0.6071x); in flight p - j on rank j.
-  RunResult r = simulate({"--schedule", "pipedream", "--stages", "4", "--micro-batches", "4", "--steps", "12"});
+  RunResult r = run_simulate({"--schedule", "pipedream", "--stages", "4", "--micro-batches", "4", "--steps", "12"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_TRUE(contains(r.out, "12 steps of 4 micro-batches without a flush")) << r.out;
   EXPECT_TRUE(contains(r.out, "an update after every micro-batch's backward")) << r.out;
@@ -46,7 +40,7 @@ TEST(MicroWindowCli, PipeDreamWindowAgainstFlushedOneFOneB) {
 TEST(MicroWindowCli, PipeMareWindowActionsHoldAnUpdatePerMicroBatch) {
   // p = 2, m = 2, K = 2: rank 0's step 1 forward F2 before step 0's last backward B1 and its update.
   RunResult r =
-      simulate({"--schedule", "pipemare", "--stages", "2", "--micro-batches", "2", "--steps", "2", "--actions"});
+      run_simulate({"--schedule", "pipemare", "--stages", "2", "--micro-batches", "2", "--steps", "2", "--actions"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_TRUE(contains(r.out, "in flight per rank: [2, 1]")) << r.out;
   EXPECT_TRUE(contains(r.out, "rank 0: F0 F1 B0 F2 B1 F3 B2 B3")) << r.out;

@@ -97,7 +97,9 @@ TEST(MicroWindow, SweepPassesTheCheckerWithOneFOneBsInFlightCountAndStash) {
           for (int j = 0; j < p; j++) {
             EXPECT_EQ(flying[j], std::min(p - j, K * m)) << at << " rank " << j;
             EXPECT_LE(stash[j], flying[j]) << at << " rank " << j;
-            if (K * m >= 2 * (p - 1 - j)) EXPECT_EQ(stash[j], flying[j]) << at << " rank " << j;
+            if (K * m >= 2 * (p - 1 - j)) {
+              EXPECT_EQ(stash[j], flying[j]) << at << " rank " << j;
+            }
             EXPECT_EQ(newest[j], 1) << at << " rank " << j;
           }
         }
@@ -146,7 +148,9 @@ TEST(MicroWindow, SimulatedWindowAgainstOneFOneBsFlushedSteps) {
         const mt::plan::SimResult r = mt::plan::simulate(window_spec(spec, K), micro_window_schedule(spec, K), {});
         EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (K * m + p - 1)) << "p " << p << " m " << m << " K " << K;
         EXPECT_DOUBLE_EQ(r.bubble_fraction, (p - 1.0) / (K * m + p - 1.0));
-        if (K > 1) EXPECT_LT(r.makespan, K * one_step);
+        if (K > 1) {
+          EXPECT_LT(r.makespan, K * one_step);
+        }
       }
     }
 }

@@ -32,7 +32,7 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
 }
 
 TEST(ScheduleRegistry, MakeScheduleIsTheGeneratorsOrderPlusMessages) {
-  for (const ScheduleSpec spec :
+  for (const ScheduleSpec& spec :
        {ScheduleSpec{"gpipe", 3, 4, 1}, ScheduleSpec{"1f1b", 3, 4, 1}, ScheduleSpec{"interleaved", 2, 4, 3}}) {
     const ScheduleGenerator& g = find_schedule(spec.name);
     const Placement pl = g.placement(spec);

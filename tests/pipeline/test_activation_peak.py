@@ -14,28 +14,19 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
 from parity_harness import parse_args, single_thread_env  # noqa: E402
+from run_files import write_random_shard  # noqa: E402
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1), ("zb-v", 2),
              ("pipedream-2bw", 1))
 B, T = 8, 16
 
 
-def write_shard(path, n, vocab):
-    toks = np.random.RandomState(0).randint(0, vocab, size=n).astype(np.uint16)
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = [20240520, 1, n]
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes() + toks.tobytes())
-
-
 def main():
     args = parse_args(__doc__)
     data = os.path.join(args.workdir, "data.bin")
-    write_shard(data, 20000, 64)
+    write_random_shard(data, 20000, 64)
     fails = checks = 0
     for P, m in ((2, 4), (4, 8)):
         for sched, V in SCHEDULES:

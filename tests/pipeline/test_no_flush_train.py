@@ -25,50 +25,20 @@ Checked:
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
 from parity_harness import parse_args, single_thread_env  # noqa: E402
+from run_files import tensor_bytes, trace_computations, write_random_shard  # noqa: E402
 
 B, T, STEPS = 8, 16, 6
-
-
-def write_shard(path, n, vocab):
-    toks = np.random.RandomState(0).randint(0, vocab, size=n).astype(np.uint16)
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = [20240520, 1, n]
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes() + toks.tobytes())
-
-
-def tensors(path):
-    """name -> raw bytes of each tensor in a safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    head = json.loads(raw[8:8 + n])
-    base = 8 + n
-    return {k: raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]] for k, v in head.items()
-            if k != "__metadata__"}
-
-
-def rank0_computations(trace_path):
-    with open(trace_path) as f:
-        d = json.load(f)
-    ev = d["traceEvents"] if isinstance(d, dict) else d
-    comp = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("pid") == 0]
-    comp.sort(key=lambda e: e["ts"])
-    return [e["name"] for e in comp]
 
 
 def main():
     args = parse_args(__doc__)
     data = os.path.join(args.workdir, "data.bin")
-    write_shard(data, 20000, 64)
+    write_random_shard(data, 20000, 64)
     fails = checks = 0
 
     def check(ok, msg):
@@ -108,7 +78,8 @@ def main():
         rows = [x for x in rows if "loss" in x and "step" in x]
         with open(out + ".summary.json") as f:
             flush = json.load(f)["pipeline"].get("flush_between_steps")
-        return r.stderr, rows, tensors(out + ".safetensors"), rank0_computations(out + ".trace.json"), flush
+        order = [c[0] for c in trace_computations(out + ".trace.json", 0)]
+        return r.stderr, rows, tensor_bytes(out + ".safetensors"), order, flush
 
     cases = [(P, m, label, extra, ()) for P, m in ((2, 4), (4, 4))
              for label, extra in (("", []), ("_ckpt", ["--save-every", "2"]))]
@@ -159,7 +130,8 @@ def main():
             a4 = os.path.join(ck["2bw"], "step_00000004", "model.safetensors")
             b4 = os.path.join(ck["flushed"], "step_00000004", "model.safetensors")
             both = os.path.exists(a4) and os.path.exists(b4)
-            check(both and tensors(a4) == tensors(b4), f"{name}: the checkpoints at step 4 hold the same tensors")
+            check(both and tensor_bytes(a4) == tensor_bytes(b4),
+                  f"{name}: the checkpoints at step 4 hold the same tensors")
     # Under mpirun (MPI backend): each activation message here is 4104 bytes, past OpenMPI's eager limit, so a send
     # completes only once the receiver has posted its receive. The split exchange's updates leave the list's sends
     # in flight (an update that first waited for them would wait for a peer waiting in its own update).

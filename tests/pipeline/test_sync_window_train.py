@@ -25,51 +25,20 @@ Checked:
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
 from parity_harness import parse_args, single_thread_env  # noqa: E402
+from run_files import tensor_bytes, trace_computations, write_random_shard  # noqa: E402
 
 B, T, STEPS = 8, 16, 6
-
-
-def write_shard(path, n, vocab):
-    toks = np.random.RandomState(0).randint(0, vocab, size=n).astype(np.uint16)
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = [20240520, 1, n]
-    with open(path, "wb") as f:
-        f.write(hdr.tobytes() + toks.tobytes())
-
-
-def tensors(path):
-    """name -> raw bytes of each tensor in a safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    head = json.loads(raw[8:8 + n])
-    base = 8 + n
-    return {k: raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]] for k, v in head.items()
-            if k != "__metadata__"}
-
-
-def computations(trace_path, rank):
-    """(name, start, end) of each computation of a world rank, in time order."""
-    with open(trace_path) as f:
-        d = json.load(f)
-    ev = d["traceEvents"] if isinstance(d, dict) else d
-    comp = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("pid") == rank]
-    comp.sort(key=lambda e: e["ts"])
-    return [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in comp]
 
 
 def main():
     args = parse_args(__doc__)
     data = os.path.join(args.workdir, "data.bin")
-    write_shard(data, 20000, 64)
+    write_random_shard(data, 20000, 64)
     fails = checks = 0
 
     def check(ok, msg):
@@ -102,12 +71,12 @@ def main():
         with open(out + ".summary.json") as f:
             pipe = json.load(f)["pipeline"]
         b2b, flush = pipe.get("back_to_back"), pipe.get("flush_between_steps")
-        return r.stderr, rows, tensors(out + ".safetensors"), out + ".trace.json", (b2b, flush)
+        return r.stderr, rows, tensor_bytes(out + ".safetensors"), out + ".trace.json", (b2b, flush)
 
     def overtakes(trace, sched, P, m):
         """Steps t at which rank 0's first forward of t+1 started before rank P-1's last computation of t ended."""
         n = 2 * m if sched == "1f1b" else 3 * m
-        first, last = computations(trace, 0), computations(trace, P - 1)
+        first, last = trace_computations(trace, 0), trace_computations(trace, P - 1)
         if len(first) != n * STEPS or len(last) != n * STEPS:
             return None
         return [t for t in range(STEPS - 1) if first[n * (t + 1)][1] < last[n * (t + 1) - 1][2]]
@@ -152,7 +121,8 @@ def main():
             a4 = os.path.join(ck["b2b"], "step_00000004", "model.safetensors")
             b4 = os.path.join(ck["step"], "step_00000004", "model.safetensors")
             both = os.path.exists(a4) and os.path.exists(b4)
-            check(both and tensors(a4) == tensors(b4), f"{tag}: the checkpoints at step 4 hold the same tensors")
+            check(both and tensor_bytes(a4) == tensor_bytes(b4),
+                  f"{tag}: the checkpoints at step 4 hold the same tensors")
             va = [r.get("val_loss") for r in rows_a if "val_loss" in r]
             vb = [r.get("val_loss") for r in rows_b if "val_loss" in r]
             check(len(va) == 2 and va == vb, f"{tag}: evaluations after steps 3 and 6 equal ({va} / {vb})")
@@ -189,7 +159,8 @@ def main():
         got = rows["part"] + rows["rest"]
         same = [x["step"] for x in got] == list(range(STEPS)) and all(
             (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]) for a, b in zip(got, rows["full"]))
-        w_same = tensors(os.path.join(rdir, "full.safetensors")) == tensors(os.path.join(rdir, "rest.safetensors"))
+        w_same = (tensor_bytes(os.path.join(rdir, "full.safetensors"))
+                  == tensor_bytes(os.path.join(rdir, "rest.safetensors")))
     check(ok_runs and same and w_same, "stopped after step 3 and resumed: rows and final weights equal the "
                                        "uninterrupted back-to-back run's")
     # A step that diverges: both paths stop naming the same step (the window at its end, after its later updates).

@@ -293,8 +293,12 @@ TEST(ZeroBubbleSimulator, TheoreticalBubbleIsTheBoundWithTheStepStartingTogether
       EXPECT_GE(h1.bubble_fraction, one_chunk - 1e-12) << "p=" << p << " m=" << m;
       EXPECT_GE(h2.bubble_fraction, one_chunk - 1e-12) << "p=" << p << " m=" << m;
       EXPECT_GE(zv.bubble_fraction, v - 1e-12) << "p=" << p << " m=" << m;
-      if (m >= p) EXPECT_NEAR(h1.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
-      if (m >= 2 * p - 1) EXPECT_NEAR(h2.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
+      if (m >= p) {
+        EXPECT_NEAR(h1.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
+      }
+      if (m >= 2 * p - 1) {
+        EXPECT_NEAR(h2.bubble_fraction, one_chunk, 1e-12) << "p=" << p << " m=" << m;
+      }
     }
   EXPECT_EQ(theoretical_bubble_formula({"zb-v", 4, 8, 2}), "zero-bubble bound (p-1)/(6m+p-1), F = B = W");
   EXPECT_EQ(theoretical_bubble_formula({"zb-h2", 4, 8, 1}), "zero-bubble bound (p-1)/(3m+p-1), F = B = W");

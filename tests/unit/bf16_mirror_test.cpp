@@ -71,7 +71,9 @@ Trajectory train(const mt::model::GptConfig& cfg, int zero, bool mirror, int ste
   mt::nn::ParamRegistry params;
   mt::model::Gpt gpt(cfg, params);
   gpt.set_precision(mt::Precision::bf16);
-  mt::parallel::DataParallelOptions o{zero, 0.004 /* MB: several buckets */, mt::comm::DType::f32};
+  mt::parallel::DataParallelOptions o;
+  o.zero = zero;
+  o.bucket_mb = 0.004;  // MB: several buckets
   o.bf16_mirror = mirror;
   mt::parallel::DataParallel dp(params, nullptr, o);
   dp.initialize([&](mt::nn::Param& p) { gpt.init_param(p, 5); });

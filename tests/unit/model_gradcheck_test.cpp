@@ -31,6 +31,13 @@ void check_params(mt::nn::ParamRegistry& params, const std::function<double()>& 
   }
 }
 
+// n tokens (a i + b) mod vocab, i = 0 .. n-1: the inputs (7, 3) and targets (5, 1) of the gradchecks.
+std::vector<int32_t> tokens(int n, int a, int b, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; i++) t[i] = (i * a + b) % vocab;
+  return t;
+}
+
 }  // namespace
 
 TEST(ModelGradcheck, Gpt) {
@@ -45,11 +52,7 @@ TEST(ModelGradcheck, Gpt) {
     for (size_t i = 0; i < p.numel; i++) p.data[i] = p.data[i] + r[i];
   }
   const int B = 2, T = 9;
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int i = 0; i < B * T; i++) {
-    in[i] = (i * 7 + 3) % cfg.vocab_size;
-    tg[i] = (i * 5 + 1) % cfg.vocab_size;
-  }
+  const std::vector<int32_t> in = tokens(B * T, 7, 3, cfg.vocab_size), tg = tokens(B * T, 5, 1, cfg.vocab_size);
   mt::nn::ActivationStore store;
   const float dscale = 1.0f / (B * T);
   auto loss = [&] { return gpt.forward(store, 0, in.data(), tg.data(), B, T, dscale) * dscale; };
@@ -137,11 +140,7 @@ TEST(ModelShape, RejectsIndivisibleHeads) {
 TEST(ModelStages, ChainedStagesEqualTheFullModel) {
   mt::model::GptConfig cfg{4, 2, 16, 23, 12};
   const int B = 2, T = 9;
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int i = 0; i < B * T; i++) {
-    in[i] = (i * 7 + 3) % cfg.vocab_size;
-    tg[i] = (i * 5 + 1) % cfg.vocab_size;
-  }
+  const std::vector<int32_t> in = tokens(B * T, 7, 3, cfg.vocab_size), tg = tokens(B * T, 5, 1, cfg.vocab_size);
   const float dscale = 1.0f / (B * T);
   mt::nn::ParamRegistry full_params;
   mt::model::Gpt full(cfg, full_params);
@@ -231,11 +230,7 @@ TEST(ModelGradcheck, GptMoe) {
   ASSERT_NE(params.find("h.0.mlp.c_fc.weight"), nullptr);
   EXPECT_EQ(cfg.num_params(), (int64_t)params.size());
   const int B = 2, T = 9;
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int i = 0; i < B * T; i++) {
-    in[i] = (i * 7 + 3) % cfg.vocab_size;
-    tg[i] = (i * 5 + 1) % cfg.vocab_size;
-  }
+  const std::vector<int32_t> in = tokens(B * T, 7, 3, cfg.vocab_size), tg = tokens(B * T, 5, 1, cfg.vocab_size);
   mt::nn::ActivationStore store;
   params.zero_grad();
   moe_gpt_loss(gpt, store, in, tg, B, T, o);

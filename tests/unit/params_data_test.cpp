@@ -126,10 +126,10 @@ TEST(ParamRegistry, BlockedShardTakesTheSameSliceOfEachBlock) {
 // A buffer that cannot be allocated says how many bytes it wanted (issue 13, point 7) and stays empty.
 TEST(AlignedBuffer, FailedAllocationNamesItsSize) {
   mt::AlignedBuffer b(16);
-  const size_t count = size_t{1} << 61;  // 8 EiB: no host has it
+  const size_t count = size_t{1} << 60;  // 4 EiB (below the largest object size, 2^63 - 1 bytes): no host has it
   try {
     b.resize(count);
-    FAIL() << "allocated 8 EiB";
+    FAIL() << "allocated 4 EiB";
   } catch (const mt::OutOfMemory& e) {
     EXPECT_EQ(e.bytes(), count * sizeof(float));
     EXPECT_NE(std::string(e.what()).find("cannot allocate " + std::to_string(count * sizeof(float)) + " bytes"),

@@ -12,9 +12,8 @@ namespace mt::pipeline {
 
 namespace {
 
-// The step of window micro-batch i, and whether an action is a step update.
+// The step of window micro-batch i.
 int step_of(int i, int m) { return i / m; }
-bool is_step_update(const Action& a) { return a.kind == ActionKind::optimizer_step && a.chunk == -1 && a.micro_batch >= 0; }
 
 void check_spec(const ScheduleSpec& spec, int steps) {
   MT_CHECK_INPUT(steps >= 1, "a pipeline window needs at least one step, got ", steps);
@@ -33,6 +32,8 @@ ScheduleSpec window_spec(const ScheduleSpec& spec, int steps) {
 Action step_update(int step, int micro_batches) {
   return {ActionKind::optimizer_step, step * micro_batches + micro_batches - 1, -1, -1};
 }
+
+bool is_step_update(const Action& a) { return a.kind == ActionKind::optimizer_step && a.chunk == -1 && a.micro_batch >= 0; }
 
 ActionLists no_flush_compute_order(const ScheduleSpec& spec, int steps) {
   check_spec(spec, steps);
@@ -91,10 +92,8 @@ Schedule without_step_updates(const Schedule& window) {
   return s;
 }
 
-void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window) {
-  check_spec(spec, steps);
-  const ScheduleSpec ws = window_spec(spec, steps);
-  const int p = spec.stages, m = spec.micro_batches;
+void check_step_update_lists(const ScheduleSpec& spec, int steps, const Schedule& window) {
+  const int p = spec.stages;
   if ((int)window.size() != p) throw ScheduleError(str("the window has ", window.size(), " lists for p = ", p, " ranks"));
   // A step-end update or a per-micro-batch one has no place in a window.
   for (int j = 0; j < p; j++)
@@ -103,10 +102,16 @@ void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window)
         throw ScheduleError(str("rank ", j, ", action ", k, " (", to_string(window[j][k]),
                                 "): a window holds only step updates optimizer_step(i = t m + m - 1, c = -1)"));
   try {
-    check_schedule(ws, without_step_updates(window));
+    check_schedule(window_spec(spec, steps), without_step_updates(window));
   } catch (const ScheduleError& e) {
     throw ScheduleError(str("the window without its step updates: ", e.what()));
   }
+}
+
+void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window) {
+  check_spec(spec, steps);
+  check_step_update_lists(spec, steps, window);
+  const int p = spec.stages, m = spec.micro_batches;
 
   // Per rank: the updates' order and the two-version rule.
   std::vector<std::vector<int>> step_backwards((size_t)p, std::vector<int>((size_t)steps, 0));  // [j][t]

@@ -40,8 +40,10 @@ namespace mt::pipeline {
 // The window spec: spec with K m micro-batches (what check_schedule and the simulator see).
 ScheduleSpec window_spec(const ScheduleSpec& spec, int steps);
 
-// The update of step t in a window of m micro-batches per step.
+// The update of step t in a window of m micro-batches per step, and whether an action is one (an optimizer_step
+// with a micro-batch and chunk -1).
 Action step_update(int step, int micro_batches);
+bool is_step_update(const Action& a);
 
 // The compute order above for every rank (no messages, no updates). spec: pipedream-2bw's per-step spec
 // (validated: V = 1); steps >= 1.
@@ -65,6 +67,11 @@ Schedule without_step_updates(const Schedule& window);
 //    matching message has been sent and U(t) ends once every rank has run all its backwards of step t reaches
 //    the end of every list.
 void check_no_flush(const ScheduleSpec& spec, int steps, const Schedule& window);
+
+// The first checks of every window of step updates (check_no_flush, check_sync_window), before its own rule: p
+// lists, no optimizer_step but step updates, and the list without them passing check_schedule for window_spec.
+// Throws ScheduleError naming the rank, the action's index and the action (or check_schedule's complaint).
+void check_step_update_lists(const ScheduleSpec& spec, int steps, const Schedule& window);
 
 // The deadlock replay of a window of steps, shared by check_no_flush, check_sync_window and check_micro_window:
 // every rank runs its list as far as it can, a wait once its message was sent, an update (is_update) once

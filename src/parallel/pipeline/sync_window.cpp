@@ -12,10 +12,6 @@ namespace mt::pipeline {
 
 namespace {
 
-bool is_step_update(const Action& a) {
-  return a.kind == ActionKind::optimizer_step && a.chunk == -1 && a.micro_batch >= 0;
-}
-
 void check_spec(const ScheduleSpec& spec, int steps) {
   MT_CHECK_INPUT(steps >= 1, "a back-to-back window needs at least one step, got ", steps);
   std::string why;
@@ -62,18 +58,8 @@ Schedule sync_window_schedule(const ScheduleSpec& spec, int steps) {
 
 void check_sync_window(const ScheduleSpec& spec, int steps, const Schedule& window) {
   check_spec(spec, steps);
+  check_step_update_lists(spec, steps, window);
   const int p = spec.stages, m = spec.micro_batches;
-  if ((int)window.size() != p) throw ScheduleError(str("the window has ", window.size(), " lists for p = ", p, " ranks"));
-  for (int j = 0; j < p; j++)
-    for (size_t k = 0; k < window[j].size(); k++)
-      if (window[j][k].kind == ActionKind::optimizer_step && !is_step_update(window[j][k]))
-        throw ScheduleError(str("rank ", j, ", action ", k, " (", to_string(window[j][k]),
-                                "): a window holds only step updates optimizer_step(i = t m + m - 1, c = -1)"));
-  try {
-    check_schedule(window_spec(spec, steps), without_step_updates(window));
-  } catch (const ScheduleError& e) {
-    throw ScheduleError(str("the window without its step updates: ", e.what()));
-  }
 
   // Per rank: the updates in order, every computation of step t between U(t - 1) and U(t).
   std::vector<std::vector<int>> computations((size_t)p, std::vector<int>((size_t)steps, 0));  // [j][t]
