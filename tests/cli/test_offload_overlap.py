@@ -9,14 +9,16 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      metrics row (loss, grad norm, lr, val loss) and the final weights (--save bytes) equal the in-memory ZeRO 3
      run's; the checkpoints written at steps 2 and 4 hold the same bytes as the in-memory run's; the summary counts
      6 updates on the thread, 3 of them released by a next forward (steps 0, 2, 4; the others end at the evaluation
-     and checkpoint after their step); nothing is left in --offload-dir. Also once without the hold (the real
+     and checkpoint after their step) and some forward groups taking their shard from the update's copy in memory
+     rather than the file (fresh_taken > 0); nothing is left in --offload-dir. Also once without the hold (the real
      timing).
   2. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
      byte-equal to the uninterrupted in-memory run.
   3. Refused with the flags named: --overlap-update at ZeRO 3 with --offload params but not optimizer; with --tp 2;
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
-no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2).
+no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
+the update's copy left unwritten (Stage3::keep_fresh without its memcpy).
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ def equality(e: Env, val: str) -> None:
             if hold:  # the updates of steps 1, 3 and 5 end at the evaluation and checkpoint after them
                 check(o.get("deferred") == 6 and o.get("overlapped") == 3,
                       f"{tag}: 6 updates on the thread, 3 alongside the next forward ({o})")
+                check(o.get("fresh_taken", 0) > 0, f"{tag}: some groups' shards taken from the update's copy ({o})")
             else:
                 check(o.get("deferred") == 6, f"{tag}: 6 updates on the thread ({o})")
 

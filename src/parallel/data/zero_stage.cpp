@@ -578,7 +578,7 @@ class Stage3 : public Stage2 {
   void settle() override { finish_update(); }
   OverlapCounts overlap_counts() const override {
     if (!overlapped()) return {};
-    return {deferred_, overlapped_, waited_s_};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_};
   }
   void stop() noexcept override {
     if (!upd_.joinable()) return;
@@ -598,6 +598,11 @@ class Stage3 : public Stage2 {
     // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
     size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    if (overlapped()) {  // the update's copies of up to kFresh buckets' shards (keep_fresh)
+      size_t cap = 0;
+      for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
+      bytes += kFresh * cap * sizeof(float);
+    }
     return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
   }
   std::vector<offload::ShardFile*> shard_files() override {
@@ -671,6 +676,7 @@ class Stage3 : public Stage2 {
     if (!pf_ || !reads_shard(b)) return;
     ShardRead& r = reads_[b.index];
     if (r.queued || !updated(b)) return;  // not updated yet (--overlap-update): read when needed
+    if (take_fresh(b, r)) return;          // the update's own copy of it, in memory
     r.buf = b_.acquire(held(b) + offload::kCongruentSlack);
     r.pad = offload::congruent_pad(r.buf.data(), b.pos);
     r.ticket = pf_->read_async(b.pos, held(b), r.buf.data() + r.pad);
@@ -680,8 +686,11 @@ class Stage3 : public Stage2 {
     if (!pf_ || !reads_[b.index].queued) return;
     ShardRead& r = reads_[b.index];
     pf_->wait(r.ticket);
-    b_.give_back(r.buf);
-    r.queued = false;
+    if (r.fresh)
+      r.buf = AlignedBuffer();  // the update's copy (not the pool's)
+    else
+      b_.give_back(r.buf);
+    r.queued = r.fresh = false;
   }
   // This rank's float32 shard of bucket b: resident, or read from the file (kept until drop_read).
   const float* shard_params(Bucket& b) {
@@ -724,7 +733,10 @@ class Stage3 : public Stage2 {
       s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
       // --overlap-update: [lo, n) is updated in the mirror and, for a read queued from now on, in the file.
-      if (s_.overlapped()) s_.publish(lo);
+      if (s_.overlapped()) {
+        s_.keep_fresh(lo, hi, p);
+        s_.publish(lo);
+      }
     }
     void end() override {
       if (s_.pf_) s_.pf_->drain();
@@ -753,6 +765,7 @@ class Stage3 : public Stage2 {
     size_t pad = 0;  // the shard at buf.data() + pad (offload::congruent_pad)
     offload::ShardFile::Ticket ticket = 0;
     bool queued = false;
+    bool fresh = false;  // buf is the overlapped update's copy (take_fresh), nothing read
   };
 
   void start_gather(Bucket& b) {
@@ -868,6 +881,9 @@ class Stage3 : public Stage2 {
       upd_running_ = true;
       upd_error_ = nullptr;
       upd_go_ = !hold_;
+      fresh_.clear();
+      fresh_.resize(b_.buckets.size());
+      fresh_held_ = 0;
     }
     mirror_fresh_ = !pshard16_.empty();  // each tile is rounded into the mirror as it is written back
     deferred_++;
@@ -897,6 +913,56 @@ class Stage3 : public Stage2 {
     upd_go_ = true;
     if (by_forward) overlapped_++;
     upd_cv_.notify_all();
+  }
+  // The update's copy of a bucket's updated shard, so that the next forward need not read it back from the file
+  // behind the update's own I/O: close() of tile [lo, hi) (p: its updated parameters) copies the part of each
+  // bucket in it into the bucket's fresh buffer, placed as a read would be (congruent_pad). At most kFresh buckets
+  // are held at once (memory: offload_buffer_bytes); a bucket that finds none free is read from the file as
+  // without the overlap. The buffers are the worker's until publish() makes the bucket's range updated; start_read
+  // then takes a whole one (take_fresh); finish_update drops the rest.
+  static constexpr int kFresh = 3;
+  struct Fresh {
+    AlignedBuffer buf;
+    size_t pad = 0, filled = 0;
+    enum { none, filling, skipped, taken } state = none;
+  };
+  void keep_fresh(size_t lo, size_t hi, const float* p) {
+    for (Bucket* b : b_.buckets) {
+      const size_t h = held(*b), a = std::max(lo, b->pos), e = std::min(hi, b->pos + h);
+      if (a >= e || !reads_shard(*b)) continue;
+      Fresh& f = fresh_[b->index];
+      if (f.state == Fresh::none) {
+        std::lock_guard<std::mutex> lk(upd_mu_);
+        if (fresh_held_ >= kFresh) {
+          f.state = Fresh::skipped;
+          continue;
+        }
+        fresh_held_++;
+        f.state = Fresh::filling;
+      }
+      if (f.state != Fresh::filling) continue;
+      if (f.buf.size() == 0) {
+        f.buf = AlignedBuffer(h + offload::kCongruentSlack);
+        f.pad = offload::congruent_pad(f.buf.data(), b->pos);
+      }
+      std::memcpy(f.buf.data() + f.pad + (a - b->pos), p + (a - lo), sizeof(float) * (e - a));
+      f.filled += e - a;
+    }
+  }
+  bool take_fresh(Bucket& b, ShardRead& r) {
+    if (!upd_.joinable()) return false;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    Fresh& f = fresh_[b.index];
+    // updated(b) held: every tile over b has closed, so a filling buffer is whole.
+    if (f.state != Fresh::filling || f.filled != held(b)) return false;
+    r.buf = std::move(f.buf);
+    r.pad = f.pad;
+    r.ticket = 0;
+    r.queued = r.fresh = true;
+    f.state = Fresh::taken;
+    fresh_held_--;
+    fresh_taken_++;
+    return true;
   }
   void publish(size_t lo) {
     std::lock_guard<std::mutex> lk(upd_mu_);
@@ -939,6 +1005,8 @@ class Stage3 : public Stage2 {
     go(false);
     wait_update_for("finish", [&] { return !upd_running_; });
     upd_.join();
+    fresh_.clear();  // copies no forward took (read from the file from now on)
+    fresh_held_ = 0;
     if (zero_pending_) {  // begin_step's zeroing of the gradient shard the update read
       gshard_.zero();
       zero_pending_ = false;
@@ -955,6 +1023,9 @@ class Stage3 : public Stage2 {
   bool hold_ = false, upd_go_ = true;
   int64_t deferred_ = 0, overlapped_ = 0;
   double waited_s_ = 0;  // the main thread's waits for the update (a group's shard, or all of it)
+  std::vector<Fresh> fresh_;  // per bucket (keep_fresh)
+  int fresh_held_ = 0;        // buffers filling or whole, not yet taken
+  int64_t fresh_taken_ = 0;   // shards a forward took from the update's copy instead of the file
 
   AlignedBuffer pshard_;  // this rank's parameter shard
   // Under the mirror: pshard_ in bf16, each bucket's plan and gather buffers (empty without the mirror).

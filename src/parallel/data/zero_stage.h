@@ -96,10 +96,12 @@ class ZeroStage {
   virtual void settle() {}
   virtual void stop() noexcept {}
   // The overlapped update's counts (deferred < 0: none): updates run on the thread, how many of them a next
-  // forward released (MESHTRAIN_OVERLAP_HOLD=1 only), seconds the main thread waited for them.
+  // forward released (MESHTRAIN_OVERLAP_HOLD=1 only), seconds the main thread waited for them, shards taken
+  // from the update's copy.
   struct OverlapCounts {
     int64_t deferred = -1, overlapped = 0;
     double waited_s = 0;
+    int64_t fresh_taken = 0;  // bucket shards a forward took from the update's copy in memory, not the file
   };
   virtual OverlapCounts overlap_counts() const { return {}; }
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
