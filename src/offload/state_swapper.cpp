@@ -198,6 +198,7 @@ void StateSwapper::begin_update() {
   throw_if_failed_locked();
   MT_ASSERT(!in_update_, "begin_update twice");
   in_update_ = true;
+  ahead_wanted_ = false;
   next_tile_ = 0;
   while (next_tile_ < tiles_ && slot_of_locked(tile_at(next_tile_)) >= 0) next_tile_++;  // read ahead after the last update
   while (next_tile_ < tiles_ && prefetch_locked(tile_at(next_tile_))) next_tile_++;
@@ -252,9 +253,31 @@ void StateSwapper::end_update() {
   for (const Slot& s : slots_) MT_ASSERT(s.state != State::held, "end_update with tile ", s.tile, " still held");
   in_update_ = false;
   drain_locked(lk);
-  // The next update's first tiles, read during the next forward and backward.
-  for (size_t k = 0; k < tiles_ && prefetch_locked(tile_at(k)); k++) {
+  // The next update's first tiles, read during the next forward and backward (or from read_ahead()).
+  if (!later_ || ahead_wanted_) read_ahead_locked();
+  ahead_wanted_ = false;
+}
+
+void StateSwapper::read_ahead_locked() {
+  for (size_t k = 0; k < tiles_; k++) {
+    if (slot_of_locked(tile_at(k)) >= 0) continue;
+    if (!prefetch_locked(tile_at(k))) break;
   }
+}
+
+void StateSwapper::set_read_ahead_later(bool v) {
+  std::lock_guard<std::mutex> lk(mu_);
+  later_ = v;
+}
+
+void StateSwapper::read_ahead() {
+  std::lock_guard<std::mutex> lk(mu_);
+  throw_if_failed_locked();
+  if (in_update_) {
+    ahead_wanted_ = true;
+    return;
+  }
+  read_ahead_locked();
 }
 
 void StateSwapper::set_descending(bool d) {

@@ -51,6 +51,11 @@ class StateTier {
   // ..., 0); the update is the same either way (each element's from its own inputs). Called between updates; a
   // tier that reads ahead reads in this order.
   virtual void set_descending(bool) {}
+  // A tier that reads the next update's first tiles ahead at end_update() does so only when read_ahead() is
+  // called (set_read_ahead_later(true): the parameter store calls it once the forward's own reads are done, so
+  // that they do not share the disk with this read-ahead); read_ahead() during an update takes effect at its end.
+  virtual void set_read_ahead_later(bool) {}
+  virtual void read_ahead() {}
 
   virtual size_t resident_bytes() const = 0;  // the tier's own buffers in memory
   // The flat buffers stay in memory behind the tier (optim/resident_tier.h): none of them is offloaded.

@@ -170,6 +170,37 @@ TEST(StateSwapper, ReadsAheadInDescendingOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// set_read_ahead_later(true) (ZeRO 3 with the parameter shard in a file): end_update() reads nothing ahead; a
+// later read_ahead() reads the next update's first S tiles, and one that comes during an update does so at its end.
+TEST(StateSwapper, ReadsAheadWhenAskedWhenSetToLater) {
+  const std::string dir = temp_dir();
+  const int S = 3;
+  StateSwapper s(options(dir, 1, 6 * 1024, S));
+  s.set_read_ahead_later(true);
+  auto update = [&](bool ask_inside) {
+    s.begin_update();
+    for (size_t t = 0; t < s.tiles(); t++) {
+      s.acquire(t);
+      if (ask_inside && t == 2) s.read_ahead();
+      s.release(t);
+    }
+    s.end_update();
+  };
+  update(false);
+  ASSERT_EQ(s.issued().size(), 2 * 6u) << "nothing read ahead at the update's end";
+  s.read_ahead();
+  std::vector<std::pair<bool, size_t>> log = s.issued();
+  ASSERT_EQ(log.size(), 2 * 6u + S);
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[2 * 6 + k], std::make_pair(false, (size_t)k)) << "read-ahead " << k;
+  update(true);  // starts from the S tiles read ahead; asks again during the update
+  log = s.issued();
+  ASSERT_EQ(log.size(), 2 * 6u + S + 2 * 6u - S + S) << "the read-ahead asked for during the update, at its end";
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[log.size() - S + k], std::make_pair(false, (size_t)k));
+  float x;
+  s.read(0, 0, 1, &x);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(StateSwapper, RefusesAMissingDirectoryOrAFile) {
   const std::string dir = temp_dir();
   try {

@@ -494,6 +494,9 @@ class Stage3 : public Stage2 {
     if (g == G - 1) {
       forward_tail_ = true;
       for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+      // The optimizer tier's read-ahead of the next update's first tiles, held back at the update's end so that
+      // the forward's shard reads had the disk to themselves (update() below).
+      if (tier_) tier_->read_ahead();
     } else if (forward_tail_ && g == 0) {
       each(0, [&](Bucket& b) { start_read(b); });
     }
@@ -524,6 +527,10 @@ class Stage3 : public Stage2 {
     release_params();
     if (!pf_ && !gf_) return opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
     settle_grads();
+    if (pf_ && !tier_) {  // the forward reads the shard: the tier reads ahead after it (after_forward)
+      tier_ = tiled(opt).state().tier();
+      tier_->set_read_ahead_later(true);
+    }
     if (overlapped()) return start_update(opt, lr, step);
     tiled(opt).step_from(tiles_, segments_, lr, step);
     mirror_fresh_ = pf_ && !pshard16_.empty();
@@ -1037,6 +1044,7 @@ class Stage3 : public Stage2 {
   std::vector<ShardRead> reads_;
   Tiles tiles_{*this};
   bool mirror_fresh_ = false;
+  optim::StateTier* tier_ = nullptr;  // the optimizer's tier, once an update has run with the shard in a file
   bool forward_tail_ = false;  // the forward's last group has closed, the backward has not begun
   // Stopped first (~Stage3): its I/O thread before the buffers above go.
   std::unique_ptr<offload::ShardFile> pf_;
