@@ -3,7 +3,9 @@
 exact step's bound"); with the delayed update's speed-up against the exact offloaded run at the same sizes.
 
 For each width C (GPT, L layers, V=8192, T=256, --batch 4, one rank, one thread) trains, alternating, --rounds
-times: in memory (ZeRO 3), --offload optimizer,params and optimizer,params,grads (ZeRO 3), all traced; and
+times: in memory (ZeRO 3), --offload optimizer,params and optimizer,params,grads (ZeRO 3), each also with
+--overlap-update (the exact update on its own thread, each group's next forward waiting for its own shard's
+update; kinds "... overlapped"), all traced; and
 --offload optimizer exact and with --delayed-update --overlap-update (ZeRO 0: the overlapped update is built
 for ZeRO 0/1 only). From each traced run, per steady step (the steps after the first two): forward F and
 backward B (from the first to the last of the compute track's spans of each), the optimizer step U; from --summary each file's bytes read and written
