@@ -605,11 +605,8 @@ class Stage3 : public Stage2 {
     // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
     size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
-    if (overlapped()) {  // the update's copies of up to kFresh buckets' shards (keep_fresh)
-      size_t cap = 0;
-      for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
-      bytes += kFresh * cap * sizeof(float);
-    }
+    // The update's copies of up to kFresh buckets' shards (keep_fresh), and as many kept for the next ones.
+    if (overlapped()) bytes += 2 * kFresh * fresh_cap() * sizeof(float);
     return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
   }
   std::vector<offload::ShardFile*> shard_files() override {
@@ -694,7 +691,7 @@ class Stage3 : public Stage2 {
     ShardRead& r = reads_[b.index];
     pf_->wait(r.ticket);
     if (r.fresh)
-      r.buf = AlignedBuffer();  // the update's copy (not the pool's)
+      spare_fresh(std::move(r.buf));  // the update's copy (not the pool's): kept for the next update's
     else
       b_.give_back(r.buf);
     r.queued = r.fresh = false;
@@ -946,15 +943,29 @@ class Stage3 : public Stage2 {
         }
         fresh_held_++;
         f.state = Fresh::filling;
+        if (!fresh_spare_.empty()) {  // one of the earlier steps' buffers (all of fresh_cap() floats)
+          f.buf = std::move(fresh_spare_.back());
+          fresh_spare_.pop_back();
+        }
       }
       if (f.state != Fresh::filling) continue;
-      if (f.buf.size() == 0) {
-        f.buf = AlignedBuffer(h + offload::kCongruentSlack);
-        f.pad = offload::congruent_pad(f.buf.data(), b->pos);
-      }
+      if (f.buf.size() == 0) f.buf = AlignedBuffer(fresh_cap());
+      f.pad = offload::congruent_pad(f.buf.data(), b->pos);
       std::memcpy(f.buf.data() + f.pad + (a - b->pos), p + (a - lo), sizeof(float) * (e - a));
       f.filled += e - a;
     }
+  }
+  size_t fresh_cap() const {  // floats of every kept copy's buffer: the largest bucket shard, placed congruent
+    size_t cap = 0;
+    for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
+    return cap;
+  }
+  // A copy's buffer back (taken and used, or not taken): up to kFresh of them are kept for the next updates
+  // (no fresh allocation, page faults and zeroing on the update's thread each step).
+  void spare_fresh(AlignedBuffer buf) {
+    if (buf.size() == 0) return;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    if ((int)fresh_spare_.size() < kFresh) fresh_spare_.push_back(std::move(buf));
   }
   bool take_fresh(Bucket& b, ShardRead& r) {
     if (!upd_.joinable()) return false;
@@ -1012,7 +1023,8 @@ class Stage3 : public Stage2 {
     go(false);
     wait_update_for("finish", [&] { return !upd_running_; });
     upd_.join();
-    fresh_.clear();  // copies no forward took (read from the file from now on)
+    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));  // copies no forward took (the file from now on)
+    fresh_.clear();
     fresh_held_ = 0;
     if (zero_pending_) {  // begin_step's zeroing of the gradient shard the update read
       gshard_.zero();
@@ -1031,6 +1043,7 @@ class Stage3 : public Stage2 {
   int64_t deferred_ = 0, overlapped_ = 0;
   double waited_s_ = 0;  // the main thread's waits for the update (a group's shard, or all of it)
   std::vector<Fresh> fresh_;  // per bucket (keep_fresh)
+  std::vector<AlignedBuffer> fresh_spare_;  // buffers for the next copies (spare_fresh)
   int fresh_held_ = 0;        // buffers filling or whole, not yet taken
   int64_t fresh_taken_ = 0;   // shards a forward took from the update's copy instead of the file
 
