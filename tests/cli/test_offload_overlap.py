@@ -12,9 +12,11 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      and checkpoint after their step) and some forward groups taking their shard from the update's copy in memory
      rather than the file (fresh_taken > 0); nothing is left in --offload-dir. Also once without the hold (the real
      timing).
-  2. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
+  2. bf16 products at dp 2 (the mirror the bf16 gathers read is rounded by the update tile by tile), both kinds,
+     under the hold: rows and final weights equal the in-memory bf16 run's.
+  3. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
      byte-equal to the uninterrupted in-memory run.
-  3. Refused with the flags named: --overlap-update at ZeRO 3 with --offload params but not optimizer; with --tp 2;
+  4. Refused with the flags named: --overlap-update at ZeRO 3 with --offload params but not optimizer; with --tp 2;
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
 no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
@@ -97,6 +99,25 @@ def equality(e: Env, val: str) -> None:
                 check(o.get("deferred") == 6, f"{tag}: 6 updates on the thread ({o})")
 
 
+def bf16(e: Env) -> None:
+    """bf16 products: the groups gathered in bf16 read the mirror, which the update rounds tile by tile."""
+    base = ["--nproc", 2, "--precision", "bf16"] + Z3
+    m0, w0 = (os.path.join(e.wd, f"bf16.memory{x}") for x in (".jsonl", ".safetensors"))
+    check(e.run(base + ["--metrics", m0, "--save", w0]).returncode == 0, "bf16 dp 2 in memory: exit 0")
+    for kinds in ("optimizer,params", "optimizer,params,grads"):
+        m, w = (os.path.join(e.wd, f"bf16.{kinds}{x}") for x in (".jsonl", ".safetensors"))
+        os.environ["MESHTRAIN_OVERLAP_HOLD"] = "1"
+        try:
+            r = e.run(base + off(e, kinds) + ["--overlap-update", "--metrics", m, "--save", w])
+        finally:
+            del os.environ["MESHTRAIN_OVERLAP_HOLD"]
+        check(r.returncode == 0, f"bf16 dp 2 {kinds} hold: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+        if r.returncode == 0:
+            check(rows(m) == rows(m0) and len(rows(m0)) == 6, f"bf16 dp 2 {kinds} hold: every row equal bit for bit")
+            check(filecmp.cmp(w0, w, shallow=False), f"bf16 dp 2 {kinds} hold: final weights byte-equal")
+    check(os.listdir(e.odir) == [], "bf16: nothing left in --offload-dir")
+
+
 def resume(e: Env) -> None:
     flags = ["--nproc", 2] + Z3
     full = os.path.join(e.wd, "chain.full.safetensors")
@@ -137,13 +158,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--only", default="", help="comma-separated parts: equality,resume,refused")
+    ap.add_argument("--only", default="", help="comma-separated parts: equality,bf16,resume,refused")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
     val = os.path.join(a.workdir, "val.bin")
     write_shard(val, 4000, 64)
-    parts = {"equality": lambda e: equality(e, val), "resume": resume, "refused": refused}
+    parts = {"equality": lambda e: equality(e, val), "bf16": bf16, "resume": resume, "refused": refused}
     for name, fn in parts.items():
         if not a.only or name in a.only.split(","):
             fn(e)
