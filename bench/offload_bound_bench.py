@@ -3,7 +3,9 @@
 exact step's bound"); with the delayed update's speed-up against the exact offloaded run at the same sizes.
 
 For each width C (GPT, L layers, V=8192, T=256, --batch 4, one rank, one thread) trains, alternating, --rounds
-times: in memory (ZeRO 3), --offload optimizer,params and optimizer,params,grads (ZeRO 3), all traced; and
+times: in memory (ZeRO 3), --offload optimizer,params and optimizer,params,grads (ZeRO 3), each also with
+--overlap-update (the exact update on its own thread, each group's next forward waiting for its own shard's
+update; kinds "... overlapped"), all traced; and
 --offload optimizer exact and with --delayed-update --overlap-update (ZeRO 0: the overlapped update is built
 for ZeRO 0/1 only). From each traced run, per steady step (the steps after the first two): forward F and
 backward B (from the first to the last of the compute track's spans of each), the optimizer step U; from --summary each file's bytes read and written
@@ -140,6 +142,11 @@ def main():
     kinds = {"memory": ["--zero", "3"],
              "opt+params": ["--zero", "3", "--offload", "optimizer,params"] + off,
              "opt+params+grads": ["--zero", "3", "--offload", "optimizer,params,grads"] + off,
+             # The exact update on its own thread, each group's next forward waiting for its own shard's update
+             # (--overlap-update at ZeRO 3; parallel/data/zero_stage.cpp): the same bits as the two above.
+             "opt+params overlapped": ["--zero", "3", "--offload", "optimizer,params", "--overlap-update"] + off,
+             "opt+params+grads overlapped": ["--zero", "3", "--offload", "optimizer,params,grads",
+                                             "--overlap-update"] + off,
              "opt exact": ["--zero", "0", "--offload", "optimizer"] + off,
              "opt delayed overlapped": ["--zero", "0", "--offload", "optimizer", "--delayed-update",
                                         "--overlap-update"] + off}
@@ -159,17 +166,22 @@ def main():
                    "phases_s": {k: {"F": s["F"], "B": s["B"], "U": s["U"], "step": s["step_s"]} for k, s in med.items()}}
             print(f"width {w} ({mem['params'] / 1e6:.1f}M params), loads {min(row['loads']):.1f}-{max(row['loads']):.1f}; "
                   f"memory: step {mem['step_s']:.3f} s (F {mem['F']:.3f}, B {mem['B']:.3f}, U {mem['U']:.3f})")
-            for k in [k for k in ("opt+params", "opt+params+grads") if k in med]:
+            for k in [k for k in ("opt+params", "opt+params overlapped", "opt+params+grads",
+                                  "opt+params+grads overlapped") if k in med]:
                 s = med[k]
                 b = bound(mem, s, a.steps, parse_bytes(a.tile))
                 io = io_sum_s(s, a.steps)
                 row[k] = dict(b, io_sum_s=io, step_over_max_compute_io=s["step_s"] / max(mem["step_s"], io),
-                              step_over_bound=s["step_s"] / b["bound_s"])
-                print(f"  {k:<17} step {s['step_s']:.3f} s (F {s['F']:.3f}, B {s['B']:.3f}, U {s['U']:.3f}); I/O "
+                              step_over_bound=s["step_s"] / b["bound_s"], step_over_memory=s["step_s"] / mem["step_s"],
+                              overlap_update=s.get("overlap_update"),
+                              per_round_over_memory=[x["step_s"] / m["step_s"] for x, m in zip(got[k], got["memory"])])
+                print(f"  {k:<27} step {s['step_s']:.3f} s (F {s['F']:.3f}, B {s['B']:.3f}, U {s['U']:.3f}); I/O "
                       f"{b['bytes_total_MB']:.0f} MB/step, {b['bytes_after_norm_MB']:.0f} MB after the norm, best rate "
                       f"{b['rate_MBps']:.0f} MB/s; bound {b['before_s']:.3f} + {b['after_s']:.3f} = {b['bound_s']:.3f} s; "
                       f"step / max(compute, I/O {io:.3f}) = {row[k]['step_over_max_compute_io']:.2f}, "
-                      f"step / bound = {row[k]['step_over_bound']:.2f}")
+                      f"step / bound = {row[k]['step_over_bound']:.2f}, step / in memory = "
+                      f"{row[k]['step_over_memory']:.2f}" + (f"; waited {s['overlap_update']['waited_s']:.2f} s"
+                                                             if s.get("overlap_update") else ""))
             if "opt exact" not in med or "opt delayed overlapped" not in med:
                 results.append(row)
                 continue

@@ -3,7 +3,7 @@
 but waiting for one (the host's other load), and blocked (waiting for the offload files' reads and writes).
 
 For each binary and kind (GPT, 4 layers, V 8192, T 256, --threads 1, one rank, ZeRO 3; in memory, --offload
-optimizer,params and optimizer,params,grads with 8M tiles) trains --steps steps, alternating, --rounds times, and
+optimizer,params and optimizer,params,grads with 8M tiles, each also with --overlap-update: kinds po, pgo) trains --steps steps, alternating, --rounds times, and
 samples every 50 ms the main thread's /proc/PID/task/PID/schedstat (ns on a CPU, ns runnable waiting for a CPU)
 and the --metrics file's line count. The steady steps are those after the first two: between the samples at
 which line 2 and the last line appeared, per step,
@@ -50,7 +50,10 @@ def sample(pid, metrics):
 def run(a, work, odir, mt, kind):
     off = ["--offload-dir", odir, "--offload-tile", "8M"]
     extra = {"memory": ["--zero", "3"], "p": ["--zero", "3", "--offload", "optimizer,params"] + off,
-             "pg": ["--zero", "3", "--offload", "optimizer,params,grads"] + off}[kind]
+             "pg": ["--zero", "3", "--offload", "optimizer,params,grads"] + off,
+             # the same with the exact update on its own thread (--overlap-update at ZeRO 3)
+             "po": ["--zero", "3", "--offload", "optimizer,params", "--overlap-update"] + off,
+             "pgo": ["--zero", "3", "--offload", "optimizer,params,grads", "--overlap-update"] + off}[kind]
     metrics, summary = os.path.join(work, "metrics.jsonl"), os.path.join(work, "summary.json")
     for f in (metrics, summary):
         if os.path.exists(f):

@@ -277,7 +277,10 @@ void add_method_flags(CLI::App* s, train::TrainConfig& c) {
   s->add_flag("--overlap-update", c.overlap_update,
               "with --delayed-update: step t's optimizer update (with --offload optimizer, its state's reads and "
               "writes) runs on a thread of its own while step t+1's forward and backward run; the same bits as "
-              "without it. One process or dp with ZeRO 0/1, --optimizer adamw or sgd");
+              "without it. One process or dp with ZeRO 0/1, --optimizer adamw or sgd. Without --delayed-update, "
+              "with --zero 3 --offload optimizer,params[,grads] (exact): step t's update runs on a thread of its own "
+              "while step t+1's forward starts, each group's forward waiting only for its own shard's update; "
+              "the same bits as without it");
   s->add_option_function<std::string>(
       "--straggler", [&c](const std::string& v) { c.straggler = train::Straggler::parse(v); },
                 "RANK:MS: that rank sleeps MS milliseconds in every step (emulates a slow worker, for "

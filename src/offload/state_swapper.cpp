@@ -146,7 +146,7 @@ void StateSwapper::run_job(BlockIo& io, size_t k, bool write, std::unique_lock<s
   }
   s.state = State::free;
   // The slot just written back takes the update's next tile at once (read ahead).
-  if (in_update_ && next_tile_ < tiles_) prefetch_locked(next_tile_++);
+  if (in_update_ && next_tile_ < tiles_) prefetch_locked(tile_at(next_tile_++));
 }
 
 void StateSwapper::file_io(bool write, size_t off, size_t bytes, void* buf) {
@@ -198,9 +198,10 @@ void StateSwapper::begin_update() {
   throw_if_failed_locked();
   MT_ASSERT(!in_update_, "begin_update twice");
   in_update_ = true;
+  ahead_wanted_ = false;
   next_tile_ = 0;
-  while (next_tile_ < tiles_ && slot_of_locked(next_tile_) >= 0) next_tile_++;  // read ahead after the last update
-  while (next_tile_ < tiles_ && prefetch_locked(next_tile_)) next_tile_++;
+  while (next_tile_ < tiles_ && slot_of_locked(tile_at(next_tile_)) >= 0) next_tile_++;  // read ahead after the last update
+  while (next_tile_ < tiles_ && prefetch_locked(tile_at(next_tile_))) next_tile_++;
 }
 
 std::vector<float*> StateSwapper::acquire(size_t t) {
@@ -214,7 +215,7 @@ std::vector<float*> StateSwapper::acquire(size_t t) {
     wait_locked(lk, "waiting for a free swap buffer", [&] {
       if (slot_of_locked(t) >= 0) return true;
       if (!prefetch_locked(t)) return false;
-      next_tile_ = std::max(next_tile_, t + 1);
+      next_tile_ = std::max(next_tile_, place_of(t) + 1);
       return true;
     });
   }
@@ -252,9 +253,43 @@ void StateSwapper::end_update() {
   for (const Slot& s : slots_) MT_ASSERT(s.state != State::held, "end_update with tile ", s.tile, " still held");
   in_update_ = false;
   drain_locked(lk);
-  // The next update's first tiles, read during the next forward and backward.
-  for (size_t t = 0; t < tiles_ && prefetch_locked(t); t++) {
+  // The next update's first tiles, read during the next forward and backward (or from read_ahead()).
+  if (!later_ || ahead_wanted_) read_ahead_locked();
+  ahead_wanted_ = false;
+}
+
+void StateSwapper::read_ahead_locked() {
+  for (size_t k = 0; k < tiles_; k++) {
+    if (slot_of_locked(tile_at(k)) >= 0) continue;
+    if (!prefetch_locked(tile_at(k))) break;
   }
+}
+
+void StateSwapper::set_read_ahead_later(bool v) {
+  std::lock_guard<std::mutex> lk(mu_);
+  later_ = v;
+}
+
+void StateSwapper::read_ahead() {
+  std::lock_guard<std::mutex> lk(mu_);
+  throw_if_failed_locked();
+  if (in_update_) {
+    ahead_wanted_ = true;
+    return;
+  }
+  read_ahead_locked();
+}
+
+void StateSwapper::set_descending(bool d) {
+  std::unique_lock<std::mutex> lk(mu_);
+  throw_if_failed_locked();
+  if (d == desc_) return;
+  MT_ASSERT(!in_update_, "set_descending during an update");
+  // The tiles read ahead for the other order: dropped once read (their contents are in the file).
+  drain_locked(lk);
+  for (Slot& s : slots_)
+    if (s.state == State::ready) s.state = State::free;
+  desc_ = d;
 }
 
 void StateSwapper::read(size_t j, size_t offset, size_t count, float* out) {

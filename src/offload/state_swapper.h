@@ -95,6 +95,9 @@ class StateSwapper final : public optim::StateTier {
   std::vector<float*> acquire(size_t t) override;
   void release(size_t t) override;
   void end_update() override;
+  void set_descending(bool d) override;
+  void set_read_ahead_later(bool v) override;
+  void read_ahead() override;
   size_t resident_bytes() const override { return slots_.size() * B_ * T_ * sizeof(float); }
 
   IoCounters counters() const;
@@ -141,7 +144,13 @@ class StateSwapper final : public optim::StateTier {
   int running_ = 0;  // jobs the I/O threads are running
   double busy_since_us_ = 0;
   bool in_update_ = false;
-  size_t next_tile_ = 0;  // the next tile the update will need that no slot holds yet
+  size_t next_tile_ = 0;  // the update's next tile (its place in the order) that no slot holds yet
+  bool desc_ = false;     // set_descending: tiles in the order tiles_ - 1, ..., 0
+  bool later_ = false;         // set_read_ahead_later
+  bool ahead_wanted_ = false;  // read_ahead() came during an update: end_update reads ahead
+  void read_ahead_locked();    // the next update's first tiles, into the free slots
+  size_t tile_at(size_t k) const { return desc_ ? tiles_ - 1 - k : k; }  // the k-th tile of the order
+  size_t place_of(size_t t) const { return desc_ ? tiles_ - 1 - t : t; }  // and back
   std::string error_;
   bool stop_ = false;
   IoCounters counters_;

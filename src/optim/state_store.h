@@ -40,13 +40,22 @@ class StateTier {
   // ---- The tiled update: tile t covers flat elements [t T, min(n, (t+1) T)), T = tile_elems(). ----
   virtual size_t tile_elems() const = 0;
   virtual size_t tiles() const = 0;
-  // Called once before the tiles of one update, in order 0, 1, ...: acquire(t) waits for tile t and returns
-  // one pointer per flat buffer to its slice (valid until release(t)); release(t) hands the tile back to be
-  // written behind. end_update() returns once every tile is in the tier again (or throws the I/O error).
+  // Called once before the tiles of one update, in order 0, 1, ... (or descending: set_descending): acquire(t)
+  // waits for tile t and returns one pointer per flat buffer to its slice (valid until release(t)); release(t)
+  // hands the tile back to be written behind. end_update() returns once every tile is in the tier again (or throws the I/O error).
   virtual void begin_update() = 0;
   virtual std::vector<float*> acquire(size_t t) = 0;
   virtual void release(size_t t) = 0;
   virtual void end_update() = 0;
+  // The order of the updates' tiles from now on: ascending (0, 1, ..., the default) or descending (tiles() - 1,
+  // ..., 0); the update is the same either way (each element's from its own inputs). Called between updates; a
+  // tier that reads ahead reads in this order.
+  virtual void set_descending(bool) {}
+  // A tier that reads the next update's first tiles ahead at end_update() does so only when read_ahead() is
+  // called (set_read_ahead_later(true): the parameter store calls it once the forward's own reads are done, so
+  // that they do not share the disk with this read-ahead); read_ahead() during an update takes effect at its end.
+  virtual void set_read_ahead_later(bool) {}
+  virtual void read_ahead() {}
 
   virtual size_t resident_bytes() const = 0;  // the tier's own buffers in memory
   // The flat buffers stay in memory behind the tier (optim/resident_tier.h): none of them is offloaded.

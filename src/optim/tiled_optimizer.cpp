@@ -59,10 +59,13 @@ void TiledOptimizer::run(const std::vector<Segment>& segments, TileSource* src,
   auto close = [&] {
     for (size_t k : flat) st.set_window(k, nullptr);
   };
+  const bool desc = src && src->descending();
+  tier.set_descending(desc);
   tier.begin_update();
   if (src) src->begin(T, n);
   try {
-    for (size_t t = 0; t < tier.tiles(); t++) {
+    for (size_t k = 0; k < tier.tiles(); k++) {
+      const size_t t = desc ? tier.tiles() - 1 - k : k;
       const size_t lo = t * T, hi = std::min(n, lo + T);
       cut(segments, lo, hi, tile_);
       const std::vector<float*> w = tier.acquire(t);

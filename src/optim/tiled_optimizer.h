@@ -20,7 +20,8 @@ namespace mt::optim {
 // Where a tile's parameters and gradients come from when the store keeps them outside memory too (--offload
 // params, --offload grads: parallel/data/zero_stage.cpp's stage 3). They are laid out as the state (a segment's
 // param and grad offsets equal its state offset); open(t, lo, hi) returns elements [lo, hi) of each, valid
-// until close(t, lo, hi), which writes the updated parameters back. Tiles are opened in order 0, 1, ...
+// until close(t, lo, hi), which writes the updated parameters back. Tiles are opened in order 0, 1, ... (or in
+// descending order: descending())
 class TileSource {
  public:
   virtual ~TileSource() = default;
@@ -31,6 +32,9 @@ class TileSource {
   // False when the source brings the gradients alone (ZeRO 2's gradient shard from a file): open() then returns
   // the caller's whole parameter buffer, reached at the segments' own param offsets.
   virtual bool params_as_state() const { return true; }
+  // True: the tiles are opened in descending order (tiles - 1, ..., 0), the tier reading ahead in that order
+  // (StateTier::set_descending); the update is the same.
+  virtual bool descending() const { return false; }
 };
 
 class TiledOptimizer final : public Optimizer {

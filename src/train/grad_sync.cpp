@@ -40,6 +40,7 @@ SyncOptions SyncOptions::from(const TrainConfig& cfg) {
   o.engine.offload_timeout_s = cfg.comm_timeout;
   o.engine.offload_events = !cfg.trace.empty();
   o.engine.offload_io_block = offload_io_block(cfg);
+  o.engine.overlap_update = cfg.overlap_update && !cfg.delayed_update;
   o.adaptive = {cfg.compress_adaptive, cfg.compress_adaptive_every, cfg.compress_adaptive_eta};
   // DGC: the momentum moves into the exchange with SGD (the optimizer then runs without it: make_optimizer);
   // with AdamW it stays in Adam's moments (m = 0 here). The clip threshold moves into the exchange too.

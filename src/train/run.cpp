@@ -100,6 +100,7 @@ parallel::PsLayout ps_layout(const TrainConfig& cfg, const parallel::MeshGrid& g
 
 Run::~Run() {
   if (store && store->versions()) store->versions()->stop();
+  if (store) store->stop_update();
 }
 
 Run::Run(const TrainConfig& c, comm::Communicator* world)

@@ -519,11 +519,12 @@ const RefusedCombination kRefused[] = {
      "the exchange reads the frozen variance and AdamW's momentum from the optimizer's state in memory, which "
      "neither the tiled update that streams state from --offload-dir nor the delay-1 rule has been built or "
      "checked with; choose one"},
-    {[](const TrainConfig& c) { return c.overlap_update && !c.delayed_update; },
+    {[](const TrainConfig& c) { return c.overlap_update && !c.delayed_update && !(c.zero == 3 && c.offload.params); },
      [](const TrainConfig&) { return std::string("--overlap-update without --delayed-update"); },
      "--overlap-update runs the delayed parameter update on a thread of its own; the exact update is needed "
-     "before the next step's forward and has nothing to overlap: add --delayed-update"},
-    {[](const TrainConfig& c) { return c.overlap_update && (c.zero >= 2 || c.tp > 1 || c.pp > 1 || c.moe.ep > 1); },
+     "before the next step's forward and has nothing to overlap (except with --zero 3 --offload params, where "
+     "each group's forward waits for its own shard's update): add --delayed-update"},
+    {[](const TrainConfig& c) { return c.overlap_update && c.delayed_update && (c.zero >= 2 || c.tp > 1 || c.pp > 1 || c.moe.ep > 1); },
      [](const TrainConfig& c) {
        return "--overlap-update with " + (c.zero >= 2 ? str("--zero ", c.zero)
                                           : c.tp > 1  ? str("--tp ", c.tp)
@@ -537,12 +538,27 @@ const RefusedCombination kRefused[] = {
      [](const TrainConfig& c) { return "--overlap-update with " + optimizer_flag(c); },
      "the update on its own thread runs an elementwise optimizer (adamw, sgd); this one's statistics phase "
      "or compressed momentum needs collectives inside the update, which stay on the main thread"},
-    {[](const TrainConfig& c) { return c.overlap_update && (c.offload.activations || shards_offloaded(c)); },
+    {[](const TrainConfig& c) { return c.overlap_update && c.delayed_update && (c.offload.activations || shards_offloaded(c)); },
      [](const TrainConfig& c) {
        return "--overlap-update with " + (c.offload.activations ? std::string("--offload-activations") : shards_flag(c));
      },
      "only the optimizer state's file is read and written by the update's thread; the activation and shard "
      "files are not built or checked with it: use --offload optimizer"},
+    // The exact update overlapped with the next forward (ZeRO 3, --offload params: parallel/data/zero_stage.cpp)
+    {[](const TrainConfig& c) {
+       return c.overlap_update && !c.delayed_update && (c.tp > 1 || c.pp > 1 || c.moe.ep > 1 || c.offload.activations);
+     },
+     [](const TrainConfig& c) {
+       return "--overlap-update --zero 3 --offload params with " +
+              (c.tp > 1 ? str("--tp ", c.tp) : c.pp > 1 ? str("--pp ", c.pp) : c.moe.ep > 1 ? str("--ep ", c.moe.ep)
+                                                                                 : std::string("--offload-activations"));
+     },
+     "the exact update on its own thread is built and checked for one process and data parallelism (ZeRO 3 "
+     "shard files): drop --overlap-update there"},
+    {[](const TrainConfig& c) { return c.overlap_update && !c.delayed_update && !c.offload.optimizer; },
+     [](const TrainConfig&) { return std::string("--overlap-update --zero 3 --offload params without --offload optimizer"); },
+     "the exact update on its own thread streams the optimizer state's tiles from --offload-dir beside the "
+     "parameter shard's: add optimizer to --offload"},
 };
 
 void check_refused(const TrainConfig& c) {

@@ -112,6 +112,9 @@ TrainSummary finish_run(Run& r) {
   if (r.cfg.offload.memory_limit > 0 || r.cfg.offload.any()) sections["memory_plan"] = r.plan.json();  // the lead rank's
   if (const auto* o = dynamic_cast<const OverlappedDelayOne*>(r.store->versions()))  // the lead rank's counts
     sections["overlap_update"] = {{"deferred", o->deferred()}, {"overlapped", o->overlapped()}, {"waited_s", o->waited_s()}};
+  if (const auto c = r.store->overlap_counts(); c.deferred >= 0)  // ZeRO 3's exact overlapped update (lead rank)
+    sections["overlap_update"] = {{"deferred", c.deferred}, {"overlapped", c.overlapped}, {"waited_s", c.waited_s},
+                                  {"fresh_taken", c.fresh_taken}};
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }

@@ -124,6 +124,83 @@ TEST(StateSwapper, ReadsAheadWithinItsSlotsAndWritesBehind) {
   std::filesystem::remove_all(dir);
 }
 
+// set_descending(true) (ZeRO 3's overlapped update): the update's tiles in the order tiles - 1, ..., 0, read ahead
+// in that order (the first S read before any tile is acquired are the last S tiles; the next update's are read
+// ahead at the end; each tile read before the one below it), and the values come back as in the ascending order;
+// switching back drops the tiles read ahead for the other order and reads the current ones.
+TEST(StateSwapper, ReadsAheadInDescendingOrder) {
+  const std::string dir = temp_dir();
+  const int S = 3;
+  const size_t n = 7 * 1024 + 5;  // 8 tiles, the last partial
+  StateSwapper s(options(dir, 1, n, S));
+  std::vector<float> buf(n);
+  for (size_t i = 0; i < n; i++) buf[i] = value(0, i, 0);
+  s.write(0, 0, n, buf.data());
+  const size_t T = s.tiles();
+  ASSERT_EQ(T, 8u);
+  auto update = [&](bool desc, int round) {
+    s.set_descending(desc);
+    s.begin_update();
+    for (size_t k = 0; k < T; k++) {
+      const size_t t = desc ? T - 1 - k : k;
+      std::vector<float*> w = s.acquire(t);
+      for (size_t i = t * 1024; i < std::min(n, (t + 1) * 1024); i++) {
+        ASSERT_EQ(w[0][i - t * 1024], value(0, i, round - 1)) << "round " << round << " element " << i;
+        w[0][i - t * 1024] = value(0, i, round);
+      }
+      s.release(t);
+    }
+    s.end_update();
+  };
+  const size_t before = s.issued().size();
+  update(true, 1);
+  std::vector<std::pair<bool, size_t>> log = s.issued();
+  log.erase(log.begin(), log.begin() + (long)before);
+  ASSERT_EQ(log.size(), 2 * T + S);
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[k], std::make_pair(false, T - 1 - k)) << "read-ahead " << k;
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[2 * T + k], std::make_pair(false, T - 1 - k)) << "next update's " << k;
+  std::vector<long> read_at(T, -1);
+  for (size_t i = 0; i < 2 * T; i++)
+    if (!log[i].first) read_at[log[i].second] = (long)i;
+  for (size_t t = 0; t + 1 < T; t++) EXPECT_GT(read_at[t], read_at[t + 1]) << "tile " << t << " read before " << t + 1;
+  update(true, 2);
+  update(false, 3);  // back to ascending: the descending read-ahead dropped, each tile's current values read
+  s.read(0, 0, n, buf.data());
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(buf[i], value(0, i, 3)) << "element " << i;
+  std::filesystem::remove_all(dir);
+}
+
+// set_read_ahead_later(true) (ZeRO 3 with the parameter shard in a file): end_update() reads nothing ahead; a
+// later read_ahead() reads the next update's first S tiles, and one that comes during an update does so at its end.
+TEST(StateSwapper, ReadsAheadWhenAskedWhenSetToLater) {
+  const std::string dir = temp_dir();
+  const int S = 3;
+  StateSwapper s(options(dir, 1, 6 * 1024, S));
+  s.set_read_ahead_later(true);
+  auto update = [&](bool ask_inside) {
+    s.begin_update();
+    for (size_t t = 0; t < s.tiles(); t++) {
+      s.acquire(t);
+      if (ask_inside && t == 2) s.read_ahead();
+      s.release(t);
+    }
+    s.end_update();
+  };
+  update(false);
+  ASSERT_EQ(s.issued().size(), 2 * 6u) << "nothing read ahead at the update's end";
+  s.read_ahead();
+  std::vector<std::pair<bool, size_t>> log = s.issued();
+  ASSERT_EQ(log.size(), 2 * 6u + S);
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[2 * 6 + k], std::make_pair(false, (size_t)k)) << "read-ahead " << k;
+  update(true);  // starts from the S tiles read ahead; asks again during the update
+  log = s.issued();
+  ASSERT_EQ(log.size(), 2 * 6u + S + 2 * 6u - S + S) << "the read-ahead asked for during the update, at its end";
+  for (int k = 0; k < S; k++) EXPECT_EQ(log[log.size() - S + k], std::make_pair(false, (size_t)k));
+  float x;
+  s.read(0, 0, 1, &x);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(StateSwapper, RefusesAMissingDirectoryOrAFile) {
   const std::string dir = temp_dir();
   try {

@@ -44,6 +44,9 @@ struct DataParallelOptions {
   double offload_timeout_s = 600;
   bool offload_events = false;  // keep the files' I/O events for the trace
   size_t offload_io_block = size_t(1) << 20;  // bytes per I/O of those files (offload/block_io.h)
+  // --overlap-update without --delayed-update (ZeRO 3 with --offload params): the exact update runs on a thread
+  // of the stage's own while the next step's forward runs (zero_stage.cpp, Stage3).
+  bool overlap_update = false;
 };
 
 struct Bucket {

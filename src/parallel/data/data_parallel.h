@@ -71,8 +71,12 @@ class DataParallel : public nn::ParamHooks {
   // Between steps, before the parameters are read (evaluation, checkpoints): a part that runs the update on
   // a thread of its own finishes it (param_versions.h).
   void settle_versions() {
+    stage_->settle();
     if (versions_) versions_->settle();
   }
+  // Ends an update running on a thread of the store's (no throw), before the optimizer it uses goes.
+  void stop_update() noexcept { stage_->stop(); }
+  ZeroStage::OverlapCounts overlap_counts() const { return stage_->overlap_counts(); }
   // Per-micro-batch updates (pipedream, pipemare): the next micro-batch's gradients start fresh, as at a
   // step's begin (ZeRO 0 and 1).
   void restart_grads() { stage_->begin_step(); }

@@ -1,7 +1,17 @@
 #include "parallel/data/zero_stage.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <type_traits>
 
 #include "core/error.h"
@@ -402,6 +412,7 @@ class Stage3 : public Stage2 {
  public:
   using Stage2::Stage2;
   ~Stage3() override {
+    stop();       // an update still running on its thread ends first (it reads the files and the tiles)
     pf_.reset();  // the files' I/O threads stop before any buffer they may fill goes
     gf_.reset();
     for (Gathered& g : gat_) {
@@ -420,6 +431,8 @@ class Stage3 : public Stage2 {
     if (o.offload_params && shard_total_ > 0) pf_ = make_shard_file(o, "parameters", shard_total_);
     open_grad_file();
     reads_.resize(b_.buckets.size());
+    const char* hold = std::getenv("MESHTRAIN_OVERLAP_HOLD");  // tests: go() below
+    hold_ = o.overlap_update && hold && std::string(hold) == "1";
   }
   void enable_mirror() override {
     pshard16_.assign(shard_total_, 0);
@@ -461,7 +474,10 @@ class Stage3 : public Stage2 {
   }
   // A group is one bucket, or two (its dense tensors and its experts): each call covers all of them.
   void before_forward(int g) override {
-    if (g == 0) forward_tail_ = false;
+    if (g == 0) {
+      forward_tail_ = false;
+      go(true);
+    }
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Prefetch the next group in forward order while this one computes (and, offloaded, read the shard of
     // the one after it from the file).
@@ -478,11 +494,15 @@ class Stage3 : public Stage2 {
     if (g == G - 1) {
       forward_tail_ = true;
       for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+      // The optimizer tier's read-ahead of the next update's first tiles, held back at the update's end so that
+      // the forward's shard reads had the disk to themselves (update() below).
+      if (tier_) tier_->read_ahead();
     } else if (forward_tail_ && g == 0) {
       each(0, [&](Bucket& b) { start_read(b); });
     }
   }
   void before_backward(int g) override {
+    finish_update();  // --overlap-update: the gradient shard and the optimizer are the update's until it ends
     forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
@@ -495,6 +515,7 @@ class Stage3 : public Stage2 {
     each(g, [&](Bucket& b) { release(b); });
   }
   void release_params() override {
+    finish_update();
     for (Bucket* b : b_.buckets) {
       if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
@@ -506,6 +527,11 @@ class Stage3 : public Stage2 {
     release_params();
     if (!pf_ && !gf_) return opt.step(pshard_.data(), gshard_.data(), segments_, lr, step);
     settle_grads();
+    if (pf_ && !tier_) {  // the forward reads the shard: the tier reads ahead after it (after_forward)
+      tier_ = tiled(opt).state().tier();
+      tier_->set_read_ahead_later(true);
+    }
+    if (overlapped()) return start_update(opt, lr, step);
     tiled(opt).step_from(tiles_, segments_, lr, step);
     mirror_fresh_ = pf_ && !pshard16_.empty();
     // The next forward opens group 0 and gathers group 1 at once: queue their shard reads now (queued after the
@@ -513,6 +539,7 @@ class Stage3 : public Stage2 {
     for (int g = 0; g < std::min<int>(2, (int)b_.group_buckets.size()); g++) each(g, [&](Bucket& b) { start_read(b); });
   }
   void full_params_of(const float* resident, std::vector<float>& out) override {
+    finish_update();
     out.resize(b_.params.size());
     if (resident || !pf_) return gather_shards(resident, out.data());
     AlignedBuffer tmp(shard_total_);  // a checkpoint's moment: the shard whole, once
@@ -520,11 +547,51 @@ class Stage3 : public Stage2 {
     gather_shards(tmp.data(), out.data());
   }
   void load_full_params_into(const float* full, float* resident) override {
+    finish_update();
     if (resident || !pf_) return take_bucket_shards(full, resident);
     release_params();  // no read of the old values in flight
     AlignedBuffer tmp(shard_total_);
     take_bucket_shards(full, tmp.data());
     pf_->write(0, shard_total_, tmp.data());
+  }
+  void full_state(const float* shard_state, std::vector<float>& out) override {
+    finish_update();
+    Stage2::full_state(shard_state, out);
+  }
+  void load_full_state(const float* full, float* shard_state) override {
+    finish_update();
+    Stage2::load_full_state(full, shard_state);
+  }
+  void begin_step() override {
+    // --overlap-update without a gradient file: the update in flight reads gshard_, zeroed once it ends.
+    if (upd_.joinable() && !gf_) {
+      zero_pending_ = true;
+      return;
+    }
+    Stage2::begin_step();
+  }
+  void for_each_owned_grad(const std::function<void(float*, size_t)>& fn) override {
+    finish_update();
+    Stage2::for_each_owned_grad(fn);
+  }
+  void visit_grad_segments(const std::function<void(size_t, const float*)>& fn) override {
+    finish_update();
+    Stage2::visit_grad_segments(fn);
+  }
+  bool grad_segment_norms(std::vector<double>& norms) override {
+    finish_update();
+    return Stage2::grad_segment_norms(norms);
+  }
+  void settle() override { finish_update(); }
+  OverlapCounts overlap_counts() const override {
+    if (!overlapped()) return {};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_};
+  }
+  void stop() noexcept override {
+    if (!upd_.joinable()) return;
+    go(false);
+    upd_.join();  // the update's own waits have deadlines: it ends
+    upd_error_ = nullptr;
   }
   const float* param_base() override { return pshard_.data(); }
   size_t resident_count() const override { return shard_total_; }
@@ -538,6 +605,8 @@ class Stage3 : public Stage2 {
     // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
     size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    // The update's copies of up to kFresh buckets' shards (keep_fresh), and as many kept for the next ones.
+    if (overlapped()) bytes += 2 * kFresh * fresh_cap() * sizeof(float);
     return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
   }
   std::vector<offload::ShardFile*> shard_files() override {
@@ -610,7 +679,8 @@ class Stage3 : public Stage2 {
   void start_read(Bucket& b) {
     if (!pf_ || !reads_shard(b)) return;
     ShardRead& r = reads_[b.index];
-    if (r.queued) return;
+    if (r.queued || !updated(b)) return;  // not updated yet (--overlap-update): read when needed
+    if (take_fresh(b, r)) return;          // the update's own copy of it, in memory
     r.buf = b_.acquire(held(b) + offload::kCongruentSlack);
     r.pad = offload::congruent_pad(r.buf.data(), b.pos);
     r.ticket = pf_->read_async(b.pos, held(b), r.buf.data() + r.pad);
@@ -620,12 +690,16 @@ class Stage3 : public Stage2 {
     if (!pf_ || !reads_[b.index].queued) return;
     ShardRead& r = reads_[b.index];
     pf_->wait(r.ticket);
-    b_.give_back(r.buf);
-    r.queued = false;
+    if (r.fresh)
+      spare_fresh(std::move(r.buf));  // the update's copy (not the pool's): kept for the next update's
+    else
+      b_.give_back(r.buf);
+    r.queued = r.fresh = false;
   }
   // This rank's float32 shard of bucket b: resident, or read from the file (kept until drop_read).
   const float* shard_params(Bucket& b) {
     if (!pf_) return pshard_.data() + b.pos;
+    wait_updated(b);
     start_read(b);
     pf_->wait(reads_[b.index].ticket);
     return reads_[b.index].buf.data() + reads_[b.index].pad;
@@ -637,19 +711,22 @@ class Stage3 : public Stage2 {
   class Tiles final : public optim::TileSource {
    public:
     explicit Tiles(Stage3& s) : s_(s) {}
+    bool descending() const override { return s_.overlapped(); }
     void begin(size_t T, size_t n) override {
       T_ = T;
       n_ = n;
+      nt_ = (n + T - 1) / T;
       for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
-      queue(0);
+      queue(tile_at(0));
     }
     std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
       if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
       if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
-      if ((t + 1) * T_ < n_) queue(t + 1);
+      const size_t k = tile_at(t);  // the order is its own inverse
+      if (k + 1 < nt_) queue(tile_at(k + 1));
       float* p = s_.pf_ ? at(p_[t % 2], lo) : s_.pshard_.data() + lo;
       const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
       return {p, g};
@@ -659,6 +736,11 @@ class Stage3 : public Stage2 {
       const float* p = at(p_[t % 2], lo);
       s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
+      // --overlap-update: [lo, n) is updated in the mirror and, for a read queued from now on, in the file.
+      if (s_.overlapped()) {
+        s_.keep_fresh(lo, hi, p);
+        s_.publish(lo);
+      }
     }
     void end() override {
       if (s_.pf_) s_.pf_->drain();
@@ -676,8 +758,9 @@ class Stage3 : public Stage2 {
       if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
     }
     static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
+    size_t tile_at(size_t k) const { return descending() ? nt_ - 1 - k : k; }  // the k-th tile opened
     Stage3& s_;
-    size_t T_ = 0, n_ = 0;
+    size_t T_ = 0, n_ = 0, nt_ = 0;
     AlignedBuffer p_[2], g_[2];
     offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
   };
@@ -686,10 +769,11 @@ class Stage3 : public Stage2 {
     size_t pad = 0;  // the shard at buf.data() + pad (offload::congruent_pad)
     offload::ShardFile::Ticket ticket = 0;
     bool queued = false;
+    bool fresh = false;  // buf is the overlapped update's copy (take_fresh), nothing read
   };
 
   void start_gather(Bucket& b) {
-    if (b.gathered || b.gather.valid()) return;
+    if (b.gathered || b.gather.valid() || !updated(b)) return;  // a prefetch waits for nothing
     if (in_bf16(b)) return start_gather16(b);
     if (b.data.size() != b.count) b.data = b_.acquire(b.count);
     const float* mine = shard_params(b);
@@ -759,6 +843,7 @@ class Stage3 : public Stage2 {
   }
   void ensure_gathered(Bucket& b) {
     if (b.gathered) return;
+    wait_updated(b);
     start_gather(b);
     complete(b);
     if (!in_bf16(b)) return b_.bind_data(b, b.data.data());
@@ -781,6 +866,187 @@ class Stage3 : public Stage2 {
     }
     b.gathered = false;
   }
+  // ---- --overlap-update (DataParallelOptions::overlap_update, with --offload params): the exact update on a
+  // thread of its own, overlapping the next step's forward. update() hands the tiled update to upd_ and
+  // returns. Its tiles run in descending order: buckets are packed in backward order, so the shards of the
+  // forward's first groups lie last in the shard and are updated first. Tile [lo, hi)'s close() queues its
+  // write-back to the parameter file and rounds it into the mirror, then publishes upd_lo_ = lo: elements from
+  // lo on are updated for any read queued from then on (the file's one I/O thread runs jobs in queue order) and
+  // in the mirror. A gather of bucket b waits until its shard [b.pos, b.pos + held) lies at or above upd_lo_
+  // (wait_updated; a prefetch of a bucket not yet updated is skipped: updated()). The rest of the step waits
+  // for the whole update (finish_update): the first backward (the gradient shard, which the update reads, is
+  // written there; the next norm sets the optimizer's clipping scale), the next update, consolidation and
+  // settle() (evaluation, checkpoints, the run's end). Every wait has the files' deadline.
+  bool overlapped() const { return b_.opt.overlap_update && pf_ != nullptr; }
+  void start_update(optim::Optimizer& opt, float lr, int64_t step) {
+    {
+      std::lock_guard<std::mutex> lk(upd_mu_);
+      upd_lo_ = shard_total_;
+      upd_running_ = true;
+      upd_error_ = nullptr;
+      upd_go_ = !hold_;
+      fresh_.clear();
+      fresh_.resize(b_.buckets.size());
+      fresh_held_ = 0;
+    }
+    mirror_fresh_ = !pshard16_.empty();  // each tile is rounded into the mirror as it is written back
+    deferred_++;
+    const int threads = omp_get_max_threads();
+    upd_ = std::thread([this, &opt, lr, step, threads] {
+      omp_set_num_threads(threads);
+      std::exception_ptr e;
+      try {
+        if (hold_) wait_update_for("start", [&] { return upd_go_; }, false);
+        tiled(opt).step_from(tiles_, segments_, lr, step);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(upd_mu_);
+      upd_error_ = e;
+      upd_running_ = false;
+      upd_cv_.notify_all();
+    });
+  }
+  // Hold (tests: MESHTRAIN_OVERLAP_HOLD=1): the update starts only once the next step's forward has begun or
+  // something waits for it, so that it runs alongside the forward however fast it is; overlapped_ counts the
+  // updates the forward released.
+  void go(bool by_forward) {
+    if (!upd_.joinable()) return;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    if (upd_go_) return;
+    upd_go_ = true;
+    if (by_forward) overlapped_++;
+    upd_cv_.notify_all();
+  }
+  // The update's copy of a bucket's updated shard, so that the next forward need not read it back from the file
+  // behind the update's own I/O: close() of tile [lo, hi) (p: its updated parameters) copies the part of each
+  // bucket in it into the bucket's fresh buffer, placed as a read would be (congruent_pad). At most kFresh buckets
+  // are held at once (memory: offload_buffer_bytes); a bucket that finds none free is read from the file as
+  // without the overlap. The buffers are the worker's until publish() makes the bucket's range updated; start_read
+  // then takes a whole one (take_fresh); finish_update drops the rest.
+  static constexpr int kFresh = 3;
+  struct Fresh {
+    AlignedBuffer buf;
+    size_t pad = 0, filled = 0;
+    enum { none, filling, skipped, taken } state = none;
+  };
+  void keep_fresh(size_t lo, size_t hi, const float* p) {
+    for (Bucket* b : b_.buckets) {
+      const size_t h = held(*b), a = std::max(lo, b->pos), e = std::min(hi, b->pos + h);
+      if (a >= e || !reads_shard(*b)) continue;
+      Fresh& f = fresh_[b->index];
+      if (f.state == Fresh::none) {
+        std::lock_guard<std::mutex> lk(upd_mu_);
+        if (fresh_held_ >= kFresh) {
+          f.state = Fresh::skipped;
+          continue;
+        }
+        fresh_held_++;
+        f.state = Fresh::filling;
+        if (!fresh_spare_.empty()) {  // one of the earlier steps' buffers (all of fresh_cap() floats)
+          f.buf = std::move(fresh_spare_.back());
+          fresh_spare_.pop_back();
+        }
+      }
+      if (f.state != Fresh::filling) continue;
+      if (f.buf.size() == 0) f.buf = AlignedBuffer(fresh_cap());
+      f.pad = offload::congruent_pad(f.buf.data(), b->pos);
+      std::memcpy(f.buf.data() + f.pad + (a - b->pos), p + (a - lo), sizeof(float) * (e - a));
+      f.filled += e - a;
+    }
+  }
+  size_t fresh_cap() const {  // floats of every kept copy's buffer: the largest bucket shard, placed congruent
+    size_t cap = 0;
+    for (const Bucket* b : b_.buckets) cap = std::max(cap, held(*b) + offload::kCongruentSlack);
+    return cap;
+  }
+  // A copy's buffer back (taken and used, or not taken): up to kFresh of them are kept for the next updates
+  // (no fresh allocation, page faults and zeroing on the update's thread each step).
+  void spare_fresh(AlignedBuffer buf) {
+    if (buf.size() == 0) return;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    if ((int)fresh_spare_.size() < kFresh) fresh_spare_.push_back(std::move(buf));
+  }
+  bool take_fresh(Bucket& b, ShardRead& r) {
+    if (!upd_.joinable()) return false;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    Fresh& f = fresh_[b.index];
+    // updated(b) held: every tile over b has closed, so a filling buffer is whole.
+    if (f.state != Fresh::filling || f.filled != held(b)) return false;
+    r.buf = std::move(f.buf);
+    r.pad = f.pad;
+    r.ticket = 0;
+    r.queued = r.fresh = true;
+    f.state = Fresh::taken;
+    fresh_held_--;
+    fresh_taken_++;
+    return true;
+  }
+  void publish(size_t lo) {
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    upd_lo_ = lo;
+    upd_cv_.notify_all();
+  }
+  // Whether bucket b's shard holds this step's update (always, with no update in flight; never after a failed
+  // one, whose error finish_update throws).
+  bool updated(const Bucket& b) {
+    if (!upd_.joinable()) return true;
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    return upd_running_ ? upd_lo_ <= b.pos : !upd_error_;
+  }
+  template <class Pred>
+  void wait_update_for(const char* what, Pred pred, bool main = true) {  // main: the main thread's (timed)
+    const double t = b_.opt.offload_timeout_s;
+    const double limit_s = std::isfinite(t) && t > 0 ? std::min(t, 604800.0) : 604800.0;
+    std::unique_lock<std::mutex> lk(upd_mu_);
+    if (pred()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = upd_cv_.wait_for(lk, std::chrono::duration<double>(limit_s), pred);
+    if (main) waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok)
+      throw Error(str("offload: the overlapped update (--overlap-update) did not ", what, " within ", t,
+                      " s (--offload-dir ", b_.opt.offload_dir, "; is the disk stalled?)"));
+  }
+  void wait_updated(const Bucket& b) {
+    if (!upd_.joinable()) return;
+    go(false);
+    wait_update_for("reach the shard of a gathered group", [&] { return !upd_running_ || upd_lo_ <= b.pos; });
+    bool running;
+    {
+      std::lock_guard<std::mutex> lk(upd_mu_);
+      running = upd_running_;
+    }
+    if (!running) finish_update();  // its error, if any, here
+  }
+  void finish_update() {
+    if (!upd_.joinable()) return;
+    go(false);
+    wait_update_for("finish", [&] { return !upd_running_; });
+    upd_.join();
+    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));  // copies no forward took (the file from now on)
+    fresh_.clear();
+    fresh_held_ = 0;
+    if (zero_pending_) {  // begin_step's zeroing of the gradient shard the update read
+      gshard_.zero();
+      zero_pending_ = false;
+    }
+    if (upd_error_) std::rethrow_exception(std::exchange(upd_error_, nullptr));
+  }
+  std::thread upd_;
+  std::mutex upd_mu_;
+  std::condition_variable upd_cv_;
+  size_t upd_lo_ = 0;         // while upd_running_: shard elements [upd_lo_, shard_total_) are updated
+  bool upd_running_ = false;
+  std::exception_ptr upd_error_;
+  bool zero_pending_ = false;
+  bool hold_ = false, upd_go_ = true;
+  int64_t deferred_ = 0, overlapped_ = 0;
+  double waited_s_ = 0;  // the main thread's waits for the update (a group's shard, or all of it)
+  std::vector<Fresh> fresh_;  // per bucket (keep_fresh)
+  std::vector<AlignedBuffer> fresh_spare_;  // buffers for the next copies (spare_fresh)
+  int fresh_held_ = 0;        // buffers filling or whole, not yet taken
+  int64_t fresh_taken_ = 0;   // shards a forward took from the update's copy instead of the file
+
   AlignedBuffer pshard_;  // this rank's parameter shard
   // Under the mirror: pshard_ in bf16, each bucket's plan and gather buffers (empty without the mirror).
   std::vector<uint16_t> pshard16_;
@@ -791,6 +1057,7 @@ class Stage3 : public Stage2 {
   std::vector<ShardRead> reads_;
   Tiles tiles_{*this};
   bool mirror_fresh_ = false;
+  optim::StateTier* tier_ = nullptr;  // the optimizer's tier, once an update has run with the shard in a file
   bool forward_tail_ = false;  // the forward's last group has closed, the backward has not begun
   // Stopped first (~Stage3): its I/O thread before the buffers above go.
   std::unique_ptr<offload::ShardFile> pf_;

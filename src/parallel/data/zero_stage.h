@@ -90,6 +90,20 @@ class ZeroStage {
   // Waits for parameter gathers in flight and frees gathered copies (stage 3), so that the resident
   // parameters can be rewritten (an update, a version swap) without a copy holding the old values.
   virtual void release_params() {}
+  // An update still running on the stage's own thread (ZeRO 3's --overlap-update) finishes (its error thrown
+  // here): before anything reads the parameters or the optimizer state between steps; stop() ends it without
+  // throwing (a run's end or an error unwinding), before the optimizer it uses goes.
+  virtual void settle() {}
+  virtual void stop() noexcept {}
+  // The overlapped update's counts (deferred < 0: none): updates run on the thread, how many of them a next
+  // forward released (MESHTRAIN_OVERLAP_HOLD=1 only), seconds the main thread waited for them, shards taken
+  // from the update's copy.
+  struct OverlapCounts {
+    int64_t deferred = -1, overlapped = 0;
+    double waited_s = 0;
+    int64_t fresh_taken = 0;  // bucket shards a forward took from the update's copy in memory, not the file
+  };
+  virtual OverlapCounts overlap_counts() const { return {}; }
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
   virtual void update(optim::Optimizer& opt, float lr, int64_t step) = 0;
 
