@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -143,6 +144,43 @@ TEST(ShmP2PPieces, MessagesReadWhileTheyArePublishedArriveWhole) {
   }
   t.join();
   ASSERT_TRUE(sender_error.empty()) << sender_error;
+}
+
+// Reads go to the awaited channel first: a send, a posted receive and a wait whose message is there leave what has
+// arrived from other ranks in their rings (read by their own calls later), so they do not delay the rank's next
+// computation; a wait that has to block reads them meanwhile. Rank 1 of 3, a 1 MB message from rank 0 waiting
+// unread in its ring.
+TEST(ShmP2PPieces, ACallReadsItsOwnChannelAndLeavesOthersUntilItWouldBlock) {
+  Region r(3, (size_t{2} << 20) + 4096);
+  P2P r0(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
+  P2P r1(r.L, 1, SpinPolicy{2, 200}, deadline_poll());
+  P2P r2(r.L, 2, SpinPolicy{2, 200}, deadline_poll());
+  const size_t n = (size_t{1} << 20) / sizeof(float);
+  std::vector<float> from0 = pattern(n, 4), from2 = pattern(n, 5), out = pattern(n, 6), got(n), got0(n);
+  ASSERT_TRUE(r0.isend(from0.data(), n * sizeof(float), 1, 7, 10).test());
+  auto unread_from_0 = [&] { return r.L.chan(0, 1).tail.load() == 0; };
+  ASSERT_TRUE(r2.isend(from2.data(), n * sizeof(float), 1, 8, 10).test());
+  // A send from rank 1 and a receive whose message is there: rank 0's message stays in the ring.
+  ASSERT_TRUE(r1.isend(out.data(), n * sizeof(float), 2, 9, 10).test());
+  EXPECT_TRUE(unread_from_0()) << "a send read another rank's message on its way out";
+  Request q = r1.irecv(got.data(), n * sizeof(float), 2, 8, 10);
+  q.wait();
+  EXPECT_EQ(got, from2);
+  EXPECT_TRUE(unread_from_0()) << "a receive whose message was there read another rank's message too";
+  // A wait that blocks (rank 2 sends only once rank 0's message has been read, or after 2 s) reads it meanwhile.
+  std::atomic<bool> read_while_blocked{false};
+  std::thread t([&] {
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (unread_from_0() && Clock::now() < until) std::this_thread::yield();
+    read_while_blocked = !unread_from_0();
+    r2.isend(from2.data(), n * sizeof(float), 1, 10, 10).wait();
+  });
+  Request q2 = r1.irecv(got.data(), n * sizeof(float), 2, 10, 10);
+  q2.wait();
+  t.join();
+  EXPECT_TRUE(read_while_blocked.load()) << "a blocked wait left another rank's message in its ring";
+  r1.irecv(got0.data(), n * sizeof(float), 0, 7, 10).wait();
+  EXPECT_EQ(got0, from0);
 }
 
 }  // namespace

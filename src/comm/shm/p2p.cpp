@@ -73,8 +73,9 @@ Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double time
   op->timeout_s = timeout_s;
   std::lock_guard<std::mutex> l(mu_);
   sendq_[peer].push_back(op);
-  progress_send(peer);  // this message first: reading what has arrived from others can wait until it is out
-  progress();
+  // This channel only: what has arrived from others is read by their own calls or while this rank waits (see wait),
+  // not on the way out of a send, where it would delay the rank's next computation.
+  progress_send(peer);
   start_thread_if_pending();
   return Request(op);
 }
@@ -102,7 +103,7 @@ Request P2P::irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s)
     return Request(op);
   }
   posted_[peer].push_back(op);
-  progress();
+  progress_recv(peer);  // this channel only, as in isend
   start_thread_if_pending();
   return Request(op);
 }
@@ -309,6 +310,14 @@ void P2P::wait(Op& op) {
     uint32_t seen = bell.value.load(std::memory_order_acquire);
     {
       std::lock_guard<std::mutex> l(mu_);
+      // The awaited channel first: a wait whose message is there returns without reading the others'. Only a
+      // wait that would block reads what has arrived from others (time the rank would spend idle anyway).
+      if (!op.finished) {
+        if (op.is_send)
+          progress_send(op.peer);
+        else
+          progress_recv(op.peer);
+      }
       if (!op.finished) progress();
       if (op.finished) break;
     }

@@ -2,12 +2,16 @@
 //
 // Each ordered pair (s, d) has a byte ring (Layout::ring) carrying a stream of messages, each a 16-byte
 // header {bytes, tag} followed by the payload. Large messages stream: the sender writes as much as fits,
-// the receiver drains into the posted buffer, each bumps the other's doorbell. Matching is by (source,
+// the receiver drains into the posted buffer, each bumps the other's doorbell. The sender publishes its bytes in
+// pieces of kPublishBytes (each with a doorbell), so a receiver already waiting copies out behind the writer; the
+// receiver rings the sender at each message's end or after a quarter ring read. Matching is by (source,
 // tag) in posting order; a message that arrives before its recv is posted is drained into a private
 // "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out.
 //
-// Progress happens inside isend/irecv (eagerly, as far as the ring allows), inside test()/wait() of any
-// request, and on a progress thread while a send has bytes the ring had no room for, a message is half read
+// Progress happens inside isend/irecv on their own channel (eagerly, as far as the ring allows), inside test() of
+// any request, inside wait() (the awaited channel first; the others' only when the wait would block, so a rank
+// does not copy out another rank's message between two computations), and on a progress thread while a send has
+// bytes the ring had no room for, a message is half read
 // or a posted receive is larger than the ring, so a large isend/irecv pair moves while both sides compute (a
 // posted receive whose message fits the ring is read by the rank's own next call instead: no wake-up per
 // message). That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
