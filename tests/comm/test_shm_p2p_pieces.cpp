@@ -80,7 +80,7 @@ TEST(ShmP2PPieces, AReceiverRingsTheSenderOncePerMessageWhenItReadsOnlyWholeMess
 
 // A message four times the ring through a ring of 16 KB, both sides waiting: the sender can write only after the
 // receiver has rung it, and the receiver rings only at a message's end or after a quarter ring, so this ends only
-// if the quarter-ring rule holds (each read of a full ring is a quarter at least). 2 s deadline.
+// if the quarter-ring rule holds (each read of a full ring is a quarter at least). 5 s deadline.
 TEST(ShmP2PPieces, AMessageLargerThanTheRingDrainsWithTheQuarterRingDoorbell) {
   Region r(2, 16 * 1024);
   const size_t n = 16 * 1024;  // 64 KB of floats
@@ -91,8 +91,8 @@ TEST(ShmP2PPieces, AMessageLargerThanTheRingDrainsWithTheQuarterRingDoorbell) {
   std::thread t([&] {
     try {
       P2P sender(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-      Request x = sender.isend(a.data(), n * sizeof(float), 1, 1, 2);
-      Request y = sender.isend(b.data(), n * sizeof(float), 1, 2, 2);
+      Request x = sender.isend(a.data(), n * sizeof(float), 1, 1, 5);
+      Request y = sender.isend(b.data(), n * sizeof(float), 1, 2, 5);
       x.wait();
       y.wait();
     } catch (const std::exception& e) {
@@ -102,8 +102,8 @@ TEST(ShmP2PPieces, AMessageLargerThanTheRingDrainsWithTheQuarterRingDoorbell) {
   });
   std::string recv_error;
   try {
-    Request qb = receiver.irecv(got_b.data(), n * sizeof(float), 0, 2, 2);
-    Request qa = receiver.irecv(got_a.data(), n * sizeof(float), 0, 1, 2);
+    Request qb = receiver.irecv(got_b.data(), n * sizeof(float), 0, 2, 5);
+    Request qa = receiver.irecv(got_a.data(), n * sizeof(float), 0, 1, 5);
     qa.wait();
     qb.wait();
   } catch (const std::exception& e) {
@@ -167,15 +167,15 @@ TEST(ShmP2PPieces, ACallReadsItsOwnChannelAndLeavesOthersUntilItWouldBlock) {
   q.wait();
   EXPECT_EQ(got, from2);
   EXPECT_TRUE(unread_from_0()) << "a receive whose message was there read another rank's message too";
-  // A wait that blocks (rank 2 sends only once rank 0's message has been read, or after 2 s) reads it meanwhile.
+  // A wait that blocks (rank 2 sends only once rank 0's message has been read, or after 10 s) reads it meanwhile.
   std::atomic<bool> read_while_blocked{false};
   std::thread t([&] {
-    const auto until = Clock::now() + std::chrono::seconds(2);
+    const auto until = Clock::now() + std::chrono::seconds(10);
     while (unread_from_0() && Clock::now() < until) std::this_thread::yield();
     read_while_blocked = !unread_from_0();
     r2.isend(from2.data(), n * sizeof(float), 1, 10, 10).wait();
   });
-  Request q2 = r1.irecv(got.data(), n * sizeof(float), 2, 10, 10);
+  Request q2 = r1.irecv(got.data(), n * sizeof(float), 2, 10, 30);
   q2.wait();
   t.join();
   EXPECT_TRUE(read_while_blocked.load()) << "a blocked wait left another rank's message in its ring";

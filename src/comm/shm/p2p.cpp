@@ -120,10 +120,11 @@ P2P::~P2P() {
 // The progress thread is for bytes that cannot move without it: a send that did not fit the ring, a message
 // half read, a posted receive larger than the ring (its sender can finish only while it is drained). A posted
 // receive whose message fits the ring does not wake it: the message waits in the ring (or arrives there) and the
-// rank's own next call (test, wait, another isend or irecv) reads it. Waking a thread for every message that
-// fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the rank's main
-// thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and posts at load 20-28
-// (`meshtrain train --pp 2 --trace`, category "executor"; bench/results/pipeline/zero_bubble_perf_2026-11-27.md).
+// rank's own next call (test, wait, or an isend or irecv on that channel) reads it. Waking a thread for every
+// message that fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the
+// rank's main thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and
+// posts at load 20-28 (`meshtrain train --pp 2 --trace`, category "executor";
+// bench/results/pipeline/zero_bubble_perf_2026-11-27.md).
 bool P2P::needs_thread() const {
   for (int p = 0; p < L_.n; ++p) {
     if (!sendq_[p].empty() || incoming_[p].active) return true;

@@ -13,8 +13,8 @@
 // does not copy out another rank's message between two computations), and on a progress thread while a send has
 // bytes the ring had no room for, a message is half read
 // or a posted receive is larger than the ring, so a large isend/irecv pair moves while both sides compute (a
-// posted receive whose message fits the ring is read by the rank's own next call instead: no wake-up per
-// message). That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
+// posted receive whose message fits the ring is read by the rank's own next test, wait or call on that
+// channel: no wake-up per message). That thread never spins: it sleeps in FUTEX_WAIT on this rank's doorbell and
 // leaves the cores to the computation. The engine is thread-safe (one mutex); requests must not outlive
 // their communicator.
 #pragma once
