@@ -23,6 +23,15 @@ void ring_write(char* ring, size_t cap, uint64_t pos, const void* src, size_t le
   copy_in(ring + at, src, first);
   if (len > first) copy_in(ring, static_cast<const char*>(src) + first, len - first);
 }
+// The doorbell of a piece before the last of a send: the first wakes a receiver asleep in its wait (the wake-up,
+// ~0.1 ms on a loaded VM, then overlaps the copy of the rest); the others only count, for a receiver already awake
+// (a FUTEX_WAKE per piece would cost the sender a system call each while the woken receiver is still on its way).
+// The last piece's doorbell is a full signal_bump, so a receiver that fell asleep between pieces is woken by it.
+void ring_piece(Signal& bell, bool wake) {
+  if (wake) return signal_bump(bell);
+  stream_fence();
+  bell.value.fetch_add(1, std::memory_order_seq_cst);
+}
 void ring_read(const char* ring, size_t cap, uint64_t pos, void* dst, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
   copy_bytes(dst, ring + at, first, false);
@@ -51,7 +60,7 @@ struct P2P::Op : detail::RequestState {
 
 P2P::P2P(Layout layout, int rank, SpinPolicy spin, Poll poll)
     : L_(layout), me_(rank), spin_(spin), poll_(std::move(poll)), sendq_(layout.n), posted_(layout.n),
-      unexpected_(layout.n), incoming_(layout.n) {}
+      unexpected_(layout.n), incoming_(layout.n), announced_(layout.n, 0) {}
 
 Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double timeout_s) {
   auto op = std::make_shared<Op>();
@@ -64,7 +73,9 @@ Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double time
   op->timeout_s = timeout_s;
   std::lock_guard<std::mutex> l(mu_);
   sendq_[peer].push_back(op);
-  progress();
+  // This channel only: what has arrived from others is read by their own calls or while this rank waits (see wait),
+  // not on the way out of a send, where it would delay the rank's next computation.
+  progress_send(peer);
   start_thread_if_pending();
   return Request(op);
 }
@@ -92,7 +103,7 @@ Request P2P::irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s)
     return Request(op);
   }
   posted_[peer].push_back(op);
-  progress();
+  progress_recv(peer);  // this channel only, as in isend
   start_thread_if_pending();
   return Request(op);
 }
@@ -109,10 +120,11 @@ P2P::~P2P() {
 // The progress thread is for bytes that cannot move without it: a send that did not fit the ring, a message
 // half read, a posted receive larger than the ring (its sender can finish only while it is drained). A posted
 // receive whose message fits the ring does not wake it: the message waits in the ring (or arrives there) and the
-// rank's own next call (test, wait, another isend or irecv) reads it. Waking a thread for every message that
-// fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the rank's main
-// thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and posts at load 20-28
-// (`meshtrain train --pp 2 --trace`, category "executor"; bench/results/pipeline/zero_bubble_perf_2026-11-27.md).
+// rank's own next call (test, wait, or an isend or irecv on that channel) reads it. Waking a thread for every
+// message that fits the ring cost the pipeline ranks their core on a loaded 2-core host: the wake-up, and the
+// rank's main thread then blocking on mu_ behind it, took 5-60 ms in about half of the executor's sends and
+// posts at load 20-28 (`meshtrain train --pp 2 --trace`, category "executor";
+// bench/results/pipeline/zero_bubble_perf_2026-11-27.md).
 bool P2P::needs_thread() const {
   for (int p = 0; p < L_.n; ++p) {
     if (!sendq_[p].empty() || incoming_[p].active) return true;
@@ -177,12 +189,22 @@ void P2P::progress_send(int peer) {
       space -= sizeof h;
       op.header_sent = true;
     }
+    // Published piece by piece: the header with the first piece, then every kPublishBytes, each with a doorbell,
+    // so that a receiver already waiting wakes while the rest is still being written and copies out behind the
+    // writer (the last piece's copy-out is all that is left after this call).
     size_t k = std::min(space, op.bytes - op.done);
-    if (k) ring_write(ring, cap, head, op.buf + op.done, k);
-    head += k;
-    op.done += k;
-    stream_fence();  // ring_write streams (copy_in); order it before the head the reader acquires
-    ch.head.store(head, std::memory_order_release);
+    bool first = op.done == 0;
+    do {
+      const size_t piece = std::min(k, kPublishBytes);
+      if (piece) ring_write(ring, cap, head, op.buf + op.done, piece);
+      head += piece;
+      op.done += piece;
+      k -= piece;
+      stream_fence();  // ring_write streams (copy_in); order it before the head the reader acquires
+      ch.head.store(head, std::memory_order_release);
+      if (k) ring_piece(L_.ctrl(peer).doorbell, first);  // the last piece's doorbell rings below, once per call
+      first = false;
+    } while (k);
     wrote = true;
     if (op.done < op.bytes) break;
     op.finished = true;
@@ -196,7 +218,7 @@ void P2P::progress_recv(int src) {
   const char* ring = L_.ring(src, me_);
   const size_t cap = L_.chan_bytes;
   Incoming& in = incoming_[src];
-  bool consumed = false;
+  bool ended = false;  // a message ended in this call
   for (;;) {
     uint64_t tail = ch.tail.load(std::memory_order_relaxed);
     size_t avail = ch.head.load(std::memory_order_acquire) - tail;
@@ -237,13 +259,21 @@ void P2P::progress_recv(int src) {
       in.done += k;
     }
     ch.tail.store(tail, std::memory_order_release);
-    consumed = true;
     if (in.done < in.bytes) break;
+    ended = true;
     if (in.recv) in.recv->finished = true;
     if (in.unexp && !(in.recv && !in.recv->error.empty())) finish_unexpected(src, in.unexp);
     in = Incoming{};
   }
-  if (consumed) signal_bump(L_.ctrl(src).doorbell);
+  // The sender learns of freed room at the end of each message, or after a quarter ring read within one: not on
+  // every piece of a message read as it is published (each doorbell may wake a sleeping sender for nothing). A
+  // sender waits for room only with the ring full, and the next call here reads all of it (a quarter ring at
+  // least), so a waiting sender is always rung.
+  const uint64_t tail = ch.tail.load(std::memory_order_relaxed);
+  if (ended || tail - announced_[src] >= cap / 4) {
+    announced_[src] = tail;
+    signal_bump(L_.ctrl(src).doorbell);
+  }
 }
 
 void P2P::finish_unexpected(int src, std::shared_ptr<Unexpected> u) {
@@ -281,6 +311,14 @@ void P2P::wait(Op& op) {
     uint32_t seen = bell.value.load(std::memory_order_acquire);
     {
       std::lock_guard<std::mutex> l(mu_);
+      // The awaited channel first: a wait whose message is there returns without reading the others'. Only a
+      // wait that would block reads what has arrived from others (time the rank would spend idle anyway).
+      if (!op.finished) {
+        if (op.is_send)
+          progress_send(op.peer);
+        else
+          progress_recv(op.peer);
+      }
       if (!op.finished) progress();
       if (op.finished) break;
     }
