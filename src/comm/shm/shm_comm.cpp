@@ -80,7 +80,10 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
   cma_min_ = cma_gather_min_bytes(job->block().bind_width > 0);
-  cma_spin_ = SpinPolicy{0, spin_.spin_us + spin_.yield_us};
+  // Bound ranks (each on CPUs of its own) spin in the single-copy waits as in the others, unbound ones yield at once
+  // (see cma_spin_ in shm_comm.h).
+  cma_spin_ = job->block().bind_width > 0 ? SpinPolicy{spin_.spin_us, spin_.yield_us, false}
+                                          : SpinPolicy{0, spin_.spin_us + spin_.yield_us};
   // MESHTRAIN_SHM_CMA_SPIN="spin_us,yield_us" overrides the single-copy waits' policy (A/B experiments only).
   if (auto v = env_int_pair("MESHTRAIN_SHM_CMA_SPIN")) cma_spin_ = SpinPolicy{v->first, v->second, false};
   const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));

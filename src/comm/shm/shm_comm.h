@@ -175,10 +175,15 @@ class ShmCommunicator : public Communicator {
   uint32_t release_[kNumBuf] = {};
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
-  // Inside the single-copy collectives a waiting rank yields its core at once instead of spinning first: a peer's
+  // Unbound, a waiting rank in the single-copy collectives yields its core at once instead of spinning first: a peer's
   // process_vm_readv/writev of this rank's memory made no progress while this rank spun on this work's 2-vCPU KVM
   // host (cause in the kernel not found), so every wait there cost the whole spin (all_gather 32 KB: 612 us with
   // 300 us of spin, 12 us without; 4 MB: 1506 us against 394 us).
+  // That was measured with the ranks free to share a core (perhaps the spinning rank held the core its peer needed).
+  // Bound to CPUs of their own (shm/bind.h), they spin as in the other waits (300 us, then yield): back to back on the
+  // loaded host (load 6-7, 3 rounds each, 32 KB-16 MB), spinning matched yielding at 32 KB-2 MB (ours/bound medians
+  // 0.57-0.99 both) and beat it at 8 MB (all-gather, all-to-all, all-to-all-v 0.95/0.99/1.08 of the bound against
+  // 0.83/0.81/0.93); presumably a rank that yields on a busy CPU waits out another process's time slice.
   SpinPolicy cma_spin_{0, 2300};
   bool cma_waits_ = false;
   struct CmaWaits {
