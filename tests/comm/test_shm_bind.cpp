@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/launch.h"
 #include "comm/shm/bind.h"
 
@@ -136,6 +137,44 @@ TEST(ShmBindRanks, NoBindingWhenOversubscribedOrTurnedOff) {
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
   // 2 ranks of cpus/2 + 1 threads each do not fit: the default leaves them free.
   res = run_two(nullptr, cpus / 2 + 1, false);
+  EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
+}
+
+// The single-copy threshold follows the job's binding: a 64 KB all-gather of bound ranks copies once (no copy into
+// the slots: the calling thread's copy-in counters do not move), of unbound ranks (MESHTRAIN_SHM_BIND=0) it goes
+// through the slots (they move). Both results are checked.
+LaunchResult gather_64k(const char* bind, bool expect_single_copy) {
+  if (bind) setenv("MESHTRAIN_SHM_BIND", bind, 1);
+  LaunchOptions o;
+  o.nproc = 2;
+  o.backend = "shm";
+  o.timeout_s = 60;
+  auto res = run_ranks(o, [&](Communicator& w) {
+    const size_t n = 64 * 1024 / sizeof(float), half = n / 2;
+    std::vector<float> mine(half, float(w.rank() + 1)), all(n, 0.f);
+    const CopyInPolicy& p = copy_in_policy();
+    const int64_t before = p.ordinary_copies() + p.streamed_copies();
+    w.all_gather(mine.data(), all.data(), n, DType::f32);
+    const int64_t copies_in = p.ordinary_copies() + p.streamed_copies() - before;
+    for (size_t i = 0; i < n; ++i) {
+      if (all[i] != float(i < half ? 1 : 2)) throw std::runtime_error("wrong value at " + std::to_string(i));
+    }
+    if (expect_single_copy != (copies_in == 0))
+      throw std::runtime_error(std::to_string(copies_in) + " copies into the slots, expected " +
+                               (expect_single_copy ? "none" : "some"));
+  });
+  unsetenv("MESHTRAIN_SHM_BIND");
+  return res;
+}
+
+TEST(ShmBindRanks, BoundRanksCopyOnceFrom32KBAndUnboundOnesUseTheSlots) {
+  if (allowed_count() < 2) GTEST_SKIP() << "fewer than 2 CPUs allowed: the ranks cannot be bound";
+  if (std::getenv("MESHTRAIN_SHM_BIND") || std::getenv("MESHTRAIN_SHM_CMA_GATHER_KB") ||
+      std::getenv("MESHTRAIN_SHM_CMA"))
+    GTEST_SKIP() << "the environment sets MESHTRAIN_SHM_BIND / _CMA / _CMA_GATHER_KB";
+  auto res = gather_64k(nullptr, true);
+  EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
+  res = gather_64k("0", false);
   EXPECT_EQ(res.exit_code, 0) << "rank " << res.failed_rank << ": " << res.failure;
 }
 
