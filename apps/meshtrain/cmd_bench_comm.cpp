@@ -643,7 +643,10 @@ void add_bench_comm_command(CLI::App& bench) {
   auto cfg = std::make_shared<BenchConfig>();
   cfg->launch.nproc = 2;
   CLI::App* sub = bench.add_subcommand("comm", "collective bandwidth (nccl-tests style) against OpenMPI in one run");
-  sub->add_option("--nproc", cfg->launch.nproc, "ranks to fork (shm); ignored under mpirun")->capture_default_str();
+  sub->add_option("--nproc", cfg->launch.nproc,
+                  "ranks to fork (shm; each bound to a CPU of its own when they fit the allowed CPUs, "
+                  "MESHTRAIN_SHM_BIND=0: not); ignored under mpirun")
+      ->capture_default_str();
   sub->add_option("--backend", cfg->launch.backend, "auto | shm | mpi")->capture_default_str();
   sub->add_option("--comm-timeout", cfg->launch.timeout_s, "deadline of every blocking call, seconds")
       ->capture_default_str();

@@ -116,7 +116,9 @@ void add_output_flags(CLI::App* s, train::TrainConfig& c) {
 
 // Processes, backend and the data-parallel reduction.
 void add_launch_flags(CLI::App* s, train::TrainConfig& c) {
-  s->add_option("--nproc", c.nproc, "worker processes on this host, over shared memory (under mpirun: ignored)")
+  s->add_option("--nproc", c.nproc,
+                "worker processes on this host, over shared memory (under mpirun: ignored); when --nproc x --threads "
+                "fits the CPUs allowed, each worker is bound to CPUs of its own (MESHTRAIN_SHM_BIND=0: not)")
       ->capture_default_str();
   add_enum_option(s, "--backend", c.backend, "auto | shm | mpi (auto: mpi under mpirun, else shm)", true,
                   "TEXT:{auto,shm,mpi}");

@@ -20,6 +20,7 @@
 #include "comm/flight_files.h"
 #include "comm/flight_verdict.h"
 #include "comm/shm/job.h"
+#include "comm/shm/bind.h"
 #include "comm/shm/shm_comm.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -84,6 +85,7 @@ bool is_stopped(pid_t pid) {
   signal(SIGPIPE, SIG_DFL);  // a closed output ends the rank; the supervisor reports it (describe_status)
   job.block().pids[r] = getpid();
   set_fatal_sink(job.block().rank_error[r], shm::kErrorChars);  // a signal handler's last words
+  shm::bind_rank(r, job.block().bind_width);  // before any thread of the rank starts: they inherit it
   int code = 0;
   std::unique_ptr<shm::ShmCommunicator> world;
   try {
@@ -123,6 +125,7 @@ bool is_stopped(pid_t pid) {
 LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicator&)>& body) {
   const int n = o.nproc < 1 ? 1 : o.nproc;
   shm::Job job(n, kArenaBytes);
+  job.block().bind_width = shm::job_bind_width(n, o.threads_per_rank);
   uint64_t region = shm::ShmCommunicator::create_region(job, n);
   const flight::FaultPoint fault = flight::parse_fault(o.fault);
   // MESHTRAIN_FLIGHT_RECORDER=0 turns the recorder off (to measure what it costs: docs/faults.md).

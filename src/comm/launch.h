@@ -55,6 +55,9 @@ struct LaunchOptions {
   // when set and the job fails, every rank's flight recorder ring is written here (JSON, docs/faults.md); under MPI
   // each rank writes its own ring beside it (flight_files.h rank_file_path) and `meshtrain flight` gathers them.
   std::string flight_file;
+  // Compute threads each rank runs (train's --threads). shm: the ranks bind to CPUs of their own when ranks x this
+  // fits the CPUs this process may use (comm/shm/bind.h; MESHTRAIN_SHM_BIND=0 turns it off, =1 forces it).
+  int threads_per_rank = 1;
 };
 
 // Rejects bad option values with an InputError that names them. launch() calls it first.

@@ -202,6 +202,7 @@ int train_main(const TrainConfig& cfg) {
     lo.nproc = c.nproc;
     lo.backend = flag_name(c.backend);
     lo.timeout_s = c.comm_timeout;
+    lo.threads_per_rank = c.threads;
     if (first) lo.fault = env_fault();
     lo.flight_file = flight_file(c);
     if (!comm::under_mpirun()) {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include "comm/shm/signal.h"
-#include "comm/shm/bind.h"
 
 namespace mt::comm::shm {
 namespace {
@@ -39,36 +38,3 @@ TEST(AdaptiveSpin, MeshtrainShmSpinFixesThePolicy) {
 }  // namespace
 }  // namespace mt::comm::shm
 
-namespace mt::comm::shm {
-namespace {
-
-TEST(ShmBind, RankTakesTheRankthAllowedCpuAndNoneWhenRanksOutnumberCpus) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  CPU_SET(2, &allowed);
-  CPU_SET(5, &allowed);
-  CPU_SET(7, &allowed);
-  EXPECT_EQ(bind_cpu_for(0, 3, allowed), 2);
-  EXPECT_EQ(bind_cpu_for(1, 3, allowed), 5);
-  EXPECT_EQ(bind_cpu_for(2, 3, allowed), 7);
-  EXPECT_EQ(bind_cpu_for(0, 2, allowed), 2);
-  EXPECT_EQ(bind_cpu_for(1, 2, allowed), 5);
-  EXPECT_EQ(bind_cpu_for(0, 4, allowed), -1);  // 4 ranks, 3 CPUs: no binding
-  EXPECT_EQ(bind_cpu_for(3, 3, allowed), -1);
-  EXPECT_EQ(bind_cpu_for(-1, 3, allowed), -1);
-}
-
-TEST(ShmBind, OffUnlessAsked) {
-  unsetenv("MESHTRAIN_SHM_BIND");
-  cpu_set_t before;
-  CPU_ZERO(&before);
-  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
-  EXPECT_EQ(bind_rank_if_asked(0, 1), -1);
-  cpu_set_t after;
-  CPU_ZERO(&after);
-  ASSERT_EQ(sched_getaffinity(0, sizeof after, &after), 0);
-  EXPECT_TRUE(CPU_EQUAL(&before, &after));
-}
-
-}  // namespace
-}  // namespace mt::comm::shm

@@ -43,6 +43,9 @@ struct JobBlock {
   // few ms while asleep), never on a fast path.
   std::atomic<int32_t> waiting_for[kMaxRanks];
   std::atomic<int64_t> wait_polled_ns[kMaxRanks];
+  // CPUs each rank binds to, 0: none (shm/bind.h). Set by the launcher before it forks; the ranks bind and pick
+  // the single-copy threshold from it, so all of them agree.
+  int32_t bind_width;
 };
 
 class Job {

@@ -14,7 +14,6 @@
 #include <optional>
 
 #include "comm/copy.h"
-#include "comm/shm/bind.h"
 #include "comm/deadline.h"
 #include "comm/reduce.h"
 #include "core/env.h"
@@ -80,8 +79,11 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   L_.chan_bytes = h.chan_bytes;
   MT_ASSERT(L_.slot_bytes / size() >= 64, "slot of ", L_.slot_bytes, " bytes too small for ", size(), " ranks");
   cma_ = env_flag("MESHTRAIN_SHM_CMA").value_or(cma_);
-  cma_min_ = cma_gather_min_bytes();
-  cma_spin_ = SpinPolicy{0, spin_.spin_us + spin_.yield_us};
+  cma_min_ = cma_gather_min_bytes(job->block().bind_width > 0);
+  // Bound ranks (each on CPUs of its own) spin in the single-copy waits as in the others, unbound ones yield at once
+  // (see cma_spin_ in shm_comm.h).
+  cma_spin_ = job->block().bind_width > 0 ? SpinPolicy{spin_.spin_us, spin_.yield_us, false}
+                                          : SpinPolicy{0, spin_.spin_us + spin_.yield_us};
   // MESHTRAIN_SHM_CMA_SPIN="spin_us,yield_us" overrides the single-copy waits' policy (A/B experiments only).
   if (auto v = env_int_pair("MESHTRAIN_SHM_CMA_SPIN")) cma_spin_ = SpinPolicy{v->first, v->second, false};
   const long slow_kb = env_int("MESHTRAIN_SHM_CMA_SLOW_KB", 0, 1L << 30).value_or(long(cma_min_ / 1024));
@@ -89,9 +91,6 @@ ShmCommunicator::ShmCommunicator(Job* job, uint64_t region, int rank, std::vecto
   env_flag("MESHTRAIN_SHM_STREAM");  // checked here, before any collective; read by each thread's copy_in_policy
   L_.ctrl(rank).world_rank = world_ranks_[rank];
   L_.ctrl(rank).pid = getpid();
-  // MESHTRAIN_SHM_BIND=1 (opt-in, see bind.h): the first communicator of a process binds it once, by world rank.
-  static std::atomic<bool> bound_once{false};
-  if (size() == job->nranks() && !bound_once.exchange(true)) bind_rank_if_asked(world_ranks_[rank], job->nranks());
   p2p_ = std::make_unique<P2P>(L_, rank, spin_, [this](int peer, const std::string& what, Clock::time_point until,
                                                       const std::function<bool()>& arrived) {
     poll_failure(peer, what, until, timeout(), arrived);
@@ -566,8 +565,9 @@ void ShmCommunicator::broadcast(Ctx& c) {
   if (stream) stream_fence();
 }
 
-size_t cma_gather_min_bytes() {
-  return size_t(env_int("MESHTRAIN_SHM_CMA_GATHER_KB", 0, 1L << 30).value_or(long(kCmaGatherMinBytes / 1024))) * 1024;
+size_t cma_gather_min_bytes(bool bound) {
+  const size_t fallback = bound ? kCmaGatherMinBytesBound : kCmaGatherMinBytes;
+  return size_t(env_int("MESHTRAIN_SHM_CMA_GATHER_KB", 0, 1L << 30).value_or(long(fallback / 1024))) * 1024;
 }
 
 // A slot cut into n-1 pieces, one per other rank: piece_index(me, q) holds my block for rank q.

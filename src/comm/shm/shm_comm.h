@@ -73,7 +73,15 @@ constexpr size_t kCmaBroadcastMinBytes = 64 * 1024;
 // faster cached than streamed, see kStreamMinBytes) argue for keeping it there. MESHTRAIN_SHM_CMA_GATHER_KB
 // overrides (tests set 0 to run every size through it); MESHTRAIN_SHM_CMA=0 turns every CMA path off.
 constexpr size_t kCmaGatherMinBytes = kStreamMinBytes;
-size_t cma_gather_min_bytes();  // kCmaGatherMinBytes or MESHTRAIN_SHM_CMA_GATHER_KB's value
+// The same threshold when the job's ranks are bound to CPUs of their own (shm/bind.h; the default when ranks x
+// threads fit the allowed CPUs). Unbound, a single-copy call was fast only while the scheduler kept the two ranks on
+// different cores; bound, 5 back-to-back pairs on the loaded host put single copy from 32 KB at 1.01-1.13x OpenMPI
+// (minimums) at 32-128 KB and at 0.56-0.95 of the copy bound (medians) to 8 MB, against 0.27-0.99 for the staged
+// path unbound (bench/results/comm/bind_cma32_ab_loaded_2026-11-27_0452.txt).
+constexpr size_t kCmaGatherMinBytesBound = 32 * 1024;
+// MESHTRAIN_SHM_CMA_GATHER_KB's value, else kCmaGatherMinBytesBound when the job's ranks are bound, else
+// kCmaGatherMinBytes.
+size_t cma_gather_min_bytes(bool bound);
 // Opt-in (MESHTRAIN_SHM_CMA_SLOW_KB=K): from K KB up to the single-copy threshold, all_gather, all_to_all (out of
 // place) and all_to_all_v go single copy when some rank's stores into shared memory are streaming (the host's slow
 // regime, see CopyInPolicy in comm/copy.h), where the staged path puts every byte through DRAM twice. The ranks
@@ -167,10 +175,15 @@ class ShmCommunicator : public Communicator {
   uint32_t release_[kNumBuf] = {};
   size_t cursor_[kNumBuf] = {};
   bool cma_ = true;  // cleared on every rank after a failed single-copy read (or MESHTRAIN_SHM_CMA=0)
-  // Inside the single-copy collectives a waiting rank yields its core at once instead of spinning first: a peer's
+  // Unbound, a waiting rank in the single-copy collectives yields its core at once instead of spinning first: a peer's
   // process_vm_readv/writev of this rank's memory made no progress while this rank spun on this work's 2-vCPU KVM
   // host (cause in the kernel not found), so every wait there cost the whole spin (all_gather 32 KB: 612 us with
   // 300 us of spin, 12 us without; 4 MB: 1506 us against 394 us).
+  // That was measured with the ranks free to share a core (perhaps the spinning rank held the core its peer needed).
+  // Bound to CPUs of their own (shm/bind.h), they spin as in the other waits (300 us, then yield): back to back on the
+  // loaded host (load 6-7, 3 rounds each, 32 KB-16 MB), spinning matched yielding at 32 KB-2 MB (ours/bound medians
+  // 0.57-0.99 both) and beat it at 8 MB (all-gather, all-to-all, all-to-all-v 0.95/0.99/1.08 of the bound against
+  // 0.83/0.81/0.93); presumably a rank that yields on a busy CPU waits out another process's time slice.
   SpinPolicy cma_spin_{0, 2300};
   bool cma_waits_ = false;
   struct CmaWaits {
