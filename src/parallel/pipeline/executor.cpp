@@ -21,7 +21,10 @@ void StageRunner::backward_weight(int chunk, int micro_batch) {
 namespace {
 
 // Every message is the tensor (n floats) followed by the sender's clock when it sent it (a double in two
-// floats), so the receiver can tell how long a message it was waiting for took to arrive.
+// floats), so the receiver can tell how long a message it was waiting for took to arrive. A gradient message is
+// the buffer the backward copied the runner's gradient into (sized for the stamp), handed to the send as it is;
+// an activation is copied from the runner's output into a message buffer first: that output belongs to the
+// runner (its store may drop, recompute or move it after the forward), so the send does not read it in place.
 constexpr size_t kStamp = sizeof(double) / sizeof(float);
 
 void put_stamp(std::vector<float>& msg, size_t n, double t) { std::memcpy(msg.data() + n, &t, sizeof t); }
@@ -102,6 +105,7 @@ class ListRun {
   void post_recv(Buffers& bufs, Requests& reqs, const Action& a, int kind, const char* what);
   void wait_recv(Buffers& bufs, Requests& reqs, const Key& key);
   void send(const float* data, const Action& a, int kind, int to_stage, const char* what);
+  void send_msg(std::vector<float> msg, double t_call, const Action& a, int kind, int to_stage, const char* what);
   void forward(const Action& a);
   void backward(const Action& a);
   void poll_sends();
@@ -205,9 +209,18 @@ void ListRun::wait_recv(Buffers& bufs, Requests& reqs, const Key& key) {
 
 void ListRun::send(const float* data, const Action& a, int kind, int to_stage, const char* what) {
   const double t_call = Clock::now_us();
+  std::vector<float> msg = take(pool_, nm_);
+  std::memcpy(msg.data(), data, sizeof(float) * n_);
+  send_msg(std::move(msg), t_call, a, kind, to_stage, what);
+}
+
+// Sends msg (the tensor in its first n_ floats, room for the stamp after it) as it is: the send owns the buffer
+// until it completes (drain_sends / reap_sends return it to the pool), so nothing else can write it meanwhile.
+void ListRun::send_msg(std::vector<float> msg, double t_call, const Action& a, int kind, int to_stage,
+                       const char* what) {
+  MT_ASSERT(msg.size() == nm_, "pipeline message buffer of ", msg.size(), " floats, expected ", nm_);
   InFlight f;
-  f.msg = take(pool_, nm_);
-  std::memcpy(f.msg.data(), data, sizeof(float) * n_);
+  f.msg = std::move(msg);
   f.t0 = Clock::now_us();
   put_stamp(f.msg, n_, f.t0);
   f.req = pp_.isend(f.msg.data(), nm_, comm::DType::f32, a.peer, tag(kind, a.micro_batch, to_stage));
@@ -242,9 +255,9 @@ void ListRun::backward(const Action& a) {
   const double t0 = Clock::now_us();
   const float* g = a.kind == ActionKind::backward ? runner_.backward(a.chunk, a.micro_batch, dout)
                                                   : runner_.backward_input(a.chunk, a.micro_batch, dout);
-  if (s > 0) {  // the runner reuses its buffer in the next backward
+  if (s > 0) {  // the runner reuses its buffer in the next backward; room for the stamp: send_grad sends this buffer
     std::vector<float>& go = grad_out_[key];
-    go = take(pool_, n_);
+    go = take(pool_, nm_);
     std::memcpy(go.data(), g, sizeof(float) * n_);
   }
   if (next >= 0) recycle(grad_out_, {a.micro_batch, next});  // the next stage's gradient has been handed over
@@ -306,10 +319,17 @@ void ListRun::act(const Action& a, const OptimizerStep& step) {
       if (trace_) trace_->add(trace::Track::compute, compute_name('W', a), "backward", t0, t1);
       break;
     }
-    case ActionKind::send_grad:
-      send(grad_out_.at(key).data(), a, 1, pl_.stage_of(j_, a.chunk) - 1, "send gradient");
-      recycle(grad_out_, key);
+    case ActionKind::send_grad: {
+      // The backward copied the runner's gradient into grad_out_ with room for the stamp: that buffer is the
+      // message (no second copy); it leaves grad_out_ and comes back to the pool when the send completes.
+      const double t_call = Clock::now_us();
+      auto it = grad_out_.find(key);
+      MT_ASSERT(it != grad_out_.end(), "send_grad i=", a.micro_batch, " c=", a.chunk, " before its backward");
+      std::vector<float> msg = std::move(it->second);
+      grad_out_.erase(it);
+      send_msg(std::move(msg), t_call, a, 1, pl_.stage_of(j_, a.chunk) - 1, "send gradient");
       break;
+    }
     case ActionKind::optimizer_step: {
       // The update may communicate collectively: no sends of this list are left in flight beside it (unless the
       // updates are local: begin's local_updates).
