@@ -716,6 +716,7 @@ class Stage3 : public Stage2 {
       T_ = T;
       n_ = n;
       nt_ = (n + T - 1) / T;
+      pieced_ = false;
       for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
@@ -731,16 +732,21 @@ class Stage3 : public Stage2 {
       const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
+    // --overlap-update: the tile in 8 pieces (an eighth of the tile, rounded down to the file's 4096-byte blocks,
+    // on which the tiles start too; 1 MiB of an 8 MiB tile), each written back, rounded into the mirror, kept and
+    // published as soon as it is updated (piece_done), so that a group of the next forward whose shard starts
+    // inside a tile (the first: GPT's embedding) waits only for the pieces at and above its start.
+    size_t piece_elems() const override {
+      constexpr size_t block = 4096 / sizeof(float);
+      return s_.overlapped() ? std::max(block, T_ / 8 / block * block) : 0;
+    }
+    void piece_done(size_t t, size_t lo, size_t a, size_t b) override {
+      done(at(p_[t % 2], lo) + (a - lo), a, b);
+      pieced_ = true;
+    }
     void close(size_t t, size_t lo, size_t hi) override {
-      if (!s_.pf_) return;
-      const float* p = at(p_[t % 2], lo);
-      s_.pf_->write_async(lo, hi - lo, p);
-      if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
-      // --overlap-update: [lo, n) is updated in the mirror and, for a read queued from now on, in the file.
-      if (s_.overlapped()) {
-        s_.keep_fresh(lo, hi, p);
-        s_.publish(lo);
-      }
+      if (!s_.pf_ || std::exchange(pieced_, false)) return;  // pieces: each one already went out
+      done(at(p_[t % 2], lo), lo, hi);
     }
     void end() override {
       if (s_.pf_) s_.pf_->drain();
@@ -752,6 +758,17 @@ class Stage3 : public Stage2 {
     }
 
    private:
+    // Elements [lo, hi) of the shard, updated at p: written back and rounded into the mirror; with
+    // --overlap-update kept for the forward and published: [lo, n) is updated in the mirror and, for a read
+    // queued from now on, in the file (the pieces and tiles come from the top down).
+    void done(const float* p, size_t lo, size_t hi) {
+      s_.pf_->write_async(lo, hi - lo, p);
+      if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
+      if (s_.overlapped()) {
+        s_.keep_fresh(lo, hi, p);
+        s_.publish(lo);
+      }
+    }
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
       if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
@@ -763,6 +780,7 @@ class Stage3 : public Stage2 {
     size_t T_ = 0, n_ = 0, nt_ = 0;
     AlignedBuffer p_[2], g_[2];
     offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
+    bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
   };
   struct ShardRead {
     AlignedBuffer buf;
