@@ -585,7 +585,7 @@ class Stage3 : public Stage2 {
   void settle() override { finish_update(); }
   OverlapCounts overlap_counts() const override {
     if (!overlapped()) return {};
-    return {deferred_, overlapped_, waited_s_, fresh_taken_};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_};
   }
   void stop() noexcept override {
     if (!upd_.joinable()) return;
@@ -909,6 +909,7 @@ class Stage3 : public Stage2 {
     }
     mirror_fresh_ = !pshard16_.empty();  // each tile is rounded into the mirror as it is written back
     deferred_++;
+    first_wait_ = true;
     const int threads = omp_get_max_threads();
     upd_ = std::thread([this, &opt, lr, step, threads] {
       omp_set_num_threads(threads);
@@ -1028,7 +1029,10 @@ class Stage3 : public Stage2 {
   void wait_updated(const Bucket& b) {
     if (!upd_.joinable()) return;
     go(false);
+    const double w0 = waited_s_;
     wait_update_for("reach the shard of a gathered group", [&] { return !upd_running_ || upd_lo_ <= b.pos; });
+    waited_group_s_ += waited_s_ - w0;
+    if (std::exchange(first_wait_, false)) waited_first_s_ += waited_s_ - w0;
     bool running;
     {
       std::lock_guard<std::mutex> lk(upd_mu_);
@@ -1060,6 +1064,8 @@ class Stage3 : public Stage2 {
   bool hold_ = false, upd_go_ = true;
   int64_t deferred_ = 0, overlapped_ = 0;
   double waited_s_ = 0;  // the main thread's waits for the update (a group's shard, or all of it)
+  double waited_group_s_ = 0, waited_first_s_ = 0;  // of those: for a group's shard; the first such after a start
+  bool first_wait_ = false;  // no group has waited for the update started last
   std::vector<Fresh> fresh_;  // per bucket (keep_fresh)
   std::vector<AlignedBuffer> fresh_spare_;  // buffers for the next copies (spare_fresh)
   int fresh_held_ = 0;        // buffers filling or whole, not yet taken
