@@ -21,7 +21,8 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
 no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
-the update's copy left unwritten (Stage3::keep_fresh without its memcpy).
+the update's copy left unwritten (Stage3::keep_fresh without its memcpy); with Tiles::piece_done writing each piece
+from the tile's start, the pieces runs fail (rows, weights, checkpoints).
 """
 from __future__ import annotations
 
