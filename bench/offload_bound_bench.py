@@ -45,9 +45,9 @@ T, VOCAB = 256, 8192
 SLOTS = 4  # offload::StateSwapper's default slots
 
 
-def train(a, work, tag, width, extra):
+def train(a, work, tag, width, extra, mt=None):
     summary, metrics, trace = (os.path.join(work, f"{x}_{tag}.json") for x in ("summary", "metrics", "trace"))
-    cmd = [a.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T), "--batch-size",
+    cmd = [mt or a.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T), "--batch-size",
            str(a.batch), "--steps", str(a.steps), "--threads", str(a.threads), "--quiet", "--summary", summary,
            "--metrics", metrics, "--trace", trace, "--n-layer", str(a.layers), "--n-head", str(width // 64),
            "--n-embd", str(width), "--vocab-size", str(VOCAB), "--n-positions", str(T)] + extra
@@ -130,6 +130,7 @@ def main():
     ap.add_argument("--tile", default="8M")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="")
+    ap.add_argument("--base", default="", help="a second binary: adds the kind 'opt+params overlapped base' (A/B)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offload_bound_bench_")
     odir = a.dir or tempfile.mkdtemp(prefix="offload_dir_", dir="/var/tmp")
@@ -150,15 +151,19 @@ def main():
              "opt exact": ["--zero", "0", "--offload", "optimizer"] + off,
              "opt delayed overlapped": ["--zero", "0", "--offload", "optimizer", "--delayed-update",
                                         "--overlap-update"] + off}
+    if a.base:  # the same run with another binary, alternating with this one's in every round
+        kinds["opt+params overlapped base"] = kinds["opt+params overlapped"]
     if a.kinds:
-        kinds = {k: v for k, v in kinds.items() if k in a.kinds.split(",") or k == "memory"}
+        kinds = {k: v for k, v in kinds.items() if k in a.kinds.split(",") or k == "memory"
+                 or (k.endswith(" base") and a.base)}
     results = []
     try:
         for w in [int(x) for x in a.widths.split(",")]:
             got = {k: [] for k in kinds}
             for _ in range(a.rounds):
                 for k, extra in kinds.items():
-                    got[k].append(train(a, work, k.replace(" ", "_").replace("+", "_"), w, extra))
+                    got[k].append(train(a, work, k.replace(" ", "_").replace("+", "_"), w, extra,
+                                        a.base if k.endswith(" base") else None))
             med = {k: sorted(v, key=lambda s: s["step_s"])[len(v) // 2] for k, v in got.items()}
             mem = med["memory"]
             row = {"width": w, "params": mem["params"], "loads": [s["load"] for v in got.values() for s in v],
@@ -166,15 +171,21 @@ def main():
                    "phases_s": {k: {"F": s["F"], "B": s["B"], "U": s["U"], "step": s["step_s"]} for k, s in med.items()}}
             print(f"width {w} ({mem['params'] / 1e6:.1f}M params), loads {min(row['loads']):.1f}-{max(row['loads']):.1f}; "
                   f"memory: step {mem['step_s']:.3f} s (F {mem['F']:.3f}, B {mem['B']:.3f}, U {mem['U']:.3f})")
-            for k in [k for k in ("opt+params", "opt+params overlapped", "opt+params+grads",
-                                  "opt+params+grads overlapped") if k in med]:
+            for k in [k for k in ("opt+params", "opt+params overlapped", "opt+params overlapped base",
+                                  "opt+params+grads", "opt+params+grads overlapped") if k in med]:
                 s = med[k]
                 b = bound(mem, s, a.steps, parse_bytes(a.tile))
                 io = io_sum_s(s, a.steps)
                 row[k] = dict(b, io_sum_s=io, step_over_max_compute_io=s["step_s"] / max(mem["step_s"], io),
                               step_over_bound=s["step_s"] / b["bound_s"], step_over_memory=s["step_s"] / mem["step_s"],
                               overlap_update=s.get("overlap_update"),
-                              per_round_over_memory=[x["step_s"] / m["step_s"] for x, m in zip(got[k], got["memory"])])
+                              per_round_over_memory=[x["step_s"] / m["step_s"] for x, m in zip(got[k], got["memory"])],
+                              per_round_over_max_compute_io=[x["step_s"] / max(m["step_s"], io_sum_s(x, a.steps))
+                                                             for x, m in zip(got[k], got["memory"])],
+                              per_round_load=[x["load"] for x in got[k]],
+                              per_round_waited_s=[(x.get("overlap_update") or {}).get("waited_s") for x in got[k]],
+                              per_round_waited_first_s=[(x.get("overlap_update") or {}).get("waited_first_s")
+                                                        for x in got[k]])
                 print(f"  {k:<27} step {s['step_s']:.3f} s (F {s['F']:.3f}, B {s['B']:.3f}, U {s['U']:.3f}); I/O "
                       f"{b['bytes_total_MB']:.0f} MB/step, {b['bytes_after_norm_MB']:.0f} MB after the norm, best rate "
                       f"{b['rate_MBps']:.0f} MB/s; bound {b['before_s']:.3f} + {b['after_s']:.3f} = {b['bound_s']:.3f} s; "
@@ -182,6 +193,12 @@ def main():
                       f"step / bound = {row[k]['step_over_bound']:.2f}, step / in memory = "
                       f"{row[k]['step_over_memory']:.2f}" + (f"; waited {s['overlap_update']['waited_s']:.2f} s"
                                                              if s.get("overlap_update") else ""))
+                print("    per round: " + "; ".join(
+                    f"{r:.2f} (load {l:.1f}" + (f", waited {wt:.2f} s" if wt is not None else "") +
+                    (f", first group {wf:.3f} s)" if wf is not None else ")")
+                    for r, l, wt, wf in zip(row[k]["per_round_over_max_compute_io"], row[k]["per_round_load"],
+                                            row[k]["per_round_waited_s"], row[k]["per_round_waited_first_s"])),
+                      flush=True)
             if "opt exact" not in med or "opt delayed overlapped" not in med:
                 results.append(row)
                 continue

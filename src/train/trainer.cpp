@@ -114,7 +114,8 @@ TrainSummary finish_run(Run& r) {
     sections["overlap_update"] = {{"deferred", o->deferred()}, {"overlapped", o->overlapped()}, {"waited_s", o->waited_s()}};
   if (const auto c = r.store->overlap_counts(); c.deferred >= 0)  // ZeRO 3's exact overlapped update (lead rank)
     sections["overlap_update"] = {{"deferred", c.deferred}, {"overlapped", c.overlapped}, {"waited_s", c.waited_s},
-                                  {"fresh_taken", c.fresh_taken}};
+                                  {"fresh_taken", c.fresh_taken}, {"waited_group_s", c.waited_group_s},
+                                  {"waited_first_s", c.waited_first_s}};
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }

@@ -11,7 +11,8 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      6 updates on the thread, 3 of them released by a next forward (steps 0, 2, 4; the others end at the evaluation
      and checkpoint after their step) and some forward groups taking their shard from the update's copy in memory
      rather than the file (fresh_taken > 0); nothing is left in --offload-dir. Also once without the hold (the real
-     timing).
+     timing). And once with 16 KiB tiles under the hold: each tile is updated and published in pieces of 4 KiB
+     (Stage3::Tiles::piece_done), the same bits.
   2. bf16 products at dp 2 (the mirror the bf16 gathers read is rounded by the update tile by tile), both kinds,
      under the hold: rows and final weights equal the in-memory bf16 run's.
   3. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
@@ -20,7 +21,8 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
 no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
-the update's copy left unwritten (Stage3::keep_fresh without its memcpy).
+the update's copy left unwritten (Stage3::keep_fresh without its memcpy); with Tiles::piece_done writing each piece
+from the tile's start, the pieces runs fail (rows, weights, checkpoints).
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ def full_rows(path: str):
         return [{k: j[k] for k in ("step", "loss", "grad_norm", "lr", "val_loss") if k in j} for j in map(json.loads, f)]
 
 
-def off(e: Env, kinds: str):
-    return ["--offload", kinds, "--offload-dir", e.odir, "--offload-tile", "4096"]
+def off(e: Env, kinds: str, tile: str = "4096"):
+    return ["--offload", kinds, "--offload-dir", e.odir, "--offload-tile", tile]
 
 
 def ckpt_files(d: str):
@@ -67,14 +69,15 @@ def equality(e: Env, val: str) -> None:
             continue
         a = full_rows(m0)
         check(len(a) == 6 and sum("val_loss" in x for x in a) == 3, f"np {np_}: 6 rows, 3 with a val loss")
-        for kinds, hold in (("optimizer,params", True), ("optimizer,params,grads", True), ("optimizer,params", False)):
-            tag = f"np {np_} {kinds}{' hold' if hold else ''}"
-            m, w, c, s = (os.path.join(e.wd, f"np{np_}.{kinds}.{hold}{x}") for x in (".jsonl", ".safetensors", ".ckpt", ".json"))
+        for kinds, hold, tile in (("optimizer,params", True, "4096"), ("optimizer,params,grads", True, "4096"),
+                                  ("optimizer,params", False, "4096"), ("optimizer,params", True, "16384")):
+            tag = f"np {np_} {kinds}{' hold' if hold else ''}{' pieces' if tile != '4096' else ''}"
+            m, w, c, s = (os.path.join(e.wd, f"np{np_}.{kinds}.{hold}.{tile}{x}") for x in (".jsonl", ".safetensors", ".ckpt", ".json"))
             shutil.rmtree(c, ignore_errors=True)
             env = {"MESHTRAIN_OVERLAP_HOLD": "1"} if hold else {}
             os.environ.update(env)
             try:
-                r = e.run(base + off(e, kinds) + ["--overlap-update", "--metrics", m, "--save", w, "--checkpoint-dir",
+                r = e.run(base + off(e, kinds, tile) + ["--overlap-update", "--metrics", m, "--save", w, "--checkpoint-dir",
                                                   c, "--summary", s])
             finally:
                 for k in env:
@@ -95,6 +98,9 @@ def equality(e: Env, val: str) -> None:
                 check(o.get("deferred") == 6 and o.get("overlapped") == 3,
                       f"{tag}: 6 updates on the thread, 3 alongside the next forward ({o})")
                 check(o.get("fresh_taken", 0) > 0, f"{tag}: some groups' shards taken from the update's copy ({o})")
+                w, wg, wf = (o.get(x, -1) for x in ("waited_s", "waited_group_s", "waited_first_s"))
+                check(0 <= wf <= wg + 1e-9 and wg <= w + 1e-9,
+                      f"{tag}: the waits' split: first groups' <= groups' <= all ({o})")
             else:
                 check(o.get("deferred") == 6, f"{tag}: 6 updates on the thread ({o})")
 

@@ -146,6 +146,84 @@ TEST(TiledOptimizer, TileSourceEqualsTheInMemoryUpdate) {
   std::filesystem::remove_all(dir);
 }
 
+// A tile source that asks for pieces (ZeRO 3's --overlap-update publishes each piece as it is updated): every
+// piece_done(t, lo, a, b) comes after elements [a, b) are updated and before the rest of the tile below a is,
+// the pieces of a tile run from its top down on the grid lo + k P, and the update is the same bits.
+class PiecedTiles final : public mt::optim::TileSource {
+ public:
+  PiecedTiles(std::vector<float>& p, const std::vector<float>& g, const std::vector<float>& want, size_t P)
+      : p_(p), g_(g), want_(want), old_(p), P_(P) {}
+  void begin(size_t, size_t) override {}
+  bool descending() const override { return true; }
+  size_t piece_elems() const override { return P_; }
+  std::pair<float*, const float*> open(size_t, size_t lo, size_t hi) override {
+    tp_.assign(p_.begin() + lo, p_.begin() + hi);
+    tg_.assign(g_.begin() + lo, g_.begin() + hi);
+    next_b_ = hi;
+    return {tp_.data(), tg_.data()};
+  }
+  void piece_done(size_t, size_t lo, size_t a, size_t b) override {
+    pieces_++;
+    EXPECT_EQ(b, next_b_) << "pieces from the tile's top down, each ending where the last began";
+    EXPECT_EQ((a - lo) % P_, 0u) << "piece [" << a << ", " << b << ") off the grid from " << lo;
+    EXPECT_LE(b - a, P_);
+    next_b_ = a;
+    for (size_t i = a; i < b; i++)
+      ASSERT_EQ(std::memcmp(&tp_[i - lo], &want_[i], 4), 0) << "element " << i << " not updated at its piece_done";
+    for (size_t i = lo; i < a; i++)
+      ASSERT_EQ(std::memcmp(&tp_[i - lo], &old_[i], 4), 0) << "element " << i << " below piece [" << a << ", " << b
+                                                           << ") updated before it was published";
+  }
+  void close(size_t, size_t lo, size_t) override {
+    EXPECT_EQ(next_b_, lo) << "the pieces cover the tile";
+    std::copy(tp_.begin(), tp_.end(), p_.begin() + lo);
+  }
+  void end() override {}
+  int pieces_ = 0;
+
+ private:
+  std::vector<float>& p_;
+  const std::vector<float>& g_;
+  const std::vector<float>& want_;
+  const std::vector<float> old_;
+  size_t P_, next_b_ = 0;
+  std::vector<float> tp_, tg_;
+};
+
+TEST(TiledOptimizer, PiecesArePublishedTopDownAsSoonAsEachIsUpdated) {
+  const std::string dir = temp_dir();
+  const size_t n = 10000, P = 1024;  // tiles of 4096: [0, 4096), [4096, 8192), [8192, 10000): 4 + 4 + 2 pieces
+  std::vector<mt::optim::Segment> segs = {{0, 0, 0, 5000, true, 0, 0, nullptr},
+                                          {5000, 5000, 5000, 1, false, 1, 0, nullptr},
+                                          {5001, 5001, 5001, 4999, true, 2, 7, nullptr}};
+  mt::optim::AdamWConfig c;
+  c.weight_decay = 0.1f;
+  auto mem = std::make_unique<mt::optim::AdamW>(n, c);
+  auto inner = std::make_unique<mt::optim::AdamW>(n, c);
+  mt::offload::StateSwapper::Options o;
+  o.dir = dir;
+  o.buffers = inner->state().flat().size();
+  o.n = n;
+  o.tile_bytes = 4096 * sizeof(float);
+  o.slots = 2;
+  o.timeout_s = 60;
+  inner->state().attach(std::make_unique<mt::offload::StateSwapper>(o));
+  mt::optim::TiledOptimizer tiled(std::move(inner));
+  std::vector<float> p1(n), p2(n), g(n);
+  for (size_t i = 0; i < n; i++) p1[i] = p2[i] = std::sin(0.37f * (float)i);
+  for (int step = 0; step < 3; step++) {
+    for (size_t i = 0; i < n; i++) g[i] = std::cos(0.11f * (float)i + (float)step) * 0.01f;
+    mem->scale_next_grads(0.5f);
+    tiled.scale_next_grads(0.5f);
+    mem->step(p1.data(), g.data(), segs, 1e-2f, step);  // the in-memory update: what each piece must hold
+    PiecedTiles src(p2, g, p1, P);
+    tiled.step_from(src, segs, 1e-2f, step);
+    EXPECT_EQ(src.pieces_, 10);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(std::memcmp(&p1[i], &p2[i], 4), 0) << "parameter " << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ActivationStore, ASpilledBlockComesBackUnchangedAndFreesItsMemory) {
   const std::string dir = temp_dir();
   {

@@ -585,7 +585,7 @@ class Stage3 : public Stage2 {
   void settle() override { finish_update(); }
   OverlapCounts overlap_counts() const override {
     if (!overlapped()) return {};
-    return {deferred_, overlapped_, waited_s_, fresh_taken_};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_};
   }
   void stop() noexcept override {
     if (!upd_.joinable()) return;
@@ -716,6 +716,7 @@ class Stage3 : public Stage2 {
       T_ = T;
       n_ = n;
       nt_ = (n + T - 1) / T;
+      pieced_ = false;
       for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
@@ -731,16 +732,21 @@ class Stage3 : public Stage2 {
       const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
+    // --overlap-update: the tile in 8 pieces (an eighth of the tile, rounded down to the file's 4096-byte blocks,
+    // on which the tiles start too; 1 MiB of an 8 MiB tile), each written back, rounded into the mirror, kept and
+    // published as soon as it is updated (piece_done), so that a group of the next forward whose shard starts
+    // inside a tile (the first: GPT's embedding) waits only for the pieces at and above its start.
+    size_t piece_elems() const override {
+      constexpr size_t block = 4096 / sizeof(float);
+      return s_.overlapped() ? std::max(block, T_ / 8 / block * block) : 0;
+    }
+    void piece_done(size_t t, size_t lo, size_t a, size_t b) override {
+      done(at(p_[t % 2], lo) + (a - lo), a, b);
+      pieced_ = true;
+    }
     void close(size_t t, size_t lo, size_t hi) override {
-      if (!s_.pf_) return;
-      const float* p = at(p_[t % 2], lo);
-      s_.pf_->write_async(lo, hi - lo, p);
-      if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
-      // --overlap-update: [lo, n) is updated in the mirror and, for a read queued from now on, in the file.
-      if (s_.overlapped()) {
-        s_.keep_fresh(lo, hi, p);
-        s_.publish(lo);
-      }
+      if (!s_.pf_ || std::exchange(pieced_, false)) return;  // pieces: each one already went out
+      done(at(p_[t % 2], lo), lo, hi);
     }
     void end() override {
       if (s_.pf_) s_.pf_->drain();
@@ -752,6 +758,17 @@ class Stage3 : public Stage2 {
     }
 
    private:
+    // Elements [lo, hi) of the shard, updated at p: written back and rounded into the mirror; with
+    // --overlap-update kept for the forward and published: [lo, n) is updated in the mirror and, for a read
+    // queued from now on, in the file (the pieces and tiles come from the top down).
+    void done(const float* p, size_t lo, size_t hi) {
+      s_.pf_->write_async(lo, hi - lo, p);
+      if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
+      if (s_.overlapped()) {
+        s_.keep_fresh(lo, hi, p);
+        s_.publish(lo);
+      }
+    }
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
       if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
@@ -763,6 +780,7 @@ class Stage3 : public Stage2 {
     size_t T_ = 0, n_ = 0, nt_ = 0;
     AlignedBuffer p_[2], g_[2];
     offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
+    bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
   };
   struct ShardRead {
     AlignedBuffer buf;
@@ -891,6 +909,7 @@ class Stage3 : public Stage2 {
     }
     mirror_fresh_ = !pshard16_.empty();  // each tile is rounded into the mirror as it is written back
     deferred_++;
+    first_wait_ = true;
     const int threads = omp_get_max_threads();
     upd_ = std::thread([this, &opt, lr, step, threads] {
       omp_set_num_threads(threads);
@@ -1010,7 +1029,10 @@ class Stage3 : public Stage2 {
   void wait_updated(const Bucket& b) {
     if (!upd_.joinable()) return;
     go(false);
+    const double w0 = waited_s_;
     wait_update_for("reach the shard of a gathered group", [&] { return !upd_running_ || upd_lo_ <= b.pos; });
+    waited_group_s_ += waited_s_ - w0;
+    if (std::exchange(first_wait_, false)) waited_first_s_ += waited_s_ - w0;
     bool running;
     {
       std::lock_guard<std::mutex> lk(upd_mu_);
@@ -1042,6 +1064,8 @@ class Stage3 : public Stage2 {
   bool hold_ = false, upd_go_ = true;
   int64_t deferred_ = 0, overlapped_ = 0;
   double waited_s_ = 0;  // the main thread's waits for the update (a group's shard, or all of it)
+  double waited_group_s_ = 0, waited_first_s_ = 0;  // of those: for a group's shard; the first such after a start
+  bool first_wait_ = false;  // no group has waited for the update started last
   std::vector<Fresh> fresh_;  // per bucket (keep_fresh)
   std::vector<AlignedBuffer> fresh_spare_;  // buffers for the next copies (spare_fresh)
   int fresh_held_ = 0;        // buffers filling or whole, not yet taken

@@ -102,6 +102,9 @@ class ZeroStage {
     int64_t deferred = -1, overlapped = 0;
     double waited_s = 0;
     int64_t fresh_taken = 0;  // bucket shards a forward took from the update's copy in memory, not the file
+    // Of waited_s: the waits of groups' gathers for their own shard (the rest waited for the whole update), and
+    // of those the first wait after each update's start (the next forward's first group).
+    double waited_group_s = 0, waited_first_s = 0;
   };
   virtual OverlapCounts overlap_counts() const { return {}; }
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
