@@ -685,4 +685,12 @@ size_t Gpt::activation_bytes(int B, int T) const {
   return total * sizeof(float);
 }
 
+size_t Gpt::backward_scratch_bytes(int B, int T) const {
+  const size_t S = tp_size(), C = cfg_.n_embd, Cs = C / S, N = (size_t)B * T, Nr = sp_ ? N / S : N;
+  size_t f = 2 * Nr * C /*dres dln*/ + N * Cs * (1 + 3 + 4) /*datty dqkv dfch*/;
+  if (sp_) f += 3 * N * C /*sp_dfull sp_dres_full sp_gather*/ + 4 * C /*sp_dln_params*/;
+  if (recompute_) f += Nr * C /*rc_out*/;
+  return f * sizeof(float);
+}
+
 }  // namespace mt::model

@@ -165,6 +165,10 @@ class Gpt {
 
   // Bytes of activations backward needs for a micro-batch of B x T (what forward keeps in the store).
   size_t activation_bytes(int B, int T) const;
+  // The backward's scratch (kScratchMb, shared by micro-batches) above activation_bytes: the residual stream's
+  // running gradient and the per-layer gradient temporaries (backward()'s dres, dln, datty, dqkv, dfch; under
+  // sequence parallelism the gathered rows; under --recompute the recomputed block's output).
+  size_t backward_scratch_bytes(int B, int T) const;
 
  private:
   struct LayerParams {
