@@ -41,6 +41,17 @@ ROWS = [
     ("zero1 opt+params+grads dp2 w256", 256, 4, 8192, 128, 1, "optimizer,params,grads", 2),
     ("zero3 optimizer dp2 w128", 128, 8, 256, 64, 3, "optimizer", 2),
     ("zero3 opt+params+grads dp2 w256", 256, 2, 8192, 256, 3, "optimizer,params,grads", 2),
+    ("bf16 zero3 opt+params", 384, 4, 8192, 256, 3, "optimizer,params", 1, ["--precision", "bf16"]),
+    ("bf16 emulated zero3 opt+params", 384, 4, 8192, 256, 3, "optimizer,params", 1, ["--precision", "bf16"],
+     {"MESHTRAIN_BF16_EMULATE": "1"}),
+    ("bf16 zero0 in memory w256", 256, 4, 8192, 128, 0, "", 1, ["--precision", "bf16"]),
+    ("bf16 zero3 opt+params dp2 w256", 256, 4, 8192, 128, 3, "optimizer,params", 2, ["--precision", "bf16"]),
+    ("bf16 tp2 optimizer", 384, 4, 8192, 256, 0, "optimizer", 2, ["--precision", "bf16", "--tp", "2"]),
+    ("recompute zero3 opt+params", 384, 4, 8192, 256, 3, "optimizer,params", 1, ["--recompute"]),
+    ("activations offloaded zero3", 384, 4, 8192, 256, 3, "optimizer,params", 1, ["--offload-activations"]),
+    ("tp2 optimizer", 384, 4, 8192, 256, 0, "optimizer", 2, ["--tp", "2"]),
+    ("tp2 sp optimizer", 384, 4, 8192, 256, 0, "optimizer", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("pp2 optimizer", 384, 4, 8192, 256, 0, "optimizer", 2, ["--pp", "2"]),
 ]
 
 
@@ -55,7 +66,9 @@ def main():
     lines = [f"host kernel {platform.release()}, {platform.machine()}; bytes, not times"]
     bad = 0
     try:
-        for name, C, B, V, T, Z, kinds, n in ROWS:
+        for name, C, B, V, T, Z, kinds, n, *more in ROWS:
+            extra = more[0] if more else []
+            env = dict(os.environ, **(more[1] if len(more) > 1 else {}))
             data = os.path.join(work, f"data_{V}.bin")
             if not os.path.exists(data):
                 write_shard(data, 200000, V)
@@ -68,7 +81,7 @@ def main():
                 cmd += ["--offload", kinds, "--offload-dir", odir]
             if n > 1:
                 cmd += ["--nproc", str(n)]
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd + extra, check=True, env=env)
             j = json.load(open(s))
             p, R = j["memory_plan"], j["ranks"]
             peak = max(r["peak_rss_bytes"] for r in R)
@@ -76,10 +89,10 @@ def main():
             act = max(r["activation_peak_bytes"] for r in R)
             bad += peak > p["total"]
             lines.append(
-                f"{name:34s} C{C} B{B} V{V} T{T} zero{Z} {kinds or 'none':22s} np{n}: plan {p['total'] / M:6.1f} "
+                f"{name:34s} {' '.join(extra)} C{C} B{B} V{V} T{T} zero{Z} {kinds or 'none':22s} np{n}: plan {p['total'] / M:6.1f} "
                 f"peak {peak / M:6.1f} peak-plan {(peak - p['total']) / M:6.1f} | now {p['now'] / M:.1f} opt "
                 f"{p['optimizer'] / M:.1f} io {(p['io_buffers'] - p['io_buffers_in_now']) / M:.1f} act "
-                f"{p['activations'] / M:.1f} scratch {p['backward_scratch'] / M:.1f} transient "
+                f"{p['activations'] / M:.1f} scratch {p['backward_scratch'] / M:.1f} products {p['product_scratch'] / M:.1f} transient "
                 f"{p['zero_transient'] / M:.1f} (pool {pool / M:.1f}) allowance {p['allowance'] / M:.1f} | activation "
                 f"store peak {act / M:.1f} vs {(p['activations'] + p['backward_scratch']) / M:.1f}")
             print(lines[-1], flush=True)

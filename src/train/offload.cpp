@@ -171,6 +171,7 @@ nlohmann::json MemoryPlan::json() const {
           {"io_buffers_in_now", io_in_now},
           {"activations", activations},
           {"backward_scratch", scratch},
+          {"product_scratch", products},
           {"zero_transient", transient},
           {"allowance", allowance},
           {"total", total()}};
@@ -185,6 +186,7 @@ std::string MemoryPlan::describe() const {
                             : "",
              " + activations of one micro-batch ", mib(activations),
              scratch > 0 ? str(" + backward scratch ", mib(scratch)) : "",
+             products > 0 ? str(" + bf16 product operand copies ", mib(products)) : "",
              transient > 0 ? str(" + ZeRO transient bucket buffers ", mib(transient)) : "",
              " + allowance (workspaces, stacks, allocator) ", mib(allowance), " = ", mib(total()));
 }

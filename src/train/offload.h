@@ -68,10 +68,11 @@ struct MemoryPlan {
   double io_buffers = 0;   // the offload engine's I/O buffers, all of them
   double io_in_now = 0;    // the part of io_buffers already held (in now)
   double scratch = 0;      // the backward's scratch above the activations (Task::backward_scratch_bytes)
+  double products = 0;     // the products' operand copies under bf16 (Task::product_scratch_bytes)
   double transient = 0;    // ZeRO 2/3's pooled bucket buffers (zero_transient_bytes)
   double allowance = 0;    // what no part names (memory_allowance): a stated figure, not a derived one
   double total() const {
-    return now + optimizer + (io_buffers - io_in_now) + activations + scratch + transient + allowance;
+    return now + optimizer + (io_buffers - io_in_now) + activations + scratch + products + transient + allowance;
   }
   nlohmann::json json() const;    // each part in bytes, and the total, for --summary's "memory_plan"
   std::string describe() const;  // "the process now 30.1 MiB (parameters ... ) + optimizer state ... = 45.0 MiB"

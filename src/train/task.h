@@ -81,6 +81,9 @@ class TrainTask {
   // The backward's scratch beside the saved activations (running gradients and per-layer temporaries, shared by
   // the micro-batches): what the store holds above activation_bytes() while a backward runs.
   virtual size_t backward_scratch_bytes() const { return 0; }
+  // The products' own copies of their operands (under --precision bf16: each thread's packed bf16 or emulated
+  // float32 operands, grown to the largest product and kept): what a step holds outside the activation store.
+  virtual size_t product_scratch_bytes() const { return 0; }
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }

@@ -1,6 +1,6 @@
 """The --memory-limit plan does not undercount (docs/offload.md, "Memory budget"): for a handful of layouts of a GPT
-(2 layers; widths 128-256, vocabulary 256-4096, T 64-128, batch 4-8; ZeRO 0-3; offload none, optimizer,
-optimizer+params, optimizer+params+grads; one rank and dp 2), a first run's --summary gives the plan's total
+(2 layers; widths 128-256, vocabulary 256-8192, T 64-128, batch 4-8; ZeRO 0-3; offload none, optimizer,
+optimizer+params, optimizer+params+grads; one rank and dp 2; float32 and bf16 products), a first run's --summary gives the plan's total
 (memory_plan.total, the lead rank's); the same run again with --memory-limit set to that figure (plus 1 MiB, as
 the process's size at plan time moves by a fraction of a MiB between runs and a plan above the limit is
 refused) trains, and every rank's measured peak RSS is at most the first run's plan total.
@@ -8,7 +8,8 @@ The shapes make each of the plan's newer terms count: the backward's scratch (10
 C 256) and ZeRO 2/3's transient bucket buffers (at ZeRO 3 with params offloaded on one rank, 7 buffers of a
 block or more). Mutations (checked when the test was written): the transient term left out of the total fails
 the three ZeRO 3 cases (one rank in memory and offloaded, dp 2 offloaded: peak 142.4 > 119.9 MiB, 107.1 > 103.3,
-144.8 > 132.3); the backward scratch left out fails the two ZeRO 3 cases on one rank (142.5 > 137.3, 144.8 > 139.6).
+144.8 > 132.3); the backward scratch left out fails the two ZeRO 3 cases on one rank (142.5 > 137.3, 144.8 > 139.6);
+the bf16 products' operand copies left out fail the bf16 case (V 8192 there: 186.6 > 179.2).
 The allowance is what the other cases' margins come from: 16 MiB on one rank, 32 MiB at dp 2 (what no term names).
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ CASES = {
     "zero1 optimizer,params,grads dp1": ["--nproc", 1, "--zero", 1, "--offload", "optimizer,params,grads"]
     + shape(256, 4096, 128, 8),
     "zero3 in memory dp1": ["--nproc", 1, "--zero", 3] + shape(256, 4096, 128, 8),
+    "zero3 optimizer,params bf16 dp1": ["--nproc", 1, "--zero", 3, "--offload", "optimizer,params", "--precision",
+                                        "bf16"] + shape(256, 8192, 128, 8),
 }
 
 
@@ -64,7 +67,7 @@ def case(e: Env, name: str, flags) -> None:
         peak = m["peak_rss_bytes"]
         check(peak <= figure and m["within_memory_limit"],
               f"{name}: rank {m['rank']} peak RSS {peak / MiB:.1f} MiB <= the plan {figure / MiB:.1f} MiB (scratch "
-              f"{plan['backward_scratch'] / MiB:.1f}, ZeRO transient {plan['zero_transient'] / MiB:.1f}, allowance "
+              f"{plan['backward_scratch'] / MiB:.1f}, bf16 products {plan['product_scratch'] / MiB:.1f}, ZeRO transient {plan['zero_transient'] / MiB:.1f}, allowance "
               f"{plan['allowance'] / MiB:.1f})")
     check(os.listdir(e.odir) == [], f"{name}: nothing left in --offload-dir")
 
