@@ -165,6 +165,13 @@ class Gpt {
 
   // Bytes of activations backward needs for a micro-batch of B x T (what forward keeps in the store).
   size_t activation_bytes(int B, int T) const;
+  // The backward's scratch (kScratchMb, shared by micro-batches) above activation_bytes: the residual stream's
+  // running gradient and the per-layer gradient temporaries (backward()'s dres, dln, datty, dqkv, dfch; under
+  // sequence parallelism the gathered rows; under --recompute the recomputed block's output).
+  size_t backward_scratch_bytes(int B, int T) const;
+  // Under --precision bf16, the calling thread's copies of the products' operands (tensor/bf16.h
+  // packed_bf16_scratch, tensor/gemm_bf16.cpp's emulated float32 copies), grown to the largest and kept; 0 in fp32.
+  size_t product_scratch_bytes(int B, int T) const;
 
  private:
   struct LayerParams {

@@ -333,6 +333,8 @@ class GptTask : public TrainTask {
   const char* item_name() const override { return "tok"; }
   double flops_per_step() const override { return model_->config().flops_per_token(T_) * (double)B_ * T_; }
   size_t activation_bytes() const override { return model_->activation_bytes(layout_.micro_size(), T_); }
+  size_t backward_scratch_bytes() const override { return model_->backward_scratch_bytes(layout_.micro_size(), T_); }
+  size_t product_scratch_bytes() const override { return model_->product_scratch_bytes(layout_.micro_size(), T_); }
   std::map<std::string, std::string> metadata() const override { return model_->config().to_metadata(); }
   size_t activation_peak_bytes() const override { return store_.peak_live_bytes(); }
   int activation_peak_micro_batches() const override { return store_.peak_live_keys(); }

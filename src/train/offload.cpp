@@ -1,6 +1,7 @@
 #include "train/offload.h"
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 
 #include "core/env.h"
@@ -132,6 +133,34 @@ std::string mib(double b) {
 }
 }  // namespace
 
+size_t zero_transient_bytes(const std::vector<parallel::Bucket*>& buckets, int zero, bool offload_params) {
+  if (zero < 2) return 0;
+  struct Size {
+    size_t k = 0;
+    bool shared = false;  // reduced over other ranks
+    size_t held = 0;      // this rank's shard of one such bucket
+  };
+  std::map<size_t, Size> sizes;  // by bucket count
+  for (const parallel::Bucket* b : buckets) {
+    if (b->count == 0) continue;
+    Size& s = sizes[b->count];
+    s.k++;
+    s.shared = s.shared || !b->alone();
+    s.held = std::max(s.held, b->alone() ? b->count : b->sc);
+  }
+  size_t floats = 0;
+  for (const auto& [count, s] : sizes) {
+    floats += std::min<size_t>(s.k, s.shared ? 2 : 1) * count;  // gradients
+    if (zero >= 3) {
+      floats += std::min<size_t>(s.k, 2) * count;  // gathered parameters
+      if (offload_params) floats += std::min<size_t>(s.k, 2) * (s.held + offload::kCongruentSlack);
+    }
+  }
+  return floats * sizeof(float);
+}
+
+double memory_allowance(int world_size) { return (world_size > 1 ? 32.0 : 16.0) * 1048576.0; }
+
 nlohmann::json MemoryPlan::json() const {
   return {{"now", now},
           {"params", params},
@@ -141,6 +170,10 @@ nlohmann::json MemoryPlan::json() const {
           {"io_buffers", io_buffers},
           {"io_buffers_in_now", io_in_now},
           {"activations", activations},
+          {"backward_scratch", scratch},
+          {"product_scratch", products},
+          {"zero_transient", transient},
+          {"allowance", allowance},
           {"total", total()}};
 }
 
@@ -151,7 +184,11 @@ std::string MemoryPlan::describe() const {
              io_buffers > 0 ? str(" + offload I/O buffers ", mib(io_buffers - io_in_now), " (of ", mib(io_buffers),
                                   "; ", mib(io_in_now), " already in the process)")
                             : "",
-             " + activations of one micro-batch ", mib(activations), " = ", mib(total()));
+             " + activations of one micro-batch ", mib(activations),
+             scratch > 0 ? str(" + backward scratch ", mib(scratch)) : "",
+             products > 0 ? str(" + bf16 product operand copies ", mib(products)) : "",
+             transient > 0 ? str(" + ZeRO transient bucket buffers ", mib(transient)) : "",
+             " + allowance (workspaces, stacks, allocator) ", mib(allowance), " = ", mib(total()));
 }
 
 void check_memory_plan(const MemoryPlan& plan, uint64_t limit, int rank, bool optimizer_offloaded) {

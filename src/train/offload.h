@@ -13,6 +13,7 @@
 #include "offload/shard_file.h"
 #include "offload/state_swapper.h"
 #include "optim/optimizer.h"
+#include "parallel/data/buckets.h"
 #include "trace/chrome_trace.h"
 #include "train/train_config.h"
 
@@ -66,10 +67,31 @@ struct MemoryPlan {
   double activations = 0;  // one micro-batch's, as the task estimates them
   double io_buffers = 0;   // the offload engine's I/O buffers, all of them
   double io_in_now = 0;    // the part of io_buffers already held (in now)
-  double total() const { return now + optimizer + (io_buffers - io_in_now) + activations; }
+  double scratch = 0;      // the backward's scratch above the activations (Task::backward_scratch_bytes)
+  double products = 0;     // the products' operand copies under bf16 (Task::product_scratch_bytes)
+  double transient = 0;    // ZeRO 2/3's pooled bucket buffers (zero_transient_bytes)
+  double allowance = 0;    // what no part names (memory_allowance): a stated figure, not a derived one
+  double total() const {
+    return now + optimizer + (io_buffers - io_in_now) + activations + scratch + products + transient + allowance;
+  }
   nlohmann::json json() const;    // each part in bytes, and the total, for --summary's "memory_plan"
   std::string describe() const;  // "the process now 30.1 MiB (parameters ... ) + optimizer state ... = 45.0 MiB"
 };
+
+// ZeRO 2/3's transient bucket buffers (parallel/data/buckets.h: acquire() pools them by size, so the pool ends
+// up with, per size, the most buffers of that size live at once). Per distinct bucket size c held by k buckets:
+// gradients min(k, 1) at dp 1 and min(k, 2) with the bucket reduced over other ranks (one reduce-scatter in
+// flight while the next bucket's gradient fills); at ZeRO 3 also the gathered parameters, min(k, 2) (the group in
+// use and the next one prefetched; GPT's tied embedding is a size of its own), and with --offload params the
+// shard reads from the file, min(k, 2) of this rank's shard + 4 KiB of congruent slack (groups g + 1 and g + 2).
+// Counted from the measured pools of the GPT at ZeRO 2/3, dp 1 and 2 (docs/offload.md); not covered: bf16's
+// gathered halves and send/receive buffers at ZeRO 3, expert buckets' own sizes beyond the same rule.
+size_t zero_transient_bytes(const std::vector<parallel::Bucket*>& buckets, int zero, bool offload_params);
+
+// The allowance for what the plan cannot name in advance (GEMM workspaces, thread stacks, allocator slack and
+// arenas, the communicator's transient buffers): 16 MiB, and 16 MiB more when the run has more than one rank.
+// Measured: peak RSS minus every named part was 8-11 MiB on one rank and 15-25 MiB at dp 2 (docs/offload.md).
+double memory_allowance(int world_size);
 
 // Throws InputError naming the limit, the rank, what the plan needs and what would help, when the plan exceeds
 // limit (0: no limit).

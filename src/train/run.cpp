@@ -242,6 +242,10 @@ Run::Run(const TrainConfig& c, comm::Communicator* world)
                         (double)opt->state().offloaded_bytes(), (double)task->activation_bytes(),
                         (double)(offload.staging_bytes() + store->offload_buffer_bytes(tile_bytes)),
                         (double)offload.staging_held()};
+  plan.scratch = (double)task->backward_scratch_bytes();
+  plan.products = (double)task->product_scratch_bytes();
+  plan.transient = (double)zero_transient_bytes(store->buckets(), cfg.zero, cfg.offload.params);
+  plan.allowance = memory_allowance(world ? world->size() : 1);
   check_memory_plan(plan, cfg.offload.memory_limit, mesh.world_rank(), cfg.offload.optimizer);
   sync->attach_optimizer(*opt);
   ckpt->set_exchange_state(dynamic_cast<ExchangeState*>(sync.get()));

@@ -78,6 +78,12 @@ class TrainTask {
   virtual const char* item_name() const = 0;    // "tok" / "ex"
   virtual double flops_per_step() const = 0;
   virtual size_t activation_bytes() const = 0;  // one micro-batch of the layout
+  // The backward's scratch beside the saved activations (running gradients and per-layer temporaries, shared by
+  // the micro-batches): what the store holds above activation_bytes() while a backward runs.
+  virtual size_t backward_scratch_bytes() const { return 0; }
+  // The products' own copies of their operands (under --precision bf16: each thread's packed bf16 or emulated
+  // float32 operands, grown to the largest product and kept): what a step holds outside the activation store.
+  virtual size_t product_scratch_bytes() const { return 0; }
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Measured: the most activation bytes held at once (the activation store's peak).
   virtual size_t activation_peak_bytes() const { return 0; }

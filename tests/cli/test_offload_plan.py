@@ -5,10 +5,11 @@ GPT of test_offload.py at nproc 1 with ZeRO 3 (one rank: its shards are the whol
      none through the page cache) plus the update's two tile buffers of parameters (64 KiB each, or the shard's
      bytes rounded up to 4096 when smaller, each with 4096 bytes of slack to place the tile congruent with the file), computed here from the flags and the model's size; the staging the
      initial write already used is reported as held (io_buffers_in_now), and the plan's total is the process
-     now + the optimizer's resident part + the buffers not held yet + one micro-batch's activations.
+     now + the optimizer's resident part + the buffers not held yet + one micro-batch's activations + the
+     backward's scratch + ZeRO's transient bucket buffers + the allowance (test_offload_budget.py checks those).
   2. With optimizer,params,grads and activations offloaded (default 1 MiB tiles): a --memory-limit half way
-     between the plan's other parts (the process now, the optimizer's resident part, the activations; summed
-     here) and those plus the buffers not held yet is refused at start, the message naming the offload I/O
+     between the plan's other parts (the process now, the optimizer's resident part, the activations, the
+     backward scratch, the transient buckets, the allowance; summed here) and those plus the buffers not held yet is refused at start, the message naming the offload I/O
      buffers; a limit 8 MiB above the plan trains. (Mutations: leaving the buffers out of the plan's total makes
      the first run start; leaving the tile buffers out of io_buffers fails part 1.)
   3. ZeRO 0, --offload params,grads (the optimizer state in memory, walked in tiles of --offload-tile), on the
@@ -66,8 +67,10 @@ def exact_figure(e: Env) -> None:
           f"{T_bytes} + 4096 = {want}")
     check(plan["io_buffers_in_now"] == staging,
           f"the staging used by the initial write is held at plan time: {plan['io_buffers_in_now']} = {staging}")
-    total = plan["now"] + plan["optimizer"] + plan["io_buffers"] - plan["io_buffers_in_now"] + plan["activations"]
-    check(abs(plan["total"] - total) < 1, f"total {plan['total']} = now + optimizer + buffers not held + activations {total}")
+    total = (plan["now"] + plan["optimizer"] + plan["io_buffers"] - plan["io_buffers_in_now"] + plan["activations"]
+             + plan["backward_scratch"] + plan["zero_transient"] + plan["allowance"])
+    check(abs(plan["total"] - total) < 1, f"total {plan['total']} = now + optimizer + buffers not held + activations "
+          f"+ backward scratch + ZeRO transient buckets + allowance {total}")
     check(os.listdir(e.odir) == [], "nothing left in --offload-dir")
 
 
@@ -84,7 +87,8 @@ def refusal(e: Env) -> None:
     if pending < 8 * MiB:
         return
     # The plan's other parts, summed here (not the plan's own total, which is what is checked).
-    base = plan["now"] + plan["optimizer"] + plan["activations"]
+    base = (plan["now"] + plan["optimizer"] + plan["activations"] + plan["backward_scratch"] + plan["zero_transient"]
+            + plan["allowance"])
     limit = int(base + pending / 2)
     r = e.run(Z3 + extra + ["--memory-limit", limit], steps=2, expect_ok=False)
     check(r.returncode != 0 and "too small" in r.stderr and "offload I/O buffers" in r.stderr,
@@ -122,7 +126,8 @@ def zero0(e: Env) -> None:
     check(plan["io_buffers"] == want,
           f"io_buffers {plan['io_buffers']} = staging {staging} + slots, tiles and the bucket's buffer {buffers} = {want}")
     # The limit from the figure computed here (not the plan's io_buffers): a plan without the buffers lets it start.
-    base = plan["now"] + plan["optimizer"] + plan["activations"] + staging - plan["io_buffers_in_now"]
+    base = (plan["now"] + plan["optimizer"] + plan["activations"] + staging - plan["io_buffers_in_now"]
+            + plan["backward_scratch"] + plan["zero_transient"] + plan["allowance"])
     limit = int(base + buffers / 2)
     r = e.run(flags + extra + ["--memory-limit", limit], steps=2, expect_ok=False)
     check(r.returncode != 0 and "too small" in r.stderr and "offload I/O buffers" in r.stderr,

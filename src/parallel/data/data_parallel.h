@@ -144,6 +144,8 @@ class DataParallel : public nn::ParamHooks {
   // Bytes of the transient buffers (stages 2, 3: gradient buckets in flight, gathered parameters), which
   // are pooled: the most this rank ever held at once.
   size_t transient_bytes() const { return b_.pooled_bytes; }
+  // The buckets (backward order), read by the memory plan (train/offload.h: zero_transient_bytes).
+  const std::vector<Bucket*>& buckets() const { return b_.buckets; }
 
   void before_forward(int group) override;
   void after_forward(int group) override;
