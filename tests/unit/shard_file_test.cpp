@@ -111,6 +111,26 @@ class VectorTiles final : public mt::optim::TileSource {
   size_t next_ = 0;
 };
 
+// AdamW (weight decay 0.1) whose state lives in files under dir, tile_bytes at a time through two slots: the
+// optimizer a TiledOptimizer wraps in the tests below.
+mt::optim::AdamWConfig adamw_config() {
+  mt::optim::AdamWConfig c;
+  c.weight_decay = 0.1f;
+  return c;
+}
+std::unique_ptr<mt::optim::AdamW> swapped_adamw(const std::string& dir, size_t n, size_t tile_bytes) {
+  auto opt = std::make_unique<mt::optim::AdamW>(n, adamw_config());
+  mt::offload::StateSwapper::Options o;
+  o.dir = dir;
+  o.buffers = opt->state().flat().size();
+  o.n = n;
+  o.tile_bytes = tile_bytes;
+  o.slots = 2;
+  o.timeout_s = 60;
+  opt->state().attach(std::make_unique<mt::offload::StateSwapper>(o));
+  return opt;
+}
+
 TEST(TiledOptimizer, TileSourceEqualsTheInMemoryUpdate) {
   const std::string dir = temp_dir();
   const size_t n = 5000;  // 5 tiles of 1024, the last partial
@@ -118,19 +138,8 @@ TEST(TiledOptimizer, TileSourceEqualsTheInMemoryUpdate) {
   std::vector<mt::optim::Segment> segs = {{0, 0, 0, 2000, true, 0, 0, nullptr},
                                           {2000, 2000, 2000, 1, false, 1, 0, nullptr},
                                           {2001, 2001, 2001, 2999, true, 2, 5, nullptr}};
-  mt::optim::AdamWConfig c;
-  c.weight_decay = 0.1f;
-  auto mem = std::make_unique<mt::optim::AdamW>(n, c);
-  auto inner = std::make_unique<mt::optim::AdamW>(n, c);
-  mt::offload::StateSwapper::Options o;
-  o.dir = dir;
-  o.buffers = inner->state().flat().size();
-  o.n = n;
-  o.tile_bytes = 4096;
-  o.slots = 2;
-  o.timeout_s = 60;
-  inner->state().attach(std::make_unique<mt::offload::StateSwapper>(o));
-  mt::optim::TiledOptimizer tiled(std::move(inner));
+  auto mem = std::make_unique<mt::optim::AdamW>(n, adamw_config());
+  mt::optim::TiledOptimizer tiled(swapped_adamw(dir, n, 4096));
   std::vector<float> p1(n), p2(n), g(n);
   for (size_t i = 0; i < n; i++) p1[i] = p2[i] = std::sin(0.37f * (float)i);
   for (int step = 0; step < 3; step++) {
@@ -196,19 +205,8 @@ TEST(TiledOptimizer, PiecesArePublishedTopDownAsSoonAsEachIsUpdated) {
   std::vector<mt::optim::Segment> segs = {{0, 0, 0, 5000, true, 0, 0, nullptr},
                                           {5000, 5000, 5000, 1, false, 1, 0, nullptr},
                                           {5001, 5001, 5001, 4999, true, 2, 7, nullptr}};
-  mt::optim::AdamWConfig c;
-  c.weight_decay = 0.1f;
-  auto mem = std::make_unique<mt::optim::AdamW>(n, c);
-  auto inner = std::make_unique<mt::optim::AdamW>(n, c);
-  mt::offload::StateSwapper::Options o;
-  o.dir = dir;
-  o.buffers = inner->state().flat().size();
-  o.n = n;
-  o.tile_bytes = 4096 * sizeof(float);
-  o.slots = 2;
-  o.timeout_s = 60;
-  inner->state().attach(std::make_unique<mt::offload::StateSwapper>(o));
-  mt::optim::TiledOptimizer tiled(std::move(inner));
+  auto mem = std::make_unique<mt::optim::AdamW>(n, adamw_config());
+  mt::optim::TiledOptimizer tiled(swapped_adamw(dir, n, 4096 * sizeof(float)));
   std::vector<float> p1(n), p2(n), g(n);
   for (size_t i = 0; i < n; i++) p1[i] = p2[i] = std::sin(0.37f * (float)i);
   for (int step = 0; step < 3; step++) {
