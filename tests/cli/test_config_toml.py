@@ -12,20 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import struct
 import subprocess
 import sys
 import tomllib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_checks import write_shard  # noqa: E402
+
 MLP_ONLY = {"labels", "val-labels", "val-fraction", "hidden"}
 
-
-def write_shard(path: str, n: int, vocab: int) -> None:
-    header = [0] * 256
-    header[0], header[1], header[2] = 20240520, 1, n
-    tokens = [(i * 7 + 3) % vocab for i in range(n)]  # token = a function of its position
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header) + struct.pack(f"<{n}H", *tokens))
 
 
 def main() -> int:
@@ -36,7 +31,7 @@ def main() -> int:
     os.makedirs(a.workdir, exist_ok=True)
     data = os.path.join(a.workdir, "data.bin")
     metrics = os.path.join(a.workdir, "metrics.jsonl")
-    write_shard(data, 4000, 64)
+    write_shard(data, 4000, 64, wobble=False)
     given = {
         "data": data, "metrics": metrics, "n-layer": 2, "n-head": 2, "n-embd": 16, "vocab-size": 64,
         "seq-len": 16, "batch-size": 4, "steps": 2, "lr": 1.23456789e-3, "min-lr": 0.0, "grad-clip": 0.5,

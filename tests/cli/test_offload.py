@@ -26,25 +26,14 @@ import filecmp
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
-FAILS: list[str] = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_checks import FAILS, check, write_shard  # noqa: E402,F401
 
 
-def check(cond: bool, msg: str) -> None:
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        FAILS.append(msg)
 
-
-def write_shard(path: str, n: int, vocab: int) -> None:
-    header = [0] * 256
-    header[0], header[1], header[2] = 20240520, 1, n
-    tokens = [(i * 7 + 3 + (i // 13) % 5) % vocab for i in range(n)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header) + struct.pack(f"<{n}H", *tokens))
 
 
 class Env:

@@ -15,27 +15,21 @@ import os
 import random
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import time
 
-FAILS: list[str] = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+from cli_checks import FAILS, write_shard  # noqa: E402
+
 BUDGET_S = 70
 
 
 def check(cond: bool, msg: str) -> None:
-    if not cond:
-        print("FAIL " + msg, flush=True)
-        FAILS.append(msg)
+    cli_checks.check(cond, msg, quiet=True)
 
 
-def write_shard(path: str, n: int, vocab: int) -> None:
-    header = [0] * 256
-    header[0], header[1], header[2] = 20240520, 1, n
-    tokens = [(i * 7 + 3 + (i // 13) % 5) % vocab for i in range(n)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header) + struct.pack(f"<{n}H", *tokens))
 
 
 def alive(pid: int) -> bool:
