@@ -23,7 +23,8 @@
 //
 // --bound (shm backend; all_gather, all_to_all, all_to_all_v): after each such row, the same ranks time the copy
 // bound of a single-copy collective at that size, back to back with the row: each rank reads the (n-1) peers'
-// shards of S/n straight from their send buffers with process_vm_readv (the kernel's copy, which our single-copy
+// shards of S/n (all_to_all(_v): the peer's block for this rank) straight from their send buffers with
+// process_vm_readv (the kernel's copy, which our single-copy
 // paths and OpenMPI's CMA path both use) and copies its own shard with memcpy, all ranks at once, with no
 // synchronisation between calls (time_op's per-batch maximum only). No collective moving these bytes between
 // processes by one copy can be faster on the host at that moment. Columns: bnd(us), ours/bnd and mpi/bnd =
@@ -327,9 +328,9 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
         double us = time_op(r, cfg.seconds_per_size, run, max_over_ranks);
         const int64_t nt = stores.streamed_copies() - nt0, all = nt + stores.ordinary_copies() - ord0;
         if (mode == kStoresAuto) auto_stores = stores;
-        int ok = -1;
-        if (cfg.check) {
-          ok = 1;
+        // Whether recv holds this collective's output on every rank (a collective call on w).
+        auto recv_ok_everywhere = [&] {
+          int ok = 1;
           const float tri = float(n * (n + 1) / 2);
           size_t m = k == OpKind::reduce_scatter ? own.count : is_a2a(k) ? cpr * n : count;
           for (size_t i = 0; i < m && ok; ++i) {
@@ -348,25 +349,40 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
           }
           float bad = ok ? 0.f : 1.f;
           w.all_reduce(&bad, &bad, 1, DType::f32, ReduceOp::max);
-          ok = bad == 0.f ? 1 : 0;
-        }
+          return bad == 0.f;
+        };
+        int ok = -1;
+        if (cfg.check) ok = recv_ok_everywhere() ? 1 : 0;
         double bound_us = -1;
         if (cfg.bound && has_bound(k) && n > 1) {
           // The single-copy bound (header): the peers' shards by process_vm_readv, the own one by memcpy.
           const size_t moved = moved_bytes(k, bytes, e, n) / e;
           bool copied = true;
+          // all_gather reads peer q's shard (at q's offset of the send buffer the row passed); all_to_all(_v) reads
+          // block r of peer q's send buffer (at r's offset), so that, as in the collective, every byte of every send
+          // buffer is read once per call (reading block q of q instead halves the send buffers' footprint: 8 MB
+          // all_to_all on a 32 MB L3 then ran at the 24 MB footprint of all_gather, not at the collective's 32 MB).
+          const bool a2a_bound = is_a2a(k);
           auto bound = [&] {
             for (int i = 1; i < n; ++i) {
               const int q = (r + i) % n;
               const comm::Shard s = comm::shard_of(moved, n, q);
-              copied = read_peer(int(peers[q].pid), recv.data() + s.offset * e, peers[q].addr + s.offset * e,
+              const size_t from = a2a_bound ? comm::shard_of(moved, n, r).offset : s.offset;
+              copied = read_peer(int(peers[q].pid), recv.data() + s.offset * e, peers[q].addr + from * e,
                                  s.count * e) && copied;
             }
             const comm::Shard s = comm::shard_of(moved, n, r);
             std::memcpy(recv.data() + s.offset * e, send.data() + s.offset * e, s.count * e);
           };
+          std::fill(recv.begin(), recv.end(), char(0xFF));
           bound_us = time_op(r, cfg.seconds_per_size, bound, max_over_ranks);
-          if (max_over_ranks(copied ? 0.0 : 1.0) > 0) bound_us = -1;  // the kernel refused (ptrace rules)
+          if (max_over_ranks(copied ? 0.0 : 1.0) > 0) {
+            bound_us = -1;  // the kernel refused (ptrace rules)
+          } else if (cfg.check) {
+            // The bound's copies must move exactly the collective's bytes (its output is the collective's).
+            MT_REQUIRE(Error, recv_ok_everywhere(), "bench comm --bound: the bound's copies for ",
+                       comm::op_kind_name(k), " at ", bytes, " bytes did not produce the collective's output");
+          }
         }
         if (r == 0 && out->nrows < kMaxRows) {
           comm::Algo a = w.algorithm();

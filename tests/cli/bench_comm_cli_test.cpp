@@ -40,6 +40,8 @@ TEST(BenchCommCli, PrintsCheckedTable) {
 
 // --bound: every all_gather / all_to_all(_v) row carries the single-copy bound's time (a number, not '-': the
 // process_vm_readv copies worked) and ours/bnd = bound time / our time; other collectives' rows have no such columns.
+// The bench checks that the bound's copies leave the collective's output in recv (else it fails, rc != 0): with
+// all_to_all_v in the list, a bound reading the wrong block of a peer's send buffer fails here.
 TEST(BenchCommCli, BoundColumnsOnTheCopyRows) {
   std::string out;
   int rc = run(std::string(MESHTRAIN_BIN) +
