@@ -485,24 +485,27 @@ class Stage3 : public Stage2 {
     if (g + 2 < (int)b_.group_buckets.size()) each(g + 2, [&](Bucket& b) { start_read(b); });
   }
   void after_forward(int g) override {
+    const int G = (int)b_.group_buckets.size();
+    // Offloaded: a group closing after the last one (GPT's tied embedding, group 0) is the one the backward opens
+    // first: it stays gathered (the same values: no update comes between; update(), release_params() and the
+    // weight versions release it) instead of being read back from the file and gathered again. An evaluation's
+    // forward, with no backward after it, leaves it gathered for the next forward likewise.
+    if (pf_ && forward_tail_ && g == 0 && g != G - 1) return;
     each(g, [&](Bucket& b) { release(b); });
     // Offloaded: the backward's first groups are the forward's last ones, gathered again at once; queue their
     // shard reads now (while the head and the loss compute) rather than on demand. The last group (g = G - 1):
-    // it and the one before it. A group closing after the last one (GPT's tied embedding, group 0, which the
-    // backward opens first): that one too.
-    const int G = (int)b_.group_buckets.size();
+    // it and the one before it.
     if (g == G - 1) {
       forward_tail_ = true;
       for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
       // The optimizer tier's read-ahead of the next update's first tiles, held back at the update's end so that
       // the forward's shard reads had the disk to themselves (update() below).
       if (tier_) tier_->read_ahead();
-    } else if (forward_tail_ && g == 0) {
-      each(0, [&](Bucket& b) { start_read(b); });
     }
   }
   void before_backward(int g) override {
     finish_update();  // --overlap-update: the gradient shard and the optimizer are the update's until it ends
+    drop_fresh();
     forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
@@ -516,6 +519,7 @@ class Stage3 : public Stage2 {
   }
   void release_params() override {
     finish_update();
+    drop_fresh();  // the update about to run (or a new version) changes the values they hold
     for (Bucket* b : b_.buckets) {
       if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
@@ -604,7 +608,9 @@ class Stage3 : public Stage2 {
     // Tiles: two buffers of T floats (and the congruent slack) per offloaded kind, T the optimizer tier's tile
     // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
-    size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    // Three of each under --overlap-update (Tiles reads two ahead), when the shard has more than two tiles.
+    const size_t nb = overlapped() && shard_total_ > 2 * T ? 3 : 2;
+    size_t bytes = nb * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
     // The update's copies of up to kFresh buckets' shards (keep_fresh), and as many kept for the next ones.
     if (overlapped()) bytes += 2 * kFresh * fresh_cap() * sizeof(float);
     return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
@@ -677,7 +683,8 @@ class Stage3 : public Stage2 {
   bool reads_shard(const Bucket& b) const { return !in_bf16(b) || plans_[b.index].f32_count > 0; }
   // Queues the read of b's parameter shard from the file (once until it is dropped).
   void start_read(Bucket& b) {
-    if (!pf_ || !reads_shard(b)) return;
+    if (!pf_ || !reads_shard(b) || b.gathered) return;  // gathered: its values are in use already (GPT's tied
+                                                         // embedding, open through the backward)
     ShardRead& r = reads_[b.index];
     if (r.queued || !updated(b)) return;  // not updated yet (--overlap-update): read when needed
     if (take_fresh(b, r)) return;          // the update's own copy of it, in memory
@@ -707,7 +714,10 @@ class Stage3 : public Stage2 {
   // The tiled update's parameters and gradients from the files: tile t in buffer t % 2, the next tile read
   // while this one is updated, each tile's parameters written back (and rounded into the mirror) behind it.
   // The file's single I/O thread runs jobs in queue order, so tile t + 2's read into a buffer comes after tile
-  // t's write from it.
+  // t's write from it. Under --overlap-update three buffers (t % 3), read two tiles ahead: the read of the tile
+  // after next is queued when a tile opens, before that tile's write-back, so a tile's read waits behind the
+  // write-back of the tile two before it, not of the one just before (which the next forward's groups wait for:
+  // the update's disk time comes in the order the forward needs it).
   class Tiles final : public optim::TileSource {
    public:
     explicit Tiles(Stage3& s) : s_(s) {}
@@ -717,19 +727,20 @@ class Stage3 : public Stage2 {
       n_ = n;
       nt_ = (n + T - 1) / T;
       pieced_ = false;
-      for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
+      nb_ = s_.overlapped() && nt_ > 2 ? 3 : 2;
+      for (int k = 0; k < nb_; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
-      queue(tile_at(0));
+      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k));
     }
     std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
-      if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
-      if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
+      if (s_.pf_) s_.pf_->wait(pt_[t % nb_]);
+      if (s_.gf_) s_.gf_->wait(gt_[t % nb_]);
       const size_t k = tile_at(t);  // the order is its own inverse
-      if (k + 1 < nt_) queue(tile_at(k + 1));
-      float* p = s_.pf_ ? at(p_[t % 2], lo) : s_.pshard_.data() + lo;
-      const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
+      if (k + nb_ - 1 < nt_) queue(tile_at(k + nb_ - 1));
+      float* p = s_.pf_ ? at(p_[t % nb_], lo) : s_.pshard_.data() + lo;
+      const float* g = s_.gf_ ? at(g_[t % nb_], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
     // --overlap-update: the tile in 8 pieces (an eighth of the tile, rounded down to the file's 4096-byte blocks,
@@ -741,17 +752,17 @@ class Stage3 : public Stage2 {
       return s_.overlapped() ? std::max(block, T_ / 8 / block * block) : 0;
     }
     void piece_done(size_t t, size_t lo, size_t a, size_t b) override {
-      done(at(p_[t % 2], lo) + (a - lo), a, b);
+      done(at(p_[t % nb_], lo) + (a - lo), a, b);
       pieced_ = true;
     }
     void close(size_t t, size_t lo, size_t hi) override {
       if (!s_.pf_ || std::exchange(pieced_, false)) return;  // pieces: each one already went out
-      done(at(p_[t % 2], lo), lo, hi);
+      done(at(p_[t % nb_], lo), lo, hi);
     }
     void end() override {
       if (s_.pf_) s_.pf_->drain();
       if (s_.gf_) s_.gf_->drain();
-      for (int k = 0; k < 2; k++) {
+      for (int k = 0; k < 3; k++) {
         p_[k] = AlignedBuffer();
         g_[k] = AlignedBuffer();
       }
@@ -771,15 +782,17 @@ class Stage3 : public Stage2 {
     }
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
-      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
+      if (s_.pf_) pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
+      if (s_.gf_) gt_[t % nb_] = s_.gf_->read_async(lo, c, at(g_[t % nb_], lo));
     }
     static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
     size_t tile_at(size_t k) const { return descending() ? nt_ - 1 - k : k; }  // the k-th tile opened
     Stage3& s_;
     size_t T_ = 0, n_ = 0, nt_ = 0;
-    AlignedBuffer p_[2], g_[2];
-    offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
+    // nb_ buffers of each: 2, or 3 under --overlap-update (reads two tiles ahead: see the class comment).
+    int nb_ = 2;
+    AlignedBuffer p_[3], g_[3];
+    offload::ShardFile::Ticket pt_[3] = {0, 0, 0}, gt_[3] = {0, 0, 0};
     bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
   };
   struct ShardRead {
@@ -987,8 +1000,8 @@ class Stage3 : public Stage2 {
     if ((int)fresh_spare_.size() < kFresh) fresh_spare_.push_back(std::move(buf));
   }
   bool take_fresh(Bucket& b, ShardRead& r) {
-    if (!upd_.joinable()) return false;
     std::lock_guard<std::mutex> lk(upd_mu_);
+    if (fresh_.empty()) return false;
     Fresh& f = fresh_[b.index];
     // updated(b) held: every tile over b has closed, so a filling buffer is whole.
     if (f.state != Fresh::filling || f.filled != held(b)) return false;
@@ -1000,6 +1013,12 @@ class Stage3 : public Stage2 {
     fresh_held_--;
     fresh_taken_++;
     return true;
+  }
+  // The kept copies no group took (release_params, the backward's start): the file from now on.
+  void drop_fresh() {
+    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));
+    fresh_.clear();
+    fresh_held_ = 0;
   }
   void publish(size_t lo) {
     std::lock_guard<std::mutex> lk(upd_mu_);
@@ -1045,9 +1064,18 @@ class Stage3 : public Stage2 {
     go(false);
     wait_update_for("finish", [&] { return !upd_running_; });
     upd_.join();
-    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));  // copies no forward took (the file from now on)
-    fresh_.clear();
+    // Whole copies no forward took yet stay for the groups still to gather (take_fresh: the file holds the same
+    // values until the next update, whose release_params() drops them, as does the backward); the rest go.
     fresh_held_ = 0;
+    for (size_t i = 0; i < fresh_.size(); i++) {
+      Fresh& f = fresh_[i];
+      if (!upd_error_ && f.state == Fresh::filling && f.filled == held(*b_.buckets[i])) {
+        fresh_held_++;
+        continue;
+      }
+      spare_fresh(std::move(f.buf));
+      f.state = Fresh::none;
+    }
     if (zero_pending_) {  // begin_step's zeroing of the gradient shard the update read
       gshard_.zero();
       zero_pending_ = false;
