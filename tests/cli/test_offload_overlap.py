@@ -106,6 +106,8 @@ def equality(e: Env, val: str) -> None:
                 check(o.get("deferred") == 6 and o.get("overlapped") == 3,
                       f"{tag}: 6 updates on the thread, 3 alongside the next forward ({o})")
                 check(o.get("fresh_taken", 0) > 0, f"{tag}: some groups' shards taken from the update's copy ({o})")
+                check(o.get("kept_copied", 0) > 0, f"{tag}: the updates' first tiles copied from the backward's "
+                                                   f"gathers ({o})")
                 w, wg, wf = (o.get(x, -1) for x in ("waited_s", "waited_group_s", "waited_first_s"))
                 check(0 <= wf <= wg + 1e-9 and wg <= w + 1e-9,
                       f"{tag}: the waits' split: first groups' <= groups' <= all ({o})")

@@ -494,10 +494,11 @@ class Stage3 : public Stage2 {
     each(g, [&](Bucket& b) { release(b); });
     // Offloaded: the backward's first groups are the forward's last ones, gathered again at once; queue their
     // shard reads now (while the head and the loss compute) rather than on demand. The last group (g = G - 1):
-    // it and the one before it.
+    // it and the two before it (the backward's first group, GPT's final LayerNorm, is too small to cover the
+    // read of the one after next that before_backward would queue).
     if (g == G - 1) {
       forward_tail_ = true;
-      for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+      for (int k = G - 1; k >= std::max(0, G - 3); k--) each(k, [&](Bucket& b) { start_read(b); });
       // The optimizer tier's read-ahead of the next update's first tiles, held back at the update's end so that
       // the forward's shard reads had the disk to themselves (update() below).
       if (tier_) tier_->read_ahead();
@@ -515,7 +516,9 @@ class Stage3 : public Stage2 {
     Stage2::before_backward(g);
   }
   void after_backward(int g) override {
-    each(g, [&](Bucket& b) { release(b); });
+    each(g, [&](Bucket& b) {
+      if (!keep_for_update(b)) release(b);
+    });
   }
   void release_params() override {
     finish_update();
@@ -589,7 +592,7 @@ class Stage3 : public Stage2 {
   void settle() override { finish_update(); }
   OverlapCounts overlap_counts() const override {
     if (!overlapped()) return {};
-    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_, kept_copied_};
   }
   void stop() noexcept override {
     if (!upd_.joinable()) return;
@@ -732,7 +735,9 @@ class Stage3 : public Stage2 {
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
-      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k));
+      s_.tile_elems_ = T;
+      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k), true);
+      s_.kept_consumed();  // the main thread gives the kept shards back from now on
     }
     std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
       if (s_.pf_) s_.pf_->wait(pt_[t % nb_]);
@@ -780,9 +785,12 @@ class Stage3 : public Stage2 {
         s_.publish(lo);
       }
     }
-    void queue(size_t t) {
+    void queue(size_t t, bool first = false) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (s_.pf_) pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
+      if (first && s_.pf_ && s_.copy_kept(lo, c, at(p_[t % nb_], lo)))
+        pt_[t % nb_] = 0;  // the backward's copy of the tile's parameters: nothing to read
+      else if (s_.pf_)
+        pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
       if (s_.gf_) gt_[t % nb_] = s_.gf_->read_async(lo, c, at(g_[t % nb_], lo));
     }
     static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
@@ -897,6 +905,65 @@ class Stage3 : public Stage2 {
     }
     b.gathered = false;
   }
+  // ---- --overlap-update: the update's first tiles from the backward's last gathers. The backward ends with the
+  // forward's first groups (GPT's tied embedding last), whose shards lie at the shard's end, where the descending
+  // update starts: at the step's last micro-batch, a bucket gathered in float32 whose shard meets the update's
+  // first two tiles keeps its gathered buffer when the backward releases it (the values the file holds: no update
+  // has come since its gather), and Tiles::begin copies a tile wholly covered by such shards instead of reading
+  // it from the file, so the first group's update does not wait for those reads. The buffers are the pool's,
+  // given back once begin() is done (return_kept: before the next forward acquires any), or by finish_update. ----
+  struct Kept {
+    Bucket* b;
+    AlignedBuffer buf;
+  };
+  bool keep_for_update(Bucket& b) {
+    if (!overlapped() || !b_.last_micro || !b.gathered || in_bf16(b) || tile_elems_ == 0 || held(b) == 0) return false;
+    const size_t nt = (shard_total_ + tile_elems_ - 1) / tile_elems_;
+    const size_t first = nt >= 2 ? (nt - 2) * tile_elems_ : 0;  // the update's first two tiles: [first, n)
+    if (b.pos + held(b) <= first) return false;
+    {
+      std::lock_guard<std::mutex> lk(upd_mu_);  // (no update runs: the backward waited for it)
+      kept_done_ = false;                      // for the coming update, which has not copied yet
+    }
+    b_.bind_data(b, nullptr);
+    kept_.push_back({&b, std::move(b.data)});
+    b.data = AlignedBuffer();
+    b.gathered = false;
+    return true;
+  }
+  // Tiles::begin (the update's thread; kept_ is the main thread's again only after kept_consumed()): copies
+  // [lo, lo + c) of the shard from the kept buffers to out if they cover it all.
+  bool copy_kept(size_t lo, size_t c, float* out) {
+    size_t covered = 0;
+    for (const Kept& k : kept_) {
+      const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
+      if (a < e) covered += e - a;
+    }
+    if (covered != c) return false;
+    for (const Kept& k : kept_) {
+      const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
+      const float* shard = k.buf.data() + (k.b->alone() ? 0 : k.b->so);  // this rank's part of the gathered bucket
+      if (a < e) std::memcpy(out + (a - lo), shard + (a - k.b->pos), sizeof(float) * (e - a));
+    }
+    kept_copied_ += c;
+    return true;
+  }
+  void kept_consumed() {
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    kept_done_ = true;
+  }
+  // The kept buffers back to the pool once the update no longer reads them (main thread).
+  void return_kept(bool force = false) {
+    if (kept_.empty()) return;
+    if (!force) {
+      std::lock_guard<std::mutex> lk(upd_mu_);
+      if (!kept_done_) return;
+    }
+    for (Kept& k : kept_) b_.give_back(k.buf);
+    kept_.clear();
+    kept_done_ = false;
+  }
+
   // ---- --overlap-update (DataParallelOptions::overlap_update, with --offload params): the exact update on a
   // thread of its own, overlapping the next step's forward. update() hands the tiled update to upd_ and
   // returns. Its tiles run in descending order: buckets are packed in backward order, so the shards of the
@@ -1028,6 +1095,7 @@ class Stage3 : public Stage2 {
   // Whether bucket b's shard holds this step's update (always, with no update in flight; never after a failed
   // one, whose error finish_update throws).
   bool updated(const Bucket& b) {
+    return_kept();
     if (!upd_.joinable()) return true;
     std::lock_guard<std::mutex> lk(upd_mu_);
     return upd_running_ ? upd_lo_ <= b.pos : !upd_error_;
@@ -1048,6 +1116,7 @@ class Stage3 : public Stage2 {
   void wait_updated(const Bucket& b) {
     if (!upd_.joinable()) return;
     go(false);
+    return_kept();
     const double w0 = waited_s_;
     wait_update_for("reach the shard of a gathered group", [&] { return !upd_running_ || upd_lo_ <= b.pos; });
     waited_group_s_ += waited_s_ - w0;
@@ -1064,6 +1133,7 @@ class Stage3 : public Stage2 {
     go(false);
     wait_update_for("finish", [&] { return !upd_running_; });
     upd_.join();
+    return_kept(true);
     // Whole copies no forward took yet stay for the groups still to gather (take_fresh: the file holds the same
     // values until the next update, whose release_params() drops them, as does the backward); the rest go.
     fresh_held_ = 0;
@@ -1082,6 +1152,10 @@ class Stage3 : public Stage2 {
     }
     if (upd_error_) std::rethrow_exception(std::exchange(upd_error_, nullptr));
   }
+  std::vector<Kept> kept_;   // the backward's gathered buffers kept for the update's first tiles
+  bool kept_done_ = false;   // Tiles::begin has copied from them (under upd_mu_)
+  size_t tile_elems_ = 0;    // the update's tile (elements), once an update has run
+  int64_t kept_copied_ = 0;  // shard elements the updates took from kept buffers instead of the file
   std::thread upd_;
   std::mutex upd_mu_;
   std::condition_variable upd_cv_;
