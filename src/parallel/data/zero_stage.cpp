@@ -507,6 +507,7 @@ class Stage3 : public Stage2 {
   void before_backward(int g) override {
     finish_update();  // --overlap-update: the gradient shard and the optimizer are the update's until it ends
     drop_fresh();
+    return_kept(true);  // (kept by a backward no update followed)
     forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
@@ -517,7 +518,7 @@ class Stage3 : public Stage2 {
   }
   void after_backward(int g) override {
     each(g, [&](Bucket& b) {
-      if (!keep_for_update(b)) release(b);
+      if (!keep_for_update(b, g)) release(b);
     });
   }
   void release_params() override {
@@ -736,8 +737,9 @@ class Stage3 : public Stage2 {
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
       s_.tile_elems_ = T;
-      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k), true);
-      s_.kept_consumed();  // the main thread gives the kept shards back from now on
+      kept_open_ = !s_.kept_.empty();
+      for (auto& w : wt_) w = 0;
+      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k));
     }
     std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
       if (s_.pf_) s_.pf_->wait(pt_[t % nb_]);
@@ -765,6 +767,7 @@ class Stage3 : public Stage2 {
       done(at(p_[t % nb_], lo), lo, hi);
     }
     void end() override {
+      kept_open_ = false;
       if (s_.pf_) s_.pf_->drain();
       if (s_.gf_) s_.gf_->drain();
       for (int k = 0; k < 3; k++) {
@@ -778,22 +781,31 @@ class Stage3 : public Stage2 {
     // --overlap-update kept for the forward and published: [lo, n) is updated in the mirror and, for a read
     // queued from now on, in the file (the pieces and tiles come from the top down).
     void done(const float* p, size_t lo, size_t hi) {
-      s_.pf_->write_async(lo, hi - lo, p);
+      wt_[buf_of(lo)] = s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
       if (s_.overlapped()) {
         s_.keep_fresh(lo, hi, p);
         s_.publish(lo);
       }
     }
-    void queue(size_t t, bool first = false) {
+    void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (first && s_.pf_ && s_.copy_kept(lo, c, at(p_[t % nb_], lo)))
-        pt_[t % nb_] = 0;  // the backward's copy of the tile's parameters: nothing to read
-      else if (s_.pf_)
-        pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
+      bool copied = false;
+      if (kept_open_ && s_.pf_) {
+        if (s_.covered_by_kept(lo, c)) {  // the backward's copy of the tile's parameters: nothing to read
+          s_.pf_->wait(wt_[t % nb_]);      // the write-back from this buffer first (a read would queue behind it)
+          s_.copy_kept(lo, c, at(p_[t % nb_], lo));
+          pt_[t % nb_] = 0;
+          copied = true;
+        }
+        s_.kept_passed(lo);
+      }
+      if (!copied && s_.pf_) pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
+      if (kept_open_ && (lo <= s_.kept_lo_ || !descending())) kept_open_ = false;  // past the kept buffers
       if (s_.gf_) gt_[t % nb_] = s_.gf_->read_async(lo, c, at(g_[t % nb_], lo));
     }
     static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
+    size_t buf_of(size_t lo) const { return lo / T_ % nb_; }  // the buffer of the tile holding element lo
     size_t tile_at(size_t k) const { return descending() ? nt_ - 1 - k : k; }  // the k-th tile opened
     Stage3& s_;
     size_t T_ = 0, n_ = 0, nt_ = 0;
@@ -802,6 +814,8 @@ class Stage3 : public Stage2 {
     AlignedBuffer p_[3], g_[3];
     offload::ShardFile::Ticket pt_[3] = {0, 0, 0}, gt_[3] = {0, 0, 0};
     bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
+    offload::ShardFile::Ticket wt_[3] = {0, 0, 0};  // per buffer: the last write-back queued from it
+    bool kept_open_ = false;  // the backward's kept buffers are this update's to copy from (Stage3::kept_)
   };
   struct ShardRead {
     AlignedBuffer buf;
@@ -907,61 +921,70 @@ class Stage3 : public Stage2 {
   }
   // ---- --overlap-update: the update's first tiles from the backward's last gathers. The backward ends with the
   // forward's first groups (GPT's tied embedding last), whose shards lie at the shard's end, where the descending
-  // update starts: at the step's last micro-batch, a bucket gathered in float32 whose shard meets the update's
-  // first two tiles keeps its gathered buffer when the backward releases it (the values the file holds: no update
-  // has come since its gather), and Tiles::begin copies a tile wholly covered by such shards instead of reading
-  // it from the file, so the first group's update does not wait for those reads. The buffers are the pool's,
-  // given back once begin() is done (return_kept: before the next forward acquires any), or by finish_update. ----
+  // update starts. At the step's last micro-batch, a bucket gathered in float32 keeps its gathered buffer when the
+  // backward releases it (the values the file holds: no update has come since its gather) if every group below
+  // it is gathered already (so the backward asks the pool for no buffer after this: the pool does not grow) and
+  // its shard meets the update's first kKeptTiles tiles. Tiles::queue copies a tile wholly covered by kept shards
+  // instead of reading it from the file, so the first groups' update does not wait for those reads (GPT: the
+  // embedding and block 0 cover tiles 4 and 3 at width 384, tiles 8 to 5 at 512). Each buffer goes back to the
+  // pool once the update has queued the tile at its start (the later tiles lie below it), which is before that
+  // bucket's own update is published, so before any gather of the next forward waits for it; the rest at
+  // finish_update. ----
+  static constexpr size_t kKeptTiles = 4;
   struct Kept {
     Bucket* b;
     AlignedBuffer buf;
+    bool done = false;  // the update reads it no more (under upd_mu_)
   };
-  bool keep_for_update(Bucket& b) {
+  bool keep_for_update(Bucket& b, int g) {
     if (!overlapped() || !b_.last_micro || !b.gathered || in_bf16(b) || tile_elems_ == 0 || held(b) == 0) return false;
     const size_t nt = (shard_total_ + tile_elems_ - 1) / tile_elems_;
-    const size_t first = nt >= 2 ? (nt - 2) * tile_elems_ : 0;  // the update's first two tiles: [first, n)
+    const size_t first = nt > kKeptTiles ? (nt - kKeptTiles) * tile_elems_ : 0;  // the update's first tiles: [first, n)
     if (b.pos + held(b) <= first) return false;
-    {
-      std::lock_guard<std::mutex> lk(upd_mu_);  // (no update runs: the backward waited for it)
-      kept_done_ = false;                      // for the coming update, which has not copied yet
-    }
+    for (int h = 0; h < g; h++)
+      for (int i : b_.group_buckets[h])
+        if (!b_.buckets[i]->gathered) return false;  // gathered later in this backward, from the pool
+    kept_lo_ = kept_.empty() ? b.pos : std::min(kept_lo_, b.pos);
     b_.bind_data(b, nullptr);
     kept_.push_back({&b, std::move(b.data)});
     b.data = AlignedBuffer();
     b.gathered = false;
     return true;
   }
-  // Tiles::begin (the update's thread; kept_ is the main thread's again only after kept_consumed()): copies
-  // [lo, lo + c) of the shard from the kept buffers to out if they cover it all.
-  bool copy_kept(size_t lo, size_t c, float* out) {
+  // Tiles::queue (the update's thread): whether the kept buffers cover [lo, lo + c) of the shard, and the copy.
+  // kept_ is not resized while the update runs; the main thread takes a buffer only once it is done.
+  bool covered_by_kept(size_t lo, size_t c) const {
     size_t covered = 0;
     for (const Kept& k : kept_) {
       const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
       if (a < e) covered += e - a;
     }
-    if (covered != c) return false;
+    return covered == c;
+  }
+  void copy_kept(size_t lo, size_t c, float* out) {
     for (const Kept& k : kept_) {
       const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
-      const float* shard = k.buf.data() + (k.b->alone() ? 0 : k.b->so);  // this rank's part of the gathered bucket
-      if (a < e) std::memcpy(out + (a - lo), shard + (a - k.b->pos), sizeof(float) * (e - a));
+      if (a >= e) continue;
+      const float* shard = k.buf.data() + (k.b->alone() ? 0 : k.b->so);  // this rank's part of the bucket
+      std::memcpy(out + (a - lo), shard + (a - k.b->pos), sizeof(float) * (e - a));
     }
     kept_copied_ += c;
-    return true;
   }
-  void kept_consumed() {
+  // A tile at lo queued: the buffers at or above lo are done (no later tile meets them).
+  void kept_passed(size_t lo) {
     std::lock_guard<std::mutex> lk(upd_mu_);
-    kept_done_ = true;
+    for (Kept& k : kept_)
+      if (k.b->pos >= lo) k.done = true;
   }
-  // The kept buffers back to the pool once the update no longer reads them (main thread).
-  void return_kept(bool force = false) {
+  // The kept buffers the update is done with back to the pool (main thread; all of them once it ended).
+  void return_kept(bool all = false) {
     if (kept_.empty()) return;
-    if (!force) {
+    {
       std::lock_guard<std::mutex> lk(upd_mu_);
-      if (!kept_done_) return;
+      for (Kept& k : kept_)
+        if ((all || k.done) && k.buf.size() != 0) b_.give_back(k.buf);
     }
-    for (Kept& k : kept_) b_.give_back(k.buf);
-    kept_.clear();
-    kept_done_ = false;
+    if (all) kept_.clear();
   }
 
   // ---- --overlap-update (DataParallelOptions::overlap_update, with --offload params): the exact update on a
@@ -1153,7 +1176,7 @@ class Stage3 : public Stage2 {
     if (upd_error_) std::rethrow_exception(std::exchange(upd_error_, nullptr));
   }
   std::vector<Kept> kept_;   // the backward's gathered buffers kept for the update's first tiles
-  bool kept_done_ = false;   // Tiles::begin has copied from them (under upd_mu_)
+  size_t kept_lo_ = 0;       // the lowest shard position among them
   size_t tile_elems_ = 0;    // the update's tile (elements), once an update has run
   int64_t kept_copied_ = 0;  // shard elements the updates took from kept buffers instead of the file
   std::thread upd_;
