@@ -131,6 +131,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="")
     ap.add_argument("--base", default="", help="a second binary: adds the kind 'opt+params overlapped base' (A/B)")
+    ap.add_argument("--base2", default="", help="a third binary: adds 'opt+params overlapped base2' (A/B/C)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offload_bound_bench_")
     odir = a.dir or tempfile.mkdtemp(prefix="offload_dir_", dir="/var/tmp")
@@ -151,19 +152,19 @@ def main():
              "opt exact": ["--zero", "0", "--offload", "optimizer"] + off,
              "opt delayed overlapped": ["--zero", "0", "--offload", "optimizer", "--delayed-update",
                                         "--overlap-update"] + off}
-    if a.base:  # the same run with another binary, alternating with this one's in every round
-        kinds["opt+params overlapped base"] = kinds["opt+params overlapped"]
+    bases = {"opt+params overlapped base": a.base, "opt+params overlapped base2": a.base2}
+    for k, b in bases.items():  # the same run with another binary, alternating with this one's in every round
+        if b:
+            kinds[k] = kinds["opt+params overlapped"]
     if a.kinds:
-        kinds = {k: v for k, v in kinds.items() if k in a.kinds.split(",") or k == "memory"
-                 or (k.endswith(" base") and a.base)}
+        kinds = {k: v for k, v in kinds.items() if k in a.kinds.split(",") or k == "memory" or bases.get(k)}
     results = []
     try:
         for w in [int(x) for x in a.widths.split(",")]:
             got = {k: [] for k in kinds}
             for _ in range(a.rounds):
                 for k, extra in kinds.items():
-                    got[k].append(train(a, work, k.replace(" ", "_").replace("+", "_"), w, extra,
-                                        a.base if k.endswith(" base") else None))
+                    got[k].append(train(a, work, k.replace(" ", "_").replace("+", "_"), w, extra, bases.get(k)))
             med = {k: sorted(v, key=lambda s: s["step_s"])[len(v) // 2] for k, v in got.items()}
             mem = med["memory"]
             row = {"width": w, "params": mem["params"], "loads": [s["load"] for v in got.values() for s in v],
@@ -172,7 +173,8 @@ def main():
             print(f"width {w} ({mem['params'] / 1e6:.1f}M params), loads {min(row['loads']):.1f}-{max(row['loads']):.1f}; "
                   f"memory: step {mem['step_s']:.3f} s (F {mem['F']:.3f}, B {mem['B']:.3f}, U {mem['U']:.3f})")
             for k in [k for k in ("opt+params", "opt+params overlapped", "opt+params overlapped base",
-                                  "opt+params+grads", "opt+params+grads overlapped") if k in med]:
+                                  "opt+params overlapped base2", "opt+params+grads", "opt+params+grads overlapped")
+                      if k in med]:
                 s = med[k]
                 b = bound(mem, s, a.steps, parse_bytes(a.tile))
                 io = io_sum_s(s, a.steps)

@@ -115,7 +115,7 @@ TrainSummary finish_run(Run& r) {
   if (const auto c = r.store->overlap_counts(); c.deferred >= 0)  // ZeRO 3's exact overlapped update (lead rank)
     sections["overlap_update"] = {{"deferred", c.deferred}, {"overlapped", c.overlapped}, {"waited_s", c.waited_s},
                                   {"fresh_taken", c.fresh_taken}, {"waited_group_s", c.waited_group_s},
-                                  {"waited_first_s", c.waited_first_s}};
+                                  {"waited_first_s", c.waited_first_s}, {"kept_copied", c.kept_copied}};
   write_summary(r.cfg.summary, sum, r.mesh, r.cfg.zero, sections);
   return sum;
 }

@@ -17,12 +17,20 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      under the hold: rows and final weights equal the in-memory bf16 run's.
   3. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
      byte-equal to the uninterrupted in-memory run.
-  4. Refused with the flags named: --overlap-update at ZeRO 3 with --offload params but not optimizer; with --tp 2;
+  4. Reads (one rank): the exact offloaded run reads the parameter file exactly steps x (3 S - E) bytes (the tied
+     embedding's group stays gathered from the forward's end into the backward and is not read again while
+     gathered); with --overlap-update and an evaluation after every step, each evaluation's forward takes the
+     update's 3 kept copies, which outlive the update's end (fresh_taken = 18), and the rows equal in memory.
+  5. Refused with the flags named: --overlap-update at ZeRO 3 with --offload params but not optimizer; with --tp 2;
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
 no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
 the update's copy left unwritten (Stage3::keep_fresh without its memcpy); with Tiles::piece_done writing each piece
-from the tile's start, the pieces runs fail (rows, weights, checkpoints).
+from the tile's start, the pieces runs fail (rows, weights, checkpoints). Part 4 (off8): with the tied group released at
+the forward's end (Stage3::after_forward), or start_read reading a gathered group's shard, the exact run's read
+figure fails (2018304 and 2028544 bytes against 1956864); with finish_update dropping every kept copy, fresh_taken
+is 0 against 18; with Tiles reading three tiles ahead instead of two (into the buffer of the tile being updated),
+part 1's rows, weights and checkpoints differ.
 """
 from __future__ import annotations
 
@@ -98,6 +106,8 @@ def equality(e: Env, val: str) -> None:
                 check(o.get("deferred") == 6 and o.get("overlapped") == 3,
                       f"{tag}: 6 updates on the thread, 3 alongside the next forward ({o})")
                 check(o.get("fresh_taken", 0) > 0, f"{tag}: some groups' shards taken from the update's copy ({o})")
+                check(o.get("kept_copied", 0) > 0, f"{tag}: the updates' first tiles copied from the backward's "
+                                                   f"gathers ({o})")
                 w, wg, wf = (o.get(x, -1) for x in ("waited_s", "waited_group_s", "waited_first_s"))
                 check(0 <= wf <= wg + 1e-9 and wg <= w + 1e-9,
                       f"{tag}: the waits' split: first groups' <= groups' <= all ({o})")
@@ -145,6 +155,45 @@ def resume(e: Env) -> None:
           "chain: overlapped -> in memory -> overlapped ends byte-equal to the uninterrupted run")
 
 
+def reads(e: Env, val: str) -> None:
+    """What the parameter file is read for (one rank, ZeRO 3, optimizer,params offloaded; S the shard's bytes, here
+    every parameter, and E the tied embedding group's, wte and wpe: (V + T) x C x 4 = (64 + 16) x 32 x 4 bytes).
+    Exact step: per step the forward reads each group's shard once, the update the whole shard, and the backward
+    each group's but the tied embedding's, which stays gathered from the forward's end (the group the backward
+    opens first), so reads = steps x (3 S - E); reading it again at the forward's end, or a second time while it
+    is gathered in the backward, adds E per step each. --overlap-update under the hold with an evaluation after
+    every step: each update ends at the evaluation (settle), and its copies of the first 3 buckets' shards (4096
+    floats or fewer each, all in the tied group; Stage3::kFresh) outlive its end, so each evaluation's forward
+    takes 3 of them: fresh_taken = 3 x 6; the run's rows (val loss included) equal the in-memory run's."""
+    flags = ["--nproc", 1, "--n-positions", 16] + Z3
+    s = os.path.join(e.wd, "reads.json")
+    r = e.run(flags + off(e, "optimizer,params") + ["--summary", s])
+    check(r.returncode == 0, f"reads, exact: exit 0 {r.stderr.strip()[-300:] if r.returncode else ''}")
+    if r.returncode == 0:
+        j = json.load(open(s))
+        S, E = 4 * j["params"], (64 + 16) * 32 * 4
+        pf = [f for f in j["offload"]["shards"] if f["kind"] == "parameters"]
+        got = pf[0]["read_bytes"] if pf else None
+        check(S == j["ranks"][0]["params_offloaded_bytes"] and got == 6 * (3 * S - E),
+              f"reads, exact: the parameter file read 6 x (3 S - E) = {6 * (3 * S - E)} bytes (S {S}, E {E}): {got}")
+    mid = ["--val-data", val, "--eval-every", 1, "--eval-batches", 2]
+    m0, m = (os.path.join(e.wd, f"reads.{x}.jsonl") for x in ("memory", "overlap"))
+    r0 = e.run(flags + mid + ["--metrics", m0])
+    os.environ["MESHTRAIN_OVERLAP_HOLD"] = "1"
+    try:
+        r = e.run(flags + mid + off(e, "optimizer,params") + ["--overlap-update", "--metrics", m, "--summary", s])
+    finally:
+        del os.environ["MESHTRAIN_OVERLAP_HOLD"]
+    check(r0.returncode == 0 and r.returncode == 0, f"reads, eval every step: exit 0 {r.stderr.strip()[-300:]}")
+    if r0.returncode == 0 and r.returncode == 0:
+        check(full_rows(m) == full_rows(m0) and sum("val_loss" in x for x in full_rows(m0)) == 6,
+              "reads, eval every step: every row (6 with a val loss) equal bit for bit")
+        o = json.load(open(s)).get("overlap_update") or {}
+        check(o.get("deferred") == 6 and o.get("fresh_taken") == 18,
+              f"reads, eval every step: each evaluation's forward took the 3 kept copies (fresh_taken 18: {o})")
+    check(os.listdir(e.odir) == [], "reads: nothing left in --offload-dir")
+
+
 def refused(e: Env) -> None:
     cases = (
         (["--zero", 3] + off(e, "params") + ["--overlap-update"], 1,
@@ -164,13 +213,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--only", default="", help="comma-separated parts: equality,bf16,resume,refused")
+    ap.add_argument("--only", default="", help="comma-separated parts: equality,bf16,resume,reads,refused")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     e = Env(a.meshtrain, a.workdir)
     val = os.path.join(a.workdir, "val.bin")
     write_shard(val, 4000, 64)
-    parts = {"equality": lambda e: equality(e, val), "bf16": bf16, "resume": resume, "refused": refused}
+    parts = {"equality": lambda e: equality(e, val), "bf16": bf16, "resume": resume, "reads": lambda e: reads(e, val),
+             "refused": refused}
     for name, fn in parts.items():
         if not a.only or name in a.only.split(","):
             fn(e)

@@ -485,24 +485,29 @@ class Stage3 : public Stage2 {
     if (g + 2 < (int)b_.group_buckets.size()) each(g + 2, [&](Bucket& b) { start_read(b); });
   }
   void after_forward(int g) override {
+    const int G = (int)b_.group_buckets.size();
+    // Offloaded: a group closing after the last one (GPT's tied embedding, group 0) is the one the backward opens
+    // first: it stays gathered (the same values: no update comes between; update(), release_params() and the
+    // weight versions release it) instead of being read back from the file and gathered again. An evaluation's
+    // forward, with no backward after it, leaves it gathered for the next forward likewise.
+    if (pf_ && forward_tail_ && g == 0 && g != G - 1) return;
     each(g, [&](Bucket& b) { release(b); });
     // Offloaded: the backward's first groups are the forward's last ones, gathered again at once; queue their
     // shard reads now (while the head and the loss compute) rather than on demand. The last group (g = G - 1):
-    // it and the one before it. A group closing after the last one (GPT's tied embedding, group 0, which the
-    // backward opens first): that one too.
-    const int G = (int)b_.group_buckets.size();
+    // it and the two before it (the backward's first group, GPT's final LayerNorm, is too small to cover the
+    // read of the one after next that before_backward would queue).
     if (g == G - 1) {
       forward_tail_ = true;
-      for (int k = G - 1; k >= std::max(0, G - 2); k--) each(k, [&](Bucket& b) { start_read(b); });
+      for (int k = G - 1; k >= std::max(0, G - 3); k--) each(k, [&](Bucket& b) { start_read(b); });
       // The optimizer tier's read-ahead of the next update's first tiles, held back at the update's end so that
       // the forward's shard reads had the disk to themselves (update() below).
       if (tier_) tier_->read_ahead();
-    } else if (forward_tail_ && g == 0) {
-      each(0, [&](Bucket& b) { start_read(b); });
     }
   }
   void before_backward(int g) override {
     finish_update();  // --overlap-update: the gradient shard and the optimizer are the update's until it ends
+    drop_fresh();
+    return_kept(true);  // (kept by a backward no update followed)
     forward_tail_ = false;
     each(g, [&](Bucket& b) { ensure_gathered(b); });
     // Backward runs groups in descending order (GPT additionally opens group 0, the tied embedding, first;
@@ -512,10 +517,13 @@ class Stage3 : public Stage2 {
     Stage2::before_backward(g);
   }
   void after_backward(int g) override {
-    each(g, [&](Bucket& b) { release(b); });
+    each(g, [&](Bucket& b) {
+      if (!keep_for_update(b, g)) release(b);
+    });
   }
   void release_params() override {
     finish_update();
+    drop_fresh();  // the update about to run (or a new version) changes the values they hold
     for (Bucket* b : b_.buckets) {
       if (b->gather.valid() || (in_bf16(*b) && gat_[b->index].w16.size() != 0)) complete(*b);
       release(*b);
@@ -585,7 +593,7 @@ class Stage3 : public Stage2 {
   void settle() override { finish_update(); }
   OverlapCounts overlap_counts() const override {
     if (!overlapped()) return {};
-    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_};
+    return {deferred_, overlapped_, waited_s_, fresh_taken_, waited_group_s_, waited_first_s_, kept_copied_};
   }
   void stop() noexcept override {
     if (!upd_.joinable()) return;
@@ -604,7 +612,9 @@ class Stage3 : public Stage2 {
     // Tiles: two buffers of T floats (and the congruent slack) per offloaded kind, T the optimizer tier's tile
     // (tile_bytes / 4: run.cpp passes the tier's own).
     const size_t T = tile_bytes / sizeof(float);
-    size_t bytes = 2 * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
+    // Three of each under --overlap-update (Tiles reads two ahead), when the shard has more than two tiles.
+    const size_t nb = overlapped() && shard_total_ > 2 * T ? 3 : 2;
+    size_t bytes = nb * (T + offload::kCongruentSlack) * sizeof(float) * ((pf_ ? 1 : 0) + (gf_ ? 1 : 0));
     // The update's copies of up to kFresh buckets' shards (keep_fresh), and as many kept for the next ones.
     if (overlapped()) bytes += 2 * kFresh * fresh_cap() * sizeof(float);
     return bytes + read_ahead_bytes();  // grad_buckets_read_ahead's two buffers (0 without a gradient file)
@@ -677,7 +687,8 @@ class Stage3 : public Stage2 {
   bool reads_shard(const Bucket& b) const { return !in_bf16(b) || plans_[b.index].f32_count > 0; }
   // Queues the read of b's parameter shard from the file (once until it is dropped).
   void start_read(Bucket& b) {
-    if (!pf_ || !reads_shard(b)) return;
+    if (!pf_ || !reads_shard(b) || b.gathered) return;  // gathered: its values are in use already (GPT's tied
+                                                         // embedding, open through the backward)
     ShardRead& r = reads_[b.index];
     if (r.queued || !updated(b)) return;  // not updated yet (--overlap-update): read when needed
     if (take_fresh(b, r)) return;          // the update's own copy of it, in memory
@@ -707,7 +718,10 @@ class Stage3 : public Stage2 {
   // The tiled update's parameters and gradients from the files: tile t in buffer t % 2, the next tile read
   // while this one is updated, each tile's parameters written back (and rounded into the mirror) behind it.
   // The file's single I/O thread runs jobs in queue order, so tile t + 2's read into a buffer comes after tile
-  // t's write from it.
+  // t's write from it. Under --overlap-update three buffers (t % 3), read two tiles ahead: the read of the tile
+  // after next is queued when a tile opens, before that tile's write-back, so a tile's read waits behind the
+  // write-back of the tile two before it, not of the one just before (which the next forward's groups wait for:
+  // the update's disk time comes in the order the forward needs it).
   class Tiles final : public optim::TileSource {
    public:
     explicit Tiles(Stage3& s) : s_(s) {}
@@ -717,19 +731,23 @@ class Stage3 : public Stage2 {
       n_ = n;
       nt_ = (n + T - 1) / T;
       pieced_ = false;
-      for (int k = 0; k < 2; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
+      nb_ = s_.overlapped() && nt_ > 2 ? 3 : 2;
+      for (int k = 0; k < nb_; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
         if (s_.gf_) g_[k].resize(T + offload::kCongruentSlack);
       }
-      queue(tile_at(0));
+      s_.tile_elems_ = T;
+      kept_open_ = !s_.kept_.empty();
+      for (auto& w : wt_) w = 0;
+      for (size_t k = 0; k + 1 < (size_t)nb_ && k < nt_; k++) queue(tile_at(k));
     }
     std::pair<float*, const float*> open(size_t t, size_t lo, size_t) override {
-      if (s_.pf_) s_.pf_->wait(pt_[t % 2]);
-      if (s_.gf_) s_.gf_->wait(gt_[t % 2]);
+      if (s_.pf_) s_.pf_->wait(pt_[t % nb_]);
+      if (s_.gf_) s_.gf_->wait(gt_[t % nb_]);
       const size_t k = tile_at(t);  // the order is its own inverse
-      if (k + 1 < nt_) queue(tile_at(k + 1));
-      float* p = s_.pf_ ? at(p_[t % 2], lo) : s_.pshard_.data() + lo;
-      const float* g = s_.gf_ ? at(g_[t % 2], lo) : s_.gshard_.data() + lo;
+      if (k + nb_ - 1 < nt_) queue(tile_at(k + nb_ - 1));
+      float* p = s_.pf_ ? at(p_[t % nb_], lo) : s_.pshard_.data() + lo;
+      const float* g = s_.gf_ ? at(g_[t % nb_], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
     // --overlap-update: the tile in 8 pieces (an eighth of the tile, rounded down to the file's 4096-byte blocks,
@@ -741,17 +759,18 @@ class Stage3 : public Stage2 {
       return s_.overlapped() ? std::max(block, T_ / 8 / block * block) : 0;
     }
     void piece_done(size_t t, size_t lo, size_t a, size_t b) override {
-      done(at(p_[t % 2], lo) + (a - lo), a, b);
+      done(at(p_[t % nb_], lo) + (a - lo), a, b);
       pieced_ = true;
     }
     void close(size_t t, size_t lo, size_t hi) override {
       if (!s_.pf_ || std::exchange(pieced_, false)) return;  // pieces: each one already went out
-      done(at(p_[t % 2], lo), lo, hi);
+      done(at(p_[t % nb_], lo), lo, hi);
     }
     void end() override {
+      kept_open_ = false;
       if (s_.pf_) s_.pf_->drain();
       if (s_.gf_) s_.gf_->drain();
-      for (int k = 0; k < 2; k++) {
+      for (int k = 0; k < 3; k++) {
         p_[k] = AlignedBuffer();
         g_[k] = AlignedBuffer();
       }
@@ -762,7 +781,7 @@ class Stage3 : public Stage2 {
     // --overlap-update kept for the forward and published: [lo, n) is updated in the mirror and, for a read
     // queued from now on, in the file (the pieces and tiles come from the top down).
     void done(const float* p, size_t lo, size_t hi) {
-      s_.pf_->write_async(lo, hi - lo, p);
+      wt_[buf_of(lo)] = s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
       if (s_.overlapped()) {
         s_.keep_fresh(lo, hi, p);
@@ -771,16 +790,32 @@ class Stage3 : public Stage2 {
     }
     void queue(size_t t) {
       const size_t lo = t * T_, c = std::min(n_, lo + T_) - lo;
-      if (s_.pf_) pt_[t % 2] = s_.pf_->read_async(lo, c, at(p_[t % 2], lo));
-      if (s_.gf_) gt_[t % 2] = s_.gf_->read_async(lo, c, at(g_[t % 2], lo));
+      bool copied = false;
+      if (kept_open_ && s_.pf_) {
+        if (s_.covered_by_kept(lo, c)) {  // the backward's copy of the tile's parameters: nothing to read
+          s_.pf_->wait(wt_[t % nb_]);      // the write-back from this buffer first (a read would queue behind it)
+          s_.copy_kept(lo, c, at(p_[t % nb_], lo));
+          pt_[t % nb_] = 0;
+          copied = true;
+        }
+        s_.kept_passed(lo);
+      }
+      if (!copied && s_.pf_) pt_[t % nb_] = s_.pf_->read_async(lo, c, at(p_[t % nb_], lo));
+      if (kept_open_ && (lo <= s_.kept_lo_ || !descending())) kept_open_ = false;  // past the kept buffers
+      if (s_.gf_) gt_[t % nb_] = s_.gf_->read_async(lo, c, at(g_[t % nb_], lo));
     }
     static float* at(AlignedBuffer& b, size_t lo) { return b.data() + offload::congruent_pad(b.data(), lo); }
+    size_t buf_of(size_t lo) const { return lo / T_ % nb_; }  // the buffer of the tile holding element lo
     size_t tile_at(size_t k) const { return descending() ? nt_ - 1 - k : k; }  // the k-th tile opened
     Stage3& s_;
     size_t T_ = 0, n_ = 0, nt_ = 0;
-    AlignedBuffer p_[2], g_[2];
-    offload::ShardFile::Ticket pt_[2] = {0, 0}, gt_[2] = {0, 0};
+    // nb_ buffers of each: 2, or 3 under --overlap-update (reads two tiles ahead: see the class comment).
+    int nb_ = 2;
+    AlignedBuffer p_[3], g_[3];
+    offload::ShardFile::Ticket pt_[3] = {0, 0, 0}, gt_[3] = {0, 0, 0};
     bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
+    offload::ShardFile::Ticket wt_[3] = {0, 0, 0};  // per buffer: the last write-back queued from it
+    bool kept_open_ = false;  // the backward's kept buffers are this update's to copy from (Stage3::kept_)
   };
   struct ShardRead {
     AlignedBuffer buf;
@@ -884,6 +919,74 @@ class Stage3 : public Stage2 {
     }
     b.gathered = false;
   }
+  // ---- --overlap-update: the update's first tiles from the backward's last gathers. The backward ends with the
+  // forward's first groups (GPT's tied embedding last), whose shards lie at the shard's end, where the descending
+  // update starts. At the step's last micro-batch, a bucket gathered in float32 keeps its gathered buffer when the
+  // backward releases it (the values the file holds: no update has come since its gather) if every group below
+  // it is gathered already (so the backward asks the pool for no buffer after this: the pool does not grow) and
+  // its shard meets the update's first kKeptTiles tiles. Tiles::queue copies a tile wholly covered by kept shards
+  // instead of reading it from the file, so the first groups' update does not wait for those reads (GPT: the
+  // embedding and block 0 cover tiles 4 and 3 at width 384, tiles 8 to 5 at 512). Each buffer goes back to the
+  // pool once the update has queued the tile at its start (the later tiles lie below it), which is before that
+  // bucket's own update is published, so before any gather of the next forward waits for it; the rest at
+  // finish_update. ----
+  static constexpr size_t kKeptTiles = 4;
+  struct Kept {
+    Bucket* b;
+    AlignedBuffer buf;
+    bool done = false;  // the update reads it no more (under upd_mu_)
+  };
+  bool keep_for_update(Bucket& b, int g) {
+    if (!overlapped() || !b_.last_micro || !b.gathered || in_bf16(b) || tile_elems_ == 0 || held(b) == 0) return false;
+    const size_t nt = (shard_total_ + tile_elems_ - 1) / tile_elems_;
+    const size_t first = nt > kKeptTiles ? (nt - kKeptTiles) * tile_elems_ : 0;  // the update's first tiles: [first, n)
+    if (b.pos + held(b) <= first) return false;
+    for (int h = 0; h < g; h++)
+      for (int i : b_.group_buckets[h])
+        if (!b_.buckets[i]->gathered) return false;  // gathered later in this backward, from the pool
+    kept_lo_ = kept_.empty() ? b.pos : std::min(kept_lo_, b.pos);
+    b_.bind_data(b, nullptr);
+    kept_.push_back({&b, std::move(b.data)});
+    b.data = AlignedBuffer();
+    b.gathered = false;
+    return true;
+  }
+  // Tiles::queue (the update's thread): whether the kept buffers cover [lo, lo + c) of the shard, and the copy.
+  // kept_ is not resized while the update runs; the main thread takes a buffer only once it is done.
+  bool covered_by_kept(size_t lo, size_t c) const {
+    size_t covered = 0;
+    for (const Kept& k : kept_) {
+      const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
+      if (a < e) covered += e - a;
+    }
+    return covered == c;
+  }
+  void copy_kept(size_t lo, size_t c, float* out) {
+    for (const Kept& k : kept_) {
+      const size_t a = std::max(lo, k.b->pos), e = std::min(lo + c, k.b->pos + held(*k.b));
+      if (a >= e) continue;
+      const float* shard = k.buf.data() + (k.b->alone() ? 0 : k.b->so);  // this rank's part of the bucket
+      std::memcpy(out + (a - lo), shard + (a - k.b->pos), sizeof(float) * (e - a));
+    }
+    kept_copied_ += c;
+  }
+  // A tile at lo queued: the buffers at or above lo are done (no later tile meets them).
+  void kept_passed(size_t lo) {
+    std::lock_guard<std::mutex> lk(upd_mu_);
+    for (Kept& k : kept_)
+      if (k.b->pos >= lo) k.done = true;
+  }
+  // The kept buffers the update is done with back to the pool (main thread; all of them once it ended).
+  void return_kept(bool all = false) {
+    if (kept_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lk(upd_mu_);
+      for (Kept& k : kept_)
+        if ((all || k.done) && k.buf.size() != 0) b_.give_back(k.buf);
+    }
+    if (all) kept_.clear();
+  }
+
   // ---- --overlap-update (DataParallelOptions::overlap_update, with --offload params): the exact update on a
   // thread of its own, overlapping the next step's forward. update() hands the tiled update to upd_ and
   // returns. Its tiles run in descending order: buckets are packed in backward order, so the shards of the
@@ -987,8 +1090,8 @@ class Stage3 : public Stage2 {
     if ((int)fresh_spare_.size() < kFresh) fresh_spare_.push_back(std::move(buf));
   }
   bool take_fresh(Bucket& b, ShardRead& r) {
-    if (!upd_.joinable()) return false;
     std::lock_guard<std::mutex> lk(upd_mu_);
+    if (fresh_.empty()) return false;
     Fresh& f = fresh_[b.index];
     // updated(b) held: every tile over b has closed, so a filling buffer is whole.
     if (f.state != Fresh::filling || f.filled != held(b)) return false;
@@ -1001,6 +1104,12 @@ class Stage3 : public Stage2 {
     fresh_taken_++;
     return true;
   }
+  // The kept copies no group took (release_params, the backward's start): the file from now on.
+  void drop_fresh() {
+    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));
+    fresh_.clear();
+    fresh_held_ = 0;
+  }
   void publish(size_t lo) {
     std::lock_guard<std::mutex> lk(upd_mu_);
     upd_lo_ = lo;
@@ -1009,6 +1118,7 @@ class Stage3 : public Stage2 {
   // Whether bucket b's shard holds this step's update (always, with no update in flight; never after a failed
   // one, whose error finish_update throws).
   bool updated(const Bucket& b) {
+    return_kept();
     if (!upd_.joinable()) return true;
     std::lock_guard<std::mutex> lk(upd_mu_);
     return upd_running_ ? upd_lo_ <= b.pos : !upd_error_;
@@ -1029,6 +1139,7 @@ class Stage3 : public Stage2 {
   void wait_updated(const Bucket& b) {
     if (!upd_.joinable()) return;
     go(false);
+    return_kept();
     const double w0 = waited_s_;
     wait_update_for("reach the shard of a gathered group", [&] { return !upd_running_ || upd_lo_ <= b.pos; });
     waited_group_s_ += waited_s_ - w0;
@@ -1045,15 +1156,29 @@ class Stage3 : public Stage2 {
     go(false);
     wait_update_for("finish", [&] { return !upd_running_; });
     upd_.join();
-    for (Fresh& f : fresh_) spare_fresh(std::move(f.buf));  // copies no forward took (the file from now on)
-    fresh_.clear();
+    return_kept(true);
+    // Whole copies no forward took yet stay for the groups still to gather (take_fresh: the file holds the same
+    // values until the next update, whose release_params() drops them, as does the backward); the rest go.
     fresh_held_ = 0;
+    for (size_t i = 0; i < fresh_.size(); i++) {
+      Fresh& f = fresh_[i];
+      if (!upd_error_ && f.state == Fresh::filling && f.filled == held(*b_.buckets[i])) {
+        fresh_held_++;
+        continue;
+      }
+      spare_fresh(std::move(f.buf));
+      f.state = Fresh::none;
+    }
     if (zero_pending_) {  // begin_step's zeroing of the gradient shard the update read
       gshard_.zero();
       zero_pending_ = false;
     }
     if (upd_error_) std::rethrow_exception(std::exchange(upd_error_, nullptr));
   }
+  std::vector<Kept> kept_;   // the backward's gathered buffers kept for the update's first tiles
+  size_t kept_lo_ = 0;       // the lowest shard position among them
+  size_t tile_elems_ = 0;    // the update's tile (elements), once an update has run
+  int64_t kept_copied_ = 0;  // shard elements the updates took from kept buffers instead of the file
   std::thread upd_;
   std::mutex upd_mu_;
   std::condition_variable upd_cv_;

@@ -105,6 +105,7 @@ class ZeroStage {
     // Of waited_s: the waits of groups' gathers for their own shard (the rest waited for the whole update), and
     // of those the first wait after each update's start (the next forward's first group).
     double waited_group_s = 0, waited_first_s = 0;
+    int64_t kept_copied = 0;  // shard elements the updates' first tiles took from the backward's gathers, not the file
   };
   virtual OverlapCounts overlap_counts() const { return {}; }
   virtual bool sharded() const { return true; }  // owned gradients are a shard: norms add over dp
