@@ -80,6 +80,10 @@ offload::IoCounters OffloadTiers::counters() const {
   return c;
 }
 
+void OffloadTiers::drain() {
+  for (offload::ShardFile* f : shards_) f->drain();
+}
+
 nlohmann::json OffloadTiers::report() const {
   if (!state_ && shards_.empty()) return nullptr;
   auto rate = [](double bytes, double s) { return s > 0 ? bytes / s : 0.0; };

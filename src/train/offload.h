@@ -30,6 +30,9 @@ class OffloadTiers {
   // --offload params / grads: the store's shard files (parallel::DataParallel::shard_files), reported and traced
   // beside the optimizer's tier.
   void add_shards(std::vector<offload::ShardFile*> files) { shards_ = std::move(files); }
+  // Waits for every shard file's queued jobs (the last update's read-ahead of the next forward's first groups
+  // among them), so that the counters, the trace and the summary count the same bytes in every run.
+  void drain();
   // The shard and activation files' staging blocks (offload/block_io.h): what they take once used, and the part
   // already held (resident, so inside the RSS a plan measures).
   size_t staging_bytes() const;

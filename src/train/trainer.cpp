@@ -74,6 +74,7 @@ TrainSummary finish_run(Run& r) {
   const ExchangeReport method = r.sync->report(r.start, r.sum.steps_run);
   if (!method.line.empty()) r.log->message(method.line);
   r.ckpt->save_final();
+  r.offload.drain();
   r.offload.trace_into(r.tracer);
   write_trace(r.cfg.trace, r.tracer, r.mesh);
   TrainSummary& sum = r.sum;

@@ -160,8 +160,10 @@ def reads(e: Env, val: str) -> None:
     every parameter, and E the tied embedding group's, wte and wpe: (V + T) x C x 4 = (64 + 16) x 32 x 4 bytes).
     Exact step: per step the forward reads each group's shard once, the update the whole shard, and the backward
     each group's but the tied embedding's, which stays gathered from the forward's end (the group the backward
-    opens first), so reads = steps x (3 S - E); reading it again at the forward's end, or a second time while it
-    is gathered in the backward, adds E per step each. --overlap-update under the hold with an evaluation after
+    opens first), so reads = steps x (3 S - E), plus the last update's read-ahead of the next forward's first two
+    groups (E and block 0's (12 C^2 + 13 C) x 4 bytes), which the run waits for before its summary; reading the
+    tied group again at the forward's end, or a second time while it is gathered in the backward, adds E per step
+    each. --overlap-update under the hold with an evaluation after
     every step: each update ends at the evaluation (settle), and its copies of the first 3 buckets' shards (4096
     floats or fewer each, all in the tied group; Stage3::kFresh) outlive its end, so each evaluation's forward
     takes 3 of them: fresh_taken = 3 x 6; the run's rows (val loss included) equal the in-memory run's."""
@@ -174,8 +176,10 @@ def reads(e: Env, val: str) -> None:
         S, E = 4 * j["params"], (64 + 16) * 32 * 4
         pf = [f for f in j["offload"]["shards"] if f["kind"] == "parameters"]
         got = pf[0]["read_bytes"] if pf else None
-        check(S == j["ranks"][0]["params_offloaded_bytes"] and got == 6 * (3 * S - E),
-              f"reads, exact: the parameter file read 6 x (3 S - E) = {6 * (3 * S - E)} bytes (S {S}, E {E}): {got}")
+        B0 = (12 * 32 * 32 + 13 * 32) * 4
+        want = 6 * (3 * S - E) + E + B0
+        check(S == j["ranks"][0]["params_offloaded_bytes"] and got == want,
+              f"reads, exact: the parameter file read 6 x (3 S - E) + E + B0 = {want} bytes (S {S}, E {E}, B0 {B0}): {got}")
     mid = ["--val-data", val, "--eval-every", 1, "--eval-batches", 2]
     m0, m = (os.path.join(e.wd, f"reads.{x}.jsonl") for x in ("memory", "overlap"))
     r0 = e.run(flags + mid + ["--metrics", m0])
