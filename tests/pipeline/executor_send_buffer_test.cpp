@@ -3,12 +3,15 @@
 // executor waits for it (as a transport whose ring is full does) and only then reads the buffer: every message
 // must still hold the tensor of its own micro-batch. The runner reuses one gradient buffer for every backward (the
 // contract allows it) and gives each forward its own output buffer; the messages of the other ranks arrive at once.
+// IntoRunner writes each output that goes to another rank straight into the executor's buffer (forward_into): that
+// buffer is the message, so it too must stay out of the pool until its send completes.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -94,15 +97,30 @@ struct PatternRunner : pipeline::StageRunner {
   void backward_weight(int, int) override {}
 };
 
-// Runs every rank's list in turn against the stand-in; returns how many messages it checked.
-int check_schedule_sends(const pipeline::ScheduleSpec& spec) {
+// PatternRunner's outputs written into the executor's buffers instead (forward_into); counts the calls.
+struct IntoRunner : PatternRunner {
+  int into = 0;
+  using PatternRunner::PatternRunner;
+  bool forward_into(int c, int i, const float*, float* y) override {
+    const int s = pl.stage_of(rank, c);
+    for (size_t k = 0; k < kN; k++) y[k] = act_value(s, i, k);
+    into++;
+    return true;
+  }
+};
+
+// Runs every rank's list in turn against the stand-in; returns how many messages it checked (and, with an
+// IntoRunner, adds its forward_into calls to *into).
+template <class Runner = PatternRunner>
+int check_schedule_sends(const pipeline::ScheduleSpec& spec, int* into = nullptr) {
   const pipeline::Schedule sched = pipeline::make_schedule(spec);
   const int S = sched.placement.stages(), m = spec.micro_batches;
   int checked = 0;
   for (int r = 0; r < spec.stages; r++) {
     StandIn pp(r, spec.stages);
-    PatternRunner runner(sched.placement, r);
+    Runner runner(sched.placement, r);
     pipeline::run_actions(spec, sched, pp, runner);
+    if constexpr (std::is_same_v<Runner, IntoRunner>) *into += runner.into;
     for (const auto& [tag, msg] : pp.sent) {
       // tag = (kind m + i) S + the receiving stage (executor.cpp); the sender's stage is one before (activation)
       // or after (gradient) it.
@@ -130,6 +148,18 @@ TEST(PipelineExecutorSendBuffers, UntouchedUntilTheSendCompletesZbV) {
   // zb-v, p = 2, V = 2: stages 0 1 | 2 3 on ranks 0 1 | 1 0; stage 1 -> 2 is in memory on rank 1, so 2 messages
   // each way per micro-batch.
   EXPECT_EQ(check_schedule_sends({"zb-v", 2, 4, 2}), 4 * 4);
+}
+
+TEST(PipelineExecutorSendBuffers, ActivationsWrittenByForwardIntoAreUntouchedUntilTheSendCompletes1F1B) {
+  int into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"1f1b", 3, 4, 1}, &into), 4 * 4);
+  EXPECT_EQ(into, 2 * 4) << "every activation sent (2 per micro-batch) was written by forward_into";
+}
+
+TEST(PipelineExecutorSendBuffers, ActivationsWrittenByForwardIntoAreUntouchedUntilTheSendCompletesZbV) {
+  int into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"zb-v", 2, 4, 2}, &into), 4 * 4);
+  EXPECT_EQ(into, 2 * 4) << "every activation sent (stage 0 -> 1 and 2 -> 3 per micro-batch) by forward_into";
 }
 
 }  // namespace
