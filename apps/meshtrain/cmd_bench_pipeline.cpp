@@ -76,6 +76,7 @@ struct BenchPipelineArgs {
   double forward_ms = 20, backward_ratio = 2, activation_kb = 1024, comm_timeout = 120;
   double weight_share = 0.5;  // the weight half's share of a split backward (zero-bubble schedules)
   bool no_overrun_credit = false;  // each sleep on its own (its overrun paid per computation)
+  bool activation_copy = false;    // no forward_into: the executor copies each activation into its message
 };
 
 // Stage work as sleeps: forward F / V per chunk, backward R F / V (split: input half (1 - w) R F / V, weight half
@@ -95,6 +96,7 @@ class SleepRunner : public pipeline::StageRunner {
   // A computation writes its output, here straight into the executor's message buffer (no copy at the send); the
   // write is part of the forward's nominal time, so the sleep is that much shorter.
   bool forward_into(int, int, const float*, float* out) override {
+    if (a_.activation_copy) return false;
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     std::fill(out, out + out_.size(), 1.0f);
@@ -248,10 +250,11 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
               host.machine);
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed), "
-              "%s\n",
+              "%s%s\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps,
               a.no_overrun_credit ? "each sleep its full time (--no-overrun-credit)"
-                                  : "sleeps credited with the rank's earlier overrun");
+                                  : "sleeps credited with the rank's earlier overrun",
+              a.activation_copy ? ", activations copied into their messages at the send (--activation-copy)" : "");
   std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %7s %7s %9s %8s %9s %9s %8s %8s %9s %8s %9s\n", "schedule",
               "m", "V", "measured", "simulated", "nominal", "ideal", "diff pp", "msg ms", "send ms", "post ms",
               "step ms", "/1f1b", "sim 1/2", "b2b ms", "/1f1b", "b2b sim", "exact ms", "/1f1b", "exact sim");
@@ -432,6 +435,9 @@ void add_bench_pipeline_command(CLI::App& bench) {
   sub->add_flag("--no-overrun-credit", a->no_overrun_credit,
                 "sleep each computation's full time (by default a sleep is shortened by what the rank's earlier "
                 "sleeps overran, so emulated compute adds up to its nominal total)");
+  sub->add_flag("--activation-copy", a->activation_copy,
+                "the emulated forward keeps its output in its own buffer and the executor copies it into each "
+                "activation message at the send, as for a runner without forward_into (A/B of that path)");
   sub->callback([a] { run_bench_pipeline(*a); });
 }
 
