@@ -2,7 +2,7 @@
 # Issue 26 (zb-v <= 0.78x 1F1B at m 8, 1 MB): A/B of the message path before and after branch zbv3, one binary.
 #   A: single copy off (MESHTRAIN_SHM_P2P_CMA_KB=0) and --activation-copy: the ring path and the executor's copy of
 #      every activation into its message, as before zbv3;
-#   B: the defaults: 1 MB messages by single copy (process_vm_readv, p2p.h) and activations written by the emulated
+#   B: the defaults: the ring path (single copy is off by default, p2p.h) and activations written by the emulated
 #      forward straight into their message buffers (StageRunner::forward_into).
 # Alternating A, B in one job; 3 pairs of `bench pipeline --stages 4 --micro-batches 8 --steps 6` with zb-h2 and zb-v
 # (each run also runs 1F1B): about 4.5 minutes on the idle 2-core guest.

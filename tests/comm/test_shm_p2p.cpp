@@ -1,8 +1,8 @@
 // The shm point-to-point ring's size contract: a 1 MB message (a pipeline activation of the bench's default size)
 // with its header fits the ring whole, twice, so a send of it ends in the sender's own call, before the receiver
-// has posted anything, and the sender may reuse its buffer at once. That is the ring path's contract: from
-// kP2PCmaMinBytes a send goes by single copy and ends when the receiver has read it (p2p.h), so this test turns single
-// copy off (MESHTRAIN_SHM_P2P_CMA_KB=0, inherited by the ranks).
+// has posted anything, and the sender may reuse its buffer at once. That is the ring path's contract (the default):
+// with single copy on, a send that large ends when the receiver has read it (p2p.h), so this test keeps single copy
+// off whatever the default (MESHTRAIN_SHM_P2P_CMA_KB=0, inherited by the ranks).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -6,8 +6,8 @@
 // pieces of kPublishBytes (each with a doorbell), so a receiver already waiting copies out behind the writer; the
 // receiver rings the sender at each message's end or after a quarter ring read. Matching is by (source,
 // tag) in posting order; a message that arrives before its recv is posted is drained into a private
-// "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out; from
-// kP2PCmaMinBytes, one copy by the receiver straight from the sender's buffer (single copy, below).
+// "unexpected" buffer, so one tag never blocks another. Cost: one copy into the ring, one copy out; with single
+// copy turned on (below), one copy by the receiver straight from the sender's buffer for large messages.
 //
 // Progress happens inside isend/irecv on their own channel (eagerly, as far as the ring allows), inside test() of
 // any request, inside wait() (the awaited channel first; the others' only when the wait would block, so a rank
@@ -46,8 +46,15 @@ constexpr size_t kPublishBytes = 64 * 1024;
 // address and size); the receiver copies the payload straight out of the sender's buffer with process_vm_readv
 // (comm/shm/cma.h) and then consumes the descriptor, which is the sender's ack: the send completes when the receiver
 // has read it (not in isend), which is what isend's contract already allows. The sender's cost per send is writing
-// 32 bytes and a doorbell; the receiver does one copy instead of two. MESHTRAIN_SHM_P2P_CMA_KB overrides the size
-// (0: off), MESHTRAIN_SHM_CMA=0 turns it off with the collectives' single copy.
+// 32 bytes and a doorbell; the receiver does one copy instead of two.
+//
+// Off by default: MESHTRAIN_SHM_P2P_CMA_KB=256 (this constant, the size it was measured at) turns it on from that
+// many KB; MESHTRAIN_SHM_CMA=0 keeps it off. On this work's 2-core Zen 5 guest (bench pipeline --stages 4, m 8,
+// 1 MB, alternating pairs; bench/results/pipeline/zbv3_2026-11-27.md) it cut the sender's time per send from
+// 0.07 to 0.01 ms but raised a waiting receiver's latency from 0.17-0.19 to 0.26-0.28 ms: process_vm_readv of 1 MB
+// costs ~70 us against ~17 us for a memcpy of the same bytes from shared memory, and the receiver's copy no longer
+// overlaps its wake-up (the ring's pieces let it copy behind the writer). zb-v / 1F1B did not move (0.780 against
+// 0.781 means of 3 pairs twice).
 //
 // Fallback where the kernel refuses (EPERM without ptrace access): the first single-copy message on each channel is a
 // probe, and the sender writes nothing behind it until the receiver has consumed it. If the receiver's read failed it
@@ -73,7 +80,7 @@ class P2P {
   bool test(Op& op);
   void wait(Op& op);
 
-  // Sends of at least `bytes` go by single copy (0: none). The constructor sets kP2PCmaMinBytes or the environment's.
+  // Sends of at least `bytes` go by single copy (0: none). The constructor sets the environment's (default none).
   void set_single_copy_min(size_t bytes);
 
  private:
