@@ -3,8 +3,9 @@
 // executor waits for it (as a transport whose ring is full does) and only then reads the buffer: every message
 // must still hold the tensor of its own micro-batch. The runner reuses one gradient buffer for every backward (the
 // contract allows it) and gives each forward its own output buffer; the messages of the other ranks arrive at once.
-// IntoRunner writes each output that goes to another rank straight into the executor's buffer (forward_into): that
-// buffer is the message, so it too must stay out of the pool until its send completes.
+// IntoRunner writes each output that goes to another rank and each input gradient straight into the executor's
+// buffers (forward_into, backward_into): those buffers are the messages, so they too must stay out of the pool until
+// their sends complete.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -97,9 +98,10 @@ struct PatternRunner : pipeline::StageRunner {
   void backward_weight(int, int) override {}
 };
 
-// PatternRunner's outputs written into the executor's buffers instead (forward_into); counts the calls.
+// PatternRunner's outputs and input gradients written into the executor's buffers instead (forward_into,
+// backward_into); counts the calls.
 struct IntoRunner : PatternRunner {
-  int into = 0;
+  int into = 0, grad_into = 0;
   using PatternRunner::PatternRunner;
   bool forward_into(int c, int i, const float*, float* y) override {
     const int s = pl.stage_of(rank, c);
@@ -107,12 +109,18 @@ struct IntoRunner : PatternRunner {
     into++;
     return true;
   }
+  bool backward_into(int c, int i, const float*, bool, float* g) override {
+    const int s = pl.stage_of(rank, c);
+    for (size_t k = 0; k < kN; k++) g[k] = grad_value(s, i, k);
+    grad_into++;
+    return true;
+  }
 };
 
 // Runs every rank's list in turn against the stand-in; returns how many messages it checked (and, with an
 // IntoRunner, adds its forward_into calls to *into).
 template <class Runner = PatternRunner>
-int check_schedule_sends(const pipeline::ScheduleSpec& spec, int* into = nullptr) {
+int check_schedule_sends(const pipeline::ScheduleSpec& spec, int* into = nullptr, int* grad_into = nullptr) {
   const pipeline::Schedule sched = pipeline::make_schedule(spec);
   const int S = sched.placement.stages(), m = spec.micro_batches;
   int checked = 0;
@@ -120,7 +128,10 @@ int check_schedule_sends(const pipeline::ScheduleSpec& spec, int* into = nullptr
     StandIn pp(r, spec.stages);
     Runner runner(sched.placement, r);
     pipeline::run_actions(spec, sched, pp, runner);
-    if constexpr (std::is_same_v<Runner, IntoRunner>) *into += runner.into;
+    if constexpr (std::is_same_v<Runner, IntoRunner>) {
+      *into += runner.into;
+      *grad_into += runner.grad_into;
+    }
     for (const auto& [tag, msg] : pp.sent) {
       // tag = (kind m + i) S + the receiving stage (executor.cpp); the sender's stage is one before (activation)
       // or after (gradient) it.
@@ -150,16 +161,20 @@ TEST(PipelineExecutorSendBuffers, UntouchedUntilTheSendCompletesZbV) {
   EXPECT_EQ(check_schedule_sends({"zb-v", 2, 4, 2}), 4 * 4);
 }
 
-TEST(PipelineExecutorSendBuffers, ActivationsWrittenByForwardIntoAreUntouchedUntilTheSendCompletes1F1B) {
-  int into = 0;
-  EXPECT_EQ(check_schedule_sends<IntoRunner>({"1f1b", 3, 4, 1}, &into), 4 * 4);
+TEST(PipelineExecutorSendBuffers, MessagesWrittenByForwardIntoAndBackwardIntoAreUntouchedUntilTheSendCompletes1F1B) {
+  int into = 0, grad_into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"1f1b", 3, 4, 1}, &into, &grad_into), 4 * 4);
   EXPECT_EQ(into, 2 * 4) << "every activation sent (2 per micro-batch) was written by forward_into";
+  EXPECT_EQ(grad_into, 2 * 4) << "every gradient sent (2 per micro-batch) was written by backward_into";
 }
 
-TEST(PipelineExecutorSendBuffers, ActivationsWrittenByForwardIntoAreUntouchedUntilTheSendCompletesZbV) {
-  int into = 0;
-  EXPECT_EQ(check_schedule_sends<IntoRunner>({"zb-v", 2, 4, 2}, &into), 4 * 4);
+TEST(PipelineExecutorSendBuffers, MessagesWrittenByForwardIntoAndBackwardIntoAreUntouchedUntilTheSendCompletesZbV) {
+  int into = 0, grad_into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"zb-v", 2, 4, 2}, &into, &grad_into), 4 * 4);
   EXPECT_EQ(into, 2 * 4) << "every activation sent (stage 0 -> 1 and 2 -> 3 per micro-batch) by forward_into";
+  // Stages 1, 2 and 3 compute an input gradient (3 per micro-batch): 3 -> 2 and 1 -> 0 are sent, 2 -> 1 is handed
+  // over in memory on rank 1.
+  EXPECT_EQ(grad_into, 3 * 4) << "every input gradient (stages 1-3) was written by backward_into";
 }
 
 }  // namespace

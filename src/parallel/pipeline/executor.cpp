@@ -10,6 +10,7 @@
 namespace mt::pipeline {
 
 bool StageRunner::forward_into(int, int, const float*, float*) { return false; }
+bool StageRunner::backward_into(int, int, const float*, bool, float*) { return false; }
 
 const float* StageRunner::backward_input(int chunk, int micro_batch, const float*) {
   throw Error(str("this stage runner has no split backward: backward_input(i=", micro_batch, ", c=", chunk,
@@ -268,12 +269,18 @@ void ListRun::backward(const Action& a) {
                       : next >= 0           ? grad_out_.at({a.micro_batch, next}).data()
                                             : grad_in_.at(key).data();
   const double t0 = Clock::now_us();
-  const float* g = a.kind == ActionKind::backward ? runner_.backward(a.chunk, a.micro_batch, dout)
-                                                  : runner_.backward_input(a.chunk, a.micro_batch, dout);
-  if (s > 0) {  // the runner reuses its buffer in the next backward; room for the stamp: send_grad sends this buffer
-    std::vector<float>& go = grad_out_[key];
-    go = take(pool_, nm_);
-    std::memcpy(go.data(), g, sizeof(float) * n_);
+  // The input's gradient goes into an executor buffer with room for the stamp (send_grad sends it as it is): written
+  // there by the runner if it can, else copied from the runner's buffer (which it reuses in the next backward).
+  const bool split = a.kind == ActionKind::backward_input;
+  std::vector<float>* go = nullptr;
+  if (s > 0) {
+    go = &grad_out_[key];
+    *go = take(pool_, nm_);
+  }
+  if (!go || !runner_.backward_into(a.chunk, a.micro_batch, dout, split, go->data())) {
+    const float* g = split ? runner_.backward_input(a.chunk, a.micro_batch, dout)
+                           : runner_.backward(a.chunk, a.micro_batch, dout);
+    if (go) std::memcpy(go->data(), g, sizeof(float) * n_);
   }
   if (next >= 0) recycle(grad_out_, {a.micro_batch, next});  // the next stage's gradient has been handed over
   const double t1 = Clock::now_us();
