@@ -76,6 +76,7 @@ struct BenchPipelineArgs {
   double forward_ms = 20, backward_ratio = 2, activation_kb = 1024, comm_timeout = 120;
   double weight_share = 0.5;  // the weight half's share of a split backward (zero-bubble schedules)
   bool no_overrun_credit = false;  // each sleep on its own (its overrun paid per computation)
+  bool message_copy = false;       // no forward_into / backward_into: the executor copies each output into its message
 };
 
 // Stage work as sleeps: forward F / V per chunk, backward R F / V (split: input half (1 - w) R F / V, weight half
@@ -92,6 +93,18 @@ class SleepRunner : public pipeline::StageRunner {
     sleep_ms(a_.forward_ms / V_);
     return out_.data();
   }
+  // A computation writes its output, here straight into the executor's message buffer (no copy at the send); the
+  // write is part of the forward's nominal time, so the sleep is that much shorter.
+  bool forward_into(int, int, const float*, float* out) override {
+    if (a_.message_copy) return false;
+    write_then_sleep(out, a_.forward_ms / V_);
+    return true;
+  }
+  bool backward_into(int, int, const float*, bool input_half, float* out) override {
+    if (a_.message_copy) return false;
+    write_then_sleep(out, (input_half ? 1 - a_.weight_share : 1.0) * a_.backward_ratio * a_.forward_ms / V_);
+    return true;
+  }
   const float* backward(int, int, const float*) override {
     sleep_ms(a_.backward_ratio * a_.forward_ms / V_);
     return grad_.data();
@@ -103,6 +116,12 @@ class SleepRunner : public pipeline::StageRunner {
   void backward_weight(int, int) override { sleep_ms(a_.weight_share * a_.backward_ratio * a_.forward_ms / V_); }
 
  private:
+  void write_then_sleep(float* out, double ms) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    std::fill(out, out + out_.size(), 1.0f);
+    sleep_ms(ms - std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+  }
   void sleep_ms(double ms) {
     using clock = std::chrono::steady_clock;
     const double want = a_.no_overrun_credit ? ms : std::max(0.0, ms - overrun_ms_);
@@ -128,6 +147,12 @@ class TieSender : public pipeline::StageRunner {
   ~TieSender() override { req_.wait(); }
   size_t activation_count() const override { return r_.activation_count(); }
   const float* forward(int c, int i, const float* in) override { return r_.forward(c, i, in); }
+  bool forward_into(int c, int i, const float* in, float* out) override { return r_.forward_into(c, i, in, out); }
+  bool backward_into(int c, int i, const float* d, bool input_half, float* out) override {
+    if (!r_.backward_into(c, i, d, input_half, out)) return false;
+    sent(i);
+    return true;
+  }
   const float* backward(int c, int i, const float* d) override {
     const float* g = r_.backward(c, i, d);
     sent(i);
@@ -238,10 +263,11 @@ void run_bench_pipeline(const BenchPipelineArgs& a) {
               host.machine);
   std::printf("pipeline executor with emulated compute: p = %d ranks, forward %.3g ms per rank, backward %.3g x "
               "(split: input half %.3g, weight half %.3g of it), activation %.0f KB, %d steps (first not timed), "
-              "%s\n",
+              "%s%s\n",
               p, a.forward_ms, a.backward_ratio, 1 - a.weight_share, a.weight_share, a.activation_kb, a.steps,
               a.no_overrun_credit ? "each sleep its full time (--no-overrun-credit)"
-                                  : "sleeps credited with the rank's earlier overrun");
+                                  : "sleeps credited with the rank's earlier overrun",
+              a.message_copy ? ", outputs copied into their messages by the executor (--message-copy)" : "");
   std::printf("%-12s %3s %2s %9s %10s %9s %8s %8s %7s %7s %7s %9s %8s %9s %9s %8s %8s %9s %8s %9s\n", "schedule",
               "m", "V", "measured", "simulated", "nominal", "ideal", "diff pp", "msg ms", "send ms", "post ms",
               "step ms", "/1f1b", "sim 1/2", "b2b ms", "/1f1b", "b2b sim", "exact ms", "/1f1b", "exact sim");
@@ -422,6 +448,9 @@ void add_bench_pipeline_command(CLI::App& bench) {
   sub->add_flag("--no-overrun-credit", a->no_overrun_credit,
                 "sleep each computation's full time (by default a sleep is shortened by what the rank's earlier "
                 "sleeps overran, so emulated compute adds up to its nominal total)");
+  sub->add_flag("--message-copy", a->message_copy,
+                "the emulated forward and backward keep their outputs in buffers of their own and the executor copies "
+                "them into the messages, as for a runner without forward_into / backward_into (A/B of that path)");
   sub->callback([a] { run_bench_pipeline(*a); });
 }
 

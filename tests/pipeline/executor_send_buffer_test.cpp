@@ -3,12 +3,16 @@
 // executor waits for it (as a transport whose ring is full does) and only then reads the buffer: every message
 // must still hold the tensor of its own micro-batch. The runner reuses one gradient buffer for every backward (the
 // contract allows it) and gives each forward its own output buffer; the messages of the other ranks arrive at once.
+// IntoRunner writes each output that goes to another rank and each input gradient straight into the executor's
+// buffers (forward_into, backward_into): those buffers are the messages, so they too must stay out of the pool until
+// their sends complete.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -94,15 +98,40 @@ struct PatternRunner : pipeline::StageRunner {
   void backward_weight(int, int) override {}
 };
 
-// Runs every rank's list in turn against the stand-in; returns how many messages it checked.
-int check_schedule_sends(const pipeline::ScheduleSpec& spec) {
+// PatternRunner's outputs and input gradients written into the executor's buffers instead (forward_into,
+// backward_into); counts the calls.
+struct IntoRunner : PatternRunner {
+  int into = 0, grad_into = 0;
+  using PatternRunner::PatternRunner;
+  bool forward_into(int c, int i, const float*, float* y) override {
+    const int s = pl.stage_of(rank, c);
+    for (size_t k = 0; k < kN; k++) y[k] = act_value(s, i, k);
+    into++;
+    return true;
+  }
+  bool backward_into(int c, int i, const float*, bool, float* g) override {
+    const int s = pl.stage_of(rank, c);
+    for (size_t k = 0; k < kN; k++) g[k] = grad_value(s, i, k);
+    grad_into++;
+    return true;
+  }
+};
+
+// Runs every rank's list in turn against the stand-in; returns how many messages it checked (and, with an
+// IntoRunner, adds its forward_into calls to *into).
+template <class Runner = PatternRunner>
+int check_schedule_sends(const pipeline::ScheduleSpec& spec, int* into = nullptr, int* grad_into = nullptr) {
   const pipeline::Schedule sched = pipeline::make_schedule(spec);
   const int S = sched.placement.stages(), m = spec.micro_batches;
   int checked = 0;
   for (int r = 0; r < spec.stages; r++) {
     StandIn pp(r, spec.stages);
-    PatternRunner runner(sched.placement, r);
+    Runner runner(sched.placement, r);
     pipeline::run_actions(spec, sched, pp, runner);
+    if constexpr (std::is_same_v<Runner, IntoRunner>) {
+      *into += runner.into;
+      *grad_into += runner.grad_into;
+    }
     for (const auto& [tag, msg] : pp.sent) {
       // tag = (kind m + i) S + the receiving stage (executor.cpp); the sender's stage is one before (activation)
       // or after (gradient) it.
@@ -130,6 +159,22 @@ TEST(PipelineExecutorSendBuffers, UntouchedUntilTheSendCompletesZbV) {
   // zb-v, p = 2, V = 2: stages 0 1 | 2 3 on ranks 0 1 | 1 0; stage 1 -> 2 is in memory on rank 1, so 2 messages
   // each way per micro-batch.
   EXPECT_EQ(check_schedule_sends({"zb-v", 2, 4, 2}), 4 * 4);
+}
+
+TEST(PipelineExecutorSendBuffers, MessagesWrittenByForwardIntoAndBackwardIntoAreUntouchedUntilTheSendCompletes1F1B) {
+  int into = 0, grad_into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"1f1b", 3, 4, 1}, &into, &grad_into), 4 * 4);
+  EXPECT_EQ(into, 2 * 4) << "every activation sent (2 per micro-batch) was written by forward_into";
+  EXPECT_EQ(grad_into, 2 * 4) << "every gradient sent (2 per micro-batch) was written by backward_into";
+}
+
+TEST(PipelineExecutorSendBuffers, MessagesWrittenByForwardIntoAndBackwardIntoAreUntouchedUntilTheSendCompletesZbV) {
+  int into = 0, grad_into = 0;
+  EXPECT_EQ(check_schedule_sends<IntoRunner>({"zb-v", 2, 4, 2}, &into, &grad_into), 4 * 4);
+  EXPECT_EQ(into, 2 * 4) << "every activation sent (stage 0 -> 1 and 2 -> 3 per micro-batch) by forward_into";
+  // Stages 1, 2 and 3 compute an input gradient (3 per micro-batch): 3 -> 2 and 1 -> 0 are sent, 2 -> 1 is handed
+  // over in memory on rank 1.
+  EXPECT_EQ(grad_into, 3 * 4) << "every input gradient (stages 1-3) was written by backward_into";
 }
 
 }  // namespace

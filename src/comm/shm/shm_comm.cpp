@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "comm/copy.h"
+#include "comm/shm/cma.h"
 #include "comm/deadline.h"
 #include "comm/reduce.h"
 #include "core/env.h"
@@ -420,21 +421,6 @@ size_t ShmCommunicator::broadcast_chunk_elems(size_t count, size_t e) const {
 // staged pipeline, whose copy-out reads lines the root has just written). Each rank notes whether its copies
 // worked and arrives at the second step, after which every buffer may be reused. Everyone reads every rank's
 // note after that step, so all of them agree on falling back to the staged path.
-namespace {
-// Copies `bytes` between this process and process `pid` at `remote`; false if the kernel refuses.
-bool cma_copy(int pid, char* local, uint64_t remote, size_t bytes, bool write) {
-  size_t done = 0;
-  while (done < bytes) {
-    iovec l{local + done, bytes - done};
-    iovec r{reinterpret_cast<void*>(remote + done), bytes - done};
-    ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-    if (got <= 0) return false;
-    done += static_cast<size_t>(got);
-  }
-  return true;
-}
-}  // namespace
-
 bool ShmCommunicator::broadcast_cma(Ctx& c) {
   CmaWaits yielding(this);
   const CollArgs& a = c.a;

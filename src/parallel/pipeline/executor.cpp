@@ -9,6 +9,9 @@
 
 namespace mt::pipeline {
 
+bool StageRunner::forward_into(int, int, const float*, float*) { return false; }
+bool StageRunner::backward_into(int, int, const float*, bool, float*) { return false; }
+
 const float* StageRunner::backward_input(int chunk, int micro_batch, const float*) {
   throw Error(str("this stage runner has no split backward: backward_input(i=", micro_batch, ", c=", chunk,
                   ") needs one (use a schedule without backward_input / backward_weight actions)"));
@@ -23,8 +26,10 @@ namespace {
 // Every message is the tensor (n floats) followed by the sender's clock when it sent it (a double in two
 // floats), so the receiver can tell how long a message it was waiting for took to arrive. A gradient message is
 // the buffer the backward copied the runner's gradient into (sized for the stamp), handed to the send as it is;
-// an activation is copied from the runner's output into a message buffer first: that output belongs to the
-// runner (its store may drop, recompute or move it after the forward), so the send does not read it in place.
+// an activation is the buffer the runner's forward_into wrote it into (taken from the pool before the forward), or,
+// for a runner without forward_into, copied from the runner's output into a message buffer first: that output
+// belongs to the runner (its store may drop, recompute or move it after the forward), so the send does not read it
+// in place.
 constexpr size_t kStamp = sizeof(double) / sizeof(float);
 
 void put_stamp(std::vector<float>& msg, size_t n, double t) { std::memcpy(msg.data() + n, &t, sizeof t); }
@@ -127,6 +132,7 @@ class ListRun {
   Buffers act_in_, grad_in_, grad_out_;
   Requests act_req_, grad_req_;  // receives posted ahead
   std::map<Key, const float*> act_out_;
+  Buffers act_msg_;  // activations written by forward_into, each its own message (room for the stamp) until sent
   std::vector<InFlight> sends_;
 };
 
@@ -235,8 +241,18 @@ void ListRun::forward(const Action& a) {
   const int s = pl_.stage_of(j_, a.chunk), prev = local_chunk(a.micro_batch, s - 1);
   // A previous stage on this rank hands its output over in memory.
   const float* input = s == 0 ? nullptr : prev >= 0 ? act_out_.at({a.micro_batch, prev}) : act_in_.at(key).data();
+  // An output that goes to another rank is written straight into a message buffer if the runner can.
+  const bool sent = s < pl_.stages() - 1 && local_chunk(a.micro_batch, s + 1) < 0;
+  std::vector<float> msg = sent ? take(pool_, nm_) : std::vector<float>();
   const double t0 = Clock::now_us();
-  act_out_[key] = runner_.forward(a.chunk, a.micro_batch, input);
+  if (sent && runner_.forward_into(a.chunk, a.micro_batch, input, msg.data())) {
+    act_out_[key] = msg.data();
+    recycle(act_msg_, key);  // a forward of the same micro-batch and chunk again (not in a list the checker passes)
+    act_msg_[key] = std::move(msg);
+  } else {
+    act_out_[key] = runner_.forward(a.chunk, a.micro_batch, input);
+    if (sent) pool_.push_back(std::move(msg));
+  }
   const double t1 = Clock::now_us();
   st_.forward_us += t1 - t0;
   st_.chunk_forward_us[a.chunk] += t1 - t0;
@@ -253,12 +269,18 @@ void ListRun::backward(const Action& a) {
                       : next >= 0           ? grad_out_.at({a.micro_batch, next}).data()
                                             : grad_in_.at(key).data();
   const double t0 = Clock::now_us();
-  const float* g = a.kind == ActionKind::backward ? runner_.backward(a.chunk, a.micro_batch, dout)
-                                                  : runner_.backward_input(a.chunk, a.micro_batch, dout);
-  if (s > 0) {  // the runner reuses its buffer in the next backward; room for the stamp: send_grad sends this buffer
-    std::vector<float>& go = grad_out_[key];
-    go = take(pool_, nm_);
-    std::memcpy(go.data(), g, sizeof(float) * n_);
+  // The input's gradient goes into an executor buffer with room for the stamp (send_grad sends it as it is): written
+  // there by the runner if it can, else copied from the runner's buffer (which it reuses in the next backward).
+  const bool split = a.kind == ActionKind::backward_input;
+  std::vector<float>* go = nullptr;
+  if (s > 0) {
+    go = &grad_out_[key];
+    *go = take(pool_, nm_);
+  }
+  if (!go || !runner_.backward_into(a.chunk, a.micro_batch, dout, split, go->data())) {
+    const float* g = split ? runner_.backward_input(a.chunk, a.micro_batch, dout)
+                           : runner_.backward(a.chunk, a.micro_batch, dout);
+    if (go) std::memcpy(go->data(), g, sizeof(float) * n_);
   }
   if (next >= 0) recycle(grad_out_, {a.micro_batch, next});  // the next stage's gradient has been handed over
   const double t1 = Clock::now_us();
@@ -297,7 +319,14 @@ void ListRun::act(const Action& a, const OptimizerStep& step) {
       forward(a);
       break;
     case ActionKind::send_act:
-      send(act_out_.at(key), a, 0, pl_.stage_of(j_, a.chunk) + 1, "send activation");
+      if (auto it = act_msg_.find(key); it != act_msg_.end()) {  // forward_into's buffer is the message: no copy
+        const double t_call = Clock::now_us();
+        std::vector<float> msg = std::move(it->second);
+        act_msg_.erase(it);
+        send_msg(std::move(msg), t_call, a, 0, pl_.stage_of(j_, a.chunk) + 1, "send activation");
+      } else {
+        send(act_out_.at(key), a, 0, pl_.stage_of(j_, a.chunk) + 1, "send activation");
+      }
       break;
     case ActionKind::post_recv_grad:
       post_recv(grad_in_, grad_req_, a, 1, "recv gradient");
@@ -348,7 +377,7 @@ void ListRun::act(const Action& a, const OptimizerStep& step) {
 PipelineStats ListRun::finish(double t_start) {
   drain_sends();
   const double t_end = Clock::now_us();
-  for (Buffers* bufs : {&act_in_, &grad_in_})
+  for (Buffers* bufs : {&act_in_, &grad_in_, &act_msg_})
     for (auto& [k, v] : *bufs) pool_.push_back(std::move(v));
   st_.span_us = t_end - t_start - step_us_;
   st_.lists = 1;

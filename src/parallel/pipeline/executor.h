@@ -29,6 +29,16 @@ class StageRunner {
   virtual ~StageRunner() = default;
   virtual size_t activation_count() const = 0;  // floats in one micro-batch's activation
   virtual const float* forward(int chunk, int micro_batch, const float* input) = 0;
+  // Optional: the forward with its output written into `out` (room for activation_count() floats), a buffer the
+  // executor then sends as it is, without copying the output into a message. Called instead of forward for a stage
+  // whose output goes to another rank. The default returns false without computing: the executor then calls forward
+  // and copies its output into the message at the send (runners whose output lives in their own storage).
+  virtual bool forward_into(int chunk, int micro_batch, const float* input, float* out);
+  // Optional, as forward_into for the gradient: backward (input_half: backward_input) with the input's gradient
+  // written into `out`, the executor's buffer that is then the gradient message (or, for a previous stage on this
+  // rank, its output gradient). Called instead of backward / backward_input on every stage but the first; the
+  // default returns false without computing, and the executor copies the runner's gradient as before.
+  virtual bool backward_into(int chunk, int micro_batch, const float* output_grad, bool input_half, float* out);
   virtual const float* backward(int chunk, int micro_batch, const float* output_grad) = 0;
   // The split backward (schedule.h): backward_input returns the input's gradient as backward does (null on
   // stage 0), backward_weight then accumulates the parameter gradients. Runners without it throw mt::Error.
