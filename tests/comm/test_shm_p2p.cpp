@@ -1,12 +1,9 @@
 // The shm point-to-point ring's size contract: a 1 MB message (a pipeline activation of the bench's default size)
 // with its header fits the ring whole, twice, so a send of it ends in the sender's own call, before the receiver
-// has posted anything, and the sender may reuse its buffer at once. That is the ring path's contract (the default):
-// with single copy on, a send that large ends when the receiver has read it (p2p.h), so this test keeps single copy
-// off whatever the default (MESHTRAIN_SHM_P2P_CMA_KB=0, inherited by the ranks).
+// has posted anything, and the sender may reuse its buffer at once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "comm/launch.h"
@@ -19,10 +16,6 @@ namespace {
 TEST(ShmP2P, TwoOneMegabyteSendsEndBeforeTheReceiverPostsAndTheirBuffersAreFree) {
   static_assert(mt::comm::shm::kChannelBytes >= 2 * ((size_t{1} << 20) + 16),
                 "the ring must hold two 1 MB messages with their 16-byte headers");
-  setenv("MESHTRAIN_SHM_P2P_CMA_KB", "0", 1);
-  struct Unset {
-    ~Unset() { unsetenv("MESHTRAIN_SHM_P2P_CMA_KB"); }
-  } unset;
   LaunchOptions o;
   o.nproc = 2;
   o.backend = "shm";

@@ -1,9 +1,7 @@
 // The shm point-to-point engine's piecewise publishing (src/comm/shm/p2p.h kPublishBytes): a send hands its bytes to
 // the receiver in pieces, each with a doorbell, so that a waiting receiver copies out behind the writer; the receiver
 // rings the sender back once per message or per quarter ring read, never per piece. Two engines (ranks 0 and 1) on
-// one region in this process's memory, driven by the test's own threads: what each rings is counted exactly. Every
-// engine here has single copy off (set_single_copy_min(0)): these are the ring path's rules, which hold below
-// kP2PCmaMinBytes (the single-copy path: test_shm_p2p_single_copy.cpp).
+// one region in this process's memory, driven by the test's own threads: what each rings is counted exactly.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -51,7 +49,6 @@ std::vector<float> pattern(size_t n, int seed) {
 TEST(ShmP2PPieces, ASendRingsTheReceiverOncePerPiece) {
   Region r(2, size_t{2} << 20);
   P2P sender(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-  sender.set_single_copy_min(0);  // the ring path
   const size_t bytes = (size_t{1} << 20) + 8;  // a pipeline message: 1 MB and the executor's stamp
   std::vector<char> buf(bytes, 1);
   const uint32_t before = r.bell(1);
@@ -69,9 +66,7 @@ TEST(ShmP2PPieces, ASendRingsTheReceiverOncePerPiece) {
 TEST(ShmP2PPieces, AReceiverRingsTheSenderOncePerMessageWhenItReadsOnlyWholeMessages) {
   Region r(2, size_t{2} << 20);
   P2P sender(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-  sender.set_single_copy_min(0);  // the ring path
   P2P receiver(r.L, 1, SpinPolicy{2, 200}, deadline_poll());
-  receiver.set_single_copy_min(0);  // the ring path
   const size_t n = (size_t{1} << 20) / sizeof(float);
   std::vector<float> a = pattern(n, 1), got(n);
   Request s = sender.isend(a.data(), n * sizeof(float), 1, 3, 10);
@@ -93,11 +88,9 @@ TEST(ShmP2PPieces, AMessageLargerThanTheRingDrainsWithTheQuarterRingDoorbell) {
   std::atomic<bool> sender_failed{false};
   std::string sender_error;
   P2P receiver(r.L, 1, SpinPolicy{2, 200}, deadline_poll());
-  receiver.set_single_copy_min(0);  // the ring path
   std::thread t([&] {
     try {
       P2P sender(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-      sender.set_single_copy_min(0);  // the ring path
       Request x = sender.isend(a.data(), n * sizeof(float), 1, 1, 5);
       Request y = sender.isend(b.data(), n * sizeof(float), 1, 2, 5);
       x.wait();
@@ -133,11 +126,9 @@ TEST(ShmP2PPieces, MessagesReadWhileTheyArePublishedArriveWhole) {
   for (int i = 0; i < k; i++) sent.push_back(pattern(n, 10 + i));
   std::string sender_error;
   P2P receiver(r.L, 1, SpinPolicy{2, 200}, deadline_poll());
-  receiver.set_single_copy_min(0);  // the ring path
   std::thread t([&] {
     try {
       P2P sender(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-      sender.set_single_copy_min(0);  // the ring path
       std::vector<Request> q;
       for (int i = 0; i < k; i++) q.push_back(sender.isend(sent[i].data(), n * sizeof(float), 1, 100 + i, 10));
       for (Request& x : q) x.wait();
@@ -162,11 +153,8 @@ TEST(ShmP2PPieces, MessagesReadWhileTheyArePublishedArriveWhole) {
 TEST(ShmP2PPieces, ACallReadsItsOwnChannelAndLeavesOthersUntilItWouldBlock) {
   Region r(3, (size_t{2} << 20) + 4096);
   P2P r0(r.L, 0, SpinPolicy{2, 200}, deadline_poll());
-  r0.set_single_copy_min(0);  // the ring path
   P2P r1(r.L, 1, SpinPolicy{2, 200}, deadline_poll());
-  r1.set_single_copy_min(0);  // the ring path
   P2P r2(r.L, 2, SpinPolicy{2, 200}, deadline_poll());
-  r2.set_single_copy_min(0);  // the ring path
   const size_t n = (size_t{1} << 20) / sizeof(float);
   std::vector<float> from0 = pattern(n, 4), from2 = pattern(n, 5), out = pattern(n, 6), got(n), got0(n);
   ASSERT_TRUE(r0.isend(from0.data(), n * sizeof(float), 1, 7, 10).test());

@@ -1,16 +1,10 @@
 #include "comm/shm/p2p.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstddef>
 #include <cstring>
 
 #include "comm/copy.h"
 #include "comm/deadline.h"
-#include "comm/shm/cma.h"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace mt::comm::shm {
@@ -21,18 +15,8 @@ struct WireHeader {
   int32_t tag;
   uint32_t magic;
 };
-constexpr uint32_t kWireMagic = 0x7032706d;  // the payload follows in the ring
-constexpr uint32_t kCmaMagic = 0x70326d63;   // a CmaDesc follows: the receiver reads the payload from the sender
+constexpr uint32_t kWireMagic = 0x7032706d;
 static_assert(sizeof(WireHeader) == 16);
-// Written with its header in one publication. `status` is the receiver's answer to a channel's probe (p2p.h): 0, or 1
-// if it could not read the sender's buffer and expects the payload inline behind the descriptor.
-struct CmaDesc {
-  uint64_t addr;  // the send buffer, in the sender's address space
-  int32_t pid;    // the sender's process
-  uint32_t status;
-};
-static_assert(sizeof(CmaDesc) == 16);
-constexpr size_t kCmaRecord = sizeof(WireHeader) + sizeof(CmaDesc);
 
 void ring_write(char* ring, size_t cap, uint64_t pos, const void* src, size_t len) {
   size_t at = pos % cap, first = std::min(len, cap - at);
@@ -52,12 +36,6 @@ void ring_read(const char* ring, size_t cap, uint64_t pos, void* dst, size_t len
   size_t at = pos % cap, first = std::min(len, cap - at);
   copy_bytes(dst, ring + at, first, false);
   if (len > first) copy_bytes(static_cast<char*>(dst) + first, ring, len - first, false);
-}
-// The receiver's write of a probe's status into the descriptor (ordered before the tail's release store).
-void ring_poke(char* ring, size_t cap, uint64_t pos, const void* src, size_t len) {
-  size_t at = pos % cap, first = std::min(len, cap - at);
-  std::memcpy(ring + at, src, first);
-  if (len > first) std::memcpy(ring, static_cast<const char*>(src) + first, len - first);
 }
 }  // namespace
 
@@ -82,17 +60,7 @@ struct P2P::Op : detail::RequestState {
 
 P2P::P2P(Layout layout, int rank, SpinPolicy spin, Poll poll)
     : L_(layout), me_(rank), spin_(spin), poll_(std::move(poll)), sendq_(layout.n), posted_(layout.n),
-      unexpected_(layout.n), incoming_(layout.n), announced_(layout.n, 0), pid_(getpid()), cma_(layout.n, Cma::unknown),
-      acks_(layout.n), cma_read_(layout.n, 0) {
-  // Off unless asked for (p2p.h: on this work's host it measured slower on the pipeline's critical path).
-  if (auto kb = env_int("MESHTRAIN_SHM_P2P_CMA_KB", 0, 1L << 30)) cma_min_ = size_t(*kb) * 1024;
-  if (env_flag("MESHTRAIN_SHM_CMA") == false) cma_min_ = 0;
-}
-
-void P2P::set_single_copy_min(size_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
-  cma_min_ = bytes;
-}
+      unexpected_(layout.n), incoming_(layout.n), announced_(layout.n, 0) {}
 
 Request P2P::isend(const void* buf, size_t bytes, int peer, int tag, double timeout_s) {
   auto op = std::make_shared<Op>();
@@ -127,8 +95,6 @@ Request P2P::irecv(void* buf, size_t bytes, int peer, int tag, double timeout_s)
     if ((*it)->data.size() != bytes) {
       op->error = str("recv from rank ", peer, " with tag ", tag, " expects ", bytes, " bytes but the message has ",
                       (*it)->data.size(), " (mismatched send/recv)");
-    } else if (!(*it)->error.empty()) {
-      op->error = (*it)->error;
     } else if (bytes) {
       std::memcpy(op->buf, (*it)->data.data(), bytes);
     }
@@ -201,64 +167,20 @@ void P2P::progress_loop() {
 
 void P2P::progress() {
   for (int p = 0; p < L_.n; ++p) {
-    if (!sendq_[p].empty() || !acks_[p].empty()) progress_send(p);
+    if (!sendq_[p].empty()) progress_send(p);
     progress_recv(p);
   }
-}
-
-// The receiver consumes a single-copy descriptor after its copy: a tail past it completes the send. The channel's
-// probe (the first) comes back with the receiver's status; refused, the send goes back to the front of the queue with
-// its header already out, and its payload follows inline right behind the descriptor (nothing was written after it).
-// Returns the tail read: the caller writes only below it + cap, where every descriptor has been looked at here.
-uint64_t P2P::reap_acks(int peer) {
-  const uint64_t tail = L_.chan(me_, peer).tail.load(std::memory_order_acquire);
-  auto& q = acks_[peer];
-  while (!q.empty() && q.front().end <= tail) {
-    Acked a = std::move(q.front());
-    q.pop_front();
-    if (cma_[peer] == Cma::probing) {
-      uint32_t status = 0;
-      ring_read(L_.ring(me_, peer), L_.chan_bytes, a.end - sizeof(CmaDesc) + offsetof(CmaDesc, status), &status,
-                sizeof status);
-      if (status != 0) {
-        cma_[peer] = Cma::off;
-        sendq_[peer].push_front(std::move(a.op));
-        continue;
-      }
-      cma_[peer] = Cma::on;
-    }
-    a.op->finished = true;
-  }
-  return tail;
 }
 
 void P2P::progress_send(int peer) {
   ChannelCtrl& ch = L_.chan(me_, peer);
   char* ring = L_.ring(me_, peer);
   const size_t cap = L_.chan_bytes;
-  const uint64_t tail = reap_acks(peer);
   bool wrote = false;
-  // While the channel's probe is out nothing is written behind it (its payload may have to follow it inline).
-  while (!sendq_[peer].empty() && cma_[peer] != Cma::probing) {
+  while (!sendq_[peer].empty()) {
     Op& op = *sendq_[peer].front();
     uint64_t head = ch.head.load(std::memory_order_relaxed);
-    size_t space = cap - (head - tail);
-    if (!op.header_sent && cma_min_ && op.bytes >= cma_min_ && cma_[peer] != Cma::off) {
-      if (space < kCmaRecord) break;
-      const WireHeader h{op.bytes, op.tag, kCmaMagic};
-      const CmaDesc d{reinterpret_cast<uint64_t>(op.buf), pid_, 0};
-      ring_write(ring, cap, head, &h, sizeof h);
-      ring_write(ring, cap, head + sizeof h, &d, sizeof d);
-      head += kCmaRecord;
-      stream_fence();
-      ch.head.store(head, std::memory_order_release);
-      op.header_sent = true;
-      acks_[peer].push_back({std::move(sendq_[peer].front()), head});
-      sendq_[peer].pop_front();
-      if (cma_[peer] == Cma::unknown) cma_[peer] = Cma::probing;
-      wrote = true;
-      continue;
-    }
+    size_t space = cap - (head - ch.tail.load(std::memory_order_acquire));
     if (!op.header_sent) {
       if (space < sizeof(WireHeader)) break;
       WireHeader h{op.bytes, op.tag, kWireMagic};
@@ -296,7 +218,7 @@ void P2P::progress_recv(int src) {
   const char* ring = L_.ring(src, me_);
   const size_t cap = L_.chan_bytes;
   Incoming& in = incoming_[src];
-  bool ended = false;  // a message ended in this call, or a single-copy descriptor was consumed (the sender's ack)
+  bool ended = false;  // a message ended in this call
   for (;;) {
     uint64_t tail = ch.tail.load(std::memory_order_relaxed);
     size_t avail = ch.head.load(std::memory_order_acquire) - tail;
@@ -304,8 +226,7 @@ void P2P::progress_recv(int src) {
       if (avail < sizeof(WireHeader)) break;
       WireHeader h;
       ring_read(ring, cap, tail, &h, sizeof h);
-      MT_ASSERT(h.magic == kWireMagic || h.magic == kCmaMagic, "corrupt p2p stream from rank ", src);
-      if (h.magic == kCmaMagic && avail < kCmaRecord) break;  // published whole: not reached
+      MT_ASSERT(h.magic == kWireMagic, "corrupt p2p stream from rank ", src);
       tail += sizeof h;
       avail -= sizeof h;
       in = Incoming{};
@@ -328,12 +249,6 @@ void P2P::progress_recv(int src) {
         in.unexp = std::make_shared<Unexpected>();
         in.unexp->tag = h.tag;
         in.unexp->data.resize(h.bytes);
-      }
-      if (h.magic == kCmaMagic) {
-        read_single_copy(src, tail);
-        tail += sizeof(CmaDesc);
-        avail -= sizeof(CmaDesc);
-        ended = true;
       }
     }
     size_t k = std::min(avail, in.bytes - in.done);
@@ -361,36 +276,6 @@ void P2P::progress_recv(int src) {
   }
 }
 
-// The payload of the single-copy message whose descriptor is at `pos`, straight from the sender's buffer into the
-// posted receive (or the unexpected buffer). A channel's first descriptor that cannot be read is refused (p2p.h): the
-// payload then follows inline and `in` stays open for it. A later failure ends the receive with an error.
-void P2P::read_single_copy(int src, uint64_t pos) {
-  Incoming& in = incoming_[src];
-  char* ring = L_.ring(src, me_);
-  CmaDesc d;
-  ring_read(ring, L_.chan_bytes, pos, &d, sizeof d);
-  char* dst = in.unexp ? in.unexp->data.data() : in.recv->buf;
-  if (in.bytes == 0 || cma_copy(d.pid, dst, d.addr, in.bytes, false)) {
-    cma_read_[src] = 1;
-    in.done = in.bytes;
-    return;
-  }
-  const int err = errno;
-  if (!cma_read_[src]) {
-    const uint32_t refused = 1;
-    ring_poke(ring, L_.chan_bytes, pos + offsetof(CmaDesc, status), &refused, sizeof refused);
-    return;
-  }
-  const std::string why = str("single-copy read of a ", in.bytes, "-byte message with tag ", in.tag, " from rank ",
-                              src, " (pid ", d.pid, ") failed: ", std::strerror(err),
-                              err == ESRCH ? " (that process has ended)" : "");
-  if (in.recv && in.recv->error.empty())
-    in.recv->error = why;
-  else
-    in.unexp->error = why;
-  in.done = in.bytes;
-}
-
 void P2P::finish_unexpected(int src, std::shared_ptr<Unexpected> u) {
   // A recv posted while this message was arriving unclaimed gets it now.
   auto& pq = posted_[src];
@@ -400,8 +285,6 @@ void P2P::finish_unexpected(int src, std::shared_ptr<Unexpected> u) {
     if (op.bytes != u->data.size()) {
       op.error = str("recv from rank ", src, " with tag ", u->tag, " expects ", op.bytes, " bytes but the message has ",
                      u->data.size(), " (mismatched send/recv)");
-    } else if (!u->error.empty()) {
-      op.error = u->error;
     } else if (op.bytes) {
       std::memcpy(op.buf, u->data.data(), op.bytes);
     }
