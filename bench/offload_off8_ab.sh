@@ -1,7 +1,7 @@
 #!/bin/bash
 # ZeRO 3 --offload optimizer,params at batch 4, widths 384 and 512 (GPT 4 layers, V 8192, T 256, one rank, one
 # thread, 8M tiles): this build's exact and --overlap-update steps against main's overlapped step (before off8) and,
-# optionally, this build without the pieces (Tiles::piece_elems() returning 0), all alternating in every round of
+# optionally, a second base binary (session 17: main without the pieces, since removed), all alternating in every round of
 # one job (bench/offload_bound_bench.py --base/--base2). Prints per kind and round step / max(compute, I/O) (the
 # issue's figure; compute = the in-memory step of the same round) with the load, the forward's waits for the
 # update (overlap_update.waited_s, of it the first group's) and writes the JSON beside the text.

@@ -43,24 +43,7 @@ void TiledOptimizer::step_from(TileSource& src, const std::vector<Segment>& segm
       s.grad = s.state;
       if (params_as_state) s.param = s.state;
     }
-    const size_t P = src.piece_elems(), m = hi - lo;
-    if (P == 0 || m <= P) {
-      inner_->step(p, g, tile_, lr, step);
-    } else {
-      const size_t np = (m + P - 1) / P;
-      for (size_t k = 0; k < np; k++) {
-        const size_t j = src.descending() ? np - 1 - k : k, a = j * P, b = std::min(m, a + P);
-        cut(tile_, a, b, piece_);
-        for (Segment& s : piece_) {  // back to offsets relative to the tile, as the state's window is
-          s.state += a;
-          s.grad = s.state;
-          if (params_as_state) s.param = s.state;
-        }
-        inner_->scale_next_grads(tile_scale_);
-        inner_->step(p, g, piece_, lr, step);
-        src.piece_done(t, lo, lo + a, lo + b);
-      }
-    }
+    inner_->step(p, g, tile_, lr, step);
     src.close(t, lo, hi);
   });
 }
@@ -73,7 +56,6 @@ void TiledOptimizer::run(const std::vector<Segment>& segments, TileSource* src,
   const size_t n = st.size(flat[0]), T = tier.tile_elems();
   const float gs = grad_scale_;
   grad_scale_ = 1.0f;
-  tile_scale_ = gs;
   auto close = [&] {
     for (size_t k : flat) st.set_window(k, nullptr);
   };

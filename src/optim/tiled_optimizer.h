@@ -35,14 +35,6 @@ class TileSource {
   // True: the tiles are opened in descending order (tiles - 1, ..., 0), the tier reading ahead in that order
   // (StateTier::set_descending); the update is the same.
   virtual bool descending() const { return false; }
-  // Pieces: when piece_elems() = P > 0 and a tile holds more than P elements, the tile is updated in pieces on
-  // the grid lo, lo + P, lo + 2P, ... (taken in the tiles' order: from the top down when descending()), and
-  // piece_done(t, lo, a, b) follows each piece's update: elements [a, b) of tile t (opened at lo) hold their
-  // updated values in the buffer open() returned, at a - lo; the tile's other elements may not yet. close(t, lo,
-  // hi) still follows the tile's last piece. A tile of at most P elements is one piece, with no piece_done.
-  // The update is the same (each piece's segments cut as the tiles' are).
-  virtual size_t piece_elems() const { return 0; }
-  virtual void piece_done(size_t /*t*/, size_t /*lo*/, size_t /*a*/, size_t /*b*/) {}
 };
 
 class TiledOptimizer final : public Optimizer {
@@ -69,8 +61,7 @@ class TiledOptimizer final : public Optimizer {
   void run(const std::vector<Segment>& segments, TileSource* src,
            const std::function<void(size_t, size_t, size_t)>& tile_step);
   std::unique_ptr<Optimizer> inner_;
-  std::vector<Segment> tile_, piece_;
-  float tile_scale_ = 1.0f;  // during run(): the clipping scale every tile's (and piece's) call is handed
+  std::vector<Segment> tile_;
 };
 
 }  // namespace mt::optim

@@ -11,8 +11,7 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      6 updates on the thread, 3 of them released by a next forward (steps 0, 2, 4; the others end at the evaluation
      and checkpoint after their step) and some forward groups taking their shard from the update's copy in memory
      rather than the file (fresh_taken > 0); nothing is left in --offload-dir. Also once without the hold (the real
-     timing). And once with 16 KiB tiles under the hold: each tile is updated and published in pieces of 4 KiB
-     (Stage3::Tiles::piece_done), the same bits.
+     timing). And once with 16 KiB tiles under the hold (several groups' shards in one tile), the same bits.
   2. bf16 products at dp 2 (the mirror the bf16 gathers read is rounded by the update tile by tile), both kinds,
      under the hold: rows and final weights equal the in-memory bf16 run's.
   3. Resume: overlapped to step 2, in memory to step 4, overlapped to the end (dp 2, optimizer,params,grads) ends
@@ -25,8 +24,7 @@ forward whatever the timing, and the summary's overlap_update counts say so.
      at ZeRO 2 without --delayed-update.
 Mutation checks (by hand, before committing): with the wait for a group's shard removed (Stage3::wait_updated a
 no-op and updated() always true) part 1 fails (rows and weights differ at nproc 1 and dp 2), and so it does with
-the update's copy left unwritten (Stage3::keep_fresh without its memcpy); with Tiles::piece_done writing each piece
-from the tile's start, the pieces runs fail (rows, weights, checkpoints). Part 4 (off8): with the tied group released at
+the update's copy left unwritten (Stage3::keep_fresh without its memcpy). Part 4 (off8): with the tied group released at
 the forward's end (Stage3::after_forward), or start_read reading a gathered group's shard, the exact run's read
 figure fails (2018304 and 2028544 bytes against 1956864); with finish_update dropping every kept copy, fresh_taken
 is 0 against 18; with Tiles reading three tiles ahead instead of two (into the buffer of the tile being updated),
@@ -79,7 +77,7 @@ def equality(e: Env, val: str) -> None:
         check(len(a) == 6 and sum("val_loss" in x for x in a) == 3, f"np {np_}: 6 rows, 3 with a val loss")
         for kinds, hold, tile in (("optimizer,params", True, "4096"), ("optimizer,params,grads", True, "4096"),
                                   ("optimizer,params", False, "4096"), ("optimizer,params", True, "16384")):
-            tag = f"np {np_} {kinds}{' hold' if hold else ''}{' pieces' if tile != '4096' else ''}"
+            tag = f"np {np_} {kinds}{' hold' if hold else ''}{' 16 KiB tiles' if tile != '4096' else ''}"
             m, w, c, s = (os.path.join(e.wd, f"np{np_}.{kinds}.{hold}.{tile}{x}") for x in (".jsonl", ".safetensors", ".ckpt", ".json"))
             shutil.rmtree(c, ignore_errors=True)
             env = {"MESHTRAIN_OVERLAP_HOLD": "1"} if hold else {}

@@ -730,7 +730,6 @@ class Stage3 : public Stage2 {
       T_ = T;
       n_ = n;
       nt_ = (n + T - 1) / T;
-      pieced_ = false;
       nb_ = s_.overlapped() && nt_ > 2 ? 3 : 2;
       for (int k = 0; k < nb_; k++) {  // tiles start at multiples of 4096 bytes: congruent buffers need no staging
         if (s_.pf_) p_[k].resize(T + offload::kCongruentSlack);
@@ -750,20 +749,8 @@ class Stage3 : public Stage2 {
       const float* g = s_.gf_ ? at(g_[t % nb_], lo) : s_.gshard_.data() + lo;
       return {p, g};
     }
-    // --overlap-update: the tile in 8 pieces (an eighth of the tile, rounded down to the file's 4096-byte blocks,
-    // on which the tiles start too; 1 MiB of an 8 MiB tile), each written back, rounded into the mirror, kept and
-    // published as soon as it is updated (piece_done), so that a group of the next forward whose shard starts
-    // inside a tile (the first: GPT's embedding) waits only for the pieces at and above its start.
-    size_t piece_elems() const override {
-      constexpr size_t block = 4096 / sizeof(float);
-      return s_.overlapped() ? std::max(block, T_ / 8 / block * block) : 0;
-    }
-    void piece_done(size_t t, size_t lo, size_t a, size_t b) override {
-      done(at(p_[t % nb_], lo) + (a - lo), a, b);
-      pieced_ = true;
-    }
     void close(size_t t, size_t lo, size_t hi) override {
-      if (!s_.pf_ || std::exchange(pieced_, false)) return;  // pieces: each one already went out
+      if (!s_.pf_) return;
       done(at(p_[t % nb_], lo), lo, hi);
     }
     void end() override {
@@ -779,7 +766,7 @@ class Stage3 : public Stage2 {
    private:
     // Elements [lo, hi) of the shard, updated at p: written back and rounded into the mirror; with
     // --overlap-update kept for the forward and published: [lo, n) is updated in the mirror and, for a read
-    // queued from now on, in the file (the pieces and tiles come from the top down).
+    // queued from now on, in the file (the tiles come from the top down).
     void done(const float* p, size_t lo, size_t hi) {
       wt_[buf_of(lo)] = s_.pf_->write_async(lo, hi - lo, p);
       if (!s_.pshard16_.empty()) to_bf16(p, s_.pshard16_.data() + lo, hi - lo);
@@ -813,7 +800,6 @@ class Stage3 : public Stage2 {
     int nb_ = 2;
     AlignedBuffer p_[3], g_[3];
     offload::ShardFile::Ticket pt_[3] = {0, 0, 0}, gt_[3] = {0, 0, 0};
-    bool pieced_ = false;  // the open tile's pieces went out one by one (piece_done)
     offload::ShardFile::Ticket wt_[3] = {0, 0, 0};  // per buffer: the last write-back queued from it
     bool kept_open_ = false;  // the backward's kept buffers are this update's to copy from (Stage3::kept_)
   };
