@@ -263,7 +263,8 @@ const float* Gpt::gather_rows(nn::ActivationStore& store, const float* local, in
 
 
 double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                    float dscale, nn::ParamHooks* hooks, const float* stage_input) {
+                    float dscale, nn::ParamHooks* hooks, const float* stage_input, float* output_into) {
+  MT_ASSERT(!output_into || output_into_applies(), "output_into given to the last stage or one without blocks");
   nn::GroupHooks hk(params_, hooks);
   const int S = tp_size();
   const int C = cfg_.n_embd, L = cfg_.n_layer, Vl = (int)(v1_ - v0_);
@@ -294,7 +295,7 @@ double Gpt::forward(nn::ActivationStore& store, int mb, const int32_t* inputs, c
   }
 
   for (int l = begin_; l < end_; l++) {
-    float* res3 = store.get(mb, key(l, "res3"), (size_t)Nr * C);
+    float* res3 = output_into && l == end_ - 1 ? output_into : store.get(mb, key(l, "res3"), (size_t)Nr * C);
     hk.before_forward(1 + l);
     // With recomputation the block's intermediates go to one scratch set shared by all layers (rebuilt in
     // backward); only the block's output (the next block's input) is kept per layer.

@@ -106,9 +106,14 @@ class Gpt {
   // in the store for backward (dscale = 1 / tokens in the global batch makes the gradient that of the
   // global mean). Without targets: stops after the final LayerNorm (for logits_last) and returns 0.
   // A stage that is not the first takes its input activation [B*T, C] in stage_input instead of token ids
-  // (inputs may then be null); a stage that is not the last returns 0 and leaves stage_output().
+  // (inputs may then be null); a stage that is not the last returns 0 and leaves stage_output(), or, given
+  // output_into (room for stage_output's rows_here(B*T) x C floats; only a stage that is not the last and holds
+  // blocks: output_into_applies()), writes its last block's output there instead of into the store (the pipeline
+  // executor's message buffer: no copy at the send; nothing of this stage's backward reads it).
   double forward(nn::ActivationStore& store, int mb, const int32_t* inputs, const int32_t* targets, int B, int T,
-                 float dscale, nn::ParamHooks* hooks = nullptr, const float* stage_input = nullptr);
+                 float dscale, nn::ParamHooks* hooks = nullptr, const float* stage_input = nullptr,
+                 float* output_into = nullptr);
+  bool output_into_applies() const { return !last_stage() && end_ > begin_; }
   // Accumulates parameter gradients for micro-batch mb (forward must have run with targets). A stage that
   // is not the last takes the gradient of its output in dout; one that is not the first leaves the
   // gradient of its input in stage_input_grad() (valid until the next backward).

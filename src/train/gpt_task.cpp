@@ -193,14 +193,24 @@ class GptTask : public TrainTask {
       return (size_t)t.model_->rows_here(mbs * t.T_) * t.model_->config().n_embd;
     }
     const float* forward(int c, int i, const float* input) override {
+      run_forward(c, i, input, nullptr);
+      model::Gpt& g = *t.chunks_[c];
+      return g.last_stage() ? nullptr : g.stage_output(t.store_, i * t.pp_.spec.virtual_stages + c, mbs, t.T_);
+    }
+    // The stage's output written straight into the executor's message buffer (model::Gpt::forward's output_into).
+    bool forward_into(int c, int i, const float* input, float* out) override {
+      if (!t.chunks_[c]->output_into_applies()) return false;
+      run_forward(c, i, input, out);
+      return true;
+    }
+    void run_forward(int c, int i, const float* input, float* out) {
       model::Gpt& g = *t.chunks_[c];
       const int key = i * t.pp_.spec.virtual_stages + c;
       t.inputs_.resize((size_t)mbs * t.T_);
       t.targets_.resize((size_t)mbs * t.T_);
       data::gpt_batch(t.shard_, step, t.B_, t.T_, first + i * mbs, mbs, t.inputs_.data(), t.targets_.data());
       g.set_moe_position(step, first + i * mbs);
-      loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, hooks, input);
-      return g.last_stage() ? nullptr : g.stage_output(t.store_, key, mbs, t.T_);
+      loss += g.forward(t.store_, key, t.inputs_.data(), t.targets_.data(), mbs, t.T_, dscale, hooks, input, out);
     }
     const float* backward(int c, int i, const float* dout) override {
       model::Gpt& g = *t.chunks_[c];
