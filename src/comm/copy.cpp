@@ -84,6 +84,12 @@ void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
   std::memcpy(dst, src, n);
 }
 
+void copy_in_pieces(void* dst, const void* src, size_t n) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (size_t o = 0; o < n; o += kOwnCopyPieceBytes) std::memcpy(d + o, s + o, std::min(kOwnCopyPieceBytes, n - o));
+}
+
 CopyInPolicy CopyInPolicy::fixed(bool stream) {
   CopyInPolicy p(0, 0);
   p.fixed_ = true;

@@ -36,6 +36,12 @@ constexpr size_t kCopyLoopMinBytes = 1024;
 // dst[0..n) = src[0..n) (no overlap); `stream` selects non-temporal stores. Call stream_fence() before the
 // data is handed to another thread or process.
 void copy_bytes(void* dst, const void* src, size_t n, bool stream);
+// n bytes as memcpy calls of kOwnCopyPieceBytes each: the C library copies pieces of that size with its string
+// instruction (rep movsb), which on CPUs with fast strings writes whole lines without reading them first, and never
+// takes its non-temporal path. For a rank's own block in the single-copy collectives, where the destination is
+// not read before the call ends: 8 MB all-to-all 0.99-1.03x OpenMPI against 0.93-0.98x with copy_bytes (Zen 5).
+constexpr size_t kOwnCopyPieceBytes = size_t{128} << 10;
+void copy_in_pieces(void* dst, const void* src, size_t n);
 void stream_fence();
 
 // Chooses the stores of copies into shared memory from measured rates (bytes per second). While ordinary,

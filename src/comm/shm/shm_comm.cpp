@@ -491,7 +491,7 @@ bool ShmCommunicator::all_gather_cma(Ctx& c, bool published) {
     if (s.count) ok = cma_copy(L_.ctrl(q).pid, recv + s.offset * c.e, L_.ctrl(q).cma_addr, s.count * c.e, false);
   }
   if (ok && a.send != recv + own.offset * c.e && own.count) {
-    copy_bytes(recv + own.offset * c.e, a.send, own.count * c.e, false);
+    copy_in_pieces(recv + own.offset * c.e, a.send, own.count * c.e);
   }
   me.cma_failed = ok ? 0 : 1;
   sync(c);
@@ -520,7 +520,7 @@ bool ShmCommunicator::all_to_all_cma(Ctx& c, bool published) {
     const int q = (r + i) % n;
     ok = cma_copy(L_.ctrl(q).pid, recv + q * block, L_.ctrl(q).cma_addr + r * block, block, false);
   }
-  if (ok) copy_bytes(recv + r * block, send + r * block, block, false);
+  if (ok) copy_in_pieces(recv + r * block, send + r * block, block);
   me.cma_failed = ok ? 0 : 1;
   sync(c);
   for (int p = 0; p < n; ++p) {
@@ -693,7 +693,8 @@ void ShmCommunicator::all_to_all_v(Ctx& c) {
   const bool own_stream = rtot * c.e >= kStreamMinBytes;
   auto copy_own = [&] {
     size_t k = std::min(a.send_counts[r], a.recv_counts[r]);
-    if (k) copy_bytes(recv + roff[r] * c.e, send + soff[r] * c.e, k * c.e, own_stream);
+    if (k && own_stream) copy_bytes(recv + roff[r] * c.e, send + soff[r] * c.e, k * c.e, true);
+    if (k && !own_stream) copy_in_pieces(recv + roff[r] * c.e, send + soff[r] * c.e, k * c.e);
   };
   // After a failed single copy cma_ is off on every rank, and the call runs again staged.
   auto single_copy = [&] {
