@@ -24,6 +24,7 @@
 #include "comm/shm/shm_comm.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/shared_heap.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include "comm/mpi/mpi_comm.h"
 #endif
@@ -33,6 +34,7 @@ namespace mt::comm {
 namespace {
 
 constexpr size_t kArenaBytes = size_t{64} << 30;  // virtual; pages are taken only when touched
+constexpr long kSharedHeapSliceMb = 16 << 10;      // each rank's slice of the shared heap: address space, 16 GiB
 
 // Signals the supervisor forwards to the workers (and reports as an interruption). SIGHUP: the terminal went
 // away; handled like SIGTERM so that the ranks end and the job's memory is released the same way.
@@ -86,6 +88,7 @@ bool is_stopped(pid_t pid) {
   job.block().pids[r] = getpid();
   set_fatal_sink(job.block().rank_error[r], shm::kErrorChars);  // a signal handler's last words
   shm::bind_rank(r, job.block().bind_width);  // before any thread of the rank starts: they inherit it
+  shared_heap::enter_rank(r);
   int code = 0;
   std::unique_ptr<shm::ShmCommunicator> world;
   try {
@@ -127,6 +130,16 @@ LaunchResult run_shm(const LaunchOptions& o, const std::function<void(Communicat
   shm::Job job(n, kArenaBytes);
   job.block().bind_width = shm::job_bind_width(n, o.threads_per_rank);
   uint64_t region = shm::ShmCommunicator::create_region(job, n);
+  // The shared heap (core/shared_heap.h): made before the fork so that every rank maps it at the same address.
+  // MESHTRAIN_SHARED_HEAP_MB sets each rank's slice of address space (0: no heap, every buffer private).
+  const long heap_mb = env_int("MESHTRAIN_SHARED_HEAP_MB", 0, long(1) << 30).value_or(kSharedHeapSliceMb);
+  const bool heap = n > 1 && heap_mb > 0 && shared_heap::create(n, size_t(heap_mb) << 20);
+  struct HeapGuard {
+    bool on;
+    ~HeapGuard() {
+      if (on) shared_heap::destroy();
+    }
+  } heap_guard{heap};
   const flight::FaultPoint fault = flight::parse_fault(o.fault);
   // MESHTRAIN_FLIGHT_RECORDER=0 turns the recorder off (to measure what it costs: docs/faults.md).
   const bool recording = env_flag("MESHTRAIN_FLIGHT_RECORDER").value_or(true);

@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "core/shared_heap.h"
+
 namespace mt {
 
 // A failed allocation that says its size: "cannot allocate 3.7 GB (...)". Still a std::bad_alloc.
@@ -31,25 +33,37 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t count) { resize(count); }
+  // A buffer in the job's shared heap (core/shared_heap.h) when there is one and it has room, else private
+  // memory: for the send buffers of collectives, which peers then read with ordinary loads. Stays shared
+  // across resize(). Everything else about it is as above.
+  static AlignedBuffer shared(size_t count) {
+    AlignedBuffer b;
+    b.shared_ = true;
+    b.resize(count);
+    return b;
+  }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  AlignedBuffer(AlignedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  AlignedBuffer(AlignedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), shared_(o.shared_) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
+    std::swap(shared_, o.shared_);
     return *this;
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { free_data(); }
 
   // Reallocates (contents are lost, new contents are zero) unless the size is unchanged.
   void resize(size_t count) {
     if (count == size_) return;
-    std::free(data_);
+    free_data();
     data_ = nullptr;
     size_ = count;
     if (count == 0) return;
     size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
-    data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (shared_) data_ = static_cast<float*>(shared_heap::allocate(bytes));
+    if (!data_) data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
     if (!data_) throw OutOfMemory(std::exchange(size_, 0) * sizeof(float));
     std::memset(data_, 0, bytes);
   }
@@ -63,10 +77,16 @@ class AlignedBuffer {
   size_t bytes() const { return size_ * sizeof(float); }
   float& operator[](size_t i) { return data_[i]; }
   float operator[](size_t i) const { return data_[i]; }
+  // True when the data lies in the shared heap (a shared() buffer that found room there).
+  bool in_shared_heap() const { return data_ && shared_heap::contains(data_, size_ * sizeof(float)); }
 
  private:
+  void free_data() {
+    if (data_ && !(shared_ && shared_heap::release(data_))) std::free(data_);
+  }
   float* data_ = nullptr;
   size_t size_ = 0;
+  bool shared_ = false;
 };
 
 }  // namespace mt

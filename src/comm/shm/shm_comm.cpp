@@ -438,7 +438,7 @@ bool ShmCommunicator::broadcast_cma(Ctx& c) {
       if (p != r) ok = ok && cma_copy(L_.ctrl(p).pid, buf + head, L_.ctrl(p).cma_addr + head, tail, true);
     }
   } else {
-    ok = cma_copy(L_.ctrl(a.root).pid, buf, L_.ctrl(a.root).cma_addr, head, false);
+    ok = read_peer(L_.ctrl(a.root).pid, buf, L_.ctrl(a.root).cma_addr, head);
   }
   me.cma_failed = ok ? 0 : 1;
   sync(c);
@@ -488,7 +488,7 @@ bool ShmCommunicator::all_gather_cma(Ctx& c, bool published) {
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
     const Shard s = shard_of(a.count, n, q);
-    if (s.count) ok = cma_copy(L_.ctrl(q).pid, recv + s.offset * c.e, L_.ctrl(q).cma_addr, s.count * c.e, false);
+    if (s.count) ok = read_peer(L_.ctrl(q).pid, recv + s.offset * c.e, L_.ctrl(q).cma_addr, s.count * c.e);
   }
   if (ok && a.send != recv + own.offset * c.e && own.count) {
     copy_in_pieces(recv + own.offset * c.e, a.send, own.count * c.e);
@@ -518,7 +518,7 @@ bool ShmCommunicator::all_to_all_cma(Ctx& c, bool published) {
   bool ok = true;
   for (int i = 1; i < n && ok; ++i) {
     const int q = (r + i) % n;
-    ok = cma_copy(L_.ctrl(q).pid, recv + q * block, L_.ctrl(q).cma_addr + r * block, block, false);
+    ok = read_peer(L_.ctrl(q).pid, recv + q * block, L_.ctrl(q).cma_addr + r * block, block);
   }
   if (ok) copy_in_pieces(recv + r * block, send + r * block, block);
   me.cma_failed = ok ? 0 : 1;
@@ -756,7 +756,7 @@ bool ShmCommunicator::all_to_all_v_cma(Ctx& c, const uint64_t* M, size_t W, cons
     const int q = (r + i) % n;  // start at the next rank: the ranks' reads spread over the peers
     const uint64_t* row = M + size_t(q) * W;
     const size_t k = a.recv_counts[q];
-    if (k) ok = cma_copy(L_.ctrl(q).pid, recv + roff[q] * c.e, row[3 * n + 1] + row[2 * n + r] * c.e, k * c.e, false);
+    if (k) ok = read_peer(L_.ctrl(q).pid, recv + roff[q] * c.e, row[3 * n + 1] + row[2 * n + r] * c.e, k * c.e);
   }
   RankCtrl& me = L_.ctrl(r);
   me.cma_failed = ok ? 0 : 1;
