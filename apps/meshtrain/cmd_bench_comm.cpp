@@ -53,6 +53,8 @@
 #include "comm/shm/job.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "comm/shm/cma.h"
+#include "tensor/buffer.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -80,6 +82,7 @@ struct BenchConfig {
   bool mpi_native = false;  // internal: this process is the OpenMPI peer under mpirun
   bool bound = false;       // --bound: time the single-copy bound after each all_gather / all_to_all(_v) row
   std::string stores = "auto";
+  std::string buffers = "shared";  // --buffers: the send and receive buffers in the job's shared heap, or private
 };
 
 // --stores: how copies into shared memory are stored (comm/copy.h CopyInPolicy); several give one row each
@@ -160,6 +163,8 @@ constexpr double kStartupWarmSeconds = 0.3;
 struct Results {
   int nrows;
   Row rows[kMaxRows];
+  int shared_buffers;                           // rank 0's buffers lie in the shared heap
+  comm::shm::PeerReads reads;                   // rank 0's single-copy reads of peers' memory, by path
 };
 
 std::vector<size_t> sizes_of(const BenchConfig& c) {
@@ -227,18 +232,6 @@ uint64_t moved_bytes(OpKind k, size_t bytes, size_t e, int n) {
 
 bool has_bound(OpKind k) { return k == OpKind::all_gather || is_a2a(k); }
 
-// Reads `bytes` at `remote` in process `pid` into `local` with process_vm_readv; false if the kernel refuses.
-bool read_peer(int pid, char* local, uint64_t remote, size_t bytes) {
-  for (size_t done = 0; done < bytes;) {
-    iovec l{local + done, bytes - done};
-    iovec rm{reinterpret_cast<void*>(remote + done), bytes - done};
-    const ssize_t got = process_vm_readv(pid, &l, 1, &rm, 1, 0);
-    if (got <= 0) return false;
-    done += static_cast<size_t>(got);
-  }
-  return true;
-}
-
 // Runs every op and size on `w`; rank 0 records rows.
 void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
   const int n = w.size(), r = w.rank();
@@ -246,8 +239,17 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
   const size_t e = comm::dtype_size(t);
   const std::vector<size_t> sizes = sizes_of(cfg);
   const size_t max_count = sizes.empty() ? 0 : sizes.back() / e;
-  std::vector<char> send(max_count * e + 64), recv(max_count * e + 64);
-  auto set = [&](std::vector<char>& buf, size_t i, float v) {
+  // --buffers shared (the default): both buffers in the job's shared heap, as training allocates the send buffers of
+  // its gathers and all-to-alls (AlignedBuffer::shared), so peers read them with ordinary loads; private: ordinary
+  // memory, read through the kernel (process_vm_readv) like OpenMPI's (which has no shared heap: under mpirun the
+  // buffers are private either way).
+  const size_t buf_bytes = max_count * e + 64;
+  const bool shared = cfg.buffers == "shared";
+  AlignedBuffer send_buf = shared ? AlignedBuffer::shared(buf_bytes / 4 + 1) : AlignedBuffer(buf_bytes / 4 + 1);
+  AlignedBuffer recv_buf = shared ? AlignedBuffer::shared(buf_bytes / 4 + 1) : AlignedBuffer(buf_bytes / 4 + 1);
+  char* send = reinterpret_cast<char*>(send_buf.data());
+  char* recv = reinterpret_cast<char*>(recv_buf.data());
+  auto set = [&](char* buf, size_t i, float v) {
     if (t == DType::f32) {
       std::memcpy(&buf[i * 4], &v, 4);
     } else {
@@ -286,7 +288,7 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
   };
   std::vector<Peer> peers(static_cast<size_t>(n));
   if (cfg.bound) {
-    const Peer mine{uint64_t(getpid()), reinterpret_cast<uint64_t>(send.data())};
+    const Peer mine{uint64_t(getpid()), reinterpret_cast<uint64_t>(send)};
     w.all_gather(&mine, peers.data(), sizeof(Peer) * size_t(n), DType::u8);
   }
   const std::vector<int> store_modes = parse_stores(cfg.stores);
@@ -306,19 +308,19 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
       const std::vector<size_t> counts(n, cpr);
       auto run = [&] {
         switch (k) {
-          case OpKind::all_reduce: w.all_reduce(send.data(), recv.data(), count, t, ReduceOp::sum); break;
-          case OpKind::reduce_scatter: w.reduce_scatter(send.data(), recv.data(), count, t, ReduceOp::sum); break;
-          case OpKind::broadcast: w.broadcast(recv.data(), count, t, 0); break;
-          case OpKind::all_to_all: w.all_to_all(send.data(), recv.data(), cpr, t); break;
+          case OpKind::all_reduce: w.all_reduce(send, recv, count, t, ReduceOp::sum); break;
+          case OpKind::reduce_scatter: w.reduce_scatter(send, recv, count, t, ReduceOp::sum); break;
+          case OpKind::broadcast: w.broadcast(recv, count, t, 0); break;
+          case OpKind::all_to_all: w.all_to_all(send, recv, cpr, t); break;
           case OpKind::all_to_all_v:
-            w.all_to_all_v(send.data(), counts.data(), nullptr, recv.data(), counts.data(), nullptr, t);
+            w.all_to_all_v(send, counts.data(), nullptr, recv, counts.data(), nullptr, t);
             break;
-          default: w.all_gather(send.data() + own.offset * e, recv.data(), count, t); break;
+          default: w.all_gather(send + own.offset * e, recv, count, t); break;
         }
       };
       for (int mode : store_modes) {
         // Outputs start wrong (NaN; broadcast: -1 off the root), so a row checks its own calls only.
-        std::fill(recv.begin(), recv.end(), char(0xFF));
+        std::memset(recv, 0xFF, buf_bytes);
         if (k == OpKind::broadcast) {
           for (size_t i = 0; i < count; ++i) set(recv, i, r == 0 ? pattern(0, i) : -1.f);
         }
@@ -368,13 +370,13 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
               const int q = (r + i) % n;
               const comm::Shard s = comm::shard_of(moved, n, q);
               const size_t from = a2a_bound ? comm::shard_of(moved, n, r).offset : s.offset;
-              copied = read_peer(int(peers[q].pid), recv.data() + s.offset * e, peers[q].addr + from * e,
-                                 s.count * e) && copied;
+              copied = comm::shm::cma_copy(int(peers[q].pid), recv + s.offset * e, peers[q].addr + from * e,
+                                            s.count * e, false) && copied;
             }
             const comm::Shard s = comm::shard_of(moved, n, r);
-            std::memcpy(recv.data() + s.offset * e, send.data() + s.offset * e, s.count * e);
+            std::memcpy(recv + s.offset * e, send + s.offset * e, s.count * e);
           };
-          std::fill(recv.begin(), recv.end(), char(0xFF));
+          std::memset(recv, 0xFF, buf_bytes);
           bound_us = time_op(r, cfg.seconds_per_size, bound, max_over_ranks);
           if (max_over_ranks(copied ? 0.0 : 1.0) > 0) {
             bound_us = -1;  // the kernel refused (ptrace rules)
@@ -393,6 +395,10 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
         }
       }
     }
+  }
+  if (r == 0) {
+    out->shared_buffers = send_buf.in_shared_heap() && recv_buf.in_shared_heap();
+    out->reads = comm::shm::peer_reads();
   }
 }
 
@@ -518,6 +524,14 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
                 "ours/bnd, mpi/bnd = bound time / that side's time (1.00 = at the bound)\n");
   std::printf("# stores = how copies into shared memory were stored (--stores: auto = chosen at run time from the "
               "measured rate of ordinary stores, ord, nt = streaming); nt%% = share of rank 0's copies streamed\n");
+  std::printf("# buffers = %s (--buffers %s; shared: in the job's shared heap, where a peer's send buffer is read with "
+              "ordinary loads; private: ordinary memory, read through the kernel with process_vm_readv, as OpenMPI "
+              "reads its own)\n",
+              res.shared_buffers ? "shared" : "private", cfg.buffers.c_str());
+  std::printf("# rank 0's single-copy reads of peers' memory: %.1f MB in %llu calls by ordinary loads, %.1f MB in %llu "
+              "calls by process_vm_readv (the bound's own not counted)\n",
+              double(res.reads.direct_bytes) / 1e6, (unsigned long long)res.reads.direct_calls,
+              double(res.reads.kernel_bytes) / 1e6, (unsigned long long)res.reads.kernel_calls);
   if (!note.empty()) std::printf("# note: %s\n", note.c_str());
   int last_op = -1;
   for (int i = 0; i < res.nrows; ++i) {
@@ -682,6 +696,11 @@ void add_bench_comm_command(CLI::App& bench) {
   sub->add_flag("--bound", cfg->bound,
                 "shm: after each all_gather / all_to_all(_v) row, time the single-copy bound at that size (each rank "
                 "reads its peers' shards with process_vm_readv, copies its own; ours/bnd and mpi/bnd columns)");
+  sub->add_option("--buffers", cfg->buffers,
+                  "shared: send and receive buffers in the job's shared heap, where peers read them with ordinary "
+                  "loads (as training's collective buffers) | private: ordinary memory, read through the kernel")
+      ->check(CLI::IsMember({"shared", "private"}))
+      ->capture_default_str();
   sub->add_flag("!--no-mpi-peer", cfg->mpi_peer, "do not run OpenMPI's collectives for comparison");
   sub->add_flag("--mpi-native", cfg->mpi_native, "internal: time OpenMPI's own collectives (run under mpirun)")
       ->group("");
