@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/shared_heap.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -18,9 +19,33 @@ namespace mt::comm::testing {
 // Rank r's element i: a small integer in [-5, 5], different per rank and position.
 inline float input_value(int r, size_t i) { return static_cast<float>(static_cast<int>((r * 7 + i * 3 + i / 5) % 11) - 5); }
 
+// While a SharedBufs lives, Bufs made on this thread allocate in the job's shared heap (core/shared_heap.h) when
+// there is one, so that peers read them with ordinary loads; private memory otherwise.
+inline thread_local bool g_shared_bufs = false;
+struct SharedBufs {
+  SharedBufs() { g_shared_bufs = true; }
+  ~SharedBufs() { g_shared_bufs = false; }
+};
+template <class T>
+struct HeapAllocator {
+  using value_type = T;
+  HeapAllocator() = default;
+  template <class U>
+  HeapAllocator(const HeapAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = g_shared_bufs ? shared_heap::allocate(n * sizeof(T)) : nullptr;
+    if (!p) p = ::operator new(n * sizeof(T));
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) {
+    if (!shared_heap::release(p)) ::operator delete(p);
+  }
+  bool operator==(const HeapAllocator&) const { return true; }
+};
+
 struct Buf {
   DType t;
-  std::vector<char> bytes;
+  std::vector<char, HeapAllocator<char>> bytes;
   Buf(DType t_, size_t n) : t(t_), bytes(n * dtype_size(t_) + 1) {}  // +1: never a null data() for n = 0
   void* data() { return bytes.data(); }
   size_t count() const { return (bytes.size() - 1) / dtype_size(t); }
