@@ -23,11 +23,11 @@
 //
 // --bound (shm backend; all_gather, all_to_all, all_to_all_v): after each such row, the same ranks time the copy
 // bound of a single-copy collective at that size, back to back with the row: each rank reads the (n-1) peers'
-// shards of S/n (all_to_all(_v): the peer's block for this rank) straight from their send buffers with
-// process_vm_readv (the kernel's copy, which our single-copy
-// paths and OpenMPI's CMA path both use) and copies its own shard with memcpy, all ranks at once, with no
-// synchronisation between calls (time_op's per-batch maximum only). No collective moving these bytes between
-// processes by one copy can be faster on the host at that moment. Columns: bnd(us), ours/bnd and mpi/bnd =
+// shards of S/n (all_to_all(_v): the peer's block for this rank) straight from their send buffers the way our
+// single-copy paths do (with loads where the buffers are in the job's shared heap, --buffers shared; else with
+// process_vm_readv, the kernel's copy, which OpenMPI's CMA path uses too) and copies its own shard with memcpy, all
+// ranks at once, with no synchronisation between calls (time_op's per-batch maximum only). No collective moving
+// these bytes between processes by one copy of that kind can be faster on the host at that moment. Columns: bnd(us), ours/bnd and mpi/bnd =
 // the bound's time / that side's time (1.00 = at the bound; above 1 where a side beats it, e.g. from caches at
 // small sizes or when the bound's batch met a slow moment).
 #include <sys/mman.h>
@@ -53,6 +53,7 @@
 #include "comm/shm/job.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/shared_heap.h"
 #include "comm/shm/cma.h"
 #include "tensor/buffer.h"
 #ifdef MESHTRAIN_HAVE_MPI
@@ -365,13 +366,21 @@ void bench_body(Communicator& w, const BenchConfig& cfg, Results* out) {
           // buffer is read once per call (reading block q of q instead halves the send buffers' footprint: 8 MB
           // all_to_all on a 32 MB L3 then ran at the 24 MB footprint of all_gather, not at the collective's 32 MB).
           const bool a2a_bound = is_a2a(k);
+          // The bound reads as the collectives do: with loads from a peer's buffer in the shared heap (--buffers
+          // shared), else with process_vm_readv; not counted in peer_reads().
+          auto bound_read = [](int pid, char* dst, uint64_t addr, size_t len) {
+            const void* from = reinterpret_cast<const void*>(addr);
+            if (!shared_heap::contains(from, len)) return comm::shm::cma_copy(pid, dst, addr, len, false);
+            comm::copy_in_pieces(dst, from, len);
+            return true;
+          };
           auto bound = [&] {
             for (int i = 1; i < n; ++i) {
               const int q = (r + i) % n;
               const comm::Shard s = comm::shard_of(moved, n, q);
               const size_t from = a2a_bound ? comm::shard_of(moved, n, r).offset : s.offset;
-              copied = comm::shm::cma_copy(int(peers[q].pid), recv + s.offset * e, peers[q].addr + from * e,
-                                            s.count * e, false) && copied;
+              copied = bound_read(int(peers[q].pid), recv + s.offset * e, peers[q].addr + from * e, s.count * e) &&
+                       copied;
             }
             const comm::Shard s = comm::shard_of(moved, n, r);
             std::memcpy(recv + s.offset * e, send + s.offset * e, s.count * e);
@@ -520,7 +529,8 @@ void print_report(const BenchConfig& cfg, int n, const std::string& backend, con
   std::printf("# ratio = our busbw / OpenMPI busbw (same sizes, ranks, machine, this run); >1 is faster\n");
   if (cfg.bound)
     std::printf("# bound = single-copy bound at that size, back to back with the row (--bound: each rank reads the "
-                "peers' shards with process_vm_readv and memcpys its own, all at once, no synchronisation); "
+                "peers' shards as our collectives do, with loads from buffers in the shared heap, else with "
+                "process_vm_readv, and memcpys its own, all at once, no synchronisation); "
                 "ours/bnd, mpi/bnd = bound time / that side's time (1.00 = at the bound)\n");
   std::printf("# stores = how copies into shared memory were stored (--stores: auto = chosen at run time from the "
               "measured rate of ordinary stores, ord, nt = streaming); nt%% = share of rank 0's copies streamed\n");
@@ -695,7 +705,7 @@ void add_bench_comm_command(CLI::App& bench) {
       ->capture_default_str();
   sub->add_flag("--bound", cfg->bound,
                 "shm: after each all_gather / all_to_all(_v) row, time the single-copy bound at that size (each rank "
-                "reads its peers' shards with process_vm_readv, copies its own; ours/bnd and mpi/bnd columns)");
+                "reads its peers' shards as our collectives do, copies its own; ours/bnd and mpi/bnd columns)");
   sub->add_option("--buffers", cfg->buffers,
                   "shared: send and receive buffers in the job's shared heap, where peers read them with ordinary "
                   "loads (as training's collective buffers) | private: ordinary memory, read through the kernel")

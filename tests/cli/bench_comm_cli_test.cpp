@@ -79,6 +79,41 @@ TEST(BenchCommCli, BoundColumnsOnTheCopyRows) {
   EXPECT_NE(out.find("# bound = single-copy bound"), std::string::npos) << out;
 }
 
+// --buffers: shared (the default) puts both buffers in the job's shared heap and every single-copy read of a peer is
+// a load; private reads through the kernel. The header says which, with rank 0's reads by path (single copy from
+// 32 KB here whatever the binding).
+TEST(BenchCommCli, BuffersSharedReadWithLoadsPrivateThroughTheKernel) {
+  auto reads = [](const std::string& out, const char* path) {
+    const std::string key = std::string(" calls by ") + path;
+    const size_t at = out.find(key);
+    if (at == std::string::npos) return -1L;
+    const size_t start = out.rfind(" in ", at) + 4;
+    return std::stol(out.substr(start, at - start));
+  };
+  for (const char* mode : {"shared", "private"}) {
+    std::string out;
+    const int rc = run("MESHTRAIN_SHM_CMA_GATHER_KB=32 " + std::string(MESHTRAIN_BIN) +
+                           " bench comm --nproc 2 --ops all_gather,all_to_all,all_to_all_v --min-bytes 64K"
+                           " --max-bytes 128K --seconds-per-size 0.01 --no-mpi-peer --buffers " + mode,
+                       &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
+    EXPECT_NE(out.find(std::string("# buffers = ") + mode), std::string::npos) << out;
+    const long loads = reads(out, "ordinary loads"), kernel = reads(out, "process_vm_readv");
+    if (std::string(mode) == "shared") {
+      EXPECT_GT(loads, 0) << out;
+      EXPECT_EQ(kernel, 0) << out;
+    } else {
+      EXPECT_EQ(loads, 0) << out;
+      EXPECT_GT(kernel, 0) << out;
+    }
+  }
+  std::string out;
+  EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --buffers pinned", &out), 1);
+  EXPECT_NE(out.find("--buffers"), std::string::npos) << out;
+  EXPECT_NE(out.find("pinned"), std::string::npos) << out;
+}
+
 TEST(BenchCommCli, RejectsBadFlags) {
   std::string out;
   EXPECT_EQ(run(std::string(MESHTRAIN_BIN) + " bench comm --backend tcp", &out), 1);
