@@ -12,6 +12,7 @@
 #include "comm/shm/cma.h"
 #include "core/shared_heap.h"
 #include "tests/comm/comm_checks.h"
+#include "tests/comm/shm_launch.h"
 
 namespace mt {
 namespace {
@@ -106,14 +107,6 @@ TEST(SharedHeap, ForkedRanksSeeEachOthersBlocks) {
   EXPECT_TRUE(shared_heap::contains(reinterpret_cast<void*>(at), 9));
   EXPECT_STREQ(reinterpret_cast<const char*>(at), "rank one");
   shared_heap::destroy();
-}
-
-LaunchOptions shm_opts(int n) {
-  LaunchOptions o;
-  o.nproc = n;
-  o.backend = "shm";
-  o.timeout_s = 60;
-  return o;
 }
 
 // The single-copy collectives on buffers in the heap: results against the reference, and every peer read by ordinary

@@ -14,17 +14,10 @@
 #include "comm/copy.h"
 #include "comm/launch.h"
 #include "core/error.h"
+#include "tests/comm/shm_launch.h"
 
 namespace mt::comm {
 namespace {
-
-LaunchOptions opts(int n) {
-  LaunchOptions o;
-  o.nproc = n;
-  o.backend = "shm";
-  o.timeout_s = 60;
-  return o;
-}
 
 // Element i of what rank `from` sends to rank `to` under operation `op` (0 all_gather, 1 broadcast,
 // 2 all_to_all, 3 all_to_all_v), as a value exact in f32, and its low byte for u8.
@@ -189,7 +182,7 @@ class ShmClosedForm : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmClosedForm, AllGatherAndBroadcast) {
   const int n = GetParam();
-  auto res = run_ranks(opts(n), [&](Communicator& w) {
+  auto res = run_ranks(testing::shm_opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
       for (size_t k : counts_for(n)) gather_and_broadcast(w, Typed{t}, k * size_t(n) + (k % 3));
     }
@@ -199,7 +192,7 @@ TEST_P(ShmClosedForm, AllGatherAndBroadcast) {
 
 TEST_P(ShmClosedForm, AllToAll) {
   const int n = GetParam();
-  auto res = run_ranks(opts(n), [&](Communicator& w) {
+  auto res = run_ranks(testing::shm_opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
       for (size_t k : counts_for(n)) all_to_all_blocks(w, Typed{t}, k);
     }
@@ -209,7 +202,7 @@ TEST_P(ShmClosedForm, AllToAll) {
 
 TEST_P(ShmClosedForm, AllToAllVUnevenSplits) {
   const int n = GetParam();
-  auto res = run_ranks(opts(n), [&](Communicator& w) {
+  auto res = run_ranks(testing::shm_opts(n), [&](Communicator& w) {
     for (DType t : {DType::f32, DType::u8}) {
       const std::vector<size_t> c = counts_for(n);
       for (size_t unit : {size_t(0), size_t(1), size_t(13), c[5], c[8]}) {
@@ -228,7 +221,7 @@ TEST(ShmClosedFormCounts, AllToAllVCountsInOwnStep) {
   const char* saved = std::getenv("MESHTRAIN_SHM_SLOT_KB");
   std::string keep = saved ? saved : "";
   setenv("MESHTRAIN_SHM_SLOT_KB", "4", 1);
-  auto res = run_ranks(opts(56), [&](Communicator& w) {
+  auto res = run_ranks(testing::shm_opts(56), [&](Communicator& w) {
     for (size_t unit : {size_t(0), size_t(5)}) all_to_all_v_uneven(w, Typed{DType::f32}, unit, 1, false);
   });
   if (saved) {
@@ -264,7 +257,7 @@ struct ScopedEnv {
 TEST(ShmClosedFormCounts, AllToAllVSingleCopyWhenOneRankReachesIt) {
   ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "1");
   for (int n : {2, 3, 4}) {
-    auto res = run_ranks(opts(n), [&](Communicator& w) {
+    auto res = run_ranks(testing::shm_opts(n), [&](Communicator& w) {
       for (int big = -1; big < w.size(); ++big) {
         auto cnt = [&](int p, int q) { return p == big ? size_t(300) : size_t((p * 5 + q * 3 + big + 1) % 4); };
         for (bool packed : {false, true}) all_to_all_v_counts(w, Typed{DType::f32}, cnt, packed, str("big=", big));
@@ -300,7 +293,7 @@ TEST(ShmClosedFormCounts, MiddleSizesSingleCopyWhenAnyRankStreams) {
   ScopedEnv slow("MESHTRAIN_SHM_CMA_SLOW_KB", "1");
   ScopedEnv thr("MESHTRAIN_SHM_CMA_GATHER_KB", "16384");
   for (int n : {2, 3}) {
-    auto res = run_ranks(opts(n), [&](Communicator& w) {
+    auto res = run_ranks(testing::shm_opts(n), [&](Communicator& w) {
       for (int streamer = -1; streamer <= w.size(); ++streamer) {  // -1: nobody; size(): everybody
         copy_in_policy() = CopyInPolicy::fixed(streamer == w.size() || w.rank() == streamer);
         for (size_t k : {size_t(100), size_t(300), size_t(5000), size_t(140000)}) {

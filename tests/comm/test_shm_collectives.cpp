@@ -12,19 +12,12 @@
 #include "comm/shm/job.h"
 #include "comm/shm/shm_comm.h"
 #include "tests/comm/comm_checks.h"
+#include "tests/comm/shm_launch.h"
 
 namespace mt::comm {
 namespace {
 
 using namespace mt::comm::testing;
-
-LaunchOptions shm_opts(int n, double timeout = 60) {
-  LaunchOptions o;
-  o.nproc = n;
-  o.backend = "shm";
-  o.timeout_s = timeout;
-  return o;
-}
 
 void expect_ok(const LaunchResult& r) {
   EXPECT_EQ(r.exit_code, 0) << "rank " << r.failed_rank << ": " << r.failure;
