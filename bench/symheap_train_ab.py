@@ -9,6 +9,7 @@ after the first two) with the run's single-copy reads from --summary, then per w
 ratio heap / no heap (< 1: the heap is faster) and the ratio of each pair.
 
 Usage: /usr/bin/python3 bench/symheap_train_ab.py [--meshtrain build/meshtrain] [--pairs 4] [--steps 16]
+       [--per-rank 4] [--seq-len 128]   (fewer tokens per rank: the collectives take a larger share of a step)
 """
 import argparse
 import json
@@ -23,7 +24,6 @@ from bench_util import write_shard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPE = dict(n_layer=4, n_head=4, n_embd=256, vocab_size=4096, n_positions=128)
-T, PER_RANK = 128, 4
 WORKLOADS = {
     "zero3": ["--zero", "3"],
     "ep": ["--ep", "2", "--moe-every", "1", "--experts", "4", "--moe-top-k", "2", "--expert-hidden", "512",
@@ -44,8 +44,8 @@ def isa():
 def run(args, work, workload, tag, env_extra):
     metrics = os.path.join(work, f"metrics_{tag}.jsonl")
     summary = os.path.join(work, f"summary_{tag}.json")
-    cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
-           "--batch-size", str(PER_RANK * 2), "--steps", str(args.steps), "--nproc", "2", "--threads", "1",
+    cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(args.seq_len),
+           "--batch-size", str(args.per_rank * 2), "--steps", str(args.steps), "--nproc", "2", "--threads", "1",
            "--quiet", "--metrics", metrics, "--summary", summary, *WORKLOADS[workload]]
     for k, v in SHAPE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
@@ -65,15 +65,17 @@ def main():
     ap.add_argument("--meshtrain", default=os.path.join(HERE, "..", "build", "meshtrain"))
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--per-rank", type=int, default=4, help="sequences per rank per step")
+    ap.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (at most n_positions, 128)")
     args = ap.parse_args()
     with open("/proc/loadavg") as f:
         load0 = " ".join(f.read().split()[:3])
     print(f"# host kernel {platform.release()}, {os.cpu_count()} CPUs, {isa()}; load before {load0}")
-    print(f"# GPT {SHAPE}, T={T}, {PER_RANK} sequences per rank, 2 ranks, --threads 1; "
+    print(f"# GPT {SHAPE}, T={args.seq_len}, {args.per_rank} sequences per rank, 2 ranks, --threads 1; "
           f"{args.pairs} pairs of {args.steps} steps per workload")
     res = {(w, v): [] for w in WORKLOADS for v, _ in VARIANTS}
     with tempfile.TemporaryDirectory() as work:
-        write_shard(os.path.join(work, "data.bin"), PER_RANK * 2 * T * (args.steps + 1) + 1, SHAPE["vocab_size"])
+        write_shard(os.path.join(work, "data.bin"), args.per_rank * 2 * args.seq_len * (args.steps + 1) + 1, SHAPE["vocab_size"])
         for i in range(args.pairs):
             for w in WORKLOADS:
                 order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
