@@ -54,6 +54,12 @@ void MoeMlp::init_param(Param& p, uint64_t seed, int n_layer) const {
   for (size_t i = 0; i < p.numel; i++) p.data[i] = stddev == 0 ? 0.0f : (float)rng.normal((uint64_t)p.full_index(i)) * stddev;
 }
 
+float* MoeMlp::send_rows(std::vector<float>& local, size_t floats) {
+  if (ep_size() > 1) return ep_->send_buffer(floats);
+  local.resize(floats);
+  return local.data();
+}
+
 void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_t* counts_here,
                       const int64_t* counts_there) {
   const int P = ep_size(), E = rc_.experts, Le = E / P;
@@ -74,7 +80,10 @@ void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_
       there[r] += (size_t)counts_there[r * Le + le] * C;
       there_rows += counts_there[r * Le + le];
     }
-  std::vector<float> by_source((size_t)there_rows * C);
+  // Rows by source rank: what the dispatch receives, or what the combine sends (then in the group's send buffer,
+  // which peers read directly; the dispatch's send buffer is `in`, the caller's).
+  std::vector<float> received(to_experts ? (size_t)there_rows * C : 0);
+  float* by_source = to_experts ? received.data() : ep_->send_buffer((size_t)there_rows * C);
   // Offsets of (source r, local expert le) in the by-source order and in the by-expert order.
   std::vector<size_t> src_off(P * Le), exp_off(P * Le);
   size_t o = 0;
@@ -86,17 +95,17 @@ void MoeMlp::exchange(const float* in, float* out, bool to_experts, const int64_
   const auto t0 = std::chrono::steady_clock::now();
   size_t sent = 0;
   if (to_experts) {
-    ep_->exchange_rows(in, here.data(), by_source.data(), there.data());
+    ep_->exchange_rows(in, here.data(), by_source, there.data());
     for (int i = 0; i < P * Le; i++)
       if (counts_there[i] > 0)  // an empty block may sit at a null pointer (memcpy from null is undefined)
-        std::memcpy(out + exp_off[i], by_source.data() + src_off[i], sizeof(float) * counts_there[i] * C);
+        std::memcpy(out + exp_off[i], by_source + src_off[i], sizeof(float) * counts_there[i] * C);
     for (int r = 0; r < P; r++)
       if (r != ep_->rank()) sent += here[r];
   } else {
     for (int i = 0; i < P * Le; i++)
       if (counts_there[i] > 0)
-        std::memcpy(by_source.data() + src_off[i], in + exp_off[i], sizeof(float) * counts_there[i] * C);
-    ep_->exchange_rows(by_source.data(), there.data(), out, here.data());
+        std::memcpy(by_source + src_off[i], in + exp_off[i], sizeof(float) * counts_there[i] * C);
+    ep_->exchange_rows(by_source, there.data(), out, here.data());
     for (int r = 0; r < P; r++)
       if (r != ep_->rank()) sent += there[r];
   }
@@ -154,14 +163,15 @@ void MoeMlp::forward(ActivationStore& store, int mb, const float* x, const float
   for (int64_t c : st.incoming) Al += c;
   // Dispatch.
   const size_t C = (size_t)C_, H = (size_t)H_;
-  std::vector<float> xs((size_t)A * C);
-  for (int64_t a = 0; a < A; a++) std::memcpy(&xs[a * C], x + (size_t)(st.order[a] / K) * C, sizeof(float) * C);
+  std::vector<float> xs_local;
+  float* xs = send_rows(xs_local, (size_t)A * C);
+  for (int64_t a = 0; a < A; a++) std::memcpy(xs + a * C, x + (size_t)(st.order[a] / K) * C, sizeof(float) * C);
   // Under bf16 the experts' inputs and GELU outputs, which backward reads only through products, are kept in
   // bf16 (the same bits the products round them to, half the bytes); xin arrives in float32 and is rounded once.
   const bool bf16 = prec_ == Precision::bf16;
   std::vector<float> xin32(bf16 ? (size_t)Al * C : 0);
   float* xin = bf16 ? xin32.data() : store.get(mb, prefix_ + "xin", (size_t)Al * C);
-  exchange(xs.data(), xin, true, st.count.data(), st.incoming.data());
+  exchange(xs, xin, true, st.count.data(), st.incoming.data());
   uint16_t* xin16 = bf16 ? store.get_bf16(mb, prefix_ + "xin16", (size_t)Al * C) : nullptr;
   if (bf16) to_bf16(xin, xin16, (size_t)Al * C);
   // Experts.
@@ -234,7 +244,8 @@ void MoeMlp::backward_(ActivationStore& store, int mb, const float* x, const uin
   for (int64_t c : st.incoming) Al += c;
   const float* ys = store.get(mb, prefix_ + "ys", (size_t)A * C);
   // Gates and the experts' output gradients.
-  std::vector<float> dgate((size_t)N * K, 0.0f), dys((size_t)A * C);
+  std::vector<float> dgate((size_t)N * K, 0.0f), dys_local;
+  float* dys = send_rows(dys_local, (size_t)A * C);
   for (int64_t a = 0; a < A; a++) {
     const int32_t i = st.order[a];
     const float* d = dy + (size_t)(i / K) * C;
@@ -246,7 +257,7 @@ void MoeMlp::backward_(ActivationStore& store, int mb, const float* x, const uin
     for (size_t c = 0; c < C; c++) dys[a * C + c] = g * d[c];
   }
   std::vector<float> dout((size_t)Al * C), dxin((size_t)Al * C), dh((size_t)Al * H);
-  exchange(dys.data(), dout.data(), true, st.count.data(), st.incoming.data());
+  exchange(dys, dout.data(), true, st.count.data(), st.incoming.data());
   const bool bf16 = prec_ == Precision::bf16;  // as forward keeps them
   const float* xin = bf16 ? nullptr : store.get(mb, prefix_ + "xin", (size_t)Al * C);
   const uint16_t* xin16 = bf16 ? store.get_bf16(mb, prefix_ + "xin16", (size_t)Al * C) : nullptr;

@@ -112,6 +112,9 @@ class MoeMlp {
   // this rank's experts' rows by local expert then source rank; backward, by expert in the original order.
   void exchange(const float* in, float* out, bool to_experts, const int64_t* counts_here, const int64_t* counts_there);
   int ep_size() const { return ep_ ? ep_->size() : 1; }
+  // Room for `floats` floats that a dispatch sends: the group's send buffer (ExpertParallelOps::send_buffer, valid
+  // until the next exchange) when there is a group to send to, else `local`, resized.
+  float* send_rows(std::vector<float>& local, size_t floats);
 
   RouterConfig rc_;
   int layer_, C_, H_;

@@ -54,8 +54,9 @@ Param& ParamRegistry::add(const std::string& name, std::vector<int64_t> full_sha
   return params_.back();
 }
 
-void ParamRegistry::finalize(bool allocate_data, bool allocate_grad) {
+void ParamRegistry::finalize(bool allocate_data, bool allocate_grad, bool shared_data) {
   MT_ASSERT(!finalized_);
+  if (shared_data) data_ = AlignedBuffer::shared(0);
   if (allocate_data) data_.resize(total_);
   if (allocate_grad) grad_.resize(total_);
   for (Param& p : params_) {

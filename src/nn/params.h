@@ -89,8 +89,10 @@ class ParamRegistry {
   // Declares a parameter; buffers exist only after finalize().
   Param& add(const std::string& name, std::vector<int64_t> full_shape, Shard shard = {}, int group = 0);
   // Allocates the flat buffers (zeroed) and points every Param at its slice. ZeRO leaves out the full
-  // parameter buffer (stage 3) or gradient buffer (stages 2, 3) and binds the pointers itself.
-  void finalize(bool allocate_data = true, bool allocate_grad = true);
+  // parameter buffer (stage 3) or gradient buffer (stages 2, 3) and binds the pointers itself. shared_data puts
+  // the flat parameters in the job's shared heap when there is one (AlignedBuffer::shared): ZeRO 1 and 2 all-gather
+  // them in place, so they are the send buffer that peers read.
+  void finalize(bool allocate_data = true, bool allocate_grad = true, bool shared_data = false);
   // Number of groups (max group + 1).
   int num_groups() const;
 

@@ -81,7 +81,8 @@ class OverlappedDelayOne : public parallel::ParamVersions {
   int threads_;
   float* a_ = nullptr;
   size_t n_ = 0;
-  AlignedBuffer b_, g_;
+  AlignedBuffer b_ = AlignedBuffer::shared(0);  // ZeRO 1 all-gathers the update in place here: peers read it
+  AlignedBuffer g_;
   State state_ = State::settled;
   DeferredUpdate job_;
 

@@ -1,7 +1,9 @@
 #include "train/summary.h"
 
+#include "comm/shm/cma.h"
 #include "core/fs.h"
 #include "core/memory.h"
+#include "core/shared_heap.h"
 #include "parallel/pipeline/in_flight_bound.h"
 #include "plan/bubble.h"
 
@@ -29,6 +31,27 @@ void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, o
                          v[6] * 1024.0, v[7] * 1024.0, v[8] * 1024.0, v[9] * 1024.0, v[10] * 1024.0,
                          v[11] * 1024.0});
   }
+}
+
+RankPeerReads peer_reads_now() {
+  const comm::shm::PeerReads p = comm::shm::peer_reads();
+  return {p.direct_bytes, p.direct_calls, p.kernel_bytes, p.kernel_calls, 0};
+}
+
+RankPeerReads operator-(const RankPeerReads& b, const RankPeerReads& a) {
+  return {b.direct_bytes - a.direct_bytes, b.direct_calls - a.direct_calls, b.kernel_bytes - a.kernel_bytes,
+          b.kernel_calls - a.kernel_calls, b.heap_peak_bytes - a.heap_peak_bytes};
+}
+
+void gather_peer_reads(const parallel::Mesh& mesh, TrainSummary& sum) {
+  RankPeerReads mine = sum.step_reads;
+  mine.heap_peak_bytes = shared_heap::stats().peak_bytes;
+  const int W = mesh.grid().world();
+  sum.peer_reads.assign(W, {});
+  if (mesh.world() && W > 1)  // as raw bytes: the counts are 64-bit
+    mesh.world()->all_gather(&mine, sum.peer_reads.data(), sizeof(RankPeerReads) * (size_t)W, comm::DType::u8);
+  else
+    sum.peer_reads[0] = mine;
 }
 
 nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
@@ -114,6 +137,15 @@ void write_summary(const std::string& path, const TrainSummary& sum, const paral
                           {"offload_written_bytes_per_step",
                            sum.steps_run ? m.io_written_bytes / (double)sum.steps_run : 0.0}});
     if (sum.memory_limit > 0) j["ranks"].back()["within_memory_limit"] = m.peak_rss_bytes <= sum.memory_limit;
+    if (r < sum.peer_reads.size()) {
+      const RankPeerReads& c = sum.peer_reads[r];
+      j["ranks"].back()["comm"] = {{"peer_reads",
+                                    {{"direct_bytes", c.direct_bytes},
+                                     {"direct_calls", c.direct_calls},
+                                     {"kernel_bytes", c.kernel_bytes},
+                                     {"kernel_calls", c.kernel_calls}}},
+                                   {"shared_heap_peak_bytes", c.heap_peak_bytes}};
+    }
   }
   if (sum.memory_limit > 0) j["memory_limit"] = sum.memory_limit;
   write_file_atomic(path, j.dump(2) + "\n");

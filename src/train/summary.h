@@ -18,6 +18,11 @@ namespace mt::train {
 // io: the offload tiers' reads and writes over the run (zeros without --offload).
 void gather_memory(const parallel::Mesh& mesh, parallel::DataParallel& engine, optim::Optimizer& opt,
                    TrainTask& task, const offload::IoCounters& io, TrainSummary& sum);
+// Collective over the world: every rank's sum.step_reads, with its shared heap's peak, into sum.peer_reads.
+void gather_peer_reads(const parallel::Mesh& mesh, TrainSummary& sum);
+// This rank's single-copy reads so far (comm::shm::peer_reads), as RankPeerReads (heap_peak_bytes 0); b - a.
+RankPeerReads peer_reads_now();
+RankPeerReads operator-(const RankPeerReads& b, const RankPeerReads& a);
 // Collective over the world (pipeline runs only): the bubble into sum, and its JSON (null when not timed).
 nlohmann::json pipeline_report(const parallel::Mesh& mesh, const BatchLayout& layout, TrainTask& task,
                                const pipeline::PipelineStats* stats, TrainSummary& sum);

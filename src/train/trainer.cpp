@@ -42,6 +42,7 @@ void run_steps(Run& r) {
   // Bytes the method sends: what communication-efficient methods are judged by.
   StepMeter meter(r, [&] { return sync.bytes_sent(); });
   const double items = (double)r.items_per_step;
+  const RankPeerReads reads0 = peer_reads_now();  // the steps' single-copy reads, not the setup's or final save's
   sync.begin_run(r.start);
   for (int64_t s = r.start; s < r.cfg.steps; s++) {
     meter.start();
@@ -65,6 +66,7 @@ void run_steps(Run& r) {
     }
   }
   sync.end_run();
+  r.sum.step_reads = peer_reads_now() - reads0;
   MT_ASSERT(r.rows->pending() == 0, "rows of ", r.rows->pending(), " steps left without their outcome");
 }
 
@@ -83,6 +85,7 @@ TrainSummary finish_run(Run& r) {
   sum.params = (int64_t)r.full.size();
   sum.memory_limit = (double)r.cfg.offload.memory_limit;
   gather_memory(r.mesh, *r.store, *r.opt, *r.task, r.offload.counters(), sum);
+  gather_peer_reads(r.mesh, sum);
   nlohmann::json sections = nlohmann::json::object();
   if (!method.key.empty()) sections[method.key] = method.section;
   if (r.mesh.grid().pp() > 1) sections["pipeline"] = pipeline_report(r.mesh, r.layout, *r.task, r.executor->stats(), sum);

@@ -23,6 +23,14 @@ struct RankMemory {
   double param_offloaded_bytes = 0, grad_offloaded_bytes = 0;
 };
 
+// A rank's single-copy reads of its peers' buffers (comm/shm/cma.h read_peer) over the step loop, by path: ordinary
+// loads from the job's shared heap (direct) or process_vm_readv (kernel); all zero where no collective reads a
+// peer's memory (one process, MPI). heap_peak_bytes: the most this rank held in the shared heap at once over the
+// whole run (core/shared_heap.h; 0 without a heap).
+struct RankPeerReads {
+  uint64_t direct_bytes = 0, direct_calls = 0, kernel_bytes = 0, kernel_calls = 0, heap_peak_bytes = 0;
+};
+
 struct TrainSummary {
   int64_t steps_run = 0;
   double final_loss = 0;
@@ -30,6 +38,8 @@ struct TrainSummary {
   double flops_per_step = 0;
   int64_t params = 0;
   std::vector<RankMemory> ranks;  // per rank (filled on every rank)
+  RankPeerReads step_reads;                // this rank's over the step loop (run_steps), before it is gathered
+  std::vector<RankPeerReads> peer_reads;  // per rank (filled on every rank; empty: not gathered, Hogwild)
   double memory_limit = 0;        // --memory-limit (bytes per rank; 0: none)
   // Pipeline runs (replica 0; -1 otherwise): bubble fraction measured, simulated with the measured stage
   // times for the same schedule, and the ideal (p - 1) / (V m + p - 1).

@@ -159,7 +159,7 @@ AlignedBuffer BucketSet::acquire(size_t count) {
     }
   }
   pooled_bytes += count * sizeof(float);
-  return AlignedBuffer(count);
+  return AlignedBuffer::shared(count);
 }
 
 void BucketSet::give_back(AlignedBuffer& buf) {

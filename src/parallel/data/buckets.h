@@ -89,7 +89,10 @@ class BucketSet {
   bool alone() const { return !dp || n == 1; }  // no communication over dp
   void bind_data(Bucket& b, float* base);
   void bind_grad(Bucket& b, float* base);
-  AlignedBuffer acquire(size_t count);  // from the pool when one of that size is free; contents undefined
+  // From the pool when one of that size is free; contents undefined. In the job's shared heap when there is one
+  // (AlignedBuffer::shared): these buffers are the send buffers of the gathers (ZeRO 3's packed and offloaded
+  // shards, the offloaded parameters' in-place all-gather), which peers then read with ordinary loads.
+  AlignedBuffer acquire(size_t count);
   void give_back(AlignedBuffer& buf);
 
   // Starts reducing bucket b's gradients send[b.count] over b.comm, in the options' dtype: all-reduce into recv

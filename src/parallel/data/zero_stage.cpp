@@ -90,6 +90,24 @@ optim::TiledOptimizer& tiled(optim::Optimizer& opt) {
   return *t;
 }
 
+// n bf16 values in the job's shared heap when there is one (AlignedBuffer::shared, in float-sized storage), else
+// private memory: ZeRO 3's bf16 shard, which its groups' bf16 all-gathers send and peers read with ordinary loads.
+class SharedBf16 {
+ public:
+  void assign_zeros(size_t n) {
+    buf_.resize((n + 1) / 2);
+    buf_.zero();
+    n_ = n;
+  }
+  bool empty() const { return n_ == 0; }
+  uint16_t* data() { return reinterpret_cast<uint16_t*>(buf_.data()); }
+  const uint16_t* data() const { return reinterpret_cast<const uint16_t*>(buf_.data()); }
+
+ private:
+  AlignedBuffer buf_ = AlignedBuffer::shared(0);
+  size_t n_ = 0;
+};
+
 // ---- Stage 0: everything replicated; all-reduce each bucket after the last micro-batch. ----
 class Stage0 : public ZeroStage {
  public:
@@ -135,7 +153,7 @@ class Stage1 : public ZeroStage {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads);
+    b_.params.finalize(!b_.opt.offload_params, !b_.opt.offload_grads, true);  // all_gather_params reads it
     shard_total_ = b_.build(false);
     segments_ = b_.shard_segments(false, false);
   }
@@ -170,7 +188,7 @@ class Stage2 : public ZeroStage, public SegmentNorms {
  public:
   using ZeroStage::ZeroStage;
   void allocate() override {
-    b_.params.finalize(!b_.opt.offload_params, false);
+    b_.params.finalize(!b_.opt.offload_params, false, true);  // all_gather_params reads it
     shard_total_ = b_.build(true);
     segments_ = b_.shard_segments(false, true);
     open_grad_file();
@@ -435,7 +453,7 @@ class Stage3 : public Stage2 {
     hold_ = o.overlap_update && hold && std::string(hold) == "1";
   }
   void enable_mirror() override {
-    pshard16_.assign(shard_total_, 0);
+    pshard16_.assign_zeros(shard_total_);
     plans_.assign(b_.buckets.size(), {});
     gat_.resize(b_.buckets.size());
     for (Bucket* b : b_.buckets) plan(*b, plans_[b->index]);
@@ -1057,7 +1075,7 @@ class Stage3 : public Stage2 {
         }
       }
       if (f.state != Fresh::filling) continue;
-      if (f.buf.size() == 0) f.buf = AlignedBuffer(fresh_cap());
+      if (f.buf.size() == 0) f.buf = AlignedBuffer::shared(fresh_cap());  // a gather's send buffer
       f.pad = offload::congruent_pad(f.buf.data(), b->pos);
       std::memcpy(f.buf.data() + f.pad + (a - b->pos), p + (a - lo), sizeof(float) * (e - a));
       f.filled += e - a;
@@ -1182,9 +1200,11 @@ class Stage3 : public Stage2 {
   int fresh_held_ = 0;        // buffers filling or whole, not yet taken
   int64_t fresh_taken_ = 0;   // shards a forward took from the update's copy instead of the file
 
-  AlignedBuffer pshard_;  // this rank's parameter shard
-  // Under the mirror: pshard_ in bf16, each bucket's plan and gather buffers (empty without the mirror).
-  std::vector<uint16_t> pshard16_;
+  // This rank's parameter shard: the send buffer of its buckets' float32 all-gathers, so in the shared heap.
+  AlignedBuffer pshard_ = AlignedBuffer::shared(0);
+  // Under the mirror: pshard_ in bf16 (the bf16 all-gathers' send buffer, in the shared heap too), each bucket's
+  // plan and gather buffers (empty without the mirror).
+  SharedBf16 pshard16_;
   std::vector<MirrorPlan> plans_;
   std::vector<Gathered> gat_;
   // --offload params / grads: per bucket its shard read in flight; the update's tile source; whether the
