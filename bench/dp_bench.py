@@ -21,7 +21,7 @@ SHAPE = dict(n_layer=6, n_head=6, n_embd=384, vocab_size=8192, n_positions=256)
 T, PER_RANK = 256, 4
 
 
-def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK):
+def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK, env=None):
     summary = os.path.join(work, f"summary_{tag}.json")
     metrics = os.path.join(work, f"metrics_{tag}.jsonl")
     cmd = [args.meshtrain, "train", "--data", os.path.join(work, "data.bin"), "--seq-len", str(T),
@@ -30,7 +30,7 @@ def meshtrain(args, work, nproc, zero, steps, tag, per_rank=PER_RANK):
            "--precision", args.precision]
     for k, v in SHAPE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env=dict(os.environ, **(env or {})))
     rows = [json.loads(l) for l in open(metrics)]
     times = sorted(r["step_time_s"] for r in rows[2:])  # first two steps are warm-up
     s = json.load(open(summary))
@@ -103,14 +103,16 @@ def main():
                   f"{t2['tokens_per_s']:.0f} tokens/s (scaling {t2['tokens_per_s'] / t1['tokens_per_s']:.2f}x)")
             print(f"meshtrain dp=2 / PyTorch DDP: {z0 / t2['tokens_per_s']:.2f}x   (goal >= 1.4x)")
     if not args.no_memory:
-        # One sequence per rank so that model state, not activations, dominates the footprint.
+        # One sequence per rank so that model state, not activations, dominates the footprint. Without the shared
+        # heap: a peer's heap pages that a rank reads with loads count in its RSS too (mapped into it), which would
+        # add the peers' shards to every ZeRO row; the buffers, and so the memory the run holds, are the same.
         print(f"\nper-rank memory (MiB), 1 sequence per rank, 3 steps; formula for float32 + Adam")
         print(f"{'N':>3}{'zero':>6}{'params':>10}{'grads':>10}{'optim':>10}{'p+g+o':>10}{'formula':>10}"
               f"{'transient':>10}{'peak RSS':>10}{'RSS - base':>12}{'formula - base':>16}{'+ transient':>13}")
         base_rss = base_formula = None
         for n in (1, 2, 4):
             for z in range(4):
-                s = meshtrain(args, work, n, z, 3, f"mem_{n}_{z}", per_rank=1)
+                s = meshtrain(args, work, n, z, 3, f"mem_{n}_{z}", per_rank=1, env={"MESHTRAIN_SHARED_HEAP_MB": "0"})
                 psi = s["params"] / 2**20  # millions (Mi) of parameters: 16 Psi bytes = 16 * psi MiB
                 formula = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[z]
                 r = max(s["ranks"], key=lambda r: r["peak_rss_bytes"])
