@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <atomic>
 #include <iterator>
 #include <map>
@@ -37,8 +39,20 @@ bool create(int ranks, size_t slice_bytes) {
   if (g_base.load() || ranks < 1) return false;
   slice_bytes = (slice_bytes + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
   const size_t total = slice_bytes * size_t(ranks);
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // The address range first, then one shared mapping per slice over it: each slice is a mapping of its own in
+  // /proc/self/smaps, so a rank can tell its peers' pages that it has mapped by reading them from its own
+  // (peer_resident_bytes).
+  void* p = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return false;
+  for (int r = 0; r < ranks; ++r) {
+    void* at = static_cast<char*>(p) + size_t(r) * slice_bytes;
+    void* got = mmap(at, slice_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                     -1, 0);
+    if (got != at) {
+      munmap(p, total);
+      return false;
+    }
+  }
   g_total.store(total);
   g_slice_bytes.store(slice_bytes);
   g_base.store(static_cast<char*>(p));
@@ -130,6 +144,36 @@ bool contains(const void* p, size_t bytes) {
   const size_t total = g_total.load(std::memory_order_relaxed), sb = g_slice_bytes.load(std::memory_order_relaxed);
   if (c < b || c - b >= total || bytes > total - (c - b)) return false;
   return (c - b) / sb == (c - b + bytes - 1) / sb;  // the first and the last byte in the same slice
+}
+
+size_t peer_resident_bytes() {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(g_base.load());
+  if (!base) return 0;
+  const uintptr_t end = base + g_total.load();
+  uintptr_t own_lo = 0, own_hi = 0;
+  {
+    std::lock_guard lk(g_slice.mu);
+    if (g_slice.begin) {
+      own_lo = reinterpret_cast<uintptr_t>(g_slice.begin);
+      own_hi = own_lo + g_slice.bytes;
+    }
+  }
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return 0;
+  size_t bytes = 0;
+  bool peer = false;  // the mapping whose fields follow lies in a peer's slice
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0, kb = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, ' ') &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
+      peer = lo >= base && hi <= end && !(lo >= own_lo && hi <= own_hi);
+    } else if (peer && std::sscanf(line, "Rss: %lu kB", &kb) == 1) {
+      bytes += size_t(kb) * 1024;
+    }
+  }
+  std::fclose(f);
+  return bytes;
 }
 
 Stats stats() {

@@ -33,6 +33,10 @@ bool release(void* p);
 // True when [p, p + bytes) lies inside one rank's slice (any rank's).
 bool contains(const void* p, size_t bytes);
 
+// The bytes of peers' slices that this process has mapped by reading them (Rss of those mappings in
+// /proc/self/smaps, now): the kernel counts them in this process's RSS too, though the peers own them.
+size_t peer_resident_bytes();
+
 struct Stats {
   size_t live_bytes = 0;  // allocated by this process and not released (rounded to 4 KB)
   size_t peak_bytes = 0;  // the most live_bytes ever held

@@ -40,12 +40,14 @@ RankPeerReads peer_reads_now() {
 
 RankPeerReads operator-(const RankPeerReads& b, const RankPeerReads& a) {
   return {b.direct_bytes - a.direct_bytes, b.direct_calls - a.direct_calls, b.kernel_bytes - a.kernel_bytes,
-          b.kernel_calls - a.kernel_calls, b.heap_peak_bytes - a.heap_peak_bytes};
+          b.kernel_calls - a.kernel_calls, b.heap_peak_bytes - a.heap_peak_bytes,
+          b.peer_heap_rss_bytes - a.peer_heap_rss_bytes};
 }
 
 void gather_peer_reads(const parallel::Mesh& mesh, TrainSummary& sum) {
   RankPeerReads mine = sum.step_reads;
   mine.heap_peak_bytes = shared_heap::stats().peak_bytes;
+  mine.peer_heap_rss_bytes = shared_heap::peer_resident_bytes();
   const int W = mesh.grid().world();
   sum.peer_reads.assign(W, {});
   if (mesh.world() && W > 1)  // as raw bytes: the counts are 64-bit
@@ -144,7 +146,8 @@ void write_summary(const std::string& path, const TrainSummary& sum, const paral
                                      {"direct_calls", c.direct_calls},
                                      {"kernel_bytes", c.kernel_bytes},
                                      {"kernel_calls", c.kernel_calls}}},
-                                   {"shared_heap_peak_bytes", c.heap_peak_bytes}};
+                                   {"shared_heap_peak_bytes", c.heap_peak_bytes},
+                                   {"peer_heap_rss_bytes", c.peer_heap_rss_bytes}};
     }
   }
   if (sum.memory_limit > 0) j["memory_limit"] = sum.memory_limit;

@@ -29,6 +29,8 @@ struct RankMemory {
 // whole run (core/shared_heap.h; 0 without a heap).
 struct RankPeerReads {
   uint64_t direct_bytes = 0, direct_calls = 0, kernel_bytes = 0, kernel_calls = 0, heap_peak_bytes = 0;
+  // Peers' heap pages this rank had mapped at the end of the run (read with loads): in its peak_rss_bytes too.
+  uint64_t peer_heap_rss_bytes = 0;
 };
 
 struct TrainSummary {

@@ -85,6 +85,41 @@ TEST(SharedHeap, ReleasedLargeBlocksGiveTheirPagesBack) {
 }
 
 // A block one rank writes is read by another process at the same address (made before the fork).
+// A peer's pages that this process reads count in its RSS; peer_resident_bytes says how many, not counting its own.
+TEST(SharedHeap, PeerPagesReadAreCountedApart) {
+  ASSERT_TRUE(shared_heap::create(2, kSlice));
+  const size_t mb = size_t(1) << 20;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    shared_heap::enter_rank(1);
+    char* p = static_cast<char*>(shared_heap::allocate(mb));
+    if (p) std::memset(p, 1, mb);
+    uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    _exit(write(fds[1], &at, sizeof at) == sizeof at ? 0 : 1);
+  }
+  uintptr_t at = 0;
+  ASSERT_EQ(read(fds[0], &at, sizeof at), ssize_t(sizeof at));
+  int st = 0;
+  waitpid(pid, &st, 0);
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_NE(at, 0u);
+  shared_heap::enter_rank(0);
+  char* own = static_cast<char*>(shared_heap::allocate(2 * mb));
+  ASSERT_NE(own, nullptr);
+  std::memset(own, 2, 2 * mb);  // this process's own pages: not a peer's
+  EXPECT_EQ(shared_heap::peer_resident_bytes(), 0u);
+  const volatile char* peer = reinterpret_cast<const char*>(at);
+  size_t sum = 0;
+  for (size_t i = 0; i < mb; i += 4096) sum += peer[i];
+  EXPECT_EQ(sum, mb / 4096);
+  EXPECT_EQ(shared_heap::peer_resident_bytes(), mb);
+  shared_heap::release(own);
+  shared_heap::destroy();
+}
+
 TEST(SharedHeap, ForkedRanksSeeEachOthersBlocks) {
   ASSERT_TRUE(shared_heap::create(2, kSlice));
   int fds[2];

@@ -107,6 +107,10 @@ def main():
             checks.check(pa["kernel_bytes"] == 0 and pa["kernel_calls"] == 0,
                          f"{tag} rank {r}: process_vm_readv reads with the heap (a send buffer outside it): {pa}")
             checks.check(a["shared_heap_peak_bytes"] > 0, f"{tag} rank {r}: heap peak 0 with the heap")
+            # Peers' pages read with loads are mapped into the reader (and so in its RSS); without a heap there are none.
+            checks.check(a["peer_heap_rss_bytes"] > 0, f"{tag} rank {r}: no peer heap pages mapped after direct reads")
+            checks.check(b["peer_heap_rss_bytes"] == 0,
+                         f"{tag} rank {r}: peer heap pages {b['peer_heap_rss_bytes']} without a heap")
             checks.check(pb["direct_bytes"] == 0 and pb["direct_calls"] == 0,
                          f"{tag} rank {r}: direct reads without a heap: {pb}")
             checks.check(b["shared_heap_peak_bytes"] == 0,
