@@ -85,26 +85,34 @@ TEST(SharedHeap, ReleasedLargeBlocksGiveTheirPagesBack) {
 }
 
 // A block one rank writes is read by another process at the same address (made before the fork).
+// Forks a process that enters the heap as rank 1, allocates `bytes`, fills them and ends; returns the block's address
+// (the same in this process: the heap was mapped before the fork), 0 when something failed.
+template <class Fill>
+uintptr_t block_of_forked_rank1(size_t bytes, Fill fill) {
+  int fds[2];
+  if (pipe(fds) != 0) return 0;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    shared_heap::enter_rank(1);
+    char* p = static_cast<char*>(shared_heap::allocate(bytes));
+    if (p) fill(p);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    _exit(write(fds[1], &at, sizeof at) == sizeof at ? 0 : 1);
+  }
+  uintptr_t at = 0;
+  if (pid < 0 || read(fds[0], &at, sizeof at) != ssize_t(sizeof at)) at = 0;
+  int st = 0;
+  if (pid > 0) waitpid(pid, &st, 0);
+  close(fds[0]);
+  close(fds[1]);
+  return at;
+}
+
 // A peer's pages that this process reads count in its RSS; peer_resident_bytes says how many, not counting its own.
 TEST(SharedHeap, PeerPagesReadAreCountedApart) {
   ASSERT_TRUE(shared_heap::create(2, kSlice));
   const size_t mb = size_t(1) << 20;
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    shared_heap::enter_rank(1);
-    char* p = static_cast<char*>(shared_heap::allocate(mb));
-    if (p) std::memset(p, 1, mb);
-    uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    _exit(write(fds[1], &at, sizeof at) == sizeof at ? 0 : 1);
-  }
-  uintptr_t at = 0;
-  ASSERT_EQ(read(fds[0], &at, sizeof at), ssize_t(sizeof at));
-  int st = 0;
-  waitpid(pid, &st, 0);
-  close(fds[0]);
-  close(fds[1]);
+  const uintptr_t at = block_of_forked_rank1(mb, [&](char* p) { std::memset(p, 1, mb); });
   ASSERT_NE(at, 0u);
   shared_heap::enter_rank(0);
   char* own = static_cast<char*>(shared_heap::allocate(2 * mb));
@@ -122,22 +130,7 @@ TEST(SharedHeap, PeerPagesReadAreCountedApart) {
 
 TEST(SharedHeap, ForkedRanksSeeEachOthersBlocks) {
   ASSERT_TRUE(shared_heap::create(2, kSlice));
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    shared_heap::enter_rank(1);
-    char* p = static_cast<char*>(shared_heap::allocate(4096));
-    if (p) std::memcpy(p, "rank one", 9);
-    uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    _exit(write(fds[1], &at, sizeof at) == sizeof at ? 0 : 1);
-  }
-  uintptr_t at = 0;
-  ASSERT_EQ(read(fds[0], &at, sizeof at), ssize_t(sizeof at));
-  int st = 0;
-  waitpid(pid, &st, 0);
-  close(fds[0]);
-  close(fds[1]);
+  const uintptr_t at = block_of_forked_rank1(4096, [](char* p) { std::memcpy(p, "rank one", 9); });
   ASSERT_NE(at, 0u);
   EXPECT_TRUE(shared_heap::contains(reinterpret_cast<void*>(at), 9));
   EXPECT_STREQ(reinterpret_cast<const char*>(at), "rank one");
